@@ -1,0 +1,38 @@
+// swift-tools-version:6.0
+import PackageDescription
+
+// Herald takes no Swift package dependencies: C libraries come from Debian
+// -dev packages through system library targets.
+let package = Package(
+    name: "Herald",
+    platforms: [.macOS(.v15)],
+    products: [
+        .executable(name: "herald", targets: ["herald"]),
+    ],
+    targets: [
+        .systemLibrary(name: "CLibWebSockets", pkgConfig: "libwebsockets",
+                       providers: [.apt(["libwebsockets-dev"])]),
+        .systemLibrary(name: "CSQLite", pkgConfig: "sqlite3",
+                       providers: [.apt(["libsqlite3-dev"])]),
+        .systemLibrary(name: "CCrypto", pkgConfig: "libcrypto",
+                       providers: [.apt(["libssl-dev"])]),
+
+        // Pure domain: model, JSON, change feed, cursors, tag expressions,
+        // protocol messages, tokens, store interface. No I/O.
+        .target(name: "HeraldCore", dependencies: ["CCrypto"]),
+        // Store implementations behind HeraldCore.NotificationStore.
+        .target(name: "HeraldStores", dependencies: ["HeraldCore", "CSQLite"]),
+        // The gateway's logic: engine (store owner, fan-out), HTTP API,
+        // WebSocket sessions. Knows nothing of libwebsockets.
+        .target(name: "HeraldGateway", dependencies: ["HeraldCore"]),
+        // The only code that talks to libwebsockets.
+        .target(name: "HeraldTransport", dependencies: ["HeraldGateway", "CLibWebSockets"]),
+        // Parses flags and wires things up.
+        .executableTarget(name: "herald",
+                          dependencies: ["HeraldCore", "HeraldStores", "HeraldGateway", "HeraldTransport"]),
+
+        .testTarget(name: "HeraldCoreTests", dependencies: ["HeraldCore"]),
+        .testTarget(name: "HeraldStoreTests", dependencies: ["HeraldCore", "HeraldStores"]),
+    ],
+    swiftLanguageModes: [.v6]
+)

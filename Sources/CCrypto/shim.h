@@ -1,0 +1,4 @@
+#include <openssl/hmac.h>
+#include <openssl/evp.h>
+#include <openssl/crypto.h>
+#include <openssl/rand.h>

@@ -1,0 +1,70 @@
+public enum DeleteReason: String, Sendable { case deleted, expired, hidden }
+
+/// One entry of a user's change feed (SPEC section 1).
+public struct Change: Sendable, Equatable {
+    public enum Op: Sendable, Equatable {
+        case upsert(Notification)
+        case delete(id: String, appNotificationId: String, reason: DeleteReason)
+    }
+    public let seq: Int64
+    public let op: Op
+
+    public init(seq: Int64, op: Op) { self.seq = seq; self.op = op }
+
+    public var json: JSON {
+        switch op {
+        case .upsert(let n):
+            return ["seq": .int(seq), "op": "upsert", "notification": n.json]
+        case .delete(let id, let anid, let reason):
+            return ["seq": .int(seq), "op": "delete", "id": .string(id), "appNotificationId": .string(anid),
+                    "reason": .string(reason.rawValue)]
+        }
+    }
+}
+
+/// Whether a notification was there for a viewer, and unread: enough to
+/// tell each device what a change means to it without per-device state.
+public struct Presence: Sendable, Equatable {
+    public let targeting: Targeting
+    public let unread: Bool
+    public init(targeting: Targeting, unread: Bool) { self.targeting = targeting; self.unread = unread }
+    public init(_ n: Notification) { self.init(targeting: n.targeting, unread: n.readState == .unread) }
+}
+
+/// A change as the feed keeps it: with the notification's presence before
+/// and after it, so each device gets its own view of the feed, and with its
+/// JSON encoded once for every device that receives it.
+public struct ChangeRecord: Sendable {
+    public let change: Change
+    /// nil for a new notification.
+    public let before: Presence?
+    /// nil for a delete.
+    public let after: Presence?
+    public let at: Millis
+    public let encoded: [UInt8]
+
+    public init(change: Change, before: Presence?, after: Presence?, at: Millis) {
+        self.change = change; self.before = before; self.after = after; self.at = at
+        self.encoded = change.json.encoded
+    }
+
+    public var seq: Int64 { change.seq }
+
+    /// The encoded change `viewer` receives: the change itself, a `hidden`
+    /// delete when an upsert retargeted away a notification the viewer could
+    /// see, or nil when the viewer may not see it at all.
+    public func bytes(for viewer: Viewer) -> [UInt8]? {
+        if after?.targeting.admits(viewer) ?? false { return encoded }
+        guard before?.targeting.admits(viewer) ?? false else { return nil }
+        if case .upsert(let n) = change.op {
+            return Change(seq: seq, op: .delete(id: n.id, appNotificationId: n.appNotificationId, reason: .hidden)).json.encoded
+        }
+        return encoded
+    }
+
+    /// How this change moves `viewer`'s unread count.
+    public func unreadDelta(for viewer: Viewer) -> Int {
+        func counted(_ p: Presence?) -> Int { (p.map { $0.unread && $0.targeting.admits(viewer) } ?? false) ? 1 : 0 }
+        return counted(after) - counted(before)
+    }
+}

@@ -1,0 +1,45 @@
+/// The error codes of SPEC section 6, shared by HTTP and WebSocket.
+public enum ErrorCode: String, Sendable {
+    case badRequest = "bad_request"
+    case unauthorized
+    case forbidden
+    case notFound = "not_found"
+    case methodNotAllowed = "method_not_allowed"
+    case preconditionFailed = "precondition_failed"
+    case tooLarge = "too_large"
+    case rateLimited = "rate_limited"
+    case unavailable
+
+    public var httpStatus: Int {
+        switch self {
+        case .badRequest: 400
+        case .unauthorized: 401
+        case .forbidden: 403
+        case .notFound: 404
+        case .methodNotAllowed: 405
+        case .preconditionFailed: 412
+        case .tooLarge: 413
+        case .rateLimited: 429
+        case .unavailable: 503
+        }
+    }
+}
+
+public struct HeraldError: Error, Sendable, Equatable, CustomStringConvertible {
+    public let code: ErrorCode
+    public let message: String
+    public init(_ code: ErrorCode, _ message: String) { self.code = code; self.message = message }
+    public var description: String { "\(code.rawValue): \(message)" }
+
+    public static func badRequest(_ m: String) -> HeraldError { HeraldError(.badRequest, m) }
+    public static let notFound = HeraldError(.notFound, "no such notification")
+
+    /// `{"error": {"code", "message"}}`
+    public var json: JSON { ["error": ["code": .string(code.rawValue), "message": .string(message)]] }
+}
+
+/// A failure of the storage layer (I/O, locking, corruption): answered 503.
+public struct StoreError: Error, Sendable, CustomStringConvertible {
+    public let description: String
+    public init(_ d: String) { description = d }
+}

@@ -1,0 +1,84 @@
+/// Reads a JSON request object field by field, refusing unknown keys and
+/// wrong types with messages that name the field. `null` counts as absent
+/// for optional fields.
+public struct Fields {
+    public let object: JSONObject
+    private var seen: Set<String> = []
+
+    public init(_ json: JSON, what: String = "body") throws(HeraldError) {
+        guard let o = json.objectValue else { throw .badRequest("\(what) must be a JSON object") }
+        object = o
+    }
+
+    public init(bytes: [UInt8], what: String = "body") throws(HeraldError) {
+        let json: JSON
+        do { json = try JSONParser.parse(bytes) } catch { throw .badRequest(error.message) }
+        try self.init(json, what: what)
+    }
+
+    public func has(_ key: String) -> Bool { object[key].map { !$0.isNull } ?? false }
+
+    mutating func raw(_ key: String) -> JSON? {
+        seen.insert(key)
+        guard let v = object[key], !v.isNull else { return nil }
+        return v
+    }
+
+    public mutating func string(_ key: String, maxBytes: Int = 1024) throws(HeraldError) -> String? {
+        guard let v = raw(key) else { return nil }
+        guard let s = v.stringValue else { throw .badRequest("\(key) must be a string") }
+        guard s.utf8.count <= maxBytes else { throw .badRequest("\(key) is longer than \(maxBytes) bytes") }
+        return s
+    }
+
+    public mutating func requiredString(_ key: String, maxBytes: Int = 1024) throws(HeraldError) -> String {
+        guard let s = try string(key, maxBytes: maxBytes) else { throw .badRequest("\(key) is required") }
+        return s
+    }
+
+    public mutating func id(_ key: String, required: Bool = false) throws(HeraldError) -> String? {
+        guard let s = try string(key, maxBytes: 128) else {
+            if required { throw .badRequest("\(key) is required") }
+            return nil
+        }
+        guard Identifiers.isUserId(s) else {
+            throw .badRequest("\(key) must be 1-128 characters of A-Z a-z 0-9 . _ @ : -")
+        }
+        return s
+    }
+
+    public mutating func int(_ key: String, in range: ClosedRange<Int64>) throws(HeraldError) -> Int64? {
+        guard let v = raw(key) else { return nil }
+        guard let i = v.int64Value else { throw .badRequest("\(key) must be an integer") }
+        guard range.contains(i) else { throw .badRequest("\(key) must be between \(range.lowerBound) and \(range.upperBound)") }
+        return i
+    }
+
+    public mutating func enumValue<E: RawRepresentable & CaseIterable>(_ key: String, _: E.Type) throws(HeraldError) -> E?
+    where E.RawValue == String {
+        guard let s = try string(key, maxBytes: 64) else { return nil }
+        guard let e = E(rawValue: s) else {
+            throw .badRequest("\(key) must be one of \(E.allCases.map { $0.rawValue }.joined(separator: ", "))")
+        }
+        return e
+    }
+
+    public mutating func array(_ key: String) throws(HeraldError) -> [JSON]? {
+        guard let v = raw(key) else { return nil }
+        guard let a = v.arrayValue else { throw .badRequest("\(key) must be an array") }
+        return a
+    }
+
+    public mutating func object(_ key: String) throws(HeraldError) -> JSONObject? {
+        guard let v = raw(key) else { return nil }
+        guard let o = v.objectValue else { throw .badRequest("\(key) must be a JSON object") }
+        return o
+    }
+
+    /// Call last: refuses keys no reader asked for.
+    public func finish() throws(HeraldError) {
+        for k in object.keys where !seen.contains(k) {
+            throw .badRequest("unknown field \"\(k.prefix(64))\"")
+        }
+    }
+}

@@ -1,0 +1,67 @@
+import CCrypto
+
+/// Character rules for the ids of SPEC section 1 and tags of section 8.
+public enum Identifiers {
+    static func matches(_ s: String, min: Int, max: Int, extra: StaticString) -> Bool {
+        let n = s.utf8.count
+        guard n >= min, n <= max else { return false }
+        let allowed = UnsafeBufferPointer(start: extra.utf8Start, count: extra.utf8CodeUnitCount)
+        for c in s.utf8 {
+            switch c {
+            case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "A")...UInt8(ascii: "Z"),
+                 UInt8(ascii: "0")...UInt8(ascii: "9"): continue
+            default: if !allowed.contains(c) { return false }
+            }
+        }
+        return true
+    }
+
+    public static func isAppId(_ s: String) -> Bool { matches(s, min: 1, max: 64, extra: "._-") }
+    /// User ids, device ids and appNotificationIds share one rule.
+    public static func isUserId(_ s: String) -> Bool { matches(s, min: 1, max: 128, extra: "._@:-") }
+    public static func isTag(_ s: String) -> Bool { matches(s, min: 1, max: 160, extra: "_@#.:-") }
+}
+
+/// Server-generated notification ids: `n_` + 26 Crockford base32 characters
+/// of a ULID (48-bit milliseconds, 80 random bits): unique, and roughly
+/// ordered by creation so byte order follows time.
+public enum NotificationID {
+    static let alphabet: [UInt8] = Array("0123456789ABCDEFGHJKMNPQRSTVWXYZ".utf8)
+
+    public static func make(now: Millis = WallClock.now()) -> String {
+        var rnd = [UInt8](repeating: 0, count: 10)
+        Random.fill(&rnd)
+        var bytes = [UInt8](repeating: 0, count: 16)
+        var t = UInt64(max(0, now))
+        for k in stride(from: 5, through: 0, by: -1) { bytes[k] = UInt8(t & 0xFF); t >>= 8 }
+        for k in 0..<10 { bytes[6 + k] = rnd[k] }
+        // 128 bits → 26 base32 digits (the first carries 3 bits).
+        var out: [UInt8] = Array("n_".utf8)
+        var acc: UInt32 = 0
+        var bits = 2 // pad to 130 bits so every digit is 5 bits
+        for b in bytes {
+            acc = (acc << 8) | UInt32(b)
+            bits += 8
+            while bits >= 5 {
+                bits -= 5
+                out.append(alphabet[Int((acc >> UInt32(bits)) & 31)])
+            }
+        }
+        return String(decoding: out, as: UTF8.self)
+    }
+}
+
+public enum Random {
+    public static func fill(_ bytes: inout [UInt8]) {
+        let n = Int32(bytes.count)
+        let ok = bytes.withUnsafeMutableBufferPointer { RAND_bytes($0.baseAddress, n) }
+        precondition(ok == 1, "the system random source failed")
+    }
+
+    /// `count` random bytes as lowercase hex.
+    public static func hex(_ count: Int) -> String {
+        var b = [UInt8](repeating: 0, count: count)
+        fill(&b)
+        return b.map { String($0, radix: 16).count == 1 ? "0" + String($0, radix: 16) : String($0, radix: 16) }.joined()
+    }
+}

@@ -1,0 +1,142 @@
+public enum ReadState: String, Sendable, CaseIterable { case unread, read }
+public enum UserActionState: String, Sendable, CaseIterable { case noInteraction, activated, dismissed, snoozed }
+public enum Priority: String, Sendable, CaseIterable { case normal, high }
+public enum Platform: String, Sendable, CaseIterable { case web, ios, android, windows, other }
+
+/// A user's identity inside one app: the unit of every feed, lock and fan-out.
+public struct UserKey: Hashable, Sendable, CustomStringConvertible {
+    public let app: String
+    public let user: String
+    public init(app: String, user: String) { self.app = app; self.user = user }
+    public var description: String { "\(app)/\(user)" }
+}
+
+/// Who may see a notification: its `targetPlatforms` and `targetTags`.
+public struct Targeting: Sendable, Equatable {
+    public let platforms: [Platform]?
+    public let tags: TagExpression?
+    public init(platforms: [Platform]?, tags: TagExpression?) { self.platforms = platforms; self.tags = tags }
+    public static let everyone = Targeting(platforms: nil, tags: nil)
+
+    public func admits(_ viewer: Viewer) -> Bool {
+        guard let device = viewer.device else { return true }
+        if let platforms, !platforms.contains(device.platform) { return false }
+        if let tags, !tags.matches(device.tagSet) { return false }
+        return true
+    }
+}
+
+public struct Notification: Sendable, Equatable {
+    public var id: String
+    public var appNotificationId: String
+    public var userId: String
+    public var payload: JSONObject
+    public var priority: Priority
+    public var groupName: String?
+    public var displayTimeToLive: Int64?
+    public var targetPlatforms: [Platform]?
+    public var targetTags: TagExpression?
+    public var createdAt: Millis
+    public var updatedAt: Millis
+    public var expiresAt: Millis
+    public var readState: ReadState
+    public var userActionState: UserActionState
+    public var version: Int64
+
+    public init(id: String, appNotificationId: String, userId: String, payload: JSONObject,
+                priority: Priority = .normal, groupName: String? = nil, displayTimeToLive: Int64? = nil,
+                targetPlatforms: [Platform]? = nil, targetTags: TagExpression? = nil,
+                createdAt: Millis, updatedAt: Millis, expiresAt: Millis,
+                readState: ReadState = .unread, userActionState: UserActionState = .noInteraction, version: Int64 = 1) {
+        self.id = id; self.appNotificationId = appNotificationId; self.userId = userId; self.payload = payload
+        self.priority = priority; self.groupName = groupName; self.displayTimeToLive = displayTimeToLive
+        self.targetPlatforms = targetPlatforms; self.targetTags = targetTags
+        self.createdAt = createdAt; self.updatedAt = updatedAt; self.expiresAt = expiresAt
+        self.readState = readState; self.userActionState = userActionState; self.version = version
+    }
+
+    public var targeting: Targeting { Targeting(platforms: targetPlatforms, tags: targetTags) }
+
+    /// The wire form of SPEC section 1, keys in the documented order.
+    public var json: JSON {
+        var o = JSONObject()
+        o["id"] = .string(id)
+        o["appNotificationId"] = .string(appNotificationId)
+        o["userId"] = .string(userId)
+        o["payload"] = .object(payload)
+        o["priority"] = .string(priority.rawValue)
+        o["groupName"] = groupName.json
+        o["displayTimeToLive"] = displayTimeToLive.map { JSON.int($0) } ?? .null
+        o["targetPlatforms"] = targetPlatforms.map { .array($0.map { .string($0.rawValue) }) } ?? .null
+        o["targetTags"] = targetTags.map { .string($0.source) } ?? .null
+        o["createdAt"] = .string(RFC3339.format(createdAt))
+        o["updatedAt"] = .string(RFC3339.format(updatedAt))
+        o["expiresAt"] = .string(RFC3339.format(expiresAt))
+        o["readState"] = .string(readState.rawValue)
+        o["userActionState"] = .string(userActionState.rawValue)
+        o["version"] = .int(version)
+        return .object(o)
+    }
+
+    /// Reads back the wire form (stores keep notifications as their JSON).
+    public init?(json: JSON) {
+        guard let o = json.objectValue,
+              let id = o["id"]?.stringValue, let anid = o["appNotificationId"]?.stringValue,
+              let uid = o["userId"]?.stringValue, let payload = o["payload"]?.objectValue,
+              let pr = o["priority"]?.stringValue.flatMap(Priority.init(rawValue:)),
+              let c = o["createdAt"]?.stringValue.flatMap(RFC3339.parse),
+              let u = o["updatedAt"]?.stringValue.flatMap(RFC3339.parse),
+              let e = o["expiresAt"]?.stringValue.flatMap(RFC3339.parse),
+              let rs = o["readState"]?.stringValue.flatMap(ReadState.init(rawValue:)),
+              let us = o["userActionState"]?.stringValue.flatMap(UserActionState.init(rawValue:)),
+              let v = o["version"]?.int64Value
+        else { return nil }
+        var platforms: [Platform]? = nil
+        if let arr = o["targetPlatforms"]?.arrayValue {
+            platforms = arr.compactMap { $0.stringValue.flatMap(Platform.init(rawValue:)) }
+        }
+        let tags = o["targetTags"]?.stringValue.flatMap { try? TagExpression.parse($0) }
+        self.init(id: id, appNotificationId: anid, userId: uid, payload: payload, priority: pr,
+                  groupName: o["groupName"]?.stringValue, displayTimeToLive: o["displayTimeToLive"]?.int64Value,
+                  targetPlatforms: platforms, targetTags: tags, createdAt: c, updatedAt: u, expiresAt: e,
+                  readState: rs, userActionState: us, version: v)
+    }
+}
+
+/// A registered device (SPEC sections 4 and 8).
+public struct Device: Sendable, Equatable {
+    public var deviceId: String
+    public var platform: Platform
+    /// Tags the device set itself; the built-in ones are derived.
+    public var tags: [String]
+    public var lastSeenAt: Millis
+
+    public init(deviceId: String, platform: Platform = .other, tags: [String] = [], lastSeenAt: Millis) {
+        self.deviceId = deviceId; self.platform = platform; self.tags = tags; self.lastSeenAt = lastSeenAt
+    }
+
+    public static let reservedTagPrefixes = ["user:", "platform:", "device:"]
+
+    public func allTags(userId: String) -> [String] {
+        ["user:\(userId)", "platform:\(platform.rawValue)", "device:\(deviceId)"] + tags
+    }
+}
+
+/// What one client may see. An HTTP client that names no device sees
+/// everything its user may see (`device == nil`).
+public struct Viewer: Sendable, Equatable {
+    public struct DeviceView: Sendable, Equatable {
+        public let deviceId: String
+        public let platform: Platform
+        public let tagSet: Set<String>
+    }
+    public let device: DeviceView?
+
+    public static let unnamed = Viewer(device: nil)
+
+    public init(device: DeviceView?) { self.device = device }
+    public init(userId: String, device: Device) {
+        self.device = DeviceView(deviceId: device.deviceId, platform: device.platform,
+                                 tagSet: Set(device.allTags(userId: userId)))
+    }
+}

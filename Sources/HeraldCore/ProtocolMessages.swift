@@ -1,0 +1,156 @@
+/// A feed position as a client sends it: a cursor and the epoch it belongs
+/// to. No cursor asks for a reset; no epoch means the current one.
+public struct FeedPosition: Sendable, Equatable {
+    public var cursor: Int64?
+    public var epoch: String?
+    public init(cursor: Int64?, epoch: String?) { self.cursor = cursor; self.epoch = epoch }
+
+    /// The cursor to resume from, or nil when the client must be reset.
+    public func resumable(in feed: FeedState, epoch current: String) -> Int64? {
+        guard let cursor else { return nil }
+        if let epoch, epoch != current { return nil }
+        return feed.accepts(cursor: cursor) ? cursor : nil
+    }
+}
+
+/// WebSocket messages from a device (SPEC section 5).
+public enum ClientMessage: Sendable, Equatable {
+    case hello(token: String, deviceId: String, registration: DeviceRegistration, position: FeedPosition)
+    case update(ref: String?, id: String, update: StateUpdate)
+    case delete(ref: String?, id: String)
+    case sync(ref: String?, position: FeedPosition)
+    case refresh(ref: String?, token: String)
+    case ping(ref: String?)
+
+    public struct DecodeError: Error, Sendable, Equatable {
+        public let ref: String?
+        public let error: HeraldError
+        public let isHello: Bool
+        /// The hello had no usable token (close 4001 rather than 1008).
+        public let missingToken: Bool
+    }
+
+    public static let maxTokenBytes = 8192
+
+    public static func decode(_ json: JSON) -> Result<ClientMessage, DecodeError> {
+        guard let o = json.objectValue else {
+            return .failure(DecodeError(ref: nil, error: .badRequest("a message must be a JSON object"), isHello: false, missingToken: false))
+        }
+        let ref = o["ref"]?.stringValue
+        let type = o["type"]?.stringValue
+        do throws(HeraldError) {
+            var f = try Fields(json)
+            _ = try f.string("type", maxBytes: 32)
+            let r = try f.string("ref", maxBytes: 256)
+            let m: ClientMessage
+            switch type {
+            case "hello":
+                guard let token = try? f.string("token", maxBytes: maxTokenBytes) else {
+                    return .failure(DecodeError(ref: r, error: HeraldError(.unauthorized, "hello needs a token"), isHello: true, missingToken: true))
+                }
+                let device = try f.id("deviceId", required: true)!
+                let reg = try DeviceRegistration(reading: &f)
+                m = .hello(token: token, deviceId: device, registration: reg, position: try position(&f))
+            case "update":
+                var u = try StateUpdate(reading: &f)
+                u.ifVersion = try f.int("ifVersion", in: 1...Int64.max)
+                m = .update(ref: r, id: try notificationId(&f), update: u)
+            case "delete": m = .delete(ref: r, id: try notificationId(&f))
+            case "sync": m = .sync(ref: r, position: try position(&f))
+            case "refresh": m = .refresh(ref: r, token: try f.requiredString("token", maxBytes: maxTokenBytes))
+            case "ping": m = .ping(ref: r)
+            case nil: throw .badRequest("a message needs a string type")
+            case let t?: throw .badRequest("unknown message type \"\(t.prefix(32))\"")
+            }
+            try f.finish()
+            return .success(m)
+        } catch {
+            return .failure(DecodeError(ref: ref, error: error, isHello: type == "hello", missingToken: false))
+        }
+    }
+
+    static func position(_ f: inout Fields) throws(HeraldError) -> FeedPosition {
+        FeedPosition(cursor: try f.int("cursor", in: 0...Int64.max), epoch: try f.string("epoch", maxBytes: 128))
+    }
+
+    static func notificationId(_ f: inout Fields) throws(HeraldError) -> String {
+        try f.requiredString("id", maxBytes: 128)
+    }
+}
+
+/// Frames from the gateway (SPEC section 5), built as bytes. Changes are
+/// spliced in already encoded, so a change is serialised once for all
+/// devices.
+public enum ServerFrame {
+    public static func changes(_ encoded: [[UInt8]], cursor: Int64) -> [UInt8] {
+        var out: [UInt8] = Array(#"{"type":"changes","changes":["#.utf8)
+        out.reserveCapacity(encoded.reduce(64) { $0 + $1.count + 1 })
+        for (k, c) in encoded.enumerated() {
+            if k > 0 { out.append(UInt8(ascii: ",")) }
+            out.append(contentsOf: c)
+        }
+        out.append(contentsOf: #"],"cursor":"#.utf8)
+        out.append(contentsOf: String(cursor).utf8)
+        out.append(UInt8(ascii: "}"))
+        return out
+    }
+
+    public static func change(_ encoded: [UInt8]) -> [UInt8] {
+        var out: [UInt8] = Array(#"{"type":"change","change":"#.utf8)
+        out.reserveCapacity(encoded.count + 28)
+        out.append(contentsOf: encoded)
+        out.append(UInt8(ascii: "}"))
+        return out
+    }
+
+    public static func reset(_ notifications: [Notification], cursor: Int64, epoch: String, final: Bool) -> [UInt8] {
+        JSON.object(["type": "reset", "notifications": .array(notifications.map(\.json)), "cursor": .int(cursor),
+                     "epoch": .string(epoch), "final": .bool(final)]).encoded
+    }
+
+    public static func welcome(cursor: Int64, epoch: String, connectionId: String, unread: Int) -> [UInt8] {
+        JSON.object(["type": "welcome", "cursor": .int(cursor), "epoch": .string(epoch),
+                     "connectionId": .string(connectionId), "unread": .int(unread)]).encoded
+    }
+
+    public static func ack(ref: String?, extra: JSONObject) -> [UInt8] {
+        var o: JSONObject = ["type": "ack", "ref": ref.json]
+        for (k, v) in extra.pairs { o[k] = v }
+        return JSON.object(o).encoded
+    }
+
+    public static func error(ref: String?, _ e: HeraldError) -> [UInt8] {
+        JSON.object(["type": "error", "ref": ref.json, "code": .string(e.code.rawValue), "message": .string(e.message)]).encoded
+    }
+
+    public static func counts(unread: Int) -> [UInt8] {
+        JSON.object(["type": "counts", "unread": .int(unread)]).encoded
+    }
+
+    public static func pong(ref: String?) -> [UInt8] {
+        JSON.object(["type": "pong", "ref": ref.json]).encoded
+    }
+
+    public static func tokenExpiring(_ at: Millis) -> [UInt8] {
+        JSON.object(["type": "tokenExpiring", "expiresAt": .string(RFC3339.format(at))]).encoded
+    }
+}
+
+/// History page tokens (`next` / `before`): the position of the last
+/// notification on the page, so a token stays valid when that notification
+/// is deleted.
+public enum PageToken {
+    public static func encode(_ k: HistoryKey) -> String {
+        Base64URL.encode(Array("\(k.createdAt):\(k.id)".utf8))
+    }
+
+    public static func decode(_ s: String) -> HistoryKey? {
+        guard s.utf8.count <= 256, let bytes = Base64URL.decode(Substring(s)),
+              let text = String(validating: bytes, as: UTF8.self),
+              let colon = text.firstIndex(of: ":"),
+              let ms = Int64(text[..<colon]) else { return nil }
+        let id = String(text[text.index(after: colon)...])
+        guard !id.isEmpty, id.utf8.count <= 128 else { return nil }
+        return HistoryKey(createdAt: ms, id: id)
+    }
+}

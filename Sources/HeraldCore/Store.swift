@@ -1,0 +1,80 @@
+/// Where a user's feed stands. A cursor is usable when
+/// `floor <= cursor <= head`: changes after `floor` are all still kept.
+public struct FeedState: Sendable, Equatable {
+    /// The last seq assigned (0 for a feed with no changes yet).
+    public var head: Int64
+    /// The highest seq whose change was pruned (0 when nothing was).
+    public var floor: Int64
+    public init(head: Int64 = 0, floor: Int64 = 0) { self.head = head; self.floor = floor }
+
+    public func accepts(cursor: Int64) -> Bool { cursor >= floor && cursor <= head }
+}
+
+/// The position of a notification in history order: newest `createdAt`
+/// first, ties broken by the higher `id` (byte order) first.
+public struct HistoryKey: Sendable, Equatable, Comparable {
+    public let createdAt: Millis
+    public let id: String
+    public init(createdAt: Millis, id: String) { self.createdAt = createdAt; self.id = id }
+    public init(_ n: Notification) { self.init(createdAt: n.createdAt, id: n.id) }
+
+    /// `a < b` when `a` comes first in history (is newer).
+    public static func < (a: HistoryKey, b: HistoryKey) -> Bool {
+        if a.createdAt != b.createdAt { return a.createdAt > b.createdAt }
+        // Ids are ASCII (server-generated), where String order is byte order.
+        return a.id > b.id
+    }
+}
+
+/// The storage interface every store implements (memory, SQLite, ...).
+///
+/// Invariants every implementation keeps:
+/// - Per user, `seq` is assigned by the store, strictly increasing and never
+///   reused, also across restarts of a durable store.
+/// - `upsert`/`delete` write the notification and its change together: a
+///   reader never sees one without the other.
+/// - Between `begin()` and `commit()` writes are one atomic unit; `rollback()`
+///   undoes all of them, including seq assignment. A write that returned
+///   from `commit()` is durable as the store's durability setting promises.
+/// - Only one thread calls a store at a time (the engine's).
+public protocol NotificationStore: AnyObject {
+    /// Opaque, stable for as long as the store's history lasts.
+    var epoch: String { get }
+
+    func begin() throws(StoreError)
+    func commit() throws(StoreError)
+    func rollback()
+
+    func feed(_ user: UserKey) throws(StoreError) -> FeedState
+    func notification(_ user: UserKey, id: String) throws(StoreError) -> Notification?
+    func notification(_ user: UserKey, appNotificationId: String) throws(StoreError) -> Notification?
+
+    /// Saves `n` (new, or replacing the stored notification with its id) and
+    /// appends an upsert change with the user's next seq.
+    func upsert(_ user: UserKey, _ n: Notification, previous: Notification?, at: Millis) throws(StoreError) -> ChangeRecord
+    /// Removes `n` and appends a delete change with the user's next seq.
+    func delete(_ user: UserKey, _ n: Notification, reason: DeleteReason, at: Millis) throws(StoreError) -> ChangeRecord
+
+    /// Changes with `seq > after`, in seq order, at most `limit`.
+    func changes(_ user: UserKey, after: Int64, limit: Int) throws(StoreError) -> [ChangeRecord]
+    /// Live notifications in history order, strictly after `after`.
+    func history(_ user: UserKey, after: HistoryKey?, limit: Int) throws(StoreError) -> [Notification]
+    /// Notifications with `expiresAt <= until`, oldest expiry first.
+    func expiring(until: Millis, limit: Int) throws(StoreError) -> [(UserKey, Notification)]
+    /// Drops changes recorded before `before`, raising each feed's floor.
+    func pruneChanges(before: Millis) throws(StoreError) -> Int
+
+    func devices(_ user: UserKey) throws(StoreError) -> [Device]
+    func saveDevice(_ user: UserKey, _ device: Device) throws(StoreError)
+    func deleteDevice(_ user: UserKey, id: String) throws(StoreError) -> Bool
+    /// Every user of `app` with at least one registered device.
+    func usersWithDevices(app: String) throws(StoreError) -> [(user: String, devices: [Device])]
+    /// Drops registrations not seen since `before`.
+    func pruneDevices(lastSeenBefore before: Millis) throws(StoreError) -> Int
+}
+
+extension NotificationStore {
+    public func device(_ user: UserKey, id: String) throws(StoreError) -> Device? {
+        try devices(user).first { $0.deviceId == id }
+    }
+}

@@ -1,0 +1,105 @@
+#if canImport(Glibc)
+import Glibc
+#else
+import Darwin
+#endif
+
+/// Milliseconds since the Unix epoch: the one time type of the domain.
+public typealias Millis = Int64
+
+public enum WallClock {
+    public static func now() -> Millis {
+        var ts = timespec()
+        clock_gettime(CLOCK_REALTIME, &ts)
+        return Millis(ts.tv_sec) * 1000 + Millis(ts.tv_nsec / 1_000_000)
+    }
+}
+
+/// RFC 3339 UTC with milliseconds and `Z`, as every time on the wire.
+public enum RFC3339 {
+    public static func format(_ ms: Millis) -> String {
+        var secs = time_t(ms.floorDiv(1000))
+        let milli = Int(ms - Int64(secs) * 1000)
+        var t = tm()
+        gmtime_r(&secs, &t)
+        func pad(_ v: Int32, _ w: Int) -> String {
+            let s = String(v)
+            return String(repeating: "0", count: max(0, w - s.count)) + s
+        }
+        return "\(pad(t.tm_year + 1900, 4))-\(pad(t.tm_mon + 1, 2))-\(pad(t.tm_mday, 2))T"
+            + "\(pad(t.tm_hour, 2)):\(pad(t.tm_min, 2)):\(pad(t.tm_sec, 2)).\(pad(Int32(milli), 3))Z"
+    }
+
+    /// Parses `YYYY-MM-DDTHH:MM:SS[.fff]` followed by `Z` or `±HH:MM`.
+    public static func parse(_ s: String) -> Millis? {
+        let b = Array(s.utf8)
+        func num(_ from: Int, _ len: Int) -> Int? {
+            guard from + len <= b.count else { return nil }
+            var v = 0
+            for k in from..<from + len {
+                guard b[k] >= 0x30, b[k] <= 0x39 else { return nil }
+                v = v * 10 + Int(b[k] - 0x30)
+            }
+            return v
+        }
+        guard b.count >= 20, let year = num(0, 4), b[4] == 0x2D, let month = num(5, 2), b[7] == 0x2D,
+              let day = num(8, 2), b[10] == UInt8(ascii: "T") || b[10] == UInt8(ascii: "t"),
+              let hour = num(11, 2), b[13] == 0x3A, let minute = num(14, 2), b[16] == 0x3A,
+              let second = num(17, 2)
+        else { return nil }
+        guard (1...12).contains(month), (1...31).contains(day), hour < 24, minute < 60, second < 60 else { return nil }
+        var i = 19
+        var milli = 0
+        if i < b.count, b[i] == 0x2E {
+            i += 1
+            var digits = 0
+            while i < b.count, b[i] >= 0x30, b[i] <= 0x39 {
+                if digits < 3 { milli = milli * 10 + Int(b[i] - 0x30) }
+                digits += 1; i += 1
+            }
+            guard digits > 0 else { return nil }
+            for _ in digits..<max(digits, 3) { milli *= 10 }
+        }
+        var offset = 0
+        guard i < b.count else { return nil }
+        if b[i] == UInt8(ascii: "Z") || b[i] == UInt8(ascii: "z") {
+            i += 1
+        } else if b[i] == 0x2B || b[i] == 0x2D {
+            guard let oh = num(i + 1, 2), b.count > i + 3, b[i + 3] == 0x3A, let om = num(i + 4, 2),
+                  oh < 24, om < 60 else { return nil }
+            offset = (oh * 60 + om) * 60 * (b[i] == 0x2B ? 1 : -1)
+            i += 6
+        } else { return nil }
+        guard i == b.count else { return nil }
+        let days = daysFromCivil(year, month, day)
+        // Reject impossible dates such as Feb 30 by round-tripping the day.
+        guard daysFromCivil(year, month, 1) + day - 1 == days, day <= daysInMonth(year, month) else { return nil }
+        let secs = Int64(days) * 86400 + Int64(hour * 3600 + minute * 60 + second) - Int64(offset)
+        return secs * 1000 + Int64(milli)
+    }
+
+    static func daysInMonth(_ y: Int, _ m: Int) -> Int {
+        switch m {
+        case 2: return (y % 4 == 0 && y % 100 != 0) || y % 400 == 0 ? 29 : 28
+        case 4, 6, 9, 11: return 30
+        default: return 31
+        }
+    }
+
+    /// Days since 1970-01-01 (Howard Hinnant's algorithm).
+    static func daysFromCivil(_ y0: Int, _ m: Int, _ d: Int) -> Int {
+        let y = m <= 2 ? y0 - 1 : y0
+        let era = (y >= 0 ? y : y - 399) / 400
+        let yoe = y - era * 400
+        let doy = (153 * (m + (m > 2 ? -3 : 9)) + 2) / 5 + d - 1
+        let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy
+        return era * 146097 + doe - 719468
+    }
+}
+
+extension Int64 {
+    func floorDiv(_ d: Int64) -> Int64 {
+        let q = self / d
+        return (self % d != 0 && (self < 0) != (d < 0)) ? q - 1 : q
+    }
+}

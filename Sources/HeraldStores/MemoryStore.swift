@@ -1,0 +1,209 @@
+import HeraldCore
+
+/// The in-memory store: for tests and trials. History is lost on restart,
+/// so each instance has a fresh epoch and resuming clients get a reset.
+public final class MemoryStore: NotificationStore {
+    public let epoch: String
+
+    struct UserData {
+        var feed = FeedState()
+        var byId: [String: Notification] = [:]
+        var idByAppId: [String: String] = [:]
+        /// History order (newest first).
+        var order: [HistoryKey] = []
+        /// Ascending seq.
+        var changes: [ChangeRecord] = []
+    }
+
+    private var users: [UserKey: UserData] = [:]
+    private var devicesByUser: [UserKey: [Device]] = [:]
+    private var expiryHeap = Heap<ExpiryEntry>()
+
+    struct ExpiryEntry: Comparable {
+        let at: Millis
+        let user: UserKey
+        let id: String
+        static func < (a: Self, b: Self) -> Bool { a.at < b.at }
+        static func == (a: Self, b: Self) -> Bool { a.at == b.at && a.user == b.user && a.id == b.id }
+    }
+
+    // Undo state of the open transaction: first-touch copies.
+    private var inTransaction = false
+    private var undoUsers: [UserKey: UserData?] = [:]
+    private var undoDevices: [UserKey: [Device]?] = [:]
+
+    public init() { epoch = "m-" + Random.hex(8) }
+
+    public func begin() throws(StoreError) {
+        inTransaction = true
+    }
+
+    public func commit() throws(StoreError) {
+        inTransaction = false
+        undoUsers.removeAll(keepingCapacity: true)
+        undoDevices.removeAll(keepingCapacity: true)
+    }
+
+    public func rollback() {
+        for (k, v) in undoUsers { users[k] = v }
+        for (k, v) in undoDevices { devicesByUser[k] = v }
+        inTransaction = false
+        undoUsers.removeAll()
+        undoDevices.removeAll()
+        // Expiry entries of undone writes are stale and skipped when popped;
+        // re-add the surviving notifications' entries in case one was popped.
+        for (u, d) in users { for n in d.byId.values { expiryHeap.push(ExpiryEntry(at: n.expiresAt, user: u, id: n.id)) } }
+    }
+
+    private func touch(_ user: UserKey) {
+        if inTransaction, undoUsers[user] == nil { undoUsers[user] = .some(users[user]) }
+    }
+
+    private func touchDevices(_ user: UserKey) {
+        if inTransaction, undoDevices[user] == nil { undoDevices[user] = .some(devicesByUser[user]) }
+    }
+
+    public func feed(_ user: UserKey) throws(StoreError) -> FeedState { users[user]?.feed ?? FeedState() }
+
+    public func notification(_ user: UserKey, id: String) throws(StoreError) -> Notification? { users[user]?.byId[id] }
+
+    public func notification(_ user: UserKey, appNotificationId: String) throws(StoreError) -> Notification? {
+        guard let d = users[user], let id = d.idByAppId[appNotificationId] else { return nil }
+        return d.byId[id]
+    }
+
+    private func append(_ user: UserKey, _ d: inout UserData, _ op: Change.Op, before: Presence?, after: Presence?, at: Millis) -> ChangeRecord {
+        d.feed.head += 1
+        let r = ChangeRecord(change: Change(seq: d.feed.head, op: op), before: before, after: after, at: at)
+        d.changes.append(r)
+        return r
+    }
+
+    public func upsert(_ user: UserKey, _ n: Notification, previous: Notification?, at: Millis) throws(StoreError) -> ChangeRecord {
+        touch(user)
+        var d = users[user] ?? UserData()
+        let key = HistoryKey(n)
+        if d.byId[n.id] == nil {
+            d.order.insert(key, at: d.order.insertionIndex(of: key))
+        }
+        d.byId[n.id] = n
+        d.idByAppId[n.appNotificationId] = n.id
+        expiryHeap.push(ExpiryEntry(at: n.expiresAt, user: user, id: n.id))
+        let r = append(user, &d, .upsert(n), before: previous.map(Presence.init), after: Presence(n), at: at)
+        users[user] = d
+        return r
+    }
+
+    public func delete(_ user: UserKey, _ n: Notification, reason: DeleteReason, at: Millis) throws(StoreError) -> ChangeRecord {
+        touch(user)
+        var d = users[user] ?? UserData()
+        if d.byId.removeValue(forKey: n.id) != nil {
+            d.idByAppId.removeValue(forKey: n.appNotificationId)
+            let key = HistoryKey(n)
+            let i = d.order.insertionIndex(of: key)
+            if i < d.order.count, d.order[i] == key { d.order.remove(at: i) }
+        }
+        let op = Change.Op.delete(id: n.id, appNotificationId: n.appNotificationId, reason: reason)
+        let r = append(user, &d, op, before: Presence(n), after: nil, at: at)
+        users[user] = d
+        return r
+    }
+
+    public func changes(_ user: UserKey, after: Int64, limit: Int) throws(StoreError) -> [ChangeRecord] {
+        guard let d = users[user] else { return [] }
+        // First index with seq > after.
+        var lo = 0, hi = d.changes.count
+        while lo < hi {
+            let mid = (lo + hi) / 2
+            if d.changes[mid].seq <= after { lo = mid + 1 } else { hi = mid }
+        }
+        return Array(d.changes[lo..<min(d.changes.count, lo + limit)])
+    }
+
+    public func history(_ user: UserKey, after: HistoryKey?, limit: Int) throws(StoreError) -> [Notification] {
+        guard let d = users[user] else { return [] }
+        var start = 0
+        if let after {
+            start = d.order.insertionIndex(of: after)
+            if start < d.order.count, d.order[start] == after { start += 1 }
+        }
+        return d.order[start..<min(d.order.count, start + limit)].compactMap { d.byId[$0.id] }
+    }
+
+    public func expiring(until: Millis, limit: Int) throws(StoreError) -> [(UserKey, Notification)] {
+        var out: [(UserKey, Notification)] = []
+        var keep: [ExpiryEntry] = []
+        while out.count < limit, let top = expiryHeap.peek, top.at <= until {
+            let e = expiryHeap.pop()!
+            // Skip entries made stale by a replace or delete.
+            if let n = users[e.user]?.byId[e.id], n.expiresAt == e.at, !out.contains(where: { $0.1.id == n.id }) {
+                out.append((e.user, n))
+                keep.append(e)
+            }
+        }
+        // The caller deletes them; until then they stay due.
+        for e in keep { expiryHeap.push(e) }
+        return out
+    }
+
+    public func pruneChanges(before: Millis) throws(StoreError) -> Int {
+        var pruned = 0
+        for k in Array(users.keys) {
+            guard let first = users[k]!.changes.first, first.at < before else { continue }
+            touch(k)
+            var d = users[k]!
+            let n = d.changes.prefix { $0.at < before }.count
+            d.feed.floor = d.changes[n - 1].seq
+            d.changes.removeFirst(n)
+            pruned += n
+            users[k] = d
+        }
+        return pruned
+    }
+
+    public func devices(_ user: UserKey) throws(StoreError) -> [Device] { devicesByUser[user] ?? [] }
+
+    public func saveDevice(_ user: UserKey, _ device: Device) throws(StoreError) {
+        touchDevices(user)
+        var list = devicesByUser[user] ?? []
+        if let i = list.firstIndex(where: { $0.deviceId == device.deviceId }) { list[i] = device } else { list.append(device) }
+        devicesByUser[user] = list
+    }
+
+    public func deleteDevice(_ user: UserKey, id: String) throws(StoreError) -> Bool {
+        guard var list = devicesByUser[user], let i = list.firstIndex(where: { $0.deviceId == id }) else { return false }
+        touchDevices(user)
+        list.remove(at: i)
+        devicesByUser[user] = list.isEmpty ? nil : list
+        return true
+    }
+
+    public func usersWithDevices(app: String) throws(StoreError) -> [(user: String, devices: [Device])] {
+        devicesByUser.filter { $0.key.app == app }.map { (user: $0.key.user, devices: $0.value) }
+    }
+
+    public func pruneDevices(lastSeenBefore before: Millis) throws(StoreError) -> Int {
+        var n = 0
+        for (k, list) in devicesByUser {
+            let kept = list.filter { $0.lastSeenAt >= before }
+            guard kept.count != list.count else { continue }
+            touchDevices(k)
+            n += list.count - kept.count
+            devicesByUser[k] = kept.isEmpty ? nil : kept
+        }
+        return n
+    }
+}
+
+extension Array where Element: Comparable {
+    /// The first index whose element is not less than `e` (self is sorted).
+    func insertionIndex(of e: Element) -> Int {
+        var lo = 0, hi = count
+        while lo < hi {
+            let mid = (lo + hi) / 2
+            if self[mid] < e { lo = mid + 1 } else { hi = mid }
+        }
+        return lo
+    }
+}
+
