@@ -211,6 +211,7 @@ public struct DeviceRegistration: Sendable, Equatable {
         var out = d ?? Device(deviceId: deviceId, lastSeenAt: now)
         if let platform { out.platform = platform }
         if let tags { out.tags = tags }
+        if let d, d.platform != out.platform || d.tags != out.tags { out.viewGeneration += 1 }
         out.lastSeenAt = now
         return out
     }

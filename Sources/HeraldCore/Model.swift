@@ -110,9 +110,14 @@ public struct Device: Sendable, Equatable {
     /// Tags the device set itself; the built-in ones are derived.
     public var tags: [String]
     public var lastSeenAt: Millis
+    /// Counts changes of platform or tags. It is part of the epoch the device
+    /// is given, so a device whose view changed gets a reset, not changes
+    /// that never told it of notifications it can now see.
+    public var viewGeneration: Int64
 
-    public init(deviceId: String, platform: Platform = .other, tags: [String] = [], lastSeenAt: Millis) {
+    public init(deviceId: String, platform: Platform = .other, tags: [String] = [], lastSeenAt: Millis, viewGeneration: Int64 = 0) {
         self.deviceId = deviceId; self.platform = platform; self.tags = tags; self.lastSeenAt = lastSeenAt
+        self.viewGeneration = viewGeneration
     }
 
     public static let reservedTagPrefixes = ["user:", "platform:", "device:"]
@@ -129,6 +134,7 @@ public struct Viewer: Sendable, Equatable {
         public let deviceId: String
         public let platform: Platform
         public let tagSet: Set<String>
+        public let viewGeneration: Int64
     }
     public let device: DeviceView?
 
@@ -137,6 +143,12 @@ public struct Viewer: Sendable, Equatable {
     public init(device: DeviceView?) { self.device = device }
     public init(userId: String, device: Device) {
         self.device = DeviceView(deviceId: device.deviceId, platform: device.platform,
-                                 tagSet: Set(device.allTags(userId: userId)))
+                                 tagSet: Set(device.allTags(userId: userId)), viewGeneration: device.viewGeneration)
+    }
+
+    /// The epoch this viewer is given for a store epoch (see `Device.viewGeneration`).
+    public func epoch(store: String) -> String {
+        guard let g = device?.viewGeneration, g > 0 else { return store }
+        return "\(store).\(g)"
     }
 }

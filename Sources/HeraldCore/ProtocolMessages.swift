@@ -6,6 +6,7 @@ public struct FeedPosition: Sendable, Equatable {
     public init(cursor: Int64?, epoch: String?) { self.cursor = cursor; self.epoch = epoch }
 
     /// The cursor to resume from, or nil when the client must be reset.
+    /// `current` is the epoch the viewer is given now.
     public func resumable(in feed: FeedState, epoch current: String) -> Int64? {
         guard let cursor else { return nil }
         if let epoch, epoch != current { return nil }

@@ -1,0 +1,50 @@
+import HeraldCore
+
+public struct AppConfig: Sendable, Equatable {
+    public let id: String
+    public let serverKey: String
+    public let tokenSecret: String
+    public init(id: String, serverKey: String, tokenSecret: String) {
+        self.id = id; self.serverKey = serverKey; self.tokenSecret = tokenSecret
+    }
+}
+
+/// Tunables, each documented in docs/OPERATIONS.md.
+public struct GatewayLimits: Sendable {
+    /// Close a WebSocket with 4008 once this much is queued unsent for it.
+    public var maxQueuedBytesPerConnection = 4 << 20
+    /// Incoming WebSocket message size (fragments counted together).
+    public var maxMessageBytes = 256 * 1024
+    /// HTTP request bodies; larger is 413.
+    public var maxBodyBytes = 1 << 20
+    public var helloTimeoutSeconds: Int64 = 10
+    /// How long tombstones (delete changes) and other changes are kept.
+    public var changeRetentionSeconds: Int64 = 7 * 86_400
+    /// Registrations unused this long lapse.
+    public var deviceLapseSeconds: Int64 = 90 * 86_400
+    /// Sends WebSocket pings after this much silence; drops after `idleHangupSeconds`.
+    public var pingIntervalSeconds = 30
+    public var idleHangupSeconds = 45
+    public init() {}
+}
+
+public struct GatewayConfig: Sendable {
+    public var apps: [AppConfig]
+    public var demo: Bool
+    public var limits: GatewayLimits
+    /// Folder served at `/` in demo mode.
+    public var webRoot: String?
+
+    /// The app that exists in demo mode. Its server key is well known (the
+    /// demo page publishes with it: demo mode is for trying Herald only); its
+    /// token secret is fresh each start.
+    public let demoApp = AppConfig(id: "demo", serverKey: "demo-server-key", tokenSecret: Random.hex(32))
+
+    public init(apps: [AppConfig], demo: Bool = false, limits: GatewayLimits = GatewayLimits(), webRoot: String? = nil) {
+        self.apps = apps; self.demo = demo; self.limits = limits; self.webRoot = webRoot
+    }
+
+    public var allApps: [AppConfig] {
+        demo && !apps.contains(where: { $0.id == demoApp.id }) ? apps + [demoApp] : apps
+    }
+}

@@ -1,0 +1,52 @@
+import HeraldCore
+
+/// A parsed HTTP request, as the transport hands it over.
+public struct HTTPRequest: Sendable {
+    public var method: String
+    /// The path without the query, percent-decoded.
+    public var path: String
+    /// Decoded query parameters in order.
+    public var query: [(String, String)]
+    /// Lower-cased names; only the headers the API reads.
+    public var headers: [String: String]
+    public var body: [UInt8]
+
+    public init(method: String, path: String, query: [(String, String)] = [], headers: [String: String] = [:], body: [UInt8] = []) {
+        self.method = method; self.path = path; self.query = query; self.headers = headers; self.body = body
+    }
+
+    /// The header names the transport must copy into `headers`.
+    public static let headerNames = ["authorization", "herald-device", "if-match", "last-event-id", "content-type"]
+
+    public func queryValue(_ name: String) -> String? { query.first { $0.0 == name }?.1 }
+}
+
+public struct HTTPResponse: Sendable {
+    public var status: Int
+    public var contentType: String
+    public var headers: [(String, String)]
+    public var body: [UInt8]
+
+    public init(status: Int, contentType: String = "application/json", headers: [(String, String)] = [], body: [UInt8]) {
+        self.status = status; self.contentType = contentType; self.headers = headers; self.body = body
+    }
+
+    public static func json(_ status: Int, _ j: JSON) -> HTTPResponse {
+        HTTPResponse(status: status, body: j.encoded)
+    }
+
+    public static func error(_ e: HeraldError) -> HTTPResponse {
+        var r = json(e.code.httpStatus, e.json)
+        if e.code == .rateLimited { r.headers.append(("Retry-After", "1")) }
+        if e.code == .unauthorized { r.headers.append(("WWW-Authenticate", "Bearer")) }
+        return r
+    }
+
+    public static let noContent = HTTPResponse(status: 204, body: [])
+}
+
+/// Answers one HTTP request. Called on the request's shard thread only;
+/// answering a request whose connection has gone does nothing.
+public protocol HTTPResponder: AnyObject, Sendable {
+    func respond(_ r: HTTPResponse)
+}

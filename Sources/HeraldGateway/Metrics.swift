@@ -1,0 +1,76 @@
+import Synchronization
+import HeraldCore
+
+/// Prometheus metrics of SPEC section 6. Lock-free counters, cheap enough to
+/// leave on under load.
+public final class Metrics: Sendable {
+    public enum Transport: String, CaseIterable, Sendable { case websocket, sse, poll }
+    public enum DropReason: String, CaseIterable, Sendable {
+        case slowConsumer = "slow_consumer", rateLimited = "rate_limited", idle, protocolError = "protocol_error",
+             authExpired = "auth_expired"
+    }
+
+    let connections = Mutex([Int](repeating: 0, count: Transport.allCases.count))
+    let drops = Mutex([Int](repeating: 0, count: DropReason.allCases.count))
+    public let publishes = Atomic<Int>(0)
+    public let deliveries = Atomic<Int>(0)
+    public let deliveryLatency = Histogram()
+    public let storeLatency = Histogram()
+
+    public init() {}
+
+    public func connectionOpened(_ t: Transport) { connections.withLock { $0[index(t)] += 1 } }
+    public func connectionClosed(_ t: Transport) { connections.withLock { $0[index(t)] -= 1 } }
+    public func dropped(_ r: DropReason) { drops.withLock { $0[DropReason.allCases.firstIndex(of: r)!] += 1 } }
+
+    private func index(_ t: Transport) -> Int { Transport.allCases.firstIndex(of: t)! }
+
+    public func prometheusText() -> String {
+        var s = "# HELP herald_connections Open device connections by transport.\n# TYPE herald_connections gauge\n"
+        let open = connections.withLock { $0 }
+        for (i, t) in Transport.allCases.enumerated() {
+            s += "herald_connections{transport=\"\(t.rawValue)\"} \(open[i])\n"
+        }
+        s += "# HELP herald_publishes_total Notifications published.\n# TYPE herald_publishes_total counter\n"
+        s += "herald_publishes_total \(publishes.load(ordering: .relaxed))\n"
+        s += "# HELP herald_deliveries_total Changes delivered to devices.\n# TYPE herald_deliveries_total counter\n"
+        s += "herald_deliveries_total \(deliveries.load(ordering: .relaxed))\n"
+        s += deliveryLatency.text(name: "herald_delivery_latency_seconds", help: "Commit to hand-off to the socket.")
+        s += storeLatency.text(name: "herald_store_latency_seconds", help: "Store batch time, begin to commit.")
+        s += "# HELP herald_dropped_connections_total Connections closed by the gateway.\n# TYPE herald_dropped_connections_total counter\n"
+        let dropped = drops.withLock { $0 }
+        for (i, r) in DropReason.allCases.enumerated() {
+            s += "herald_dropped_connections_total{reason=\"\(r.rawValue)\"} \(dropped[i])\n"
+        }
+        return s
+    }
+}
+
+public final class Histogram: Sendable {
+    static let bounds: [Double] = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5]
+    struct State { var buckets = [Int](repeating: 0, count: Histogram.bounds.count + 1); var sumNanos: UInt64 = 0 }
+    let state = Mutex(State())
+
+    public init() {}
+
+    public func observe(nanos: UInt64) {
+        let secs = Double(nanos) / 1e9
+        let i = Self.bounds.firstIndex { secs <= $0 } ?? Self.bounds.count
+        state.withLock { $0.buckets[i] += 1; $0.sumNanos &+= nanos }
+    }
+
+    func text(name: String, help: String) -> String {
+        var s = "# HELP \(name) \(help)\n# TYPE \(name) histogram\n"
+        let st = state.withLock { $0 }
+        var cumulative = 0
+        for (i, b) in Self.bounds.enumerated() {
+            cumulative += st.buckets[i]
+            s += "\(name)_bucket{le=\"\(b)\"} \(cumulative)\n"
+        }
+        cumulative += st.buckets[Self.bounds.count]
+        s += "\(name)_bucket{le=\"+Inf\"} \(cumulative)\n"
+        s += "\(name)_sum \(Double(st.sumNanos) / 1e9)\n\(name)_count \(cumulative)\n"
+        return s
+    }
+}
+

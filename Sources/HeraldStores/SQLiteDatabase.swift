@@ -1,0 +1,181 @@
+import CSQLite
+import HeraldCore
+
+/// A value bound to a statement parameter.
+enum SQLiteValue {
+    case int(Int64)
+    case text(String)
+    /// UTF-8 text given as bytes (encoded JSON), stored with TEXT affinity.
+    case utf8([UInt8])
+    case null
+}
+
+/// One result row of a stepping statement. Valid only inside the callback
+/// that receives it.
+struct SQLiteRow {
+    let stmt: OpaquePointer
+
+    func isNull(_ i: Int32) -> Bool { sqlite3_column_type(stmt, i) == SQLITE_NULL }
+    func int64(_ i: Int32) -> Int64 { sqlite3_column_int64(stmt, i) }
+    func optionalInt64(_ i: Int32) -> Int64? { isNull(i) ? nil : int64(i) }
+
+    func text(_ i: Int32) -> String? {
+        guard let p = sqlite3_column_text(stmt, i) else { return nil }
+        let n = Int(sqlite3_column_bytes(stmt, i))
+        return String(decoding: UnsafeBufferPointer(start: p, count: n), as: UTF8.self)
+    }
+
+    /// The column's text parsed as JSON; nil when NULL, absent or malformed.
+    func json(_ i: Int32) -> JSON? {
+        guard let p = sqlite3_column_text(stmt, i) else { return nil }
+        let n = Int(sqlite3_column_bytes(stmt, i))
+        // Stored JSON nests the app's payload (itself up to the parser's
+        // default depth) two levels down: leave room for that.
+        return try? JSONParser.parse(UnsafeBufferPointer(start: p, count: n),
+                                     maxDepth: JSONParser.defaultMaxDepth + 8)
+    }
+}
+
+/// A thin wrapper over one sqlite3 connection with a prepared-statement
+/// cache. Not thread-safe: its owner (the store) is used from one thread at
+/// a time, so the connection is opened without SQLite's own mutex.
+final class SQLiteDatabase {
+    private var handle: OpaquePointer?
+    private var cache: [String: OpaquePointer] = [:]
+    let path: String
+
+    init(path: String) throws(StoreError) {
+        self.path = path
+        var db: OpaquePointer?
+        let flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX
+        let rc = sqlite3_open_v2(path, &db, flags, nil)
+        guard rc == SQLITE_OK, let db else {
+            let message = db.map { String(cString: sqlite3_errmsg($0)) } ?? String(cString: sqlite3_errstr(rc))
+            if let db { sqlite3_close_v2(db) }
+            throw StoreError("sqlite: cannot open \(path): \(message)")
+        }
+        sqlite3_extended_result_codes(db, 1)
+        handle = db
+    }
+
+    deinit { close() }
+
+    var isOpen: Bool { handle != nil }
+
+    func close() {
+        for (_, s) in cache { sqlite3_finalize(s) }
+        cache.removeAll()
+        if let h = handle { sqlite3_close_v2(h) }
+        handle = nil
+    }
+
+    /// True when no transaction is open (SQLite may end one by itself after
+    /// some errors, e.g. SQLITE_FULL or SQLITE_IOERR).
+    var autocommit: Bool {
+        guard let h = handle else { return true }
+        return sqlite3_get_autocommit(h) != 0
+    }
+
+    /// Rows changed by the last INSERT, UPDATE or DELETE.
+    var changes: Int {
+        guard let h = handle else { return 0 }
+        return Int(sqlite3_changes64(h))
+    }
+
+    func error(_ rc: Int32, _ context: String) -> StoreError {
+        var message = String(cString: sqlite3_errstr(rc))
+        // The connection's message is more specific when it is about `rc`.
+        if let h = handle, sqlite3_errcode(h) == rc & 0xFF {
+            message = String(cString: sqlite3_errmsg(h))
+        }
+        return StoreError("sqlite (\(path)): \(context): \(message) (code \(rc))")
+    }
+
+    private func statement(_ sql: String) throws(StoreError) -> OpaquePointer {
+        if let s = cache[sql] { return s }
+        guard let h = handle else { throw StoreError("sqlite (\(path)): the store is closed") }
+        var stmt: OpaquePointer?
+        let rc = sqlite3_prepare_v3(h, sql, -1, UInt32(SQLITE_PREPARE_PERSISTENT), &stmt, nil)
+        guard rc == SQLITE_OK, let stmt else {
+            if let stmt { sqlite3_finalize(stmt) }
+            throw error(rc, "prepare \(sql.prefix(60))")
+        }
+        cache[sql] = stmt
+        return stmt
+    }
+
+    private func bind(_ stmt: OpaquePointer, _ args: [SQLiteValue], _ sql: String) throws(StoreError) {
+        for (k, a) in args.enumerated() {
+            let i = Int32(k + 1)
+            let rc: Int32
+            switch a {
+            case .int(let v): rc = sqlite3_bind_int64(stmt, i, v)
+            case .null: rc = sqlite3_bind_null(stmt, i)
+            case .text(let s):
+                var s = s
+                rc = s.withUTF8 { Self.bindText(stmt, i, $0) }
+            case .utf8(let bytes):
+                rc = bytes.withUnsafeBufferPointer { Self.bindText(stmt, i, $0) }
+            }
+            guard rc == SQLITE_OK else { throw error(rc, "bind \(sql.prefix(60))") }
+        }
+    }
+
+    private static func bindText(_ stmt: OpaquePointer, _ i: Int32, _ b: UnsafeBufferPointer<UInt8>) -> Int32 {
+        guard let base = b.baseAddress, b.count > 0 else {
+            return sqlite3_bind_text(stmt, i, "", 0, herald_sqlite_transient)
+        }
+        return base.withMemoryRebound(to: CChar.self, capacity: b.count) {
+            sqlite3_bind_text64(stmt, i, $0, UInt64(b.count), herald_sqlite_transient, UInt8(SQLITE_UTF8))
+        }
+    }
+
+    /// Runs `sql`, calling `each` for every row until it returns false.
+    func query(_ sql: String, _ args: [SQLiteValue] = [],
+               _ each: (SQLiteRow) throws(StoreError) -> Bool) throws(StoreError) {
+        let stmt = try statement(sql)
+        // Always leave the statement reset so it holds no read transaction
+        // open (that would stall WAL checkpoints) and no bound copies.
+        defer { sqlite3_reset(stmt); sqlite3_clear_bindings(stmt) }
+        try bind(stmt, args, sql)
+        while true {
+            let rc = sqlite3_step(stmt)
+            if rc == SQLITE_DONE { return }
+            guard rc == SQLITE_ROW else { throw error(rc, String(sql.prefix(60))) }
+            if try !each(SQLiteRow(stmt: stmt)) { return }
+        }
+    }
+
+    /// Runs a statement for its effect; returns the number of rows changed.
+    @discardableResult
+    func execute(_ sql: String, _ args: [SQLiteValue] = []) throws(StoreError) -> Int {
+        try query(sql, args) { _ throws(StoreError) in true }
+        return changes
+    }
+
+    /// The first column of the first row, as an integer.
+    func int(_ sql: String, _ args: [SQLiteValue] = []) throws(StoreError) -> Int64? {
+        var v: Int64?
+        try query(sql, args) { r throws(StoreError) in v = r.optionalInt64(0); return false }
+        return v
+    }
+
+    /// The first column of the first row, as text.
+    func text(_ sql: String, _ args: [SQLiteValue] = []) throws(StoreError) -> String? {
+        var v: String?
+        try query(sql, args) { r throws(StoreError) in v = r.text(0); return false }
+        return v
+    }
+
+    /// Runs several statements without parameters or caching (schema work).
+    func script(_ sql: String) throws(StoreError) {
+        guard let h = handle else { throw StoreError("sqlite (\(path)): the store is closed") }
+        var err: UnsafeMutablePointer<CChar>?
+        let rc = sqlite3_exec(h, sql, nil, nil, &err)
+        if rc != SQLITE_OK {
+            let message = err.map { String(cString: $0) } ?? String(cString: sqlite3_errstr(rc))
+            sqlite3_free(err)
+            throw StoreError("sqlite (\(path)): \(message) (code \(rc))")
+        }
+    }
+}

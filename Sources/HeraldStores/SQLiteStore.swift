@@ -1,0 +1,579 @@
+import CSQLite
+import HeraldCore
+
+/// The durable embedded store (`--store sqlite:PATH`): one SQLite file in
+/// WAL mode, written only by the engine thread.
+///
+/// Durability: the engine runs a batch of commands between `begin()` and
+/// `commit()` (group commit), so `commit()` is where the batch is made
+/// durable, with at most one fsync of the write-ahead log per batch under
+/// `.full`. Every write method also works outside `begin()`/`commit()`, as
+/// its own transaction.
+///
+/// Schema: versioned with `PRAGMA user_version` (mirrored in `meta`);
+/// forward migrations run at open inside one write transaction. A file
+/// written by a newer Herald, a file that is not a SQLite database and a
+/// SQLite database that is not Herald's are refused with a `StoreError` and
+/// left untouched.
+///
+/// The epoch is random, made when the database is created, and stays the
+/// same for the life of the file: a restarted gateway keeps its clients'
+/// cursors valid. A user's `head` lives in `feeds` and never goes back, so a
+/// seq is never reused across restarts (a rolled-back seq was never
+/// acknowledged, so reusing it is harmless).
+public final class SQLiteStore: NotificationStore {
+    /// How hard `commit()` works to survive a crash (`PRAGMA synchronous`
+    /// under WAL).
+    ///
+    /// - `full` (default): the WAL is fsynced at every commit. A commit that
+    ///   returned survives a process crash (`kill -9`), an OS crash and a
+    ///   power cut. Costs one fsync per batch, which group commit shares
+    ///   among all the requests of a batch.
+    /// - `normal`: the WAL is fsynced only at checkpoints. A commit survives
+    ///   a process crash (the data is in the OS's page cache), but the last
+    ///   commits before an OS crash or power cut can be lost (the database
+    ///   stays consistent: whole transactions are lost, never half of one).
+    ///   Several times faster for small batches on slow disks.
+    /// - `off`: no fsync at all. Survives a process crash; an OS crash or
+    ///   power cut can lose recent commits and may corrupt the file. For
+    ///   tests and throwaway data only.
+    public enum Durability: String, Sendable, CaseIterable {
+        case full, normal, off
+    }
+
+    /// The schema version this code writes; `migrations[v - 1]` brings a
+    /// database from version `v - 1` to `v`.
+    public static let schemaVersion: Int64 = 1
+
+    public let epoch: String
+    public let path: String
+    public let durability: Durability
+
+    /// Internal for tests (query plans, schema tampering).
+    let db: SQLiteDatabase
+    /// Inside `begin()` … `commit()`/`rollback()`.
+    private var inTransaction = false
+
+    /// Opens (creating if needed) the database at `path` and migrates it to
+    /// the current schema. `busyTimeoutMillis` bounds how long a call waits
+    /// for a lock held by another connection before failing with a
+    /// `StoreError` (one gateway per file is the normal setup).
+    public init(path: String, durability: Durability = .full, busyTimeoutMillis: Int = 5000) throws(StoreError) {
+        self.path = path
+        self.durability = durability
+        db = try SQLiteDatabase(path: path)
+        do throws(StoreError) {
+            try db.execute("PRAGMA busy_timeout = \(max(0, busyTimeoutMillis))")
+            // Look before changing anything (even the journal mode is a
+            // write): refuse what is not ours or is newer than us.
+            try Self.checkVersion(db, path: path)
+            let mode = try db.text("PRAGMA journal_mode = WAL")
+            if mode?.lowercased() != "wal" && !Self.isMemoryPath(path) {
+                throw StoreError("sqlite (\(path)): cannot use WAL mode (journal_mode is \(mode ?? "unknown"))")
+            }
+            try db.execute("PRAGMA synchronous = \(durability.rawValue.uppercased())")
+            try db.execute("PRAGMA cache_size = -32768")      // 32 MiB
+            try db.execute("PRAGMA temp_store = MEMORY")
+            try db.execute("PRAGMA journal_size_limit = 67108864") // keep the WAL file near 64 MiB after checkpoints
+            try Self.migrate(db, path: path)
+            guard let e = try db.text("SELECT value FROM meta WHERE key = 'epoch'"), !e.isEmpty else {
+                throw StoreError("sqlite (\(path)): the database has no epoch (damaged?)")
+            }
+            epoch = e
+        } catch {
+            db.close()
+            throw error
+        }
+    }
+
+    deinit { db.close() }
+
+    /// Closes the database (the WAL is checkpointed into the main file).
+    /// Every later call fails with a `StoreError`. An open transaction is
+    /// rolled back.
+    public func close() {
+        if inTransaction { rollback() }
+        db.close()
+    }
+
+    private static func isMemoryPath(_ p: String) -> Bool { p == ":memory:" || p.isEmpty || p.hasPrefix("file::memory:") }
+
+    // MARK: Schema
+
+    private static func checkVersion(_ db: SQLiteDatabase, path: String) throws(StoreError) {
+        let version = try db.int("PRAGMA user_version") ?? 0
+        if version > schemaVersion {
+            throw StoreError("sqlite (\(path)): the database has schema version \(version), newer than the \(schemaVersion) this Herald understands; refusing to open it (upgrade Herald, or use another file). The file was not modified.")
+        }
+        if version == 0 {
+            let objects = try db.int("SELECT count(*) FROM sqlite_master") ?? 0
+            if objects > 0 {
+                throw StoreError("sqlite (\(path)): the file is a SQLite database but not a Herald one (no schema version); refusing to use it. The file was not modified.")
+            }
+        }
+    }
+
+    /// Forward migrations. Append only; never edit a released one.
+    private static let migrations: [String] = [
+        // 1: the initial schema.
+        """
+        CREATE TABLE meta (
+            key   TEXT PRIMARY KEY,
+            value TEXT NOT NULL
+        ) WITHOUT ROWID;
+
+        -- One row per user with a change feed: head is the last seq assigned,
+        -- floor the highest pruned seq. Rows are never deleted.
+        CREATE TABLE feeds (
+            app   TEXT NOT NULL,
+            user  TEXT NOT NULL,
+            head  INTEGER NOT NULL,
+            floor INTEGER NOT NULL DEFAULT 0,
+            PRIMARY KEY (app, user)
+        ) WITHOUT ROWID;
+
+        -- Live notifications. `json` is the wire form (Notification.json);
+        -- the other columns are copies for lookups, ordering and counts.
+        CREATE TABLE notifications (
+            app                 TEXT NOT NULL,
+            user                TEXT NOT NULL,
+            id                  TEXT NOT NULL,
+            app_notification_id TEXT NOT NULL,
+            created_at          INTEGER NOT NULL,
+            expires_at          INTEGER NOT NULL,
+            read_state          TEXT NOT NULL,
+            user_action_state   TEXT NOT NULL,
+            version             INTEGER NOT NULL,
+            targeted            INTEGER NOT NULL,
+            json                TEXT NOT NULL
+        );
+        CREATE UNIQUE INDEX notifications_by_id ON notifications (app, user, id);
+        CREATE UNIQUE INDEX notifications_by_app_id ON notifications (app, user, app_notification_id);
+        -- History order: newest first, ties by the higher id (BINARY = bytes).
+        CREATE INDEX notifications_history ON notifications (app, user, created_at DESC, id DESC);
+        CREATE INDEX notifications_expiry ON notifications (expires_at);
+
+        -- The change feed. `change` is the wire form (Change.json). The
+        -- before/after presence: *_unread is NULL when absent (no before for
+        -- a new notification, no after for a delete), else 1/0; *_platforms
+        -- is NULL for all platforms, else comma-separated; *_tags the tag
+        -- expression's source, NULL for all devices.
+        CREATE TABLE changes (
+            app              TEXT NOT NULL,
+            user             TEXT NOT NULL,
+            seq              INTEGER NOT NULL,
+            at               INTEGER NOT NULL,
+            change           TEXT NOT NULL,
+            before_unread    INTEGER,
+            before_platforms TEXT,
+            before_tags      TEXT,
+            after_unread     INTEGER,
+            after_platforms  TEXT,
+            after_tags       TEXT
+        );
+        CREATE UNIQUE INDEX changes_by_seq ON changes (app, user, seq);
+        CREATE INDEX changes_by_at ON changes (at);
+
+        -- Device registrations; rowid keeps registration order.
+        CREATE TABLE devices (
+            app          TEXT NOT NULL,
+            user         TEXT NOT NULL,
+            device_id    TEXT NOT NULL,
+            platform     TEXT NOT NULL,
+            tags         TEXT NOT NULL,
+            last_seen_at INTEGER NOT NULL
+        );
+        -- Also serves "devices of an app" (its prefix).
+        CREATE UNIQUE INDEX devices_by_id ON devices (app, user, device_id);
+        CREATE INDEX devices_by_last_seen ON devices (last_seen_at);
+        """,
+    ]
+
+    private static func migrate(_ db: SQLiteDatabase, path: String) throws(StoreError) {
+        try db.execute("BEGIN IMMEDIATE")
+        do throws(StoreError) {
+            // Again under the write lock: another process may have migrated.
+            try checkVersion(db, path: path)
+            let from = try db.int("PRAGMA user_version") ?? 0
+            if from < schemaVersion {
+                for v in (from + 1)...schemaVersion {
+                    try db.script(migrations[Int(v - 1)])
+                    if v == 1 {
+                        try db.execute("INSERT INTO meta (key, value) VALUES ('epoch', ?)", [.text("s-" + Random.hex(12))])
+                        try db.execute("INSERT INTO meta (key, value) VALUES ('created_at', ?)", [.text(RFC3339.format(WallClock.now()))])
+                    }
+                    try db.execute("INSERT INTO meta (key, value) VALUES ('schema_version', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                                   [.text(String(v))])
+                    try db.execute("PRAGMA user_version = \(v)")
+                }
+            }
+            try db.execute("COMMIT")
+        } catch {
+            if !db.autocommit { _ = try? db.execute("ROLLBACK") }
+            throw error
+        }
+    }
+
+    // MARK: Transactions
+
+    /// Refuses work on a closed store, or inside a transaction SQLite has
+    /// already rolled back after an error (SQLITE_FULL, IOERR, ...): the
+    /// caller must `rollback()` first, so nothing of it commits piecemeal.
+    private func check() throws(StoreError) {
+        guard db.isOpen else { throw StoreError("sqlite (\(path)): the store is closed") }
+        if inTransaction && db.autocommit {
+            throw StoreError("sqlite (\(path)): the transaction was rolled back after an earlier error; roll back and retry")
+        }
+    }
+
+    public func begin() throws(StoreError) {
+        try check()
+        guard !inTransaction else { throw StoreError("sqlite (\(path)): begin() inside an open transaction") }
+        try db.execute("BEGIN IMMEDIATE")
+        inTransaction = true
+    }
+
+    public func commit() throws(StoreError) {
+        guard inTransaction else { return }
+        defer { inTransaction = false }
+        guard db.isOpen else { throw StoreError("sqlite (\(path)): the store is closed") }
+        if db.autocommit {
+            throw StoreError("sqlite (\(path)): the transaction was rolled back after an earlier error; nothing of it was committed")
+        }
+        do throws(StoreError) {
+            try db.execute("COMMIT")
+        } catch {
+            if !db.autocommit { _ = try? db.execute("ROLLBACK") }
+            throw error
+        }
+    }
+
+    public func rollback() {
+        guard inTransaction else { return }
+        inTransaction = false
+        if db.isOpen && !db.autocommit { _ = try? db.execute("ROLLBACK") }
+    }
+
+    /// Runs a multi-statement write atomically: inside a savepoint within an
+    /// open transaction (a failure undoes this write alone), else as its own
+    /// transaction.
+    private func write<T>(_ body: () throws(StoreError) -> T) throws(StoreError) -> T {
+        try check()
+        if inTransaction {
+            try db.execute("SAVEPOINT herald_write")
+            do throws(StoreError) {
+                let r = try body()
+                try db.execute("RELEASE herald_write")
+                return r
+            } catch {
+                if !db.autocommit {
+                    _ = try? db.execute("ROLLBACK TO herald_write")
+                    _ = try? db.execute("RELEASE herald_write")
+                }
+                throw error
+            }
+        }
+        try db.execute("BEGIN IMMEDIATE")
+        do throws(StoreError) {
+            let r = try body()
+            try db.execute("COMMIT")
+            return r
+        } catch {
+            if !db.autocommit { _ = try? db.execute("ROLLBACK") }
+            throw error
+        }
+    }
+
+    private func corrupt(_ what: String) -> StoreError {
+        StoreError("sqlite (\(path)): unreadable \(what) in the database (damaged?)")
+    }
+
+    // MARK: Queries whose plans matter (tests check they use the indexes)
+
+    static let historyFirstSQL = """
+        SELECT json FROM notifications WHERE app = ? AND user = ?
+        ORDER BY created_at DESC, id DESC LIMIT ?
+        """
+    /// Keyset pagination. `created_at <= ?` bounds the index range; the rest
+    /// drops the key itself and what comes before it among equal createdAt
+    /// (ids compare as bytes under the BINARY collation).
+    static let historyAfterSQL = """
+        SELECT json FROM notifications
+        WHERE app = ? AND user = ? AND created_at <= ?
+          AND (created_at < ? OR (created_at = ? AND id < ?))
+        ORDER BY created_at DESC, id DESC LIMIT ?
+        """
+    static let changesAfterSQL = """
+        SELECT seq, at, change, before_unread, before_platforms, before_tags, after_unread, after_platforms, after_tags
+        FROM changes WHERE app = ? AND user = ? AND seq > ? ORDER BY seq LIMIT ?
+        """
+    static let expiringSQL = """
+        SELECT app, user, json FROM notifications WHERE expires_at <= ? ORDER BY expires_at LIMIT ?
+        """
+
+    // MARK: Feeds and notifications
+
+    public func feed(_ user: UserKey) throws(StoreError) -> FeedState {
+        try check()
+        var f = FeedState()
+        try db.query("SELECT head, floor FROM feeds WHERE app = ? AND user = ?", [.text(user.app), .text(user.user)]) { r throws(StoreError) in
+            f = FeedState(head: r.int64(0), floor: r.int64(1))
+            return false
+        }
+        return f
+    }
+
+    private func notifications(_ sql: String, _ args: [SQLiteValue], limit: Int = Int.max) throws(StoreError) -> [Notification] {
+        var out: [Notification] = []
+        var failure: StoreError?
+        try db.query(sql, args) { r throws(StoreError) in
+            guard let n = r.json(0).flatMap(Notification.init(json:)) else { failure = corrupt("notification"); return false }
+            out.append(n)
+            return out.count < limit
+        }
+        if let failure { throw failure }
+        return out
+    }
+
+    public func notification(_ user: UserKey, id: String) throws(StoreError) -> Notification? {
+        try check()
+        return try notifications("SELECT json FROM notifications WHERE app = ? AND user = ? AND id = ?",
+                                 [.text(user.app), .text(user.user), .text(id)], limit: 1).first
+    }
+
+    public func notification(_ user: UserKey, appNotificationId: String) throws(StoreError) -> Notification? {
+        try check()
+        return try notifications("SELECT json FROM notifications WHERE app = ? AND user = ? AND app_notification_id = ?",
+                                 [.text(user.app), .text(user.user), .text(appNotificationId)], limit: 1).first
+    }
+
+    /// Assigns the user's next seq (head + 1) in the current transaction.
+    private func nextSeq(_ user: UserKey) throws(StoreError) -> Int64 {
+        guard let seq = try db.int("""
+            INSERT INTO feeds (app, user, head, floor) VALUES (?, ?, 1, 0)
+            ON CONFLICT (app, user) DO UPDATE SET head = head + 1
+            RETURNING head
+            """, [.text(user.app), .text(user.user)]) else { throw StoreError("sqlite (\(path)): no seq assigned") }
+        return seq
+    }
+
+    private static func presenceColumns(_ p: Presence?) -> [SQLiteValue] {
+        guard let p else { return [.null, .null, .null] }
+        return [.int(p.unread ? 1 : 0),
+                p.targeting.platforms.map { .text($0.map(\.rawValue).joined(separator: ",")) } ?? .null,
+                p.targeting.tags.map { .text($0.source) } ?? .null]
+    }
+
+    private func append(_ user: UserKey, _ r: ChangeRecord) throws(StoreError) {
+        try db.execute("""
+            INSERT INTO changes (app, user, seq, at, change, before_unread, before_platforms, before_tags,
+                                 after_unread, after_platforms, after_tags)
+            VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+            """, [.text(user.app), .text(user.user), .int(r.seq), .int(r.at), .utf8(r.encoded)]
+                + Self.presenceColumns(r.before) + Self.presenceColumns(r.after))
+    }
+
+    public func upsert(_ user: UserKey, _ n: Notification, previous: Notification?, at: Millis) throws(StoreError) -> ChangeRecord {
+        try write { () throws(StoreError) -> ChangeRecord in
+            let seq = try nextSeq(user)
+            try db.execute("""
+                INSERT INTO notifications (app, user, id, app_notification_id, created_at, expires_at,
+                                           read_state, user_action_state, version, targeted, json)
+                VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                ON CONFLICT (app, user, id) DO UPDATE SET
+                    app_notification_id = excluded.app_notification_id, created_at = excluded.created_at,
+                    expires_at = excluded.expires_at, read_state = excluded.read_state,
+                    user_action_state = excluded.user_action_state, version = excluded.version,
+                    targeted = excluded.targeted, json = excluded.json
+                """, [.text(user.app), .text(user.user), .text(n.id), .text(n.appNotificationId),
+                      .int(n.createdAt), .int(n.expiresAt), .text(n.readState.rawValue),
+                      .text(n.userActionState.rawValue), .int(n.version),
+                      .int(n.targetPlatforms == nil && n.targetTags == nil ? 0 : 1), .utf8(n.json.encoded)])
+            let r = ChangeRecord(change: Change(seq: seq, op: .upsert(n)), before: previous.map(Presence.init),
+                                 after: Presence(n), at: at)
+            try append(user, r)
+            return r
+        }
+    }
+
+    public func delete(_ user: UserKey, _ n: Notification, reason: DeleteReason, at: Millis) throws(StoreError) -> ChangeRecord {
+        try write { () throws(StoreError) -> ChangeRecord in
+            let seq = try nextSeq(user)
+            try db.execute("DELETE FROM notifications WHERE app = ? AND user = ? AND id = ?",
+                           [.text(user.app), .text(user.user), .text(n.id)])
+            let op = Change.Op.delete(id: n.id, appNotificationId: n.appNotificationId, reason: reason)
+            let r = ChangeRecord(change: Change(seq: seq, op: op), before: Presence(n), after: nil, at: at)
+            try append(user, r)
+            return r
+        }
+    }
+
+    // MARK: Reading the feed and history
+
+    private func presence(_ r: SQLiteRow, _ col: Int32) throws(StoreError) -> Presence? {
+        guard let unread = r.optionalInt64(col) else { return nil }
+        var platforms: [Platform]? = nil
+        if let text = r.text(col + 1) {
+            var list: [Platform] = []
+            for name in text.split(separator: ",", omittingEmptySubsequences: true) {
+                guard let p = Platform(rawValue: String(name)) else { throw corrupt("change targeting") }
+                list.append(p)
+            }
+            platforms = list
+        }
+        var tags: TagExpression? = nil
+        if let source = r.text(col + 2) {
+            do { tags = try TagExpression.parse(source) } catch { throw corrupt("change tag expression") }
+        }
+        return Presence(targeting: Targeting(platforms: platforms, tags: tags), unread: unread != 0)
+    }
+
+    public func changes(_ user: UserKey, after: Int64, limit: Int) throws(StoreError) -> [ChangeRecord] {
+        try check()
+        guard limit > 0 else { return [] }
+        var out: [ChangeRecord] = []
+        var failure: StoreError?
+        try db.query(Self.changesAfterSQL, [.text(user.app), .text(user.user), .int(after), .int(Int64(limit))]) { r throws(StoreError) in
+            let seq = r.int64(0)
+            guard let change = r.json(2).flatMap(Change.init(stored:)), change.seq == seq else {
+                failure = corrupt("change \(seq) of \(user)")
+                return false
+            }
+            do throws(StoreError) {
+                out.append(ChangeRecord(change: change, before: try presence(r, 3), after: try presence(r, 6), at: r.int64(1)))
+            } catch {
+                failure = error
+                return false
+            }
+            return true
+        }
+        if let failure { throw failure }
+        return out
+    }
+
+    public func history(_ user: UserKey, after: HistoryKey?, limit: Int) throws(StoreError) -> [Notification] {
+        try check()
+        guard limit > 0 else { return [] }
+        let base: [SQLiteValue] = [.text(user.app), .text(user.user)]
+        guard let after else {
+            return try notifications(Self.historyFirstSQL, base + [.int(Int64(limit))])
+        }
+        let at = SQLiteValue.int(after.createdAt)
+        return try notifications(Self.historyAfterSQL, base + [at, at, at, .text(after.id), .int(Int64(limit))])
+    }
+
+    public func expiring(until: Millis, limit: Int) throws(StoreError) -> [(UserKey, Notification)] {
+        try check()
+        guard limit > 0 else { return [] }
+        var out: [(UserKey, Notification)] = []
+        var failure: StoreError?
+        try db.query(Self.expiringSQL, [.int(until), .int(Int64(limit))]) { r throws(StoreError) in
+            guard let app = r.text(0), let u = r.text(1), let n = r.json(2).flatMap(Notification.init(json:)) else {
+                failure = corrupt("notification")
+                return false
+            }
+            out.append((UserKey(app: app, user: u), n))
+            return true
+        }
+        if let failure { throw failure }
+        return out
+    }
+
+    /// Drops, for every user, the changes up to the last one recorded before
+    /// `before` and raises the feed's floor to it, so that every change after
+    /// the floor is still kept.
+    public func pruneChanges(before: Millis) throws(StoreError) -> Int {
+        try write { () throws(StoreError) -> Int in
+            var cuts: [(String, String, Int64)] = []
+            try db.query("SELECT app, user, max(seq) FROM changes WHERE at < ? GROUP BY app, user", [.int(before)]) { r throws(StoreError) in
+                if let app = r.text(0), let u = r.text(1) { cuts.append((app, u, r.int64(2))) }
+                return true
+            }
+            var pruned = 0
+            for (app, u, seq) in cuts {
+                try db.execute("UPDATE feeds SET floor = max(floor, ?) WHERE app = ? AND user = ?", [.int(seq), .text(app), .text(u)])
+                pruned += try db.execute("DELETE FROM changes WHERE app = ? AND user = ? AND seq <= ?", [.text(app), .text(u), .int(seq)])
+            }
+            return pruned
+        }
+    }
+
+    // MARK: Devices
+
+    private func device(_ r: SQLiteRow, _ col: Int32) throws(StoreError) -> Device {
+        guard let id = r.text(col), let platform = r.text(col + 1).flatMap(Platform.init(rawValue:)),
+              let tagList = r.json(col + 2)?.arrayValue
+        else { throw corrupt("device") }
+        var tags: [String] = []
+        for t in tagList {
+            guard let s = t.stringValue else { throw corrupt("device tags") }
+            tags.append(s)
+        }
+        return Device(deviceId: id, platform: platform, tags: tags, lastSeenAt: r.int64(col + 3))
+    }
+
+    public func devices(_ user: UserKey) throws(StoreError) -> [Device] {
+        try check()
+        var out: [Device] = []
+        try db.query("""
+            SELECT device_id, platform, tags, last_seen_at FROM devices WHERE app = ? AND user = ? ORDER BY rowid
+            """, [.text(user.app), .text(user.user)]) { r throws(StoreError) in
+            out.append(try device(r, 0))
+            return true
+        }
+        return out
+    }
+
+    public func saveDevice(_ user: UserKey, _ device: Device) throws(StoreError) {
+        try check()
+        try db.execute("""
+            INSERT INTO devices (app, user, device_id, platform, tags, last_seen_at) VALUES (?, ?, ?, ?, ?, ?)
+            ON CONFLICT (app, user, device_id) DO UPDATE SET
+                platform = excluded.platform, tags = excluded.tags, last_seen_at = excluded.last_seen_at
+            """, [.text(user.app), .text(user.user), .text(device.deviceId), .text(device.platform.rawValue),
+                  .utf8(JSON.array(device.tags.map(JSON.string)).encoded), .int(device.lastSeenAt)])
+    }
+
+    public func deleteDevice(_ user: UserKey, id: String) throws(StoreError) -> Bool {
+        try check()
+        return try db.execute("DELETE FROM devices WHERE app = ? AND user = ? AND device_id = ?",
+                              [.text(user.app), .text(user.user), .text(id)]) > 0
+    }
+
+    public func usersWithDevices(app: String) throws(StoreError) -> [(user: String, devices: [Device])] {
+        try check()
+        var out: [(user: String, devices: [Device])] = []
+        try db.query("""
+            SELECT user, device_id, platform, tags, last_seen_at FROM devices WHERE app = ? ORDER BY user, rowid
+            """, [.text(app)]) { r throws(StoreError) in
+            guard let u = r.text(0) else { throw corrupt("device") }
+            let d = try device(r, 1)
+            if out.last?.user == u { out[out.count - 1].devices.append(d) } else { out.append((user: u, devices: [d])) }
+            return true
+        }
+        return out
+    }
+
+    public func pruneDevices(lastSeenBefore before: Millis) throws(StoreError) -> Int {
+        try check()
+        return try db.execute("DELETE FROM devices WHERE last_seen_at < ?", [.int(before)])
+    }
+}
+
+extension Change {
+    /// Reads back the wire form kept in the `changes` table.
+    fileprivate init?(stored json: JSON) {
+        guard let o = json.objectValue, let seq = o["seq"]?.int64Value, let op = o["op"]?.stringValue else { return nil }
+        switch op {
+        case "upsert":
+            guard let n = o["notification"].flatMap(Notification.init(json:)) else { return nil }
+            self.init(seq: seq, op: .upsert(n))
+        case "delete":
+            guard let id = o["id"]?.stringValue, let anid = o["appNotificationId"]?.stringValue,
+                  let reason = o["reason"]?.stringValue.flatMap(DeleteReason.init(rawValue:)) else { return nil }
+            self.init(seq: seq, op: .delete(id: id, appNotificationId: anid, reason: reason))
+        default:
+            return nil
+        }
+    }
+}
