@@ -1,0 +1,418 @@
+import Foundation
+import XCTest
+import HeraldCore
+@testable import HeraldStores
+
+typealias Notification = HeraldCore.Notification
+
+/// The one store conformance suite: written against `NotificationStore`
+/// only, run for every implementation by a subclass that overrides
+/// `makeStore()` and lists every check as a test method.
+///
+/// Why the list: on Linux, XCTest discovers only the test methods a class
+/// declares itself, not inherited ones, so the checks are named `check…`
+/// here and each store's subclass forwards `test…` to them: a new check
+/// must be forwarded by every subclass.
+class StoreConformanceTests: XCTestCase {
+    /// A fresh, empty store; nil in the abstract base class.
+    func makeStore() throws -> NotificationStore? { nil }
+
+    var store: NotificationStore!
+
+    override func setUpWithError() throws {
+        guard let s = try makeStore() else { throw XCTSkip("abstract conformance suite") }
+        store = s
+    }
+
+    override func tearDown() {
+        store = nil
+        super.tearDown()
+    }
+
+    // MARK: Fixtures
+
+    let alice = UserKey(app: "app1", user: "alice")
+    let bob = UserKey(app: "app1", user: "bob")
+    let aliceInApp2 = UserKey(app: "app2", user: "alice")
+
+    static let t0: Millis = 1_800_000_000_000
+    static let day: Millis = 86_400_000
+
+    func note(_ id: String, _ anid: String, user: UserKey? = nil, createdAt: Millis = t0,
+              expiresAt: Millis? = nil, payload: JSONObject = ["title": "hi"],
+              platforms: [Platform]? = nil, tags: String? = nil, version: Int64 = 1) -> Notification {
+        Notification(id: id, appNotificationId: anid, userId: (user ?? alice).user, payload: payload,
+                     targetPlatforms: platforms, targetTags: tags.flatMap { try? TagExpression.parse($0) },
+                     createdAt: createdAt, updatedAt: createdAt, expiresAt: expiresAt ?? createdAt + 30 * Self.day,
+                     version: version)
+    }
+
+    @discardableResult
+    func publish(_ user: UserKey, _ n: Notification, at: Millis? = nil) throws -> ChangeRecord {
+        let previous = try store.notification(user, id: n.id)
+        return try store.upsert(user, n, previous: previous, at: at ?? n.updatedAt)
+    }
+
+    func assertSame(_ a: ChangeRecord, _ b: ChangeRecord, file: StaticString = #filePath, line: UInt = #line) {
+        XCTAssertEqual(a.change, b.change, file: file, line: line)
+        XCTAssertEqual(a.before, b.before, file: file, line: line)
+        XCTAssertEqual(a.after, b.after, file: file, line: line)
+        XCTAssertEqual(a.at, b.at, file: file, line: line)
+        XCTAssertEqual(a.encoded, b.encoded, file: file, line: line)
+    }
+
+    // MARK: Seq
+
+    func checkSeqStrictlyIncreasingPerUserAndIndependent() throws {
+        XCTAssertEqual(try store.feed(alice), FeedState(head: 0, floor: 0))
+        XCTAssertTrue(try store.feed(alice).accepts(cursor: 0))
+        var last: [UserKey: Int64] = [:]
+        let users = [alice, bob, aliceInApp2, alice, alice, bob, aliceInApp2, alice]
+        for (k, u) in users.enumerated() {
+            let r = try publish(u, note("n_\(k)", "a\(k)", user: u))
+            XCTAssertGreaterThan(r.seq, last[u] ?? 0, "seq must strictly increase for \(u)")
+            last[u] = r.seq
+            XCTAssertEqual(try store.feed(u).head, r.seq)
+        }
+        // Independent feeds: each starts from its own beginning.
+        XCTAssertEqual(try store.changes(alice, after: 0, limit: 100).count, 4)
+        XCTAssertEqual(try store.changes(bob, after: 0, limit: 100).count, 2)
+        XCTAssertEqual(try store.changes(aliceInApp2, after: 0, limit: 100).count, 2)
+        XCTAssertEqual(try store.changes(bob, after: 0, limit: 100).first?.seq, 1)
+        XCTAssertEqual(try store.changes(aliceInApp2, after: 0, limit: 100).first?.seq, 1)
+        // Deletes take seqs too.
+        let n = try XCTUnwrap(store.notification(alice, id: "n_0"))
+        let d = try store.delete(alice, n, reason: .deleted, at: Self.t0 + 1)
+        XCTAssertGreaterThan(d.seq, last[alice]!)
+        XCTAssertEqual(try store.feed(alice).head, d.seq)
+    }
+
+    // MARK: Upsert and lookup
+
+    func checkUpsertNewAndReplace() throws {
+        let n1 = note("n_1", "task-42", payload: ["title": "one", "nested": ["a": [1, .number("2.50"), .number("-1e3"), "x\u{1}é\"\\"], "b": nil, "c": true]],
+                      platforms: [.web, .ios], tags: "lang:it && !muted")
+        let r1 = try publish(alice, n1)
+        XCTAssertNil(r1.before)
+        XCTAssertEqual(r1.after, Presence(n1))
+        XCTAssertEqual(r1.change, Change(seq: r1.seq, op: .upsert(n1)))
+        XCTAssertEqual(try store.notification(alice, id: "n_1"), n1)
+        XCTAssertEqual(try store.notification(alice, appNotificationId: "task-42"), n1)
+
+        var n2 = note("n_1", "task-42", createdAt: Self.t0, payload: ["title": "two"], version: 2)
+        n2.updatedAt = Self.t0 + 5000
+        n2.readState = .read
+        n2.userActionState = .dismissed
+        let r2 = try publish(alice, n2)
+        XCTAssertGreaterThan(r2.seq, r1.seq)
+        XCTAssertEqual(r2.before, Presence(n1))
+        XCTAssertEqual(r2.after, Presence(n2))
+        XCTAssertEqual(r2.at, Self.t0 + 5000)
+        XCTAssertEqual(try store.notification(alice, id: "n_1"), n2)
+        XCTAssertEqual(try store.notification(alice, appNotificationId: "task-42"), n2)
+        XCTAssertEqual(try store.history(alice, after: nil, limit: 10), [n2], "a replace is not a second notification")
+
+        // What the feed returns is what upsert returned.
+        let feed = try store.changes(alice, after: 0, limit: 10)
+        XCTAssertEqual(feed.count, 2)
+        assertSame(feed[0], r1)
+        assertSame(feed[1], r2)
+    }
+
+    func checkLookupMisses() throws {
+        try publish(alice, note("n_1", "task-1"))
+        XCTAssertNil(try store.notification(alice, id: "n_2"))
+        XCTAssertNil(try store.notification(alice, appNotificationId: "task-2"))
+        XCTAssertNil(try store.notification(bob, id: "n_1"), "another user's notification")
+        XCTAssertNil(try store.notification(bob, appNotificationId: "task-1"))
+        XCTAssertNil(try store.notification(aliceInApp2, id: "n_1"), "another app's notification")
+        XCTAssertNil(try store.notification(aliceInApp2, appNotificationId: "task-1"))
+        // The same appNotificationId is independent per user.
+        try publish(bob, note("n_9", "task-1", user: bob))
+        XCTAssertEqual(try store.notification(bob, appNotificationId: "task-1")?.id, "n_9")
+        XCTAssertEqual(try store.notification(alice, appNotificationId: "task-1")?.id, "n_1")
+    }
+
+    // MARK: Delete
+
+    func checkDeleteKeepsTombstone() throws {
+        let n = note("n_1", "task-1", platforms: [.android], tags: "a")
+        let up = try publish(alice, n)
+        let del = try store.delete(alice, n, reason: .deleted, at: Self.t0 + 10)
+        XCTAssertGreaterThan(del.seq, up.seq)
+        XCTAssertEqual(del.change, Change(seq: del.seq, op: .delete(id: "n_1", appNotificationId: "task-1", reason: .deleted)))
+        XCTAssertEqual(del.before, Presence(n))
+        XCTAssertNil(del.after)
+        XCTAssertNil(try store.notification(alice, id: "n_1"))
+        XCTAssertNil(try store.notification(alice, appNotificationId: "task-1"))
+        XCTAssertEqual(try store.history(alice, after: nil, limit: 10), [])
+
+        let feed = try store.changes(alice, after: 0, limit: 10)
+        XCTAssertEqual(feed.map(\.seq), [up.seq, del.seq])
+        assertSame(feed[1], del)
+
+        // The appNotificationId is free again: a new notification takes it.
+        let again = note("n_2", "task-1")
+        try publish(alice, again)
+        XCTAssertEqual(try store.notification(alice, appNotificationId: "task-1"), again)
+
+        // Expiry deletes read back with their reason.
+        let ex = try store.delete(alice, again, reason: .expired, at: Self.t0 + 20)
+        let last = try XCTUnwrap(store.changes(alice, after: ex.seq - 1, limit: 10).first)
+        XCTAssertEqual(last.change, Change(seq: ex.seq, op: .delete(id: "n_2", appNotificationId: "task-1", reason: .expired)))
+    }
+
+    // MARK: Changes after a cursor
+
+    func checkChangesOrderAndBounds() throws {
+        var records: [ChangeRecord] = []
+        for k in 0..<10 {
+            records.append(try publish(alice, note("n_\(k)", "t\(k)", createdAt: Self.t0 + Millis(k))))
+            try publish(bob, note("n_b\(k)", "t\(k)", user: bob))
+        }
+        let seqs = records.map(\.seq)
+        XCTAssertEqual(try store.changes(alice, after: 0, limit: 100).map(\.seq), seqs)
+        XCTAssertEqual(try store.changes(alice, after: seqs[2], limit: 4).map(\.seq), Array(seqs[3..<7]))
+        XCTAssertEqual(try store.changes(alice, after: seqs[8], limit: 4).map(\.seq), [seqs[9]])
+        XCTAssertEqual(try store.changes(alice, after: seqs[9], limit: 4).map(\.seq), [])
+        XCTAssertEqual(try store.changes(alice, after: seqs[9] + 100, limit: 4).map(\.seq), [])
+        XCTAssertEqual(try store.changes(alice, after: 0, limit: 0).count, 0)
+        XCTAssertEqual(try store.changes(UserKey(app: "app1", user: "nobody"), after: 0, limit: 10).count, 0)
+        for (a, b) in zip(try store.changes(alice, after: 0, limit: 100), records) { assertSame(a, b) }
+    }
+
+    // MARK: History
+
+    func checkHistoryOrderWithTiesAndPaging() throws {
+        // Equal createdAt: higher id (as bytes) first. "n_a" > "n_Z" > "n_B" in bytes.
+        let t = Self.t0
+        let ns = [note("n_B", "1", createdAt: t), note("n_a", "2", createdAt: t), note("n_Z", "3", createdAt: t),
+                  note("n_C", "4", createdAt: t + 1), note("n_A", "5", createdAt: t - 1), note("n_z", "6", createdAt: t + 1)]
+        for n in ns.shuffled() { try publish(alice, n) }
+        try publish(bob, note("n_y", "x", user: bob, createdAt: t))
+        let expected = ["n_z", "n_C", "n_a", "n_Z", "n_B", "n_A"]
+        XCTAssertEqual(try store.history(alice, after: nil, limit: 50).map(\.id), expected)
+        XCTAssertEqual(ns.sorted { HistoryKey($0) < HistoryKey($1) }.map(\.id), expected, "HistoryKey agrees")
+
+        // Paging with `after:` the last key of each page.
+        var got: [String] = []
+        var after: HistoryKey? = nil
+        while true {
+            let page = try store.history(alice, after: after, limit: 2)
+            got += page.map(\.id)
+            guard page.count == 2, let last = page.last else { break }
+            after = HistoryKey(last)
+        }
+        XCTAssertEqual(got, expected)
+        XCTAssertEqual(try store.history(alice, after: nil, limit: 0), [])
+        XCTAssertEqual(try store.history(alice, after: HistoryKey(createdAt: t - 1, id: "n_A"), limit: 5), [])
+    }
+
+    func checkHistoryPagingAfterDeletedKey() throws {
+        let t = Self.t0
+        var ns: [Notification] = []
+        for k in 0..<6 { ns.append(note("n_\(k)", "t\(k)", createdAt: t + Millis(k / 2))) }
+        for n in ns { try publish(alice, n) }
+        // Order: n_5, n_4, n_3, n_2, n_1, n_0
+        let page1 = try store.history(alice, after: nil, limit: 3)
+        XCTAssertEqual(page1.map(\.id), ["n_5", "n_4", "n_3"])
+        // The key the next page starts after is deleted meanwhile, and so is
+        // its neighbour with the same createdAt.
+        _ = try store.delete(alice, page1[2], reason: .deleted, at: t + 100)
+        _ = try store.delete(alice, ns[2], reason: .deleted, at: t + 101)
+        let page2 = try store.history(alice, after: HistoryKey(page1[2]), limit: 3)
+        XCTAssertEqual(page2.map(\.id), ["n_1", "n_0"])
+        // A key that never existed works as a position too.
+        XCTAssertEqual(try store.history(alice, after: HistoryKey(createdAt: t + 2, id: "n_45"), limit: 10).map(\.id),
+                       ["n_4", "n_1", "n_0"])
+    }
+
+    // MARK: Expiry
+
+    func checkExpiring() throws {
+        let t = Self.t0
+        try publish(alice, note("n_1", "a", expiresAt: t + 300))
+        try publish(bob, note("n_2", "b", user: bob, expiresAt: t + 100))
+        try publish(aliceInApp2, note("n_3", "c", user: aliceInApp2, expiresAt: t + 200))
+        try publish(alice, note("n_4", "d", expiresAt: t + 1000))
+
+        XCTAssertEqual(try store.expiring(until: t + 50, limit: 10).count, 0)
+        let due = try store.expiring(until: t + 300, limit: 10)
+        XCTAssertEqual(due.map(\.1.id), ["n_2", "n_3", "n_1"], "oldest expiry first")
+        XCTAssertEqual(due.map(\.0), [bob, aliceInApp2, alice])
+        XCTAssertEqual(try store.expiring(until: t + 300, limit: 2).map(\.1.id), ["n_2", "n_3"])
+        // Still due until deleted.
+        XCTAssertEqual(try store.expiring(until: t + 300, limit: 2).map(\.1.id), ["n_2", "n_3"])
+
+        for (u, n) in due { _ = try store.delete(u, n, reason: .expired, at: t + 300) }
+        XCTAssertEqual(try store.expiring(until: t + 300, limit: 10).count, 0)
+
+        // A replace moves the expiry.
+        var n4 = try XCTUnwrap(store.notification(alice, id: "n_4"))
+        n4.expiresAt = t + 400
+        n4.version += 1
+        try publish(alice, n4)
+        XCTAssertEqual(try store.expiring(until: t + 500, limit: 10).map(\.1), [n4])
+        XCTAssertEqual(try store.expiring(until: t + 500, limit: 0).count, 0)
+    }
+
+    // MARK: Retention
+
+    func checkPruneChangesRaisesFloor() throws {
+        let t = Self.t0
+        var seqs: [Int64] = []
+        for k in 0..<4 { seqs.append(try publish(alice, note("n_\(k)", "t\(k)"), at: t + Millis(k) * 100).seq) }
+        let bobSeq = try publish(bob, note("n_b", "b", user: bob), at: t + 1000).seq
+
+        XCTAssertEqual(try store.pruneChanges(before: t), 0)
+        XCTAssertEqual(try store.pruneChanges(before: t + 150), 2)  // at t and t+100
+        let feed = try store.feed(alice)
+        XCTAssertEqual(feed, FeedState(head: seqs[3], floor: seqs[1]))
+        XCTAssertEqual(try store.changes(alice, after: 0, limit: 10).map(\.seq), [seqs[2], seqs[3]])
+        XCTAssertFalse(feed.accepts(cursor: 0), "a cursor before the floor may have missed pruned changes")
+        XCTAssertFalse(feed.accepts(cursor: seqs[0]))
+        XCTAssertTrue(feed.accepts(cursor: seqs[1]))
+        XCTAssertTrue(feed.accepts(cursor: seqs[3]))
+        XCTAssertFalse(feed.accepts(cursor: seqs[3] + 1), "ahead of the feed")
+        XCTAssertEqual(try store.feed(bob), FeedState(head: bobSeq, floor: 0), "other feeds untouched")
+        // Notifications are not touched by pruning.
+        XCTAssertEqual(try store.history(alice, after: nil, limit: 10).count, 4)
+
+        // Prune everything: floor reaches head, seq continues after it.
+        XCTAssertEqual(try store.pruneChanges(before: t + 10_000), 3)
+        XCTAssertEqual(try store.feed(alice), FeedState(head: seqs[3], floor: seqs[3]))
+        XCTAssertEqual(try store.feed(bob), FeedState(head: bobSeq, floor: bobSeq))
+        XCTAssertTrue(try store.feed(alice).accepts(cursor: seqs[3]))
+        let next = try publish(alice, note("n_9", "t9"), at: t + 20_000)
+        XCTAssertGreaterThan(next.seq, seqs[3])
+        XCTAssertEqual(try store.changes(alice, after: seqs[3], limit: 10).map(\.seq), [next.seq])
+        XCTAssertEqual(try store.pruneChanges(before: t + 10_000), 0)
+    }
+
+    // MARK: Transactions
+
+    func checkRollbackUndoesWritesAndSeq() throws {
+        let kept = try publish(alice, note("n_1", "t1"))
+        try store.saveDevice(alice, Device(deviceId: "phone", platform: .ios, lastSeenAt: 1))
+
+        try store.begin()
+        let undone = try publish(alice, note("n_2", "t2"))
+        XCTAssertEqual(try store.notification(alice, id: "n_2")?.id, "n_2", "visible inside the transaction")
+        _ = try store.delete(alice, note("n_1", "t1"), reason: .deleted, at: Self.t0)
+        try publish(bob, note("n_3", "t3", user: bob))
+        try store.saveDevice(alice, Device(deviceId: "phone", platform: .web, lastSeenAt: 2))
+        try store.saveDevice(alice, Device(deviceId: "tab", lastSeenAt: 2))
+        store.rollback()
+
+        XCTAssertNil(try store.notification(alice, id: "n_2"))
+        XCTAssertEqual(try store.notification(alice, id: "n_1")?.id, "n_1")
+        XCTAssertNil(try store.notification(bob, id: "n_3"))
+        XCTAssertEqual(try store.feed(alice).head, kept.seq)
+        XCTAssertEqual(try store.feed(bob).head, 0)
+        XCTAssertEqual(try store.changes(alice, after: 0, limit: 10).map(\.seq), [kept.seq])
+        XCTAssertEqual(try store.devices(alice), [Device(deviceId: "phone", platform: .ios, lastSeenAt: 1)])
+        XCTAssertEqual(try store.history(alice, after: nil, limit: 10).map(\.id), ["n_1"])
+
+        // The undone seq was never acknowledged; the next write may take it.
+        try store.begin()
+        let again = try publish(alice, note("n_2", "t2"))
+        try store.commit()
+        XCTAssertGreaterThan(again.seq, kept.seq)
+        XCTAssertLessThanOrEqual(again.seq, undone.seq)
+        XCTAssertEqual(try store.notification(alice, id: "n_2")?.id, "n_2")
+        XCTAssertEqual(try store.feed(alice).head, again.seq)
+
+        // A commit keeps every write of the batch.
+        try store.begin()
+        let b1 = try publish(bob, note("n_b1", "b1", user: bob))
+        let b2 = try publish(bob, note("n_b2", "b2", user: bob))
+        try store.commit()
+        XCTAssertEqual(try store.changes(bob, after: 0, limit: 10).map(\.seq), [b1.seq, b2.seq])
+        // rollback/commit with nothing open are harmless.
+        store.rollback()
+        try store.commit()
+        XCTAssertEqual(try store.feed(bob).head, b2.seq)
+    }
+
+    // MARK: Devices
+
+    func checkDevices() throws {
+        XCTAssertEqual(try store.devices(alice), [])
+        let phone = Device(deviceId: "phone-1", platform: .ios, tags: ["lang:it", "beta"], lastSeenAt: 100)
+        let web = Device(deviceId: "web-1", platform: .web, tags: [], lastSeenAt: 200)
+        try store.saveDevice(alice, phone)
+        try store.saveDevice(alice, web)
+        try store.saveDevice(bob, Device(deviceId: "phone-1", lastSeenAt: 300))
+        try store.saveDevice(aliceInApp2, Device(deviceId: "x", lastSeenAt: 300))
+        XCTAssertEqual(try store.devices(alice), [phone, web])
+        XCTAssertEqual(try store.device(alice, id: "web-1"), web)
+
+        // Replace keeps the registration's place.
+        let phone2 = Device(deviceId: "phone-1", platform: .android, tags: ["lang:en"], lastSeenAt: 150)
+        try store.saveDevice(alice, phone2)
+        XCTAssertEqual(try store.devices(alice), [phone2, web])
+        XCTAssertEqual(try store.devices(bob), [Device(deviceId: "phone-1", lastSeenAt: 300)])
+
+        let listed = try store.usersWithDevices(app: "app1").sorted { $0.user < $1.user }
+        XCTAssertEqual(listed.map(\.user), ["alice", "bob"])
+        XCTAssertEqual(listed.first?.devices, [phone2, web])
+        XCTAssertEqual(try store.usersWithDevices(app: "app2").map(\.user), ["alice"])
+        XCTAssertEqual(try store.usersWithDevices(app: "app3").count, 0)
+
+        XCTAssertTrue(try store.deleteDevice(alice, id: "web-1"))
+        XCTAssertFalse(try store.deleteDevice(alice, id: "web-1"))
+        XCTAssertFalse(try store.deleteDevice(alice, id: "nope"))
+        XCTAssertEqual(try store.devices(alice), [phone2])
+
+        // Lapse: last seen strictly before the bound.
+        XCTAssertEqual(try store.pruneDevices(lastSeenBefore: 150), 0)
+        XCTAssertEqual(try store.pruneDevices(lastSeenBefore: 151), 1)
+        XCTAssertEqual(try store.devices(alice), [])
+        XCTAssertEqual(try store.usersWithDevices(app: "app1").map(\.user), ["bob"])
+        XCTAssertEqual(try store.pruneDevices(lastSeenBefore: 1000), 2)
+        XCTAssertEqual(try store.usersWithDevices(app: "app1").count, 0)
+    }
+}
+
+final class MemoryStoreConformanceTests: StoreConformanceTests {
+    override func makeStore() throws -> NotificationStore? { MemoryStore() }
+
+    func testSeqStrictlyIncreasingPerUserAndIndependent() throws { try checkSeqStrictlyIncreasingPerUserAndIndependent() }
+    func testUpsertNewAndReplace() throws { try checkUpsertNewAndReplace() }
+    func testLookupMisses() throws { try checkLookupMisses() }
+    func testDeleteKeepsTombstone() throws { try checkDeleteKeepsTombstone() }
+    func testChangesOrderAndBounds() throws { try checkChangesOrderAndBounds() }
+    func testHistoryOrderWithTiesAndPaging() throws { try checkHistoryOrderWithTiesAndPaging() }
+    func testHistoryPagingAfterDeletedKey() throws { try checkHistoryPagingAfterDeletedKey() }
+    func testExpiring() throws { try checkExpiring() }
+    func testPruneChangesRaisesFloor() throws { try checkPruneChangesRaisesFloor() }
+    func testRollbackUndoesWritesAndSeq() throws { try checkRollbackUndoesWritesAndSeq() }
+    func testDevices() throws { try checkDevices() }
+}
+
+final class SQLiteStoreConformanceTests: StoreConformanceTests {
+    var dir: URL!
+
+    override func makeStore() throws -> NotificationStore? {
+        dir = FileManager.default.temporaryDirectory.appendingPathComponent("herald-store-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: dir, withIntermediateDirectories: true)
+        return try SQLiteStore(path: dir.appendingPathComponent("herald.db").path, durability: .off)
+    }
+
+    func testSeqStrictlyIncreasingPerUserAndIndependent() throws { try checkSeqStrictlyIncreasingPerUserAndIndependent() }
+    func testUpsertNewAndReplace() throws { try checkUpsertNewAndReplace() }
+    func testLookupMisses() throws { try checkLookupMisses() }
+    func testDeleteKeepsTombstone() throws { try checkDeleteKeepsTombstone() }
+    func testChangesOrderAndBounds() throws { try checkChangesOrderAndBounds() }
+    func testHistoryOrderWithTiesAndPaging() throws { try checkHistoryOrderWithTiesAndPaging() }
+    func testHistoryPagingAfterDeletedKey() throws { try checkHistoryPagingAfterDeletedKey() }
+    func testExpiring() throws { try checkExpiring() }
+    func testPruneChangesRaisesFloor() throws { try checkPruneChangesRaisesFloor() }
+    func testRollbackUndoesWritesAndSeq() throws { try checkRollbackUndoesWritesAndSeq() }
+    func testDevices() throws { try checkDevices() }
+
+    override func tearDown() {
+        super.tearDown()
+        if let dir { try? FileManager.default.removeItem(at: dir) }
+    }
+}
