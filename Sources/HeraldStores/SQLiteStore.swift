@@ -43,7 +43,7 @@ public final class SQLiteStore: NotificationStore {
 
     /// The schema version this code writes; `migrations[v - 1]` brings a
     /// database from version `v - 1` to `v`.
-    public static let schemaVersion: Int64 = 1
+    public static let schemaVersion: Int64 = 2
 
     public let epoch: String
     public let path: String
@@ -186,6 +186,10 @@ public final class SQLiteStore: NotificationStore {
         -- Also serves "devices of an app" (its prefix).
         CREATE UNIQUE INDEX devices_by_id ON devices (app, user, device_id);
         CREATE INDEX devices_by_last_seen ON devices (last_seen_at);
+        """,
+        // 2: Device.viewGeneration (bumped when a device's platform or tags change).
+        """
+        ALTER TABLE devices ADD COLUMN view_generation INTEGER NOT NULL DEFAULT 0;
         """,
     ]
 
@@ -509,14 +513,15 @@ public final class SQLiteStore: NotificationStore {
             guard let s = t.stringValue else { throw corrupt("device tags") }
             tags.append(s)
         }
-        return Device(deviceId: id, platform: platform, tags: tags, lastSeenAt: r.int64(col + 3))
+        return Device(deviceId: id, platform: platform, tags: tags, lastSeenAt: r.int64(col + 3),
+                      viewGeneration: r.int64(col + 4))
     }
 
     public func devices(_ user: UserKey) throws(StoreError) -> [Device] {
         try check()
         var out: [Device] = []
         try db.query("""
-            SELECT device_id, platform, tags, last_seen_at FROM devices WHERE app = ? AND user = ? ORDER BY rowid
+            SELECT device_id, platform, tags, last_seen_at, view_generation FROM devices WHERE app = ? AND user = ? ORDER BY rowid
             """, [.text(user.app), .text(user.user)]) { r throws(StoreError) in
             out.append(try device(r, 0))
             return true
@@ -527,11 +532,14 @@ public final class SQLiteStore: NotificationStore {
     public func saveDevice(_ user: UserKey, _ device: Device) throws(StoreError) {
         try check()
         try db.execute("""
-            INSERT INTO devices (app, user, device_id, platform, tags, last_seen_at) VALUES (?, ?, ?, ?, ?, ?)
+            INSERT INTO devices (app, user, device_id, platform, tags, last_seen_at, view_generation)
+            VALUES (?, ?, ?, ?, ?, ?, ?)
             ON CONFLICT (app, user, device_id) DO UPDATE SET
-                platform = excluded.platform, tags = excluded.tags, last_seen_at = excluded.last_seen_at
+                platform = excluded.platform, tags = excluded.tags, last_seen_at = excluded.last_seen_at,
+                view_generation = excluded.view_generation
             """, [.text(user.app), .text(user.user), .text(device.deviceId), .text(device.platform.rawValue),
-                  .utf8(JSON.array(device.tags.map(JSON.string)).encoded), .int(device.lastSeenAt)])
+                  .utf8(JSON.array(device.tags.map(JSON.string)).encoded), .int(device.lastSeenAt),
+                  .int(device.viewGeneration)])
     }
 
     public func deleteDevice(_ user: UserKey, id: String) throws(StoreError) -> Bool {
@@ -544,7 +552,7 @@ public final class SQLiteStore: NotificationStore {
         try check()
         var out: [(user: String, devices: [Device])] = []
         try db.query("""
-            SELECT user, device_id, platform, tags, last_seen_at FROM devices WHERE app = ? ORDER BY user, rowid
+            SELECT user, device_id, platform, tags, last_seen_at, view_generation FROM devices WHERE app = ? ORDER BY user, rowid
             """, [.text(app)]) { r throws(StoreError) in
             guard let u = r.text(0) else { throw corrupt("device") }
             let d = try device(r, 1)

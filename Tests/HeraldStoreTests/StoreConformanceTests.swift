@@ -348,7 +348,7 @@ class StoreConformanceTests: XCTestCase {
         XCTAssertEqual(try store.device(alice, id: "web-1"), web)
 
         // Replace keeps the registration's place.
-        let phone2 = Device(deviceId: "phone-1", platform: .android, tags: ["lang:en"], lastSeenAt: 150)
+        let phone2 = Device(deviceId: "phone-1", platform: .android, tags: ["lang:en"], lastSeenAt: 150, viewGeneration: 3)
         try store.saveDevice(alice, phone2)
         XCTAssertEqual(try store.devices(alice), [phone2, web])
         XCTAssertEqual(try store.devices(bob), [Device(deviceId: "phone-1", lastSeenAt: 300)])

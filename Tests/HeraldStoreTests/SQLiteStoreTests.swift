@@ -1,0 +1,300 @@
+import Foundation
+import XCTest
+import HeraldCore
+@testable import HeraldStores
+
+/// What only a durable store can promise: restarts, schema versions, files
+/// that are not ours, locking and full disks.
+final class SQLiteStoreTests: XCTestCase {
+    var dir: URL!
+    var path: String { dir.appendingPathComponent("herald.db").path }
+
+    let alice = UserKey(app: "app1", user: "alice")
+    let t0: Millis = 1_800_000_000_000
+
+    override func setUpWithError() throws {
+        dir = FileManager.default.temporaryDirectory.appendingPathComponent("herald-sqlite-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: dir, withIntermediateDirectories: true)
+    }
+
+    override func tearDown() {
+        if let dir { try? FileManager.default.removeItem(at: dir) }
+        super.tearDown()
+    }
+
+    func note(_ id: String, _ anid: String, payload: JSONObject = ["title": "hi"]) -> Notification {
+        Notification(id: id, appNotificationId: anid, userId: alice.user, payload: payload,
+                     targetPlatforms: [.web], targetTags: try? TagExpression.parse("a || b"),
+                     createdAt: t0, updatedAt: t0, expiresAt: t0 + 86_400_000)
+    }
+
+    func bytes(_ p: String) throws -> Data { try Data(contentsOf: URL(fileURLWithPath: p)) }
+
+    func assertRefused(_ p: String, containing text: String, file: StaticString = #filePath, line: UInt = #line) {
+        do {
+            _ = try SQLiteStore(path: p)
+            XCTFail("opened \(p)", file: file, line: line)
+        } catch {
+            XCTAssertTrue(error.description.contains(text), "\(error)", file: file, line: line)
+        }
+    }
+
+    // MARK: Restarts
+
+    func testReopenKeepsDataSeqAndEpoch() throws {
+        var store: SQLiteStore? = try SQLiteStore(path: path)
+        let epoch = try XCTUnwrap(store?.epoch)
+        XCTAssertTrue(epoch.hasPrefix("s-"))
+        let n1 = note("n_1", "a1"), n2 = note("n_2", "a2")
+        try store!.begin()
+        _ = try store!.upsert(alice, n1, previous: nil, at: t0)
+        _ = try store!.upsert(alice, n2, previous: nil, at: t0)
+        try store!.commit()
+        _ = try store!.delete(alice, n1, reason: .deleted, at: t0 + 1)
+        try store!.saveDevice(alice, Device(deviceId: "d1", platform: .ios, tags: ["x"], lastSeenAt: 5, viewGeneration: 2))
+        let before = try store!.changes(alice, after: 0, limit: 10)
+        let head = try store!.feed(alice).head
+        store = nil // closes
+
+        let again = try SQLiteStore(path: path)
+        XCTAssertEqual(again.epoch, epoch, "the epoch lives as long as the file")
+        XCTAssertEqual(try again.feed(alice), FeedState(head: head, floor: 0))
+        XCTAssertNil(try again.notification(alice, id: "n_1"))
+        XCTAssertEqual(try again.notification(alice, appNotificationId: "a2"), n2)
+        XCTAssertEqual(try again.changes(alice, after: 0, limit: 10).map(\.encoded), before.map(\.encoded))
+        XCTAssertEqual(try again.changes(alice, after: 0, limit: 10).map(\.after), before.map(\.after))
+        XCTAssertEqual(try again.devices(alice), [Device(deviceId: "d1", platform: .ios, tags: ["x"], lastSeenAt: 5, viewGeneration: 2)])
+        let next = try again.upsert(alice, note("n_3", "a3"), previous: nil, at: t0 + 2)
+        XCTAssertGreaterThan(next.seq, head, "seq continues, never reused")
+        XCTAssertEqual(try again.db.int("PRAGMA user_version"), SQLiteStore.schemaVersion)
+
+        // A second file gets its own epoch.
+        let other = try SQLiteStore(path: dir.appendingPathComponent("other.db").path)
+        XCTAssertNotEqual(other.epoch, epoch)
+    }
+
+    /// A copy of the files taken while the store is open, after a commit and
+    /// before any checkpoint, is what a `kill -9` leaves behind.
+    func testCommittedDataSurvivesInTheWALWithoutCheckpoint() throws {
+        let store = try SQLiteStore(path: path)
+        try store.begin()
+        let r = try store.upsert(alice, note("n_1", "a1"), previous: nil, at: t0)
+        try store.commit()
+        try store.begin()
+        _ = try store.upsert(alice, note("n_2", "a2"), previous: nil, at: t0) // not committed
+        let crash = dir.appendingPathComponent("crash.db").path
+        for suffix in ["", "-wal"] {
+            try FileManager.default.copyItem(atPath: path + suffix, toPath: crash + suffix)
+        }
+        store.rollback()
+
+        let reopened = try SQLiteStore(path: crash)
+        XCTAssertEqual(reopened.epoch, store.epoch)
+        XCTAssertEqual(try reopened.feed(alice).head, r.seq)
+        XCTAssertEqual(try reopened.notification(alice, id: "n_1"), note("n_1", "a1"))
+        XCTAssertNil(try reopened.notification(alice, id: "n_2"), "uncommitted work is not there")
+    }
+
+    func testDurabilitySettings() throws {
+        for (d, expected) in [(SQLiteStore.Durability.full, 2), (.normal, 1), (.off, 0)] {
+            let s = try SQLiteStore(path: dir.appendingPathComponent("\(d.rawValue).db").path, durability: d)
+            XCTAssertEqual(try s.db.int("PRAGMA synchronous"), Int64(expected))
+            XCTAssertEqual(try s.db.text("PRAGMA journal_mode"), "wal")
+            XCTAssertEqual(s.durability, d)
+        }
+    }
+
+    // MARK: Files that are not ours
+
+    func testNewerSchemaIsRefusedAndNotModified() throws {
+        do {
+            let s = try SQLiteStore(path: path)
+            _ = try s.upsert(alice, note("n_1", "a1"), previous: nil, at: t0)
+            try s.db.execute("PRAGMA user_version = \(SQLiteStore.schemaVersion + 7)")
+            s.close()
+        }
+        let original = try bytes(path)
+        assertRefused(path, containing: "newer")
+        XCTAssertEqual(try bytes(path), original, "the file is untouched")
+        let wal = path + "-wal"
+        let walBytes = FileManager.default.fileExists(atPath: wal) ? try bytes(wal) : Data()
+        XCTAssertTrue(walBytes.isEmpty, "nothing left to replay")
+    }
+
+    func testGarbageFileIsRefused() throws {
+        var junk = Data("this is not a database, just some text that goes on and on. ".utf8)
+        while junk.count < 16384 { junk.append(junk) }
+        try junk.write(to: URL(fileURLWithPath: path))
+        assertRefused(path, containing: "not a database")
+        XCTAssertEqual(try bytes(path), junk)
+    }
+
+    func testForeignSQLiteDatabaseIsRefused() throws {
+        do {
+            let raw = try SQLiteDatabase(path: path)
+            try raw.script("CREATE TABLE accounts (id INTEGER PRIMARY KEY, name TEXT); INSERT INTO accounts (name) VALUES ('x');")
+            raw.close()
+        }
+        let original = try bytes(path)
+        assertRefused(path, containing: "not a Herald")
+        XCTAssertEqual(try bytes(path), original)
+    }
+
+    func testUnopenablePathIsAStoreError() {
+        assertRefused(dir.appendingPathComponent("no/such/dir/herald.db").path, containing: "cannot open")
+    }
+
+    func testForwardMigrationFromVersion1() throws {
+        do {
+            let s = try SQLiteStore(path: path)
+            _ = try s.upsert(alice, note("n_1", "a1"), previous: nil, at: t0)
+            try s.saveDevice(alice, Device(deviceId: "d1", lastSeenAt: 9))
+            // Turn it into what version 1 wrote.
+            try s.db.script("ALTER TABLE devices DROP COLUMN view_generation; PRAGMA user_version = 1;")
+            s.close()
+        }
+        let s = try SQLiteStore(path: path)
+        XCTAssertEqual(try s.db.int("PRAGMA user_version"), SQLiteStore.schemaVersion)
+        XCTAssertEqual(try s.db.text("SELECT value FROM meta WHERE key = 'schema_version'"), String(SQLiteStore.schemaVersion))
+        XCTAssertEqual(try s.devices(alice), [Device(deviceId: "d1", lastSeenAt: 9, viewGeneration: 0)])
+        XCTAssertEqual(try s.notification(alice, id: "n_1")?.id, "n_1")
+        try s.saveDevice(alice, Device(deviceId: "d1", lastSeenAt: 10, viewGeneration: 1))
+        XCTAssertEqual(try s.devices(alice).first?.viewGeneration, 1)
+    }
+
+    // MARK: Failures become StoreErrors, never half-writes
+
+    func testLockedDatabaseIsAStoreError() throws {
+        let a = try SQLiteStore(path: path)
+        let b = try SQLiteStore(path: path, busyTimeoutMillis: 50)
+        let first = try a.upsert(alice, note("n_1", "a1"), previous: nil, at: t0)
+        try a.begin()
+        _ = try a.upsert(alice, note("n_2", "a2"), previous: nil, at: t0)
+        XCTAssertThrowsError(try b.upsert(alice, note("n_3", "a3"), previous: nil, at: t0)) { e in
+            XCTAssertTrue("\(e)".contains("locked"), "\(e)")
+        }
+        XCTAssertThrowsError(try b.begin())
+        b.rollback()
+        // Readers are not blocked by the writer, and see only committed data.
+        XCTAssertEqual(try b.feed(alice).head, first.seq)
+        XCTAssertNil(try b.notification(alice, id: "n_2"))
+        try a.commit()
+        let third = try b.upsert(alice, note("n_3", "a3"), previous: nil, at: t0)
+        XCTAssertEqual(try a.feed(alice).head, third.seq)
+    }
+
+    func testFailedWriteLeavesNothingHalfWritten() throws {
+        let s = try SQLiteStore(path: path)
+        let ok = try s.upsert(alice, note("n_1", "a1"), previous: nil, at: t0)
+        // A second notification with the same appNotificationId breaks the
+        // unique index: the whole write is undone, seq included.
+        XCTAssertThrowsError(try s.upsert(alice, note("n_2", "a1"), previous: nil, at: t0))
+        XCTAssertEqual(try s.feed(alice).head, ok.seq)
+        XCTAssertEqual(try s.changes(alice, after: 0, limit: 10).map(\.seq), [ok.seq])
+
+        // Inside a batch only the failed write is undone.
+        try s.begin()
+        let b1 = try s.upsert(alice, note("n_3", "a3"), previous: nil, at: t0)
+        XCTAssertThrowsError(try s.upsert(alice, note("n_4", "a3"), previous: nil, at: t0))
+        try s.commit()
+        XCTAssertEqual(try s.feed(alice).head, b1.seq)
+        XCTAssertEqual(try s.changes(alice, after: 0, limit: 10).map(\.seq), [ok.seq, b1.seq])
+    }
+
+    func testFullDiskIsAStoreErrorAndTheStoreRecovers() throws {
+        let s = try SQLiteStore(path: path)
+        let kept = try s.upsert(alice, note("n_0", "a0"), previous: nil, at: t0)
+        let pages = try XCTUnwrap(s.db.int("PRAGMA page_count"))
+        XCTAssertNotNil(try s.db.int("PRAGMA max_page_count = \(pages + 4)"))
+        let big: JSONObject = ["blob": .string(String(repeating: "x", count: 60_000))]
+        var failure: StoreError?
+        try s.begin()
+        for k in 1...20 {
+            do { _ = try s.upsert(alice, note("n_\(k)", "a\(k)", payload: big), previous: nil, at: t0) } catch {
+                failure = error
+                break
+            }
+        }
+        let error = try XCTUnwrap(failure, "the disk never filled")
+        XCTAssertTrue(error.description.contains("full"), error.description)
+        // Whatever SQLite did with the transaction, the caller can roll back
+        // or try to commit and gets an answer, not a crash.
+        s.rollback()
+        XCTAssertEqual(try s.feed(alice).head, kept.seq)
+        XCTAssertEqual(try s.history(alice, after: nil, limit: 50).map(\.id), ["n_0"])
+
+        XCTAssertNotNil(try s.db.int("PRAGMA max_page_count = 1073741823"))
+        let next = try s.upsert(alice, note("n_1", "a1", payload: big), previous: nil, at: t0)
+        XCTAssertEqual(next.seq, kept.seq + 1)
+    }
+
+    func testAbortedTransactionRefusesWorkUntilRolledBack() throws {
+        let s = try SQLiteStore(path: path)
+        try s.begin()
+        _ = try s.upsert(alice, note("n_1", "a1"), previous: nil, at: t0)
+        // Simulate SQLite ending the transaction by itself (as it may after
+        // SQLITE_FULL or SQLITE_IOERR).
+        try s.db.execute("ROLLBACK")
+        XCTAssertThrowsError(try s.upsert(alice, note("n_2", "a2"), previous: nil, at: t0)) { e in
+            XCTAssertTrue("\(e)".contains("rolled back"), "\(e)")
+        }
+        XCTAssertThrowsError(try s.commit())
+        XCTAssertEqual(try s.feed(alice).head, 0)
+        try s.begin()
+        _ = try s.upsert(alice, note("n_2", "a2"), previous: nil, at: t0)
+        try s.commit()
+        XCTAssertEqual(try s.feed(alice).head, 1)
+    }
+
+    func testClosedStoreThrows() throws {
+        let s = try SQLiteStore(path: path)
+        s.close()
+        XCTAssertThrowsError(try s.feed(alice))
+        XCTAssertThrowsError(try s.begin())
+        s.rollback()
+        s.close()
+    }
+
+    func testCorruptRowIsAStoreError() throws {
+        let s = try SQLiteStore(path: path)
+        _ = try s.upsert(alice, note("n_1", "a1"), previous: nil, at: t0)
+        try s.db.execute("UPDATE notifications SET json = '{\"id\": 3'")
+        try s.db.execute("UPDATE changes SET change = '[]'")
+        XCTAssertThrowsError(try s.notification(alice, id: "n_1"))
+        XCTAssertThrowsError(try s.history(alice, after: nil, limit: 10))
+        XCTAssertThrowsError(try s.changes(alice, after: 0, limit: 10))
+        XCTAssertThrowsError(try s.expiring(until: .max, limit: 10))
+        try s.saveDevice(alice, Device(deviceId: "d", lastSeenAt: 1))
+        try s.db.execute("UPDATE devices SET platform = 'toaster'")
+        XCTAssertThrowsError(try s.devices(alice))
+        XCTAssertThrowsError(try s.usersWithDevices(app: "app1"))
+    }
+
+    // MARK: Indexes
+
+    func plan(_ s: SQLiteStore, _ sql: String, _ args: Int) throws -> String {
+        var lines: [String] = []
+        try s.db.query("EXPLAIN QUERY PLAN " + sql, Array(repeating: .int(0), count: args)) { r throws(StoreError) in
+            lines.append(r.text(3) ?? "")
+            return true
+        }
+        return lines.joined(separator: "; ")
+    }
+
+    func testQueriesUseIndexes() throws {
+        let s = try SQLiteStore(path: path)
+        let cases: [(String, Int, String)] = [
+            (SQLiteStore.historyFirstSQL, 3, "notifications_history"),
+            (SQLiteStore.historyAfterSQL, 7, "notifications_history"),
+            (SQLiteStore.changesAfterSQL, 4, "changes_by_seq"),
+            (SQLiteStore.expiringSQL, 2, "notifications_expiry"),
+        ]
+        for (sql, args, index) in cases {
+            let p = try plan(s, sql, args)
+            XCTAssertTrue(p.contains("USING INDEX \(index)"), p)
+            XCTAssertFalse(p.contains("TEMP B-TREE"), p)
+        }
+        let history = try plan(s, SQLiteStore.historyAfterSQL, 7)
+        XCTAssertTrue(history.contains("created_at<?"), "the range is bounded by the index: \(history)")
+    }
+}
