@@ -1,0 +1,683 @@
+"""Helpers for Herald's end-to-end tests.
+
+Everything here talks to a real gateway process over real sockets: HTTP via
+`requests`, WebSockets via `websockets.sync.client`. Device tokens are minted
+in plain Python (hmac + hashlib + base64) so the tests do not trust the
+gateway's own token code. The wire contract is /work/shared/SPEC.md.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as _dt
+import hashlib
+import hmac
+import json
+import os
+import queue
+import re
+import signal
+import subprocess
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import requests
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect as _ws_connect
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+APPS = {
+    "app.one": {"serverKey": "sk-one", "tokenSecret": "ts-one"},
+    "app.two": {"serverKey": "sk-two", "tokenSecret": "ts-two"},
+}
+CONFIG = {"apps": [{"id": k, **v} for k, v in APPS.items()]}
+
+# SPEC: "Every time on the wire is RFC 3339 UTC with milliseconds and `Z`".
+TIME_RE = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$")
+LISTEN_RE = re.compile(r"^listening on http://(?P<host>[^\s:]+):(?P<port>\d+)$")
+
+NOTIFICATION_FIELDS = {
+    "id", "appNotificationId", "userId", "payload", "priority", "groupName",
+    "displayTimeToLive", "targetPlatforms", "targetTags", "createdAt",
+    "updatedAt", "expiresAt", "readState", "userActionState", "version",
+}
+
+FRAME_WAIT = 2.0      # how long to wait for an expected frame
+SILENCE_WAIT = 0.7    # how long to watch for frames that must not come
+HTTP_TIMEOUT = 10.0
+
+
+def herald_binary() -> Path:
+    p = Path(os.environ.get("HERALD_BIN", ".build/debug/herald"))
+    if not p.is_absolute():
+        p = REPO_ROOT / p
+    return p
+
+
+def uid(prefix: str = "u") -> str:
+    """A fresh id that keeps tests independent on a shared gateway."""
+    return f"{prefix}-{uuid.uuid4().hex[:16]}"
+
+
+# --------------------------------------------------------------------------
+# Time
+
+def parse_time(s: Any) -> _dt.datetime:
+    assert isinstance(s, str) and TIME_RE.match(s), f"not an RFC 3339 UTC ms time with Z: {s!r}"
+    return _dt.datetime.strptime(s, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=_dt.timezone.utc)
+
+
+def iso(ts: float) -> str:
+    """Seconds since the epoch -> 2026-11-22T10:00:00.000Z."""
+    d = _dt.datetime.fromtimestamp(ts, tz=_dt.timezone.utc)
+    return d.strftime("%Y-%m-%dT%H:%M:%S.") + f"{d.microsecond // 1000:03d}Z"
+
+
+def epoch_seconds(s: str) -> float:
+    return parse_time(s).timestamp()
+
+
+# --------------------------------------------------------------------------
+# Tokens (HS256 JWT, built by hand)
+
+def b64url(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+
+
+def b64url_decode(s: str) -> bytes:
+    return base64.urlsafe_b64decode(s + "=" * (-len(s) % 4))
+
+
+def sign_jwt(header: dict, claims: dict, secret: str | bytes | None, alg: str = "HS256") -> str:
+    h = b64url(json.dumps(header, separators=(",", ":")).encode())
+    c = b64url(json.dumps(claims, separators=(",", ":")).encode())
+    signing_input = f"{h}.{c}".encode()
+    if secret is None:
+        sig = b""
+    else:
+        key = secret.encode() if isinstance(secret, str) else secret
+        digest = {"HS256": hashlib.sha256, "HS384": hashlib.sha384, "HS512": hashlib.sha512}.get(alg, hashlib.sha256)
+        sig = hmac.new(key, signing_input, digest).digest()
+    return f"{h}.{c}.{b64url(sig)}"
+
+
+_MISSING = object()
+
+
+def mint_token(sub: str, app: str = "app.one", *, secret: str | None = None, ttl: int = 3600,
+               exp: Any = _MISSING, iat: Any = _MISSING, nbf: Any = None, dev: str | None = None,
+               alg: str = "HS256", header: dict | None = None, extra: dict | None = None) -> str:
+    now = int(time.time())
+    claims: dict[str, Any] = {"app": app, "sub": sub}
+    claims["iat"] = now if iat is _MISSING else iat
+    claims["exp"] = now + ttl if exp is _MISSING else exp
+    if nbf is not None:
+        claims["nbf"] = nbf
+    if dev is not None:
+        claims["dev"] = dev
+    if extra:
+        claims.update(extra)
+    claims = {k: v for k, v in claims.items() if v is not None}
+    if secret is None:
+        secret = APPS.get(app, {}).get("tokenSecret", "no-such-secret")
+    hdr = header if header is not None else {"alg": alg, "typ": "JWT"}
+    return sign_jwt(hdr, claims, secret, alg)
+
+
+def decode_jwt(token: str) -> tuple[dict, dict, bytes]:
+    parts = token.split(".")
+    assert len(parts) == 3, f"not a JWT: {token!r}"
+    return json.loads(b64url_decode(parts[0])), json.loads(b64url_decode(parts[1])), b64url_decode(parts[2])
+
+
+def verify_jwt(token: str, secret: str) -> dict:
+    """Checks an HS256 token with `secret`; answers its claims."""
+    header, claims, sig = decode_jwt(token)
+    assert header.get("alg") == "HS256", header
+    h, c, _ = token.split(".")
+    want = hmac.new(secret.encode(), f"{h}.{c}".encode(), hashlib.sha256).digest()
+    assert hmac.compare_digest(want, sig), "token signature does not verify with the app's tokenSecret"
+    return claims
+
+
+# --------------------------------------------------------------------------
+# Checks of wire shapes
+
+def check_error(resp: requests.Response, status: int, code: str | None = None) -> dict:
+    """SPEC 6: `{"error": {"code": "...", "message": "..."}}`."""
+    assert resp.status_code == status, (
+        f"{resp.request.method} {resp.request.url}: want {status}, got {resp.status_code}: {resp.text[:500]}")
+    code = code or {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found",
+                    405: "method_not_allowed", 412: "precondition_failed", 413: "too_large",
+                    429: "rate_limited", 503: "unavailable"}[status]
+    try:
+        body = resp.json()
+    except ValueError:
+        raise AssertionError(f"error body is not JSON: {resp.text[:300]!r}")
+    assert isinstance(body, dict) and isinstance(body.get("error"), dict), body
+    assert body["error"].get("code") == code, body
+    assert isinstance(body["error"].get("message"), str) and body["error"]["message"], body
+    return body
+
+
+def check_notification(n: dict) -> dict:
+    assert isinstance(n, dict), n
+    missing = NOTIFICATION_FIELDS - set(n)
+    assert not missing, f"notification lacks {sorted(missing)}: {n}"
+    assert isinstance(n["id"], str) and n["id"], n
+    assert isinstance(n["payload"], dict), n
+    assert n["priority"] in ("normal", "high"), n
+    assert n["readState"] in ("unread", "read"), n
+    assert n["userActionState"] in ("noInteraction", "activated", "dismissed", "snoozed"), n
+    assert isinstance(n["version"], int) and not isinstance(n["version"], bool) and n["version"] >= 1, n
+    for k in ("createdAt", "updatedAt", "expiresAt"):
+        parse_time(n[k])
+    return n
+
+
+def check_change(c: dict) -> dict:
+    assert isinstance(c, dict), c
+    assert isinstance(c.get("seq"), int) and not isinstance(c["seq"], bool), c
+    if c.get("op") == "upsert":
+        check_notification(c.get("notification"))
+    elif c.get("op") == "delete":
+        assert isinstance(c.get("id"), str), c
+        assert isinstance(c.get("appNotificationId"), str), c
+        assert c.get("reason") in ("deleted", "expired", "hidden"), c
+    else:
+        raise AssertionError(f"change op is neither upsert nor delete: {c}")
+    return c
+
+
+def change_anid(c: dict) -> str:
+    return c["notification"]["appNotificationId"] if c["op"] == "upsert" else c["appNotificationId"]
+
+
+def change_nid(c: dict) -> str:
+    return c["notification"]["id"] if c["op"] == "upsert" else c["id"]
+
+
+def changes_in(frames: Iterable[dict]) -> list[dict]:
+    """The changes carried by `change` and `changes` frames, in order."""
+    out = []
+    for f in frames:
+        if f["type"] == "change":
+            out.append(check_change(f["change"]))
+        elif f["type"] == "changes":
+            assert isinstance(f.get("changes"), list), f
+            out.extend(check_change(c) for c in f["changes"])
+    return out
+
+
+def assert_strictly_increasing(seqs: list[int], what: str = "seq") -> None:
+    for a, b in zip(seqs, seqs[1:]):
+        assert b > a, f"{what} not strictly increasing: ... {a}, {b} ... in {seqs}"
+
+
+# --------------------------------------------------------------------------
+# The gateway process
+
+class Gateway:
+    """One `herald serve` process with helpers for its HTTP and WS APIs."""
+
+    def __init__(self, binary: Path, workdir: Path, config: dict | None = CONFIG,
+                 extra_args: list[str] | None = None, store: str = "memory"):
+        self.binary = binary
+        self.workdir = workdir
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.args = [str(binary), "serve", "--host", "127.0.0.1", "--port", "0", "--store", store]
+        if config is not None:
+            self.config_path = workdir / "herald.json"
+            self.config_path.write_text(json.dumps(config))
+            self.args += ["--config", str(self.config_path)]
+        self.args += list(extra_args or [])
+        self.stderr_path = workdir / "herald.stderr.log"
+        self.proc: subprocess.Popen | None = None
+        self.listen_line: str | None = None
+        self.extra_stdout: list[str] = []
+        self.base = ""
+        self.ws_url = ""
+        self._local = threading.local()
+
+    # ---- process
+
+    def start(self, timeout: float = 20.0) -> "Gateway":
+        if not self.binary.exists():
+            raise AssertionError(f"herald binary not found at {self.binary} (set HERALD_BIN or build it)")
+        self._stderr = open(self.stderr_path, "wb")
+        self.proc = subprocess.Popen(self.args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=self._stderr, cwd=self.workdir)
+        lines: queue.Queue = queue.Queue()
+
+        def pump():
+            assert self.proc and self.proc.stdout
+            for raw in iter(self.proc.stdout.readline, b""):
+                lines.put(raw.decode("utf-8", "replace").rstrip("\r\n"))
+            lines.put(None)
+
+        threading.Thread(target=pump, daemon=True).start()
+        deadline = time.time() + timeout
+        while True:
+            left = deadline - time.time()
+            if left <= 0:
+                self.kill()
+                raise AssertionError(f"gateway did not print 'listening on ...' within {timeout}s; "
+                                     f"stderr: {self.stderr_tail()}")
+            try:
+                line = lines.get(timeout=left)
+            except queue.Empty:
+                continue
+            if line is None:
+                rc = self.proc.wait(5)
+                raise AssertionError(f"gateway exited ({rc}) before listening; stderr: {self.stderr_tail()}")
+            m = LISTEN_RE.match(line)
+            if m:
+                self.listen_line = line
+                break
+            self.extra_stdout.append(line)
+        self.host, self.port = m.group("host"), int(m.group("port"))
+        assert self.port != 0, line
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.ws_url = f"ws://127.0.0.1:{self.port}/v1/ws"
+
+        def drain():
+            while True:
+                line = lines.get()
+                if line is None:
+                    return
+                self.extra_stdout.append(line)
+
+        threading.Thread(target=drain, daemon=True).start()
+        return self
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def terminate(self, timeout: float = 10.0) -> int | None:
+        """SIGTERM, then wait; answers the exit status (None if it hung and was killed)."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is not None:
+            return self.proc.returncode
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return None
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(5)
+
+    def stderr_tail(self, n: int = 4000) -> str:
+        try:
+            return self.stderr_path.read_bytes()[-n:].decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+    # ---- HTTP
+
+    @property
+    def http(self) -> requests.Session:
+        s = getattr(self._local, "session", None)
+        if s is None:
+            s = self._local.session = requests.Session()
+        return s
+
+    def request(self, method: str, path: str, *, key: str | None = None, token: str | None = None,
+                device: str | None = None, headers: dict | None = None, **kw) -> requests.Response:
+        h = dict(headers or {})
+        if key is not None:
+            h["Authorization"] = f"Bearer {key}"
+        if token is not None:
+            h["Authorization"] = f"Bearer {token}"
+        if device is not None:
+            h["Herald-Device"] = device
+        kw.setdefault("timeout", HTTP_TIMEOUT)
+        return self.http.request(method, self.base + path, headers=h, **kw)
+
+    def server(self, method: str, path: str, app: str = "app.one", key: str | None = None, **kw) -> requests.Response:
+        """`/v1/apps/{app}{path}` with the app's server key."""
+        if key is None:
+            key = APPS[app]["serverKey"]
+        return self.request(method, f"/v1/apps/{app}{path}", key=key, **kw)
+
+    def me(self, method: str, path: str, token: str, **kw) -> requests.Response:
+        """`/v1/me{path}` with a device token."""
+        return self.request(method, f"/v1/me{path}", token=token, **kw)
+
+    def publish_raw(self, user: str, body: Any, app: str = "app.one", **kw) -> requests.Response:
+        return self.server("POST", f"/users/{user}/notifications", app=app, json=body, **kw)
+
+    def publish(self, user: str, anid: str | None = None, payload: dict | None = None,
+                app: str = "app.one", expect: int | tuple = (200, 201), **fields) -> dict:
+        body = {"appNotificationId": anid or uid("n"), "payload": payload if payload is not None else {"title": "hi"}}
+        body.update(fields)
+        r = self.publish_raw(user, body, app=app)
+        want = expect if isinstance(expect, tuple) else (expect,)
+        assert r.status_code in want, f"publish: want {want}, got {r.status_code}: {r.text[:500]}"
+        out = r.json()
+        check_notification(out["notification"])
+        assert isinstance(out["seq"], int), out
+        return out
+
+    def get_notification(self, user: str, nid: str, app: str = "app.one") -> dict | None:
+        r = self.server("GET", f"/users/{user}/notifications/{nid}", app=app)
+        if r.status_code == 404:
+            return None
+        assert r.status_code == 200, r.text
+        return check_notification(r.json()["notification"])
+
+    def list_all(self, user: str, app: str = "app.one", **params) -> list[dict]:
+        """Every notification of a user through the server API, following `next`."""
+        out: list[dict] = []
+        before = None
+        for _ in range(100):
+            q = {"limit": 500, **params}
+            if before:
+                q["before"] = before
+            r = self.server("GET", f"/users/{user}/notifications", app=app, params=q)
+            assert r.status_code == 200, r.text
+            body = r.json()
+            out.extend(body["notifications"])
+            before = body.get("next")
+            if not before:
+                return out
+        raise AssertionError("history paging did not end")
+
+    def api_token(self, user: str, app: str = "app.one", ttl: int | None = None, device: str | None = None) -> str:
+        body: dict[str, Any] = {"userId": user}
+        if ttl is not None:
+            body["ttlSeconds"] = ttl
+        if device is not None:
+            body["deviceId"] = device
+        r = self.server("POST", "/tokens", app=app, json=body)
+        assert r.status_code == 200, r.text
+        return r.json()["token"]
+
+    def token(self, user: str, app: str = "app.one", **kw) -> str:
+        return mint_token(user, app, **kw)
+
+    def devices(self, user: str, app: str = "app.one") -> dict[str, dict]:
+        r = self.server("GET", f"/users/{user}/devices", app=app)
+        assert r.status_code == 200, r.text
+        return {d["deviceId"]: d for d in r.json()["devices"]}
+
+    # ---- WebSocket
+
+    def ws(self, **kw) -> "WsClient":
+        return WsClient(self.ws_url, **kw)
+
+    def connect(self, user: str, device: str | None = None, app: str = "app.one", token: str | None = None,
+                **hello) -> tuple["WsClient", list[dict], dict]:
+        """Connects and says hello; answers (client, catch-up frames, welcome)."""
+        c = self.ws()
+        frames, welcome = c.hello(token or mint_token(user, app), device or uid("d"), **hello)
+        return c, frames, welcome
+
+
+class Closed(Exception):
+    def __init__(self, code: int | None, reason: str):
+        super().__init__(f"connection closed: {code} {reason}")
+        self.code = code
+        self.reason = reason
+
+
+class WsClient:
+    def __init__(self, url: str, **kw):
+        kw.setdefault("open_timeout", 5)
+        kw.setdefault("close_timeout", 2)
+        kw.setdefault("max_size", None)
+        kw.setdefault("compression", None)
+        kw.setdefault("ping_interval", None)
+        self.conn = _ws_connect(url, **kw)
+        self.log: list[dict] = []
+        self._ref = 0
+
+    def ref(self) -> str:
+        self._ref += 1
+        return f"r{self._ref}"
+
+    def send(self, obj: dict) -> None:
+        self.conn.send(json.dumps(obj))
+
+    def send_raw(self, data, text: bool | None = None) -> None:
+        self.conn.send(data, text=text)
+
+    def recv(self, timeout: float = FRAME_WAIT) -> dict:
+        """The next frame as a dict. TimeoutError if none; Closed if the connection ended."""
+        try:
+            msg = self.conn.recv(timeout=timeout)
+        except TimeoutError:
+            raise
+        except ConnectionClosed as e:
+            raise Closed(e.rcvd.code if e.rcvd else None, e.rcvd.reason if e.rcvd else "") from None
+        assert isinstance(msg, str), f"gateway sent a binary frame: {msg[:100]!r}"
+        obj = json.loads(msg)
+        assert isinstance(obj, dict), f"frame is not a JSON object: {msg[:200]}"
+        assert next(iter(obj), None) == "type", f"`type` must come first: {msg[:200]}"
+        self.log.append(obj)
+        return obj
+
+    def hello(self, token: str, device_id: str | None, **fields) -> tuple[list[dict], dict]:
+        msg: dict[str, Any] = {"type": "hello", "token": token}
+        if device_id is not None:
+            msg["deviceId"] = device_id
+        msg.update({k: v for k, v in fields.items()})
+        self.send(msg)
+        frames: list[dict] = []
+        deadline = time.time() + 5
+        while True:
+            try:
+                f = self.recv(max(0.05, deadline - time.time()))
+            except TimeoutError:
+                raise AssertionError(f"no welcome within 5s; got {frames}")
+            except Closed as e:
+                raise AssertionError(f"closed ({e.code} {e.reason}) before welcome; got {frames}")
+            if f["type"] == "welcome":
+                check_welcome(f)
+                return frames, f
+            assert f["type"] in ("changes", "reset"), f"before welcome only catch-up frames may come: {f}"
+            frames.append(f)
+
+    def recv_until(self, pred: Callable[[dict], bool], timeout: float = FRAME_WAIT) -> tuple[dict, list[dict]]:
+        """Reads until a frame matches; answers it and the frames read before it."""
+        skipped: list[dict] = []
+        deadline = time.time() + timeout
+        while True:
+            left = deadline - time.time()
+            if left <= 0:
+                raise AssertionError(f"no matching frame within {timeout}s; got {skipped}")
+            try:
+                f = self.recv(left)
+            except TimeoutError:
+                continue
+            if pred(f):
+                return f, skipped
+            skipped.append(f)
+
+    def expect(self, type_: str, timeout: float = FRAME_WAIT, ref: str | None = None) -> tuple[dict, list[dict]]:
+        return self.recv_until(lambda f: f["type"] == type_ and (ref is None or f.get("ref") == ref), timeout)
+
+    def expect_changes(self, n: int, timeout: float = FRAME_WAIT) -> tuple[list[dict], list[dict]]:
+        """Reads until `n` changes arrived; answers (changes, all frames read)."""
+        frames: list[dict] = []
+        deadline = time.time() + timeout
+        while len(changes_in(frames)) < n:
+            left = deadline - time.time()
+            if left <= 0:
+                raise AssertionError(f"wanted {n} changes within {timeout}s; got frames {frames}")
+            try:
+                frames.append(self.recv(left))
+            except TimeoutError:
+                continue
+        return changes_in(frames), frames
+
+    def drain(self, quiet: float = SILENCE_WAIT) -> list[dict]:
+        """Every frame until the connection is quiet for `quiet` seconds."""
+        out = []
+        while True:
+            try:
+                out.append(self.recv(quiet))
+            except TimeoutError:
+                return out
+
+    def assert_silent(self, seconds: float = SILENCE_WAIT, ignore: tuple[str, ...] = ()) -> None:
+        deadline = time.time() + seconds
+        while True:
+            left = deadline - time.time()
+            if left <= 0:
+                return
+            try:
+                f = self.recv(left)
+            except TimeoutError:
+                return
+            assert f["type"] in ignore, f"expected no frames, got {f}"
+
+    def expect_close(self, timeout: float = 5.0) -> tuple[int | None, list[dict]]:
+        """Reads until the gateway closes; answers (close code, frames read)."""
+        frames: list[dict] = []
+        deadline = time.time() + timeout
+        while True:
+            left = deadline - time.time()
+            if left <= 0:
+                raise AssertionError(f"connection still open after {timeout}s; frames {frames}")
+            try:
+                frames.append(self.recv(left))
+            except TimeoutError:
+                continue
+            except Closed as e:
+                return e.code, frames
+
+    def ping(self, timeout: float = FRAME_WAIT) -> dict:
+        r = self.ref()
+        self.send({"type": "ping", "ref": r})
+        f, _ = self.expect("pong", timeout, ref=r)
+        return f
+
+    def request(self, msg: dict, timeout: float = FRAME_WAIT) -> tuple[dict, list[dict]]:
+        """Sends a message with a fresh ref; answers its ack/error and the frames before it."""
+        msg = dict(msg)
+        msg.setdefault("ref", self.ref())
+        self.send(msg)
+        return self.recv_until(lambda f: f["type"] in ("ack", "error") and f.get("ref") == msg["ref"], timeout)
+
+    def close(self) -> None:
+        try:
+            self.conn.close()
+        except Exception:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def check_welcome(w: dict) -> dict:
+    assert w["type"] == "welcome", w
+    assert isinstance(w.get("cursor"), int) and not isinstance(w["cursor"], bool), w
+    assert isinstance(w.get("epoch"), str) and w["epoch"], w
+    assert isinstance(w.get("connectionId"), str) and w["connectionId"], w
+    assert isinstance(w.get("unread"), int) and not isinstance(w["unread"], bool), w
+    return w
+
+
+def reset_notifications(frames: list[dict]) -> list[dict]:
+    """Checks catch-up `reset` frames (<= 500 each, only the last final) and answers their notifications."""
+    assert frames, "expected reset frames"
+    out = []
+    for i, f in enumerate(frames):
+        assert f["type"] == "reset", f"expected a reset frame, got {f}"
+        assert isinstance(f.get("notifications"), list), f
+        assert len(f["notifications"]) <= 500, f"reset frame of {len(f['notifications'])} > 500"
+        assert isinstance(f.get("cursor"), int), f
+        assert isinstance(f.get("epoch"), str), f
+        assert f.get("final") is (i == len(frames) - 1), f"only the last reset frame is final: {[x.get('final') for x in frames]}"
+        out.extend(check_notification(n) for n in f["notifications"])
+    return out
+
+
+# --------------------------------------------------------------------------
+# Raw HTTP, for requests that `requests` would tidy up or give up on
+
+class RawResponse:
+    def __init__(self, status: int, headers: dict, body: bytes):
+        self.status_code = status
+        self.headers = headers
+        self.content = body
+        self.text = body.decode("utf-8", "replace")
+
+    def json(self):
+        return json.loads(self.content)
+
+
+def raw_http(gw: "Gateway", method: str, path: str, headers: dict | None = None, body: bytes = b"",
+             timeout: float = 10.0) -> RawResponse:
+    """Sends one request over a plain socket, tolerating the gateway closing
+    while the body is still being sent; answers the response it got."""
+    import socket
+
+    s = socket.create_connection(("127.0.0.1", gw.port), timeout=timeout)
+    try:
+        h = {"Host": f"127.0.0.1:{gw.port}", "Connection": "close", "Content-Length": str(len(body))}
+        h.update(headers or {})
+        head = f"{method} {path} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in h.items()) + "\r\n"
+        s.sendall(head.encode("latin-1"))
+        try:
+            view = memoryview(body)
+            for i in range(0, len(view), 65536):
+                s.sendall(view[i:i + 65536])
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        data = b""
+        try:
+            while True:
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+                if b"\r\n\r\n" in data:
+                    head_b, _, rest = data.partition(b"\r\n\r\n")
+                    m = re.search(rb"(?im)^content-length:\s*(\d+)", head_b)
+                    if m and len(rest) >= int(m.group(1)):
+                        break
+        except ConnectionResetError:
+            pass
+        if b"\r\n\r\n" not in data:
+            raise AssertionError(f"no HTTP response to {method} {path} (got {data[:200]!r})")
+        head_b, _, rest = data.partition(b"\r\n\r\n")
+        lines = head_b.decode("latin-1").split("\r\n")
+        status = int(lines[0].split()[1])
+        hdrs = {}
+        for line in lines[1:]:
+            k, _, v = line.partition(":")
+            hdrs[k.strip().lower()] = v.strip()
+        if "content-length" in hdrs:
+            rest = rest[:int(hdrs["content-length"])]
+        elif "chunked" in hdrs.get("transfer-encoding", "").lower():
+            out, buf = b"", rest
+            while buf:
+                size_line, _, buf = buf.partition(b"\r\n")
+                size = int(size_line.split(b";")[0] or b"0", 16)
+                if size == 0:
+                    break
+                out, buf = out + buf[:size], buf[size + 2:]
+            rest = out
+        return RawResponse(status, hdrs, rest)
+    finally:
+        s.close()
+
+
+def check_raw_error(resp: RawResponse, status: int, code: str) -> dict:
+    assert resp.status_code == status, f"want {status}, got {resp.status_code}: {resp.text[:300]}"
+    body = resp.json()
+    assert body["error"]["code"] == code and isinstance(body["error"]["message"], str), body
+    return body

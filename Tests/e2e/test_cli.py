@@ -1,0 +1,201 @@
+"""SPEC 7: the command line — `herald token`, bad flags, ports and configs
+(exit 2 with one stderr line), `--port 0`, config values and flag overrides."""
+
+import json
+import socket
+import subprocess
+import time
+
+import pytest
+
+from herald_helpers import CONFIG, Gateway, mint_token, uid, verify_jwt
+
+
+def run(herald_bin, *args, timeout=10):
+    try:
+        return subprocess.run([str(herald_bin), *args], capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as e:
+        raise AssertionError(f"`herald {' '.join(args)}` still running after {timeout}s "
+                             f"(stdout {e.stdout!r}, stderr {e.stderr!r})")
+
+
+@pytest.fixture
+def config_path(tmp_path):
+    p = tmp_path / "herald.json"
+    p.write_text(json.dumps(CONFIG))
+    return p
+
+
+def _one_line(b: bytes) -> str:
+    text = b.decode()
+    assert text.endswith("\n"), f"output should be one line ending in a newline: {text!r}"
+    lines = text.splitlines()
+    assert len(lines) == 1 and lines[0].strip(), f"want exactly one line, got {lines!r}"
+    return lines[0]
+
+
+# ---------------------------------------------------------------- herald token
+
+def test_token_with_secret(herald_bin):
+    t0 = int(time.time())
+    r = run(herald_bin, "token", "--app", "app.one", "--user", "alice", "--token-secret", "ts-one")
+    assert r.returncode == 0, r.stderr
+    tok = _one_line(r.stdout)
+    claims = verify_jwt(tok, "ts-one")
+    assert claims["app"] == "app.one" and claims["sub"] == "alice"
+    assert claims["exp"] - claims["iat"] == 3600
+    assert abs(claims["iat"] - t0) <= 5
+    assert "dev" not in claims or claims["dev"] is None
+
+
+def test_token_with_config_ttl_and_device(herald_bin, config_path):
+    r = run(herald_bin, "token", "--app", "app.two", "--user", "bob", "--ttl", "120", "--device", "phone-1",
+            "--config", str(config_path))
+    assert r.returncode == 0, r.stderr
+    claims = verify_jwt(_one_line(r.stdout), "ts-two")
+    assert claims["app"] == "app.two" and claims["sub"] == "bob" and claims["dev"] == "phone-1"
+    assert claims["exp"] - claims["iat"] == 120
+
+
+@pytest.mark.parametrize("ttl", ["60", "2592000"])
+def test_token_ttl_bounds(herald_bin, ttl):
+    r = run(herald_bin, "token", "--app", "app.one", "--user", "alice", "--ttl", ttl, "--token-secret", "s")
+    assert r.returncode == 0, r.stderr
+    claims = verify_jwt(_one_line(r.stdout), "s")
+    assert claims["exp"] - claims["iat"] == int(ttl)
+
+
+def test_cli_token_is_accepted_by_the_gateway(herald_bin, gateway, config_path):
+    user = uid("cli")
+    n = gateway.publish(user)["notification"]
+    r = run(herald_bin, "token", "--app", "app.one", "--user", user, "--config", str(config_path))
+    assert r.returncode == 0, r.stderr
+    tok = _one_line(r.stdout)
+    got = gateway.me("GET", f"/notifications/{n['id']}", tok)
+    assert got.status_code == 200, got.text
+    w, _, welcome = gateway.connect(user, "cli-device", token=tok)
+    w.close()
+    assert welcome["unread"] == 1
+
+
+# ---------------------------------------------------------------- bad invocations: exit 2, one stderr line
+
+def _bad_configs(tmp_path):
+    files = {}
+    for name, content in {
+        "not-json": "{apps: nope",
+        "apps-not-list": json.dumps({"apps": {"id": "a"}}),
+        "bad-app-id": json.dumps({"apps": [{"id": "bad app!", "serverKey": "k", "tokenSecret": "s"}]}),
+        "missing-secret": json.dumps({"apps": [{"id": "a.b", "serverKey": "k"}]}),
+        "port-out-of-range": json.dumps({"apps": CONFIG["apps"], "port": 99999}),
+        "port-string": json.dumps({"apps": CONFIG["apps"], "port": "eighty"}),
+        "duplicate-app": json.dumps({"apps": CONFIG["apps"] + CONFIG["apps"][:1]}),
+    }.items():
+        p = tmp_path / f"{name}.json"
+        p.write_text(content)
+        files[name] = str(p)
+    return files
+
+
+BAD_INVOCATIONS = {
+    "unknown-command": ["frobnicate"],
+    "serve-unknown-flag": ["serve", "--bogus"],
+    "serve-port-missing-value": ["serve", "--store", "memory", "--port"],
+    "serve-port-70000": ["serve", "--store", "memory", "--port", "70000"],
+    "serve-port-65536": ["serve", "--store", "memory", "--port", "65536"],
+    "serve-port-negative": ["serve", "--store", "memory", "--port", "-1"],
+    "serve-port-word": ["serve", "--store", "memory", "--port", "abc"],
+    "serve-bad-store": ["serve", "--port", "0", "--store", "floppy:disk"],
+    "serve-missing-config": ["serve", "--port", "0", "--store", "memory", "--config", "/nonexistent/herald.json"],
+    "serve-app-without-keys": ["serve", "--port", "0", "--store", "memory", "--app", "x.y"],
+    "serve-bad-app-flag": ["serve", "--port", "0", "--store", "memory", "--app", "bad app!",
+                           "--server-key", "k", "--token-secret", "s"],
+    "token-neither-secret": ["token", "--app", "app.one", "--user", "alice"],
+    "token-both-secrets": ["token", "--app", "app.one", "--user", "alice", "--token-secret", "s", "--config", "@CONFIG"],
+    "token-no-app": ["token", "--user", "alice", "--token-secret", "s"],
+    "token-no-user": ["token", "--app", "app.one", "--token-secret", "s"],
+    "token-ttl-59": ["token", "--app", "app.one", "--user", "alice", "--ttl", "59", "--token-secret", "s"],
+    "token-ttl-too-big": ["token", "--app", "app.one", "--user", "alice", "--ttl", "2592001", "--token-secret", "s"],
+    "token-ttl-word": ["token", "--app", "app.one", "--user", "alice", "--ttl", "soon", "--token-secret", "s"],
+    "token-ttl-missing-value": ["token", "--app", "app.one", "--user", "alice", "--token-secret", "s", "--ttl"],
+    "token-bad-user": ["token", "--app", "app.one", "--user", "bad user!", "--token-secret", "s"],
+    "token-unknown-flag": ["token", "--app", "app.one", "--user", "alice", "--token-secret", "s", "--colour"],
+    "token-app-not-in-config": ["token", "--app", "no.such.app", "--user", "alice", "--config", "@CONFIG"],
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_INVOCATIONS) + [f"serve-config-{c}" for c in (
+    "not-json", "apps-not-list", "bad-app-id", "missing-secret", "port-out-of-range", "port-string", "duplicate-app")])
+def test_bad_invocation_exits_2_with_one_stderr_line(herald_bin, tmp_path, config_path, name):
+    if name.startswith("serve-config-"):
+        cfg = _bad_configs(tmp_path)[name[len("serve-config-"):]]
+        args = ["serve", "--store", "memory", "--config", cfg]
+        if "port" not in name:
+            args += ["--port", "0"]
+    else:
+        args = [str(config_path) if a == "@CONFIG" else a for a in BAD_INVOCATIONS[name]]
+    r = run(herald_bin, *args, timeout=5)
+    assert r.returncode == 2, f"exit {r.returncode}; stderr {r.stderr!r}"
+    _one_line(r.stderr)
+    assert r.stdout == b"", f"nothing on stdout: {r.stdout!r}"
+
+
+# ---------------------------------------------------------------- serve
+
+def _free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def test_port_zero_picks_a_free_port(gateway):
+    assert gateway.port > 0
+    assert gateway.listen_line == f"listening on http://{gateway.host}:{gateway.port}"
+    assert gateway.request("GET", "/healthz").status_code == 200
+
+
+def test_config_port_and_flag_override(herald_bin, tmp_path):
+    port = _free_port()
+    cfg = {**CONFIG, "port": port, "host": "127.0.0.1", "store": "memory"}
+    # port, host and store from the config file
+    gw = Gateway(herald_bin, tmp_path / "a", cfg)
+    gw.args = [str(herald_bin), "serve", "--config", str(gw.config_path)]
+    gw.start()
+    try:
+        assert gw.port == port, gw.listen_line
+        assert gw.request("GET", "/healthz").status_code == 200
+    finally:
+        rc = gw.terminate()
+    assert rc == 0
+    # --port overrides it
+    gw = Gateway(herald_bin, tmp_path / "b", cfg)
+    gw.args = [str(herald_bin), "serve", "--config", str(gw.config_path), "--port", "0"]
+    gw.start()
+    try:
+        assert gw.port != port, gw.listen_line
+        assert gw.request("GET", "/healthz").status_code == 200
+    finally:
+        rc = gw.terminate()
+    assert rc == 0
+
+
+def test_serve_with_app_flags(gateway_factory):
+    gw = gateway_factory(config=CONFIG, extra_args=["--app", "flag.app", "--server-key", "sk-flag",
+                                                    "--token-secret", "ts-flag"])
+    user = uid("f")
+    r = gw.request("POST", f"/v1/apps/flag.app/users/{user}/notifications", key="sk-flag",
+                   json={"appNotificationId": "x", "payload": {}})
+    assert r.status_code == 201, r.text
+    tok = mint_token(user, "flag.app", secret="ts-flag")
+    assert gw.me("GET", "/counts", tok).json()["total"] == 1
+    # the config's apps are still there
+    assert gw.server("GET", f"/users/{user}/notifications").status_code == 200
+
+
+def test_serve_with_only_app_flags(gateway_factory):
+    gw = gateway_factory(config=None, extra_args=["--app", "solo", "--server-key", "k", "--token-secret", "s"])
+    r = gw.request("GET", "/v1/apps/solo/users/x/notifications", key="k")
+    assert r.status_code == 200, r.text
+    assert gw.request("GET", "/v1/apps/app.one/users/x/notifications", key="sk-one").status_code == 401
