@@ -1170,7 +1170,7 @@ static void sub_worker(int wid, long u0, long u1, int cmd_fd, int res_fd, int64_
 
 typedef struct {
     int fd;
-    int busy;
+    int busy, want_out;
     buf_t r, w;
     size_t woff;
 } pconn_t;
@@ -1208,6 +1208,7 @@ static int p_connect(pconn_t *c) {
     set_nonblock(fd);
     c->fd = fd;
     c->busy = 0;
+    c->want_out = 0;
     c->r.len = 0;
     c->w.len = c->woff = 0;
     struct epoll_event ev = {.events = EPOLLIN, .data.u64 = (uint64_t)(c - P.c)};
@@ -1235,10 +1236,13 @@ static void p_flush(pconn_t *c) {
         }
         c->woff += (size_t)n;
     }
-    struct epoll_event ev = {.events = EPOLLIN, .data.u64 = (uint64_t)(c - P.c)};
-    if (c->w.len > c->woff) ev.events |= EPOLLOUT;
-    else c->w.len = c->woff = 0;
-    epoll_ctl(P.ep, EPOLL_CTL_MOD, c->fd, &ev);
+    int want_out = c->w.len > c->woff;
+    if (!want_out) c->w.len = c->woff = 0;
+    if (want_out != c->want_out) { /* touch epoll only when interest changes */
+        struct epoll_event ev = {.events = EPOLLIN | (want_out ? EPOLLOUT : 0), .data.u64 = (uint64_t)(c - P.c)};
+        epoll_ctl(P.ep, EPOLL_CTL_MOD, c->fd, &ev);
+        c->want_out = want_out;
+    }
 }
 
 static void p_send(pconn_t *c, int64_t n, uint64_t ts) {
@@ -1377,7 +1381,7 @@ static void pub_publish(const cmd_t *m, int res_fd) {
         if (i >= m->count && now > send_deadline + 5000000000ull) break;
         while (i < m->count && P.nidle > 0) {
             uint64_t due = t0 + (uint64_t)((double)i * per);
-            if (due > now) break;
+            if (due > now + 20000) break; /* send up to 20 us early rather than sleep that little */
             pconn_t *c = &P.c[P.idle[--P.nidle]];
             /* hybrid: the actual send time, except for messages that fell due
                while every connection was busy (server back-pressure): those
@@ -1389,6 +1393,7 @@ static void pub_publish(const cmd_t *m, int res_fd) {
             if (!t_first) t_first = s;
             t_last = s;
             h_add(&r->h2, s > due ? s - due : 0);
+            if (O.ts_mode == TS_INTENDED && due > s) ts = s; /* never stamp a future time */
             p_send(c, m->n0 + i, ts);
             i += P.nprocs;
             now = now_ns();

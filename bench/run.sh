@@ -1,0 +1,395 @@
+#!/usr/bin/env bash
+# Herald vs nginx+Nchan benchmark: one command, both targets, one results table.
+#
+#   bench/run.sh              # full run (about 5-8 minutes)
+#   QUICK=1 bench/run.sh      # shorter steps, for a smoke test
+#
+# Writes bench/out/results.md (git-ignored) plus the raw logs beside it.
+# Environment overrides (defaults in brackets):
+#   IDLE_CONNS [10000]   FANOUT_USERS [1000]  FANOUT_DEVICES [3]
+#   FANOUT_RATE [5000]   FANOUT_SECONDS [10]  RAMP [ramp:2500:2500:40000]
+#   RAMP_SECONDS [5]     MAX_P99_MS [100]     NCHAN_PORT [18090] HERALD_PORT [18080]
+#   HERALD_BIN [.build/release/herald, built with `swift build -c release`]
+#   SKIP_HERALD_BUILD=1  use an existing binary, do not run swift build
+#   SKIP_HERALD=1 / SKIP_NCHAN=1   leave a target out
+#   HERALD_EXTRA=0       skip the Herald-only dismiss and reconnect scenarios
+# Only loopback addresses are used; every step is bounded in time.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+BENCH=$ROOT/bench
+OUT=$BENCH/out
+mkdir -p "$OUT"
+
+QUICK=${QUICK:-0}
+IDLE_CONNS=${IDLE_CONNS:-10000}
+FANOUT_USERS=${FANOUT_USERS:-1000}
+FANOUT_DEVICES=${FANOUT_DEVICES:-3}
+FANOUT_RATE=${FANOUT_RATE:-5000}
+FANOUT_SECONDS=${FANOUT_SECONDS:-10}
+RAMP=${RAMP:-ramp:2500:2500:40000}
+RAMP_SECONDS=${RAMP_SECONDS:-5}
+MAX_P99_MS=${MAX_P99_MS:-100}
+NCHAN_PORT=${NCHAN_PORT:-18090}
+HERALD_PORT=${HERALD_PORT:-18080}
+HERALD_BIN=${HERALD_BIN:-$ROOT/.build/release/herald}
+HERALD_EXTRA=${HERALD_EXTRA:-1}
+if [ "$QUICK" = 1 ]; then
+    FANOUT_SECONDS=${QUICK_FANOUT_SECONDS:-4}
+    RAMP_SECONDS=2
+    IDLE_CONNS=${QUICK_IDLE_CONNS:-4000}
+fi
+
+LOADGEN=$BENCH/loadgen
+RUN_ID=$(date +%s)
+WORK=$(mktemp -d /tmp/herald-bench.XXXXXX)
+STARTED_PIDS=()   # processes this script started (stopped on exit, by pid)
+
+log() { printf '[run.sh] %s\n' "$*" >&2; }
+
+cleanup() {
+    local p
+    for p in "${STARTED_PIDS[@]:-}"; do
+        [ -n "$p" ] && kill "$p" 2>/dev/null || true
+    done
+    sleep 0.3
+    for p in "${STARTED_PIDS[@]:-}"; do
+        [ -n "$p" ] && kill -9 "$p" 2>/dev/null || true
+    done
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+# ---------------------------------------------------------------- quiet machine?
+# the load generator and the servers share this machine's cores: anything else
+# busy (a compiler, a test suite) skews every number, so measure and report it
+busy_pct() { # percent of all CPU time not idle over $1 seconds
+    local a b
+    a=$(awk '/^cpu / {print $2+$3+$4+$7+$8+$9, $5+$6}' /proc/stat)
+    sleep "$1"
+    b=$(awk '/^cpu / {print $2+$3+$4+$7+$8+$9, $5+$6}' /proc/stat)
+    echo "$a $b" | awk '{ busy = $3 - $1; idle = $4 - $2; if (busy + idle == 0) print 0; else printf "%.0f", 100 * busy / (busy + idle) }'
+}
+BG_BUSY=$(busy_pct 2)
+if [ "$BG_BUSY" -gt 10 ]; then
+    log "warning: the machine is already ${BG_BUSY}% busy before the benchmark; results will be noisy"
+fi
+
+# ---------------------------------------------------------------- build
+log "building the load generator"
+make -s -C "$BENCH" loadgen
+
+# ---------------------------------------------------------------- helpers
+# sum of VmRSS (KiB) over the given pids
+rss_kib() {
+    local t=0 p v
+    for p in "$@"; do
+        v=$(awk '/^VmRSS:/ {print $2}' "/proc/$p/status" 2>/dev/null || echo 0)
+        t=$((t + ${v:-0}))
+    done
+    echo "$t"
+}
+
+# value of key=... in the last RESULT line of a log matching a filter
+res() { # file filter key
+    { grep '^RESULT' "$1" | grep -- "$2" | tail -1 | tr ' ' '\n' | awk -F= -v k="$3" '$1==k {print $2}'; } 2>/dev/null || true
+}
+
+# forget a pid this script waited for, so cleanup never signals a reused pid
+forget_pid() {
+    local p keep=()
+    for p in "${STARTED_PIDS[@]:-}"; do [ "$p" != "$1" ] && [ -n "$p" ] && keep+=("$p"); done
+    STARTED_PIDS=("${keep[@]:-}")
+}
+
+# ---------------------------------------------------------------- nchan
+NCHAN_PIDS=""
+start_nchan() {
+    if [ ! -f /usr/lib/nginx/modules/ngx_nchan_module.so ] || ! command -v nginx >/dev/null; then
+        log "installing nginx and libnginx-mod-nchan (Debian)"
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx libnginx-mod-nchan >/dev/null
+    fi
+    local d=$WORK/nchan
+    rm -rf "$d"
+    mkdir -p "$d/tmp"
+    sed "s/127\.0\.0\.1:18090/127.0.0.1:$NCHAN_PORT/" "$BENCH/nchan/nginx.conf" > "$d/nginx.conf"
+    nginx -c "$d/nginx.conf" -p "$d/"
+    local i master=""
+    for i in $(seq 1 50); do
+        [ -s "$d/nginx.pid" ] && master=$(cat "$d/nginx.pid") && break
+        sleep 0.1
+    done
+    [ -n "$master" ] || { log "nginx did not start"; cat "$d/error.log" >&2; return 1; }
+    STARTED_PIDS+=("$master")
+    for i in $(seq 1 50); do
+        curl -sf "http://127.0.0.1:$NCHAN_PORT/healthz" >/dev/null && break
+        sleep 0.1
+    done
+    NCHAN_PIDS=$(echo "$master" $(pgrep -P "$master") | tr ' ' ',')
+    log "nginx+nchan on 127.0.0.1:$NCHAN_PORT, pids $NCHAN_PIDS"
+}
+stop_nchan() {
+    local master=${NCHAN_PIDS%%,*}
+    [ -n "$master" ] || return 0
+    kill -QUIT "$master" 2>/dev/null || true
+    local i
+    for i in $(seq 1 50); do kill -0 "$master" 2>/dev/null || break; sleep 0.1; done
+    kill -0 "$master" 2>/dev/null && kill -9 "$master" 2>/dev/null || true
+    forget_pid "$master"
+    NCHAN_PIDS=""
+}
+
+# ---------------------------------------------------------------- herald
+HERALD_PID=""
+HERALD_OK=0
+HERALD_WHY=""
+prepare_herald() {
+    if [ "${SKIP_HERALD:-0}" = 1 ]; then HERALD_WHY="skipped (SKIP_HERALD=1)"; return 1; fi
+    if [ "${SKIP_HERALD_BUILD:-0}" != 1 ] && [ -f "$ROOT/Package.swift" ] && command -v swift >/dev/null; then
+        log "building Herald: swift build -c release (log: bench/out/herald-build.log)"
+        if ! (cd "$ROOT" && swift build -c release --product herald) > "$OUT/herald-build.log" 2>&1; then
+            log "swift build -c release failed (see bench/out/herald-build.log)"
+        fi
+    fi
+    if [ ! -x "$HERALD_BIN" ]; then
+        HERALD_WHY="no Herald binary at $HERALD_BIN"
+        return 1
+    fi
+    return 0
+}
+start_herald() {
+    local d=$WORK/herald
+    rm -rf "$d"
+    mkdir -p "$d"
+    cat > "$d/herald.json" <<'EOF'
+{"apps":[{"id":"bench","serverKey":"bench-key","tokenSecret":"bench-secret"}]}
+EOF
+    "$HERALD_BIN" serve --host 127.0.0.1 --port "$HERALD_PORT" --store memory --config "$d/herald.json" \
+        > "$d/stdout" 2> "$OUT/herald-server.log" &
+    HERALD_PID=$!
+    STARTED_PIDS+=("$HERALD_PID")
+    local i
+    for i in $(seq 1 100); do
+        grep -q '^listening on' "$d/stdout" 2>/dev/null && break
+        kill -0 "$HERALD_PID" 2>/dev/null || break
+        sleep 0.1
+    done
+    if ! grep -q '^listening on' "$d/stdout" 2>/dev/null; then
+        HERALD_WHY="herald serve did not print 'listening on' (see bench/out/herald-server.log)"
+        stop_herald
+        return 1
+    fi
+    log "herald pid $HERALD_PID: $(head -1 "$d/stdout")"
+    # does it speak /v1/ws? one subscriber must get its welcome
+    if ! "${HERALD_ARGS[@]}" --mode idle --users 1 --devices 1 --user-prefix "probe${RUN_ID}u" \
+        --setup-timeout 10 --max-run 30 > "$OUT/herald-probe.log" 2>&1; then
+        HERALD_WHY="herald does not serve /v1/ws yet (see bench/out/herald-probe.log)"
+        stop_herald
+        return 1
+    fi
+    return 0
+}
+stop_herald() {
+    [ -n "$HERALD_PID" ] || return 0
+    kill -TERM "$HERALD_PID" 2>/dev/null || true
+    local i
+    for i in $(seq 1 120); do kill -0 "$HERALD_PID" 2>/dev/null || break; sleep 0.1; done
+    kill -0 "$HERALD_PID" 2>/dev/null && kill -9 "$HERALD_PID" 2>/dev/null || true
+    wait "$HERALD_PID" 2>/dev/null || true
+    forget_pid "$HERALD_PID"
+    HERALD_PID=""
+}
+
+# ---------------------------------------------------------------- targets
+NCHAN_ARGS=("$LOADGEN"
+    --sub-url "ws://127.0.0.1:$NCHAN_PORT/sub/{user}"
+    --pub-url "http://127.0.0.1:$NCHAN_PORT/pub/{user}"
+    --pub-body '{"t":{ts},"n":{n}}')
+HERALD_ARGS=("$LOADGEN"
+    --sub-url "ws://127.0.0.1:$HERALD_PORT/v1/ws"
+    --hello '{"type":"hello","token":"{token}","deviceId":"{device}"}'
+    --resume-hello '{"type":"hello","token":"{token}","deviceId":"{device}","cursor":{cursor},"epoch":"{epoch}"}'
+    --ready-match '"type":"welcome"'
+    --msg-filter '"type":"change'
+    --app bench --key bench-key --secret bench-secret
+    --pub-url "http://127.0.0.1:$HERALD_PORT/v1/apps/{app}/users/{user}/notifications"
+    --pub-header 'Authorization: Bearer {key}'
+    --pub-header 'Content-Type: application/json'
+    --pub-body '{"appNotificationId":"m{n}","payload":{"t":{ts},"n":{n}}}')
+
+# idle: RSS before/after opening IDLE_CONNS connections, measured here while
+# the loadgen holds them
+scenario_idle() { # name pids args...
+    local name=$1 pids=$2
+    shift 2
+    local log=$OUT/$name-idle.log
+    local -a pidarr
+    IFS=, read -r -a pidarr <<< "$pids"
+    sleep 1
+    local before after
+    before=$(rss_kib "${pidarr[@]}")
+    "$@" --mode idle --conns "$IDLE_CONNS" --devices 1 --conns-per-proc 4000 --user-prefix "i${RUN_ID}u" \
+        --hold 60 --setup-timeout 60 > "$log" 2>&1 &
+    local lg=$!
+    STARTED_PIDS+=("$lg")
+    local i
+    for i in $(seq 1 900); do
+        grep -q '^READY' "$log" && break
+        kill -0 "$lg" 2>/dev/null || break
+        sleep 0.1
+    done
+    sleep 3 # let the server settle
+    after=$(rss_kib "${pidarr[@]}")
+    kill -TERM "$lg" 2>/dev/null || true
+    wait "$lg" 2>/dev/null || true
+    forget_pid "$lg"
+    local ready
+    ready=$(res "$log" "phase=setup" ready)
+    ready=${ready:-0}
+    local per=0
+    [ "$ready" -gt 0 ] && per=$(( (after - before) * 1024 / ready ))
+    echo "RESULT mode=idle phase=script_rss rss_before_kib=$before rss_after_kib=$after conns=$ready bytes_per_conn=$per" >> "$log"
+    log "$name idle: $ready connections, RSS $before -> $after KiB, $per bytes/connection"
+}
+
+scenario_fanout() { # name pids args...
+    local name=$1 pids=$2
+    shift 2
+    local log=$OUT/$name-fanout.log
+    "$@" --mode fanout --users "$FANOUT_USERS" --devices "$FANOUT_DEVICES" --rate "$FANOUT_RATE" \
+        --duration "$FANOUT_SECONDS" --user-prefix "f${RUN_ID}u" --server-pids "$pids" --pub-conns 64 \
+        > "$log" 2>&1 || true
+    grep -v '^RESULT' "$log" | sed "s/^/[$name fanout] /" >&2
+}
+
+scenario_saturation() { # name pids args...
+    local name=$1 pids=$2
+    shift 2
+    local log=$OUT/$name-saturation.log
+    "$@" --mode fanout --users "$FANOUT_USERS" --devices "$FANOUT_DEVICES" --rate "$RAMP" \
+        --duration "$RAMP_SECONDS" --max-p99-ms "$MAX_P99_MS" --user-prefix "s${RUN_ID}u" --server-pids "$pids" \
+        --pub-conns 128 > "$log" 2>&1 || true
+    grep -E '^(step|saturation|  stopping)' "$log" | sed "s/^/[$name saturation] /" >&2
+}
+
+run_target() { # name pids args...
+    local name=$1
+    shift
+    scenario_idle "$name" "$@"
+    scenario_fanout "$name" "$@"
+    scenario_saturation "$name" "$@"
+}
+
+# ---------------------------------------------------------------- run
+HAVE_NCHAN=0
+if [ "${SKIP_NCHAN:-0}" != 1 ]; then
+    log "=== nginx + Nchan ==="
+    start_nchan
+    run_target nchan "$NCHAN_PIDS" "${NCHAN_ARGS[@]}"
+    stop_nchan
+    HAVE_NCHAN=1
+fi
+
+HAVE_HERALD=0
+if prepare_herald; then
+    log "=== Herald ($HERALD_BIN) ==="
+    # a fresh server for each scenario group keeps RSS baselines clean
+    if start_herald; then
+        HAVE_HERALD=1
+        run_target herald "$HERALD_PID" "${HERALD_ARGS[@]}"
+        if [ "$HERALD_EXTRA" = 1 ]; then
+            "${HERALD_ARGS[@]}" --mode dismiss --users "$FANOUT_USERS" --devices "$FANOUT_DEVICES" --rate 2000 \
+                --user-prefix "d${RUN_ID}u" > "$OUT/herald-dismiss.log" 2>&1 || true
+            grep -v '^RESULT' "$OUT/herald-dismiss.log" | sed 's/^/[herald dismiss] /' >&2
+            "${HERALD_ARGS[@]}" --mode reconnect --users "$FANOUT_USERS" --devices "$FANOUT_DEVICES" --burst 10 \
+                --rate 5000 --user-prefix "c${RUN_ID}u" > "$OUT/herald-reconnect.log" 2>&1 || true
+            grep -v '^RESULT' "$OUT/herald-reconnect.log" | sed 's/^/[herald reconnect] /' >&2
+        fi
+        stop_herald
+    fi
+fi
+if [ "$HAVE_HERALD" = 0 ]; then
+    log "Herald not benchmarked: ${HERALD_WHY:-unavailable}"
+fi
+
+# ---------------------------------------------------------------- table
+val() { # target logkind filter key
+    local f=$OUT/$1-$2.log
+    [ -f "$f" ] || { echo ""; return; }
+    res "$f" "$3" "$4"
+}
+ratio() { # herald nchan
+    if [ -n "$1" ] && [ -n "$2" ]; then
+        awk -v h="$1" -v n="$2" 'BEGIN { if (n + 0 == 0) print "—"; else printf "%.2f", h / n }'
+    else
+        echo "—"
+    fi
+}
+row() { # label herald nchan [better]
+    local h=${2:-} n=${3:-}
+    printf '| %s | %s | %s | %s |\n' "$1" "${h:-—}" "${n:-—}" "$(ratio "$h" "$n")"
+}
+
+{
+    echo "# Herald vs nginx + Nchan"
+    echo
+    echo "Run $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(uname -sr);"
+    echo "commit $(cd "$ROOT" && git rev-parse --short HEAD 2>/dev/null || echo '?'); nginx $(nginx -v 2>&1 | sed 's/.*nginx\///') with Nchan $(dpkg-query -W -f '${Version}' libnginx-mod-nchan 2>/dev/null || echo '?'), 2 workers."
+    echo "Load generator and servers share the same cores over loopback; background CPU use before the run: ${BG_BUSY}%."
+    if [ "$HAVE_HERALD" = 0 ]; then echo; echo "**Herald not benchmarked:** ${HERALD_WHY:-unavailable}."; fi
+    if [ "$HAVE_NCHAN" = 0 ]; then echo; echo "**Nchan not benchmarked** (SKIP_NCHAN=1)."; fi
+    echo
+    echo "| metric | Herald | Nchan | Herald/Nchan |"
+    echo "|---|---|---|---|"
+    row "idle: WebSocket connections held" "$(val herald idle phase=setup ready)" "$(val nchan idle phase=setup ready)"
+    row "idle: server RSS per connection (bytes, lower is better)" "$(val herald idle script_rss bytes_per_conn)" "$(val nchan idle script_rss bytes_per_conn)"
+    row "idle: connection setup rate (connections/s)" "$(val herald idle phase=setup setup_rate)" "$(val nchan idle phase=setup setup_rate)"
+    F="fan-out ${FANOUT_USERS}×${FANOUT_DEVICES} at ${FANOUT_RATE}/s, ${FANOUT_SECONDS} s"
+    row "$F: deliveries/s" "$(val herald fanout step=0 dps)" "$(val nchan fanout step=0 dps)"
+    row "$F: p50 latency (ms)" "$(val herald fanout step=0 p50_ms)" "$(val nchan fanout step=0 p50_ms)"
+    row "$F: p99 latency (ms)" "$(val herald fanout step=0 p99_ms)" "$(val nchan fanout step=0 p99_ms)"
+    row "$F: p99.9 latency (ms)" "$(val herald fanout step=0 p999_ms)" "$(val nchan fanout step=0 p999_ms)"
+    row "$F: max latency (ms)" "$(val herald fanout step=0 max_ms)" "$(val nchan fanout step=0 max_ms)"
+    row "$F: lost deliveries" "$(val herald fanout step=0 lost)" "$(val nchan fanout step=0 lost)"
+    row "$F: duplicate deliveries" "$(val herald fanout step=0 dup)" "$(val nchan fanout step=0 dup)"
+    row "$F: server CPU s per million deliveries" "$(val herald fanout step=0 cpu_s_per_m)" "$(val nchan fanout step=0 cpu_s_per_m)"
+    row "saturation ($RAMP, ${RAMP_SECONDS} s steps): max sustained deliveries/s (p99 ≤ ${MAX_P99_MS} ms, no loss)" \
+        "$(val herald saturation mode=saturation max_dps)" "$(val nchan saturation mode=saturation max_dps)"
+    row "saturation: at publishes/s" "$(val herald saturation mode=saturation at_rate)" "$(val nchan saturation mode=saturation at_rate)"
+    if [ -f "$OUT/herald-dismiss.log" ] || [ -f "$OUT/herald-reconnect.log" ]; then
+        echo
+        echo "Herald only (Nchan has no equivalent):"
+        echo
+        echo "| metric | Herald |"
+        echo "|---|---|"
+        D=$OUT/herald-dismiss.log
+        C=$OUT/herald-reconnect.log
+        [ -f "$D" ] && printf '| dismiss on device 0 → change on the other devices, p50 / p99 / max (ms) | %s / %s / %s |\n' \
+            "$(res "$D" mode=dismiss p50_ms)" "$(res "$D" mode=dismiss p99_ms)" "$(res "$D" mode=dismiss max_ms)"
+        [ -f "$D" ] && printf '| dismiss: changes received / expected | %s / %s |\n' "$(res "$D" mode=dismiss received)" "$(res "$D" mode=dismiss expected)"
+        [ -f "$C" ] && printf '| reconnect %s devices after 10 missed notifications each: all resumed (s) | %s |\n' \
+            "$(res "$C" mode=reconnect devices)" "$(res "$C" mode=reconnect wall_s)"
+        [ -f "$C" ] && printf '| reconnect: per-device catch-up + welcome p50 / p99 (ms) | %s / %s |\n' "$(res "$C" mode=reconnect p50_ms)" "$(res "$C" mode=reconnect p99_ms)"
+        [ -f "$C" ] && printf '| reconnect: missed notifications received / missing / duplicates | %s / %s / %s |\n' \
+            "$(res "$C" mode=reconnect received)" "$(res "$C" mode=reconnect missing)" "$(res "$C" mode=reconnect dup)"
+    fi
+    echo
+    echo "Saturation steps (deliveries/s, p99 ms) — Nchan:"
+    echo
+    echo '```'
+    [ -f "$OUT/nchan-saturation.log" ] && grep '^RESULT mode=fanout step=' "$OUT/nchan-saturation.log" | awk '{for(i=1;i<=NF;i++){split($i,a,"=");v[a[1]]=a[2]} printf "  %6s pub/s -> %7s deliveries/s  p99 %8s ms  lost %s ok=%s\n", v["target_rate"], v["dps"], v["p99_ms"], v["lost"], v["ok"]}'
+    echo '```'
+    if [ -f "$OUT/herald-saturation.log" ]; then
+        echo
+        echo "Saturation steps — Herald:"
+        echo
+        echo '```'
+        grep '^RESULT mode=fanout step=' "$OUT/herald-saturation.log" | awk '{for(i=1;i<=NF;i++){split($i,a,"=");v[a[1]]=a[2]} printf "  %6s pub/s -> %7s deliveries/s  p99 %8s ms  lost %s ok=%s\n", v["target_rate"], v["dps"], v["p99_ms"], v["lost"], v["ok"]}'
+        echo '```'
+    fi
+    echo
+    echo "Raw logs: bench/out/*.log. Method: bench/README.md."
+} > "$OUT/results.md"
+
+log "wrote $OUT/results.md"
+cat "$OUT/results.md"
