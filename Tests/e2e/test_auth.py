@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from herald_helpers import (APPS, check_error, check_notification, decode_jwt, epoch_seconds, mint_token,
+from herald_helpers import (check_error, decode_jwt, epoch_seconds, mint_token,
                             parse_time, sign_jwt, uid, verify_jwt)
 
 
@@ -342,3 +342,10 @@ def test_server_path_of_another_user_is_404(gateway):
     check_error(gateway.server("PATCH", f"/users/{bob}/notifications/{na['id']}", json={"readState": "read"}), 404)
     check_error(gateway.server("DELETE", f"/users/{bob}/notifications/{na['id']}"), 404)
     assert gateway.get_notification(alice, na["id"]) == na
+
+
+def test_query_token_only_on_sync_and_events(gateway, user):
+    tok = mint_token(user)
+    check_error(gateway.request("GET", "/v1/me/counts", params={"token": tok}), 401)
+    check_error(gateway.request("GET", "/v1/me/notifications", params={"token": tok}), 401)
+    check_error(gateway.request("POST", "/v1/me/notifications/read-all", params={"token": tok}), 401)

@@ -1,11 +1,9 @@
 """SPEC 4 (device API over HTTP): history, get, patch (If-Match), delete,
 counts, read-all. Sync, events and device PUT are in test_fallback.py."""
 
-import time
-
 import pytest
 
-from herald_helpers import check_error, check_notification, changes_in, mint_token, uid
+from herald_helpers import check_error, check_notification, mint_token, uid
 
 
 def _history(gateway, tok, **params):

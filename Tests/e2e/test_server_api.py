@@ -5,8 +5,7 @@ import time
 
 import pytest
 
-from herald_helpers import (check_change, check_error, check_notification, changes_in, epoch_seconds, iso,
-                            mint_token, parse_time, uid)
+from herald_helpers import check_error, check_notification, epoch_seconds, iso, mint_token, uid
 
 
 def test_publish_creates_with_defaults(gateway, user):

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from herald_helpers import (assert_strictly_increasing, changes_in, check_change, check_error, check_notification,
-                            epoch_seconds, iso, mint_token, reset_notifications, sign_jwt, uid)
+from herald_helpers import (assert_strictly_increasing, changes_in, check_error, check_notification, epoch_seconds,
+                            mint_token, reset_notifications, sign_jwt, uid)
 
 
 # ---------------------------------------------------------------- hello, welcome, catch-up
