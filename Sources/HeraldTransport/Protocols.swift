@@ -1,0 +1,132 @@
+import CLibWebSockets
+import HeraldCore
+import HeraldGateway
+
+/// The libwebsockets context set-up and the one callback every connection
+/// goes through.
+enum Protocols {
+    nonisolated(unsafe) static let name = strdup("herald")!
+    nonisolated(unsafe) static let listenName = strdup("herald-listen")!
+
+    /// Protocol table and idle policy: allocated once, they must outlive
+    /// every context.
+    nonisolated(unsafe) static let table: UnsafeMutablePointer<lws_protocols> = {
+        let p = UnsafeMutablePointer<lws_protocols>.allocate(capacity: 3)
+        p.initialize(repeating: lws_protocols(), count: 3)
+        p[0].name = UnsafePointer(name)
+        p[0].callback = heraldCallback
+        p[0].per_session_data_size = MemoryLayout<UnsafeMutableRawPointer>.size
+        p[0].rx_buffer_size = 65536
+        p[1].name = UnsafePointer(listenName)
+        p[1].callback = heraldCallback
+        return p
+    }()
+
+    nonisolated(unsafe) static var retry = lws_retry_bo_t()
+
+    static func createContext(owner: ServiceLoop, gateway: Gateway) -> OpaquePointer? {
+        retry.secs_since_valid_ping = UInt16(gateway.config.limits.pingIntervalSeconds)
+        retry.secs_since_valid_hangup = UInt16(gateway.config.limits.idleHangupSeconds)
+        var info = lws_context_creation_info()
+        info.port = CONTEXT_PORT_NO_LISTEN_SERVER
+        info.protocols = UnsafePointer(table)
+        info.gid = -1
+        info.uid = -1
+        info.user = Unmanaged.passUnretained(owner).toOpaque()
+        info.max_http_header_data = 8192
+        info.timeout_secs = 20
+        info.count_threads = 1
+        withUnsafePointer(to: &retry) { info.retry_and_idle_policy = $0 }
+        return lws_create_context(&info)
+    }
+}
+
+private func loopOf(_ wsi: OpaquePointer?) -> ServiceLoop {
+    Unmanaged<ServiceLoop>.fromOpaque(lws_context_user(lws_get_context(wsi))).takeUnretainedValue()
+}
+
+/// The object kept in a connection's per-session pointer.
+private func attached<T: AnyObject>(_ pss: UnsafeMutableRawPointer?, _: T.Type) -> T? {
+    guard let raw = pss?.load(as: UnsafeMutableRawPointer?.self) else { return nil }
+    return Unmanaged<AnyObject>.fromOpaque(raw).takeUnretainedValue() as? T
+}
+
+private func attach(_ pss: UnsafeMutableRawPointer?, _ o: AnyObject) {
+    pss?.storeBytes(of: Unmanaged.passRetained(o).toOpaque(), as: UnsafeMutableRawPointer?.self)
+}
+
+private func detach(_ pss: UnsafeMutableRawPointer?) -> AnyObject? {
+    guard let pss, let raw = pss.load(as: UnsafeMutableRawPointer?.self) else { return nil }
+    pss.storeBytes(of: nil, as: UnsafeMutableRawPointer?.self)
+    return Unmanaged<AnyObject>.fromOpaque(raw).takeRetainedValue()
+}
+
+func heraldCallback(wsi: OpaquePointer?, reason: lws_callback_reasons, user: UnsafeMutableRawPointer?,
+                    input: UnsafeMutableRawPointer?, len: Int) -> Int32 {
+    switch reason {
+    case LWS_CALLBACK_EVENT_WAIT_CANCELLED:
+        loopOf(wsi).drainInbox()
+        return 0
+
+    case LWS_CALLBACK_RAW_RX_FILE:
+        loopOf(wsi).acceptAll()
+        return 0
+
+    case LWS_CALLBACK_FILTER_PROTOCOL_CONNECTION:
+        // Only /v1/ws upgrades; anything else is dropped.
+        return HTTPConnection.uri(wsi) == "/v1/ws" ? 0 : 1
+
+    case LWS_CALLBACK_HTTP:
+        let loop = loopOf(wsi)
+        let conn = attached(user, HTTPConnection.self) ?? {
+            let c = HTTPConnection(wsi: wsi!, loop: loop)
+            attach(user, c)
+            loop.httpConnections[ObjectIdentifier(c)] = c
+            return c
+        }()
+        let path = input.map { String(cString: $0.assumingMemoryBound(to: CChar.self)) } ?? "/"
+        return conn.begin(path: path)
+
+    case LWS_CALLBACK_HTTP_BODY:
+        guard let conn = attached(user, HTTPConnection.self), let input else { return -1 }
+        return conn.body(UnsafeRawBufferPointer(start: input, count: len))
+
+    case LWS_CALLBACK_HTTP_BODY_COMPLETION:
+        return attached(user, HTTPConnection.self)?.bodyComplete() ?? -1
+
+    case LWS_CALLBACK_HTTP_WRITEABLE:
+        return attached(user, HTTPConnection.self)?.writable() ?? 0
+
+    case LWS_CALLBACK_HTTP_DROP_PROTOCOL, LWS_CALLBACK_CLOSED_HTTP:
+        if let c = detach(user) as? HTTPConnection {
+            c.closed()
+            loopOf(wsi).httpConnections[ObjectIdentifier(c)] = nil
+        }
+        return 0
+
+    case LWS_CALLBACK_ESTABLISHED:
+        let loop = loopOf(wsi)
+        let c = WebSocketConnection(wsi: wsi!, loop: loop)
+        attach(user, c)
+        loop.webSockets[ObjectIdentifier(c)] = c
+        return 0
+
+    case LWS_CALLBACK_RECEIVE:
+        guard let c = attached(user, WebSocketConnection.self) else { return -1 }
+        c.receive(input.map { UnsafeRawBufferPointer(start: $0, count: len) } ?? UnsafeRawBufferPointer(start: nil, count: 0))
+        return 0
+
+    case LWS_CALLBACK_SERVER_WRITEABLE:
+        return attached(user, WebSocketConnection.self)?.writable() ?? 0
+
+    case LWS_CALLBACK_CLOSED:
+        if let c = detach(user) as? WebSocketConnection {
+            c.closed()
+            loopOf(wsi).webSockets[ObjectIdentifier(c)] = nil
+        }
+        return 0
+
+    default:
+        return lws_callback_http_dummy(wsi, reason, user, input, len)
+    }
+}

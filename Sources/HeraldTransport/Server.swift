@@ -1,0 +1,53 @@
+import CLibWebSockets
+import Foundation
+import HeraldCore
+import HeraldGateway
+
+/// Serves a gateway on `threads` libwebsockets loops sharing one port.
+public final class Server: @unchecked Sendable {
+    let gateway: Gateway
+    private var loops: [ServiceLoop] = []
+    public private(set) var port: Int
+
+    public init(gateway: Gateway, host: String, port: Int, threads: Int) {
+        self.gateway = gateway
+        self.port = port
+        lws_set_log_level(Int32(LLL_ERR.rawValue | LLL_WARN.rawValue), nil)
+        loops = (0..<max(1, threads)).map { ServiceLoop(index: $0, host: host, port: port, gateway: gateway) }
+    }
+
+    /// Starts the engine and every loop. The first loop binds the port
+    /// (resolving port 0); the others bind the same one.
+    public func start() throws {
+        let shards = gateway.makeShards(loops)
+        for (l, s) in zip(loops, shards) { l.shard = s }
+        gateway.start()
+        for l in loops {
+            l.port = port
+            try l.start()
+            port = l.port
+        }
+    }
+
+    /// SPEC section 6: stop accepting, answer held polls, end event streams,
+    /// close WebSockets with 1001, flush the store, all within 10 s.
+    public func shutdown(deadline seconds: Double = 8) {
+        for l in loops { l.post { l.beginShutdown() } }
+        let until = Date(timeIntervalSinceNow: seconds / 2)
+        while Date() < until {
+            let open = loops.map { l in
+                let box = OpenCount()
+                let done = DispatchSemaphore(value: 0)
+                l.post { box.value = l.openConnections; done.signal() }
+                done.wait()
+                return box.value
+            }.reduce(0, +)
+            if open == 0 { break }
+            Thread.sleep(forTimeInterval: 0.02)
+        }
+        gateway.stop()
+        for l in loops { l.stop() }
+    }
+}
+
+private final class OpenCount: @unchecked Sendable { var value = 0 }

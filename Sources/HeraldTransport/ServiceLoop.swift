@@ -1,0 +1,173 @@
+import CLibWebSockets
+import Foundation
+import HeraldCore
+import HeraldGateway
+import Synchronization
+
+/// One libwebsockets context on its own thread, with its own SO_REUSEPORT
+/// listening socket: the kernel spreads connections over the loops.
+///
+/// Threads: everything but `post` runs on the loop's thread. `post` may be
+/// called from any thread; it appends to the inbox and wakes the loop with
+/// `lws_cancel_service`, the one lws call that is safe from other threads.
+/// The context pointer is read under the inbox lock, so a wake-up never races
+/// `lws_context_destroy`.
+final class ServiceLoop: LoopExecutor, @unchecked Sendable {
+    struct Inbox {
+        var jobs: [@Sendable () -> Void] = []
+        /// The context's address (0 when none): an integer, so it is Sendable.
+        var context: UInt = 0
+    }
+
+    let index: Int
+    let host: String
+    var port: Int
+    let gateway: Gateway
+    var shard: Shard!
+    private let inbox = Mutex(Inbox())
+    private var context: OpaquePointer?
+    private var listenFd: Int32 = -1
+    private var listener: OpaquePointer?
+    private var tick: UnsafeMutablePointer<herald_tick>?
+    private var thread: Thread?
+    private let ready = DispatchSemaphore(value: 0)
+    private let exited = DispatchSemaphore(value: 0)
+    private var startError: String?
+    private let running = Atomic<Bool>(true)
+
+    /// Open connections on this loop, for shutdown.
+    var webSockets: [ObjectIdentifier: WebSocketConnection] = [:]
+    var httpConnections: [ObjectIdentifier: HTTPConnection] = [:]
+    /// Reused for every outgoing frame: LWS_PRE bytes of headroom + payload.
+    var scratch = [UInt8](repeating: 0, count: 65536)
+
+    init(index: Int, host: String, port: Int, gateway: Gateway) {
+        self.index = index; self.host = host; self.port = port; self.gateway = gateway
+    }
+
+    func post(_ job: @escaping @Sendable () -> Void) {
+        inbox.withLock { box in
+            box.jobs.append(job)
+            if box.jobs.count == 1, let ctx = OpaquePointer(bitPattern: box.context) { lws_cancel_service(ctx) }
+        }
+    }
+
+    /// Binds the port, creates the context and starts the thread; throws
+    /// with the reason if any of that failed.
+    func start() throws {
+        let fd = host.withCString { h in
+            var bound: Int32 = 0
+            let r = herald_listen(h, Int32(port), &bound)
+            if r >= 0 { port = Int(bound) }
+            return r
+        }
+        guard fd >= 0 else { throw ServerError("cannot listen on \(host):\(port): \(String(cString: strerror(-fd)))") }
+        listenFd = fd
+        let t = Thread { [self] in run() }
+        t.name = "herald-loop-\(index)"
+        thread = t
+        t.start()
+        ready.wait()
+        if let e = startError { throw ServerError(e) }
+    }
+
+    private func run() {
+        guard let ctx = Protocols.createContext(owner: self, gateway: gateway) else {
+            startError = "libwebsockets could not create a context"
+            ready.signal()
+            return
+        }
+        context = ctx
+        let vh = lws_get_vhost_by_name(ctx, "default")
+        listener = herald_adopt_listener(vh, listenFd, Protocols.listenName)
+        guard listener != nil else {
+            startError = "libwebsockets could not watch the listening socket"
+            lws_context_destroy(ctx)
+            ready.signal()
+            return
+        }
+        let address = UInt(bitPattern: Int(bitPattern: UnsafeRawPointer(ctx)))
+        inbox.withLock { $0.context = address }
+        scheduleTick()
+        ready.signal()
+        while running.load(ordering: .relaxed) {
+            if lws_service(ctx, 0) < 0 { break }
+        }
+        inbox.withLock { $0.context = 0 }
+        lws_context_destroy(ctx)
+        tick?.deallocate()
+        exited.signal()
+    }
+
+    // MARK: Loop-thread work
+
+    func drainInbox() {
+        while true {
+            let jobs = inbox.withLock { box -> [@Sendable () -> Void] in
+                let j = box.jobs
+                box.jobs.removeAll(keepingCapacity: true)
+                return j
+            }
+            if jobs.isEmpty { return }
+            for j in jobs { j() }
+        }
+    }
+
+    /// The listener is readable: accept everything waiting.
+    func acceptAll() {
+        guard listenFd >= 0, let vh = lws_get_vhost_by_name(context, "default") else { return }
+        while true {
+            let fd = herald_accept(listenFd)
+            if fd < 0 { return }
+            if lws_adopt_socket_vhost(vh, fd) == nil { close(fd) }
+        }
+    }
+
+    private func scheduleTick() {
+        let t = UnsafeMutablePointer<herald_tick>.allocate(capacity: 1)
+        t.initialize(to: herald_tick())
+        t.pointee.owner = Unmanaged.passUnretained(self).toOpaque()
+        tick = t
+        armTick()
+    }
+
+    fileprivate func armTick() {
+        guard let tick else { return }
+        tick.withMemoryRebound(to: lws_sorted_usec_list_t.self, capacity: 1) { sul in
+            lws_sul_schedule(context, 0, sul, { sul in
+                guard let sul else { return }
+                let owner = sul.withMemoryRebound(to: herald_tick.self, capacity: 1) { $0.pointee.owner }
+                let loop = Unmanaged<ServiceLoop>.fromOpaque(owner!).takeUnretainedValue()
+                loop.shard.runTimers(now: WallClock.now())
+                loop.armTick()
+            }, 100_000)
+        }
+    }
+
+    // MARK: Shutdown
+
+    /// Stops accepting and asks every connection to close (WebSockets 1001,
+    /// held polls answered, event streams ended). Loop thread.
+    func beginShutdown() {
+        if let listener {
+            lws_set_timeout(listener, PENDING_TIMEOUT_CLOSE_SEND, LWS_TO_KILL_ASYNC)
+            self.listener = nil
+            listenFd = -1
+        }
+        for ws in webSockets.values { ws.session.shutdown() }
+        for h in httpConnections.values { h.shutdown() }
+    }
+
+    var openConnections: Int { webSockets.count + httpConnections.values.filter(\.isBusy).count }
+
+    func stop() {
+        running.store(false, ordering: .relaxed)
+        inbox.withLock { box in if let ctx = OpaquePointer(bitPattern: box.context) { lws_cancel_service(ctx) } }
+        if thread != nil { exited.wait() }
+    }
+}
+
+struct ServerError: Error, CustomStringConvertible {
+    let description: String
+    init(_ d: String) { description = d }
+}

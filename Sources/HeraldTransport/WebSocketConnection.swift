@@ -1,0 +1,75 @@
+import CLibWebSockets
+import HeraldGateway
+
+/// A WebSocket on libwebsockets: reassembles messages for its session and
+/// writes the session's frames, one per writable callback.
+final class WebSocketConnection: WebSocketOutput {
+    private var wsi: OpaquePointer?
+    unowned let loop: ServiceLoop
+    private(set) var session: WebSocketSession!
+    private var rx: [UInt8] = []
+    /// Dropping the rest of a message that was too big or binary.
+    private var discarding = false
+
+    init(wsi: OpaquePointer, loop: ServiceLoop) {
+        self.wsi = wsi
+        self.loop = loop
+        session = loop.gateway.openWebSocket(shard: loop.shard, output: self)
+    }
+
+    func requestWrite() {
+        if let wsi { lws_callback_on_writable(wsi) }
+    }
+
+    func receive(_ data: UnsafeRawBufferPointer) {
+        guard let wsi else { return }
+        let first = lws_is_first_fragment(wsi) != 0
+        let final = lws_is_final_fragment(wsi) != 0 && lws_remaining_packet_payload(wsi) == 0
+        if first && rx.isEmpty { discarding = false }
+        if !discarding {
+            if lws_frame_is_binary(wsi) != 0 {
+                discarding = true
+                session.receive(.binary)
+            } else if rx.count + data.count > loop.gateway.config.limits.maxMessageBytes {
+                discarding = true
+                rx = []
+                session.receive(.tooBig)
+            } else {
+                rx.append(contentsOf: data)
+            }
+        }
+        if final {
+            if !discarding { session.receive(.text(rx)) }
+            rx = []
+            discarding = false
+        }
+    }
+
+    func writable() -> Int32 {
+        guard let wsi else { return -1 }
+        if let frame = session.nextFrame() {
+            let pre = Int(herald_lws_pre)
+            if loop.scratch.count < pre + frame.count { loop.scratch = [UInt8](repeating: 0, count: pre + frame.count) }
+            let n = loop.scratch.withUnsafeMutableBufferPointer { buf -> Int32 in
+                frame.withUnsafeBufferPointer { f in
+                    (buf.baseAddress! + pre).update(from: f.baseAddress!, count: f.count)
+                }
+                return lws_write(wsi, buf.baseAddress! + pre, frame.count, LWS_WRITE_TEXT)
+            }
+            if n < 0 { return -1 }
+            if session.hasPendingOutput || session.closeRequest != nil { lws_callback_on_writable(wsi) }
+            return 0
+        }
+        if let c = session.closeRequest {
+            var reason = Array(c.reason.utf8)
+            lws_close_reason(wsi, lws_close_status(rawValue: UInt32(c.code.rawValue)), &reason, reason.count)
+            return -1
+        }
+        return 0
+    }
+
+    func closed() {
+        wsi = nil
+        session.transportClosed()
+    }
+}

@@ -1,0 +1,99 @@
+import Foundation
+import HeraldCore
+import HeraldGateway
+
+/// A command-line or configuration problem: one line on stderr, exit 2.
+struct UsageError: Error { let message: String; init(_ m: String) { message = m } }
+
+/// Flags as `--name value` pairs (and bare `--demo`), each known name once.
+struct Flags {
+    private var values: [String: String] = [:]
+    private(set) var switches: Set<String> = []
+
+    init(_ args: ArraySlice<String>, valued: Set<String>, switches allowed: Set<String>) throws(UsageError) {
+        var i = args.startIndex
+        while i < args.endIndex {
+            let a = args[i]
+            var name = a, inline: String? = nil
+            if let eq = a.firstIndex(of: "="), a.hasPrefix("--") {
+                name = String(a[..<eq]); inline = String(a[a.index(after: eq)...])
+            }
+            guard name.hasPrefix("--") else { throw UsageError("unexpected argument '\(a)'") }
+            let key = String(name.dropFirst(2))
+            if allowed.contains(key) {
+                guard inline == nil else { throw UsageError("--\(key) takes no value") }
+                switches.insert(key)
+                i += 1
+                continue
+            }
+            guard valued.contains(key) else { throw UsageError("unknown flag '\(name)'") }
+            guard values[key] == nil else { throw UsageError("--\(key) given twice") }
+            if let inline {
+                values[key] = inline
+                i += 1
+            } else {
+                guard i + 1 < args.endIndex, !args[i + 1].hasPrefix("--") else { throw UsageError("--\(key) needs a value") }
+                values[key] = args[i + 1]
+                i += 2
+            }
+        }
+    }
+
+    subscript(_ key: String) -> String? { values[key] }
+
+    func int(_ key: String, in range: ClosedRange<Int>) throws(UsageError) -> Int? {
+        guard let s = values[key] else { return nil }
+        guard let v = Int(s), range.contains(v) else {
+            throw UsageError("--\(key) must be a whole number from \(range.lowerBound) to \(range.upperBound)")
+        }
+        return v
+    }
+}
+
+/// `herald.json`: `{"apps": [{"id", "serverKey", "tokenSecret"}], "host", "port", "store", "bus"}`.
+struct ConfigFile {
+    var apps: [AppConfig] = []
+    var host: String?
+    var port: Int?
+    var store: String?
+    var bus: String?
+
+    init() {}
+
+    init(path: String) throws(UsageError) {
+        guard let data = FileManager.default.contents(atPath: path) else { throw UsageError("cannot read config file \(path)") }
+        let json: JSON
+        do { json = try JSONParser.parse(Array(data)) } catch { throw UsageError("config file \(path): \(error.message)") }
+        guard let o = json.objectValue else { throw UsageError("config file \(path): must be a JSON object") }
+        for k in o.keys where !["apps", "host", "port", "store", "bus"].contains(k) {
+            throw UsageError("config file \(path): unknown key \"\(k)\"")
+        }
+        if let a = o["apps"] {
+            guard let arr = a.arrayValue else { throw UsageError("config file \(path): apps must be an array") }
+            for (i, e) in arr.enumerated() {
+                guard let app = e.objectValue, let id = app["id"]?.stringValue, let key = app["serverKey"]?.stringValue,
+                      let secret = app["tokenSecret"]?.stringValue, app.count == 3
+                else { throw UsageError("config file \(path): apps[\(i)] needs exactly id, serverKey and tokenSecret strings") }
+                apps.append(try Self.app(id: id, key: key, secret: secret))
+            }
+        }
+        func string(_ k: String) throws(UsageError) -> String? {
+            guard let v = o[k] else { return nil }
+            guard let s = v.stringValue else { throw UsageError("config file \(path): \(k) must be a string") }
+            return s
+        }
+        host = try string("host")
+        store = try string("store")
+        bus = try string("bus")
+        if let p = o["port"] {
+            guard let v = p.int64Value, (0...65535).contains(v) else { throw UsageError("config file \(path): port must be 0 to 65535") }
+            port = Int(v)
+        }
+    }
+
+    static func app(id: String, key: String, secret: String) throws(UsageError) -> AppConfig {
+        guard Identifiers.isAppId(id) else { throw UsageError("app id '\(id)' must be 1-64 characters of A-Z a-z 0-9 . _ -") }
+        guard !key.isEmpty, !secret.isEmpty else { throw UsageError("app \(id): serverKey and tokenSecret must not be empty") }
+        return AppConfig(id: id, serverKey: key, tokenSecret: secret)
+    }
+}
