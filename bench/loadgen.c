@@ -1880,6 +1880,10 @@ int main(int argc, char **argv) {
            mname[O.mode], O.conns, rs.ready, rs.failed, rs.setup_s, rs.setup_rate, ms(h_pct(&rs.setup, .5)),
            ms(h_pct(&rs.setup, .99)), cpu_setup1 - cpu_setup0);
     int exit_code = (rs.failed > 0) ? 1 : 0;
+    if (rs.ready == 0) {
+        fprintf(stderr, "no subscriber became ready: stopping\n");
+        return 1;
+    }
 
     if (O.mode == M_IDLE) {
         if (O.n_server_pids) {
