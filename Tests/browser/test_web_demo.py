@@ -1,0 +1,327 @@
+"""Browser test of the web demo (web-demo/) against a real Herald gateway.
+
+Starts `herald serve --host 127.0.0.1 --port 0 --store memory --demo`, opens
+the demo page in headless Chromium through Selenium and checks, as a user
+would see it, that the three devices of one user (Phone on WebSocket, Laptop
+on Server-Sent Events, Watch on long-poll) stay in sync: a published
+notification appears everywhere, read/dismiss/snooze/delete done on one
+device shows on the others, and a device that was offline catches up. It
+saves a screenshot to docs/web-demo.png.
+
+Needs the Debian packages `chromium` and `chromium-driver` (skipped, with the
+reason, when they are missing) and `pip install -r Tests/browser/requirements.txt`.
+The gateway binary is `.build/debug/herald` or $HERALD_BIN.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import shutil
+import signal
+import subprocess
+import threading
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SCREENSHOT = REPO_ROOT / "docs" / "web-demo.png"
+LISTEN_RE = re.compile(r"^listening on (http://[^\s:]+:\d+)\s*$")
+SERVER_KEY = "demo-server-key"
+WAIT = 15.0  # seconds for anything the page should show
+
+
+# ---------------------------------------------------------------- environment
+
+def _find(names: list[str], env: str) -> str | None:
+    if os.environ.get(env):
+        return os.environ[env]
+    for n in names:
+        p = shutil.which(n)
+        if p:
+            return p
+    return None
+
+
+@pytest.fixture(scope="module")
+def browser_paths() -> tuple[str, str]:
+    chrome = _find(["chromium", "chromium-browser", "google-chrome", "google-chrome-stable"], "CHROME_BIN")
+    driver = _find(["chromedriver"], "CHROMEDRIVER")
+    if not chrome or not driver:
+        pytest.skip("Chromium is not installed (need `chromium` and `chromedriver`: "
+                    "apt-get install -y chromium chromium-driver)")
+    return chrome, driver
+
+
+def herald_binary() -> Path:
+    p = Path(os.environ.get("HERALD_BIN", ".build/debug/herald"))
+    return p if p.is_absolute() else REPO_ROOT / p
+
+
+@pytest.fixture(scope="module")
+def gateway(browser_paths, tmp_path_factory):
+    """A real gateway in demo mode; yields its base URL; SIGTERM at teardown."""
+    binary = herald_binary()
+    if not binary.exists():
+        pytest.fail(f"herald binary not found at {binary}: build it (swift build) or set HERALD_BIN", pytrace=False)
+    log_path = tmp_path_factory.mktemp("herald") / "stderr.log"
+    log = open(log_path, "wb")
+    proc = subprocess.Popen(
+        [str(binary), "serve", "--host", "127.0.0.1", "--port", "0", "--store", "memory", "--demo"],
+        stdout=subprocess.PIPE, stderr=log, cwd=REPO_ROOT, text=True, bufsize=1,
+    )
+    lines: queue.Queue[str | None] = queue.Queue()
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.put(line)
+        lines.put(None)
+
+    threading.Thread(target=pump, daemon=True).start()
+    url = None
+    deadline = time.monotonic() + 60
+    while url is None and time.monotonic() < deadline:
+        try:
+            line = lines.get(timeout=0.5)
+        except queue.Empty:
+            continue
+        if line is None:
+            break
+        m = LISTEN_RE.match(line)
+        if m:
+            url = m.group(1)
+    if url is None:
+        proc.kill()
+        proc.wait()
+        log.close()
+        pytest.fail(f"gateway did not print `listening on http://HOST:PORT`; stderr:\n"
+                    f"{log_path.read_text(errors='replace')[-3000:]}", pytrace=False)
+    yield url
+    proc.send_signal(signal.SIGTERM)
+    try:
+        rc = proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        rc = None
+    log.close()
+    assert rc == 0, (f"gateway exited {rc} after SIGTERM (SPEC 6: 0 within 10 s); stderr:\n"
+                     f"{log_path.read_text(errors='replace')[-3000:]}")
+
+
+@pytest.fixture
+def driver(browser_paths):
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+    except ImportError:
+        pytest.fail("selenium is not installed: pip install -r Tests/browser/requirements.txt", pytrace=False)
+    chrome, chromedriver = browser_paths
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = chrome
+    for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+              "--window-size=1400,1000", "--force-device-scale-factor=1", "--lang=en-US"):
+        opts.add_argument(a)
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    d = webdriver.Chrome(service=Service(chromedriver), options=opts)
+    yield d
+    try:
+        logs = d.get_log("browser")
+    except Exception:  # noqa: BLE001 - logs are a diagnostic only
+        logs = []
+    for entry in logs:
+        print("browser:", entry.get("level"), entry.get("message"))
+    d.quit()
+    uncaught = [e["message"] for e in logs if "Uncaught" in e.get("message", "")]
+    assert not uncaught, f"uncaught JavaScript errors in the page: {uncaught}"
+
+
+# ---------------------------------------------------------------- page helpers
+
+PANELS = ("phone", "laptop", "watch")
+TRANSPORTS = {"phone": "websocket", "laptop": "sse", "watch": "poll"}
+
+STATE_JS = """
+const out = {};
+for (const key of arguments[0]) {
+  const p = document.querySelector(`[data-testid="device-${key}"]`);
+  if (!p) { out[key] = null; continue; }
+  const s = p.querySelector('[data-testid="status"]');
+  out[key] = {
+    deviceId: p.dataset.deviceId,
+    status: s.dataset.status,
+    transport: s.dataset.transport,
+    unread: Number(p.querySelector('[data-testid="unread"]').textContent),
+    items: [...p.querySelectorAll('[data-testid="notification"]')].map((li) => ({
+      id: li.dataset.id,
+      state: li.dataset.state,
+      readState: li.dataset.readState,
+      title: li.querySelector('[data-testid="notification-title"]')?.textContent,
+      label: li.querySelector('[data-testid="state-label"]')?.textContent || '',
+    })),
+  };
+}
+return out;
+"""
+
+
+def panels(d) -> dict:
+    return d.execute_script(STATE_JS, list(PANELS))
+
+
+def wait_for(d, what: str, cond, timeout: float = WAIT):
+    """Polls cond(panels state) until it returns something truthy."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = panels(d)
+        r = cond(last)
+        if r:
+            return r
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}; page state:\n{json.dumps(last, indent=1)}")
+
+
+def item(state: dict, key: str, *, title: str | None = None, id: str | None = None):
+    for it in state[key]["items"]:
+        if (title is not None and it["title"] == title) or (id is not None and it["id"] == id):
+            return it
+    return None
+
+
+def click(d, key: str, nid: str, button: str) -> None:
+    sel = f'[data-testid="device-{key}"] [data-testid="notification"][data-id="{nid}"] [data-testid="btn-{button}"]'
+    d.find_element("css selector", sel).click()
+
+
+def publish(d, title: str, body: str, priority: str = "normal", app_id: str = "") -> None:
+    f = lambda tid: d.find_element("css selector", f'[data-testid="{tid}"]')  # noqa: E731
+    for tid, value in (("publish-title", title), ("publish-body", body), ("publish-app-id", app_id)):
+        f(tid).clear()
+        if value:
+            f(tid).send_keys(value)
+    d.find_element("css selector", f'label:has([data-testid="priority-{priority}"])').click()
+    before = f("publish-result").text
+    f("publish-button").click()
+    deadline = time.monotonic() + WAIT
+    while time.monotonic() < deadline:
+        text = f("publish-result").text
+        if text != before and not text.startswith("Publishing"):
+            break
+        time.sleep(0.05)
+    cls = f("publish-result").get_attribute("class")
+    assert "ok" in cls.split(), f"publish failed: {f('publish-result').text!r}"
+
+
+def all_live(state: dict) -> bool:
+    return all(state[k] and state[k]["status"] == "live" for k in PANELS)
+
+
+def server_get(base: str, path: str) -> dict:
+    req = urllib.request.Request(base + path, headers={"Authorization": f"Bearer {SERVER_KEY}"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.loads(r.read())
+
+
+# ---------------------------------------------------------------- the test
+
+def test_three_devices_stay_in_sync(gateway, driver):
+    d = driver
+    d.get(gateway + "/")
+    assert "Herald" in d.title
+
+    # 1. All three panels connect, each on its own forced transport.
+    state = wait_for(d, "all three devices live", lambda s: all_live(s) and s)
+    for k in PANELS:
+        assert state[k]["transport"] == TRANSPORTS[k], state[k]
+        assert state[k]["items"] == [] and state[k]["unread"] == 0, state[k]
+    device_ids = {k: state[k]["deviceId"] for k in PANELS}
+    assert len(set(device_ids.values())) == 3, device_ids
+
+    # The gateway lists them as the user's devices, on the right transports (SPEC 3).
+    listed = {x["deviceId"]: x for x in server_get(gateway, "/v1/apps/demo/users/alice/devices")["devices"]}
+    for k in PANELS:
+        dev = listed.get(device_ids[k])
+        assert dev is not None, f"{device_ids[k]} not in the devices listing: {listed}"
+        assert dev["connected"] is True and dev["transport"] == TRANSPORTS[k], dev
+
+    # 2. Publish: the notification shows on every device, unread.
+    title = f"Release {uuid.uuid4().hex[:6]} is out"
+    publish(d, title, "Version 2.4 ships with offline sync.", priority="high")
+    state = wait_for(d, "the notification on all devices",
+                     lambda s: all(item(s, k, title=title) for k in PANELS) and s)
+    ids = {item(state, k, title=title)["id"] for k in PANELS}
+    assert len(ids) == 1, f"the devices disagree on the id: {ids}"
+    nid = ids.pop()
+    for k in PANELS:
+        it = item(state, k, id=nid)
+        assert it["state"] == "noInteraction" and it["readState"] == "unread", (k, it)
+    wait_for(d, "unread 1 everywhere", lambda s: all(s[k]["unread"] == 1 for k in PANELS))
+
+    # 3. Dismiss on the Phone (WebSocket): Laptop and Watch show it dismissed.
+    click(d, "phone", nid, "dismiss")
+    wait_for(d, "dismissed everywhere", lambda s: all(
+        (it := item(s, k, id=nid)) and it["state"] == "dismissed" and it["label"] == "Dismissed" for k in PANELS))
+    # The demo's Dismiss also marks it read, so the badges drop to 0.
+    wait_for(d, "unread 0 everywhere", lambda s: all(s[k]["unread"] == 0 for k in PANELS))
+
+    # 4. Read on the Laptop (SSE, so over HTTP PATCH), snooze on the Watch (long-poll).
+    second = f"Invoice {uuid.uuid4().hex[:6]} paid"
+    publish(d, second, "Thanks! A receipt is on its way.")
+    state = wait_for(d, "the second notification everywhere",
+                     lambda s: all(item(s, k, title=second) for k in PANELS) and s)
+    nid2 = item(state, "laptop", title=second)["id"]
+    # Newest first.
+    assert [it["id"] for it in state["phone"]["items"]][:2] == [nid2, nid], state["phone"]
+    click(d, "laptop", nid2, "read")
+    wait_for(d, "read everywhere", lambda s: all(
+        (it := item(s, k, id=nid2)) and it["readState"] == "read" for k in PANELS))
+    click(d, "watch", nid2, "snooze")
+    wait_for(d, "snoozed everywhere", lambda s: all(
+        (it := item(s, k, id=nid2)) and it["state"] == "snoozed" for k in PANELS))
+
+    # 5. Delete on the Watch: it leaves every device.
+    click(d, "watch", nid, "delete")
+    wait_for(d, "deleted everywhere", lambda s: all(item(s, k, id=nid) is None for k in PANELS))
+    state = panels(d)
+    for k in PANELS:
+        assert [it["id"] for it in state[k]["items"]] == [nid2], state[k]
+
+    # 6. Take the Laptop offline, publish, bring it back: it catches up from its cursor.
+    d.find_element("css selector", '[data-testid="device-laptop"] [data-testid="btn-toggle-connection"]').click()
+    wait_for(d, "laptop offline", lambda s: s["laptop"]["status"] == "offline")
+    third = f"Meeting {uuid.uuid4().hex[:6]} moved to 3 pm"
+    publish(d, third, "Room Aurora, same link.")
+    wait_for(d, "third on phone and watch", lambda s: item(s, "phone", title=third) and item(s, "watch", title=third))
+    time.sleep(0.5)
+    assert item(panels(d), "laptop", title=third) is None, "an offline device must not receive changes"
+    d.find_element("css selector", '[data-testid="device-laptop"] [data-testid="btn-toggle-connection"]').click()
+    wait_for(d, "laptop caught up", lambda s: s["laptop"]["status"] == "live" and item(s, "laptop", title=third))
+
+    # 7. Reload: same devices (per-tab ids), state restored and resynced.
+    d.refresh()
+    state = wait_for(d, "live again after reload", lambda s: all_live(s) and all(
+        {it["title"] for it in s[k]["items"]} == {second, third} for k in PANELS) and s)
+    assert {k: state[k]["deviceId"] for k in PANELS} == device_ids
+
+    # 8. A tidy, representative screenshot for the docs.
+    publish(d, "Lena shared “Herald architecture.pdf”", "2.4 MB · open it from any of your devices.")
+    publish(d, "Deploy failed on staging", "Health check /healthz timed out after 30 s.", priority="high")
+    state = wait_for(d, "four notifications everywhere",
+                     lambda s: all(len(s[k]["items"]) == 4 for k in PANELS) and s)
+    shared = item(state, "phone", title="Lena shared “Herald architecture.pdf”")["id"]
+    meeting = item(state, "phone", title=third)["id"]
+    click(d, "phone", shared, "read")
+    click(d, "laptop", meeting, "dismiss")
+    wait_for(d, "read and dismissed on the watch", lambda s: item(s, "watch", id=shared)["readState"] == "read"
+             and item(s, "watch", id=meeting)["state"] == "dismissed")
+    time.sleep(0.8)  # let the arrival animation finish
+    SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+    assert d.save_screenshot(str(SCREENSHOT)), "could not save the screenshot"
