@@ -1,8 +1,280 @@
 import HeraldCore
 
-/// Long-poll sync and Server-Sent Events (SPEC section 4).
+/// Long-poll sync and Server-Sent Events (SPEC section 4) for devices that
+/// cannot hold a WebSocket. Both resume from a cursor with the same
+/// catch-up-then-live hand-over as WebSockets (see Engine).
 extension Gateway {
+    static let keepAliveMillis: Millis = 15_000
+
     func fallback(_ route: Route, _ req: HTTPRequest, _ d: DeviceContext, shard: Shard, responder: HTTPResponder) throws(HeraldError) {
-        throw HeraldError(.unavailable, "not implemented yet")
+        var position = FeedPosition(cursor: nil, epoch: req.queryValue("epoch"))
+        if let c = req.queryValue("cursor") { position.cursor = try Self.cursor(c, "cursor") }
+        if route == .myEvents {
+            if let last = req.headers["last-event-id"], !last.isEmpty { position.cursor = try Self.cursor(last, "Last-Event-ID") }
+            return openEventStream(d, position, shard: shard, responder: responder)
+        }
+        var limit = 500
+        if let l = req.queryValue("limit") {
+            guard let v = Int(l), (1...500).contains(v) else { throw HeraldError.badRequest("limit must be 1 to 500") }
+            limit = v
+        }
+        var wait = 0
+        if let w = req.queryValue("wait") {
+            guard let v = Int(w), (0...60).contains(v) else { throw HeraldError.badRequest("wait must be 0 to 60 seconds") }
+            wait = v
+        }
+        sync(d, position, limit: limit, wait: wait, shard: shard, responder: responder)
     }
+
+    static func cursor(_ s: String, _ name: String) throws(HeraldError) -> Int64 {
+        guard let v = Int64(s), v >= 0 else { throw HeraldError.badRequest("\(name) must be a non-negative integer") }
+        return v
+    }
+
+    private func sync(_ d: DeviceContext, _ position: FeedPosition, limit: Int, wait: Int, shard: Shard, responder: HTTPResponder) {
+        let user = d.user, device = d.deviceId
+        engine.submit({ e in
+            let now = WallClock.now()
+            let v = try e.viewer(user, deviceId: device, now: now)
+            e.markPolled(user, deviceId: device, now: now)
+            let epoch = v.epoch(store: e.store.epoch)
+            let feed = try e.store.feed(user)
+            guard let cursor = position.resumable(in: feed, epoch: epoch) else {
+                let page = try e.history(user, viewer: v, filter: .init(), before: nil, limit: limit)
+                let body = SyncBody.reset(page.notifications, next: page.next, cursor: feed.head, epoch: epoch)
+                e.afterCommit { shard.post { responder.respond(.json(200, body)) } }
+                return
+            }
+            var found: [[UInt8]] = []
+            var reached = cursor
+            var more = false
+            scan: while reached < feed.head {
+                let page = try e.store.changes(user, after: reached, limit: 1000)
+                guard !page.isEmpty else { break }
+                for r in page {
+                    if let b = r.bytes(for: v) {
+                        if found.count == limit { more = true; break scan }
+                        found.append(b)
+                    }
+                    reached = r.seq
+                }
+            }
+            if !more { reached = max(reached, feed.head) }
+            if !found.isEmpty || wait == 0 {
+                let body = SyncBody.changes(found, cursor: reached, epoch: epoch, hasMore: more)
+                e.afterCommit { shard.post { responder.respond(HTTPResponse(status: 200, body: body)) } }
+                return
+            }
+            // Nothing yet: hold the request until a change this device may see.
+            let from = reached
+            e.afterCommit {
+                e.follow(user, shard: shard.index)
+                e.connectionOpened(user, deviceId: device, transport: .poll, now: now)
+                shard.post {
+                    HeldPoll(gateway: self, shard: shard, user: user, deviceId: device, viewer: v, cursor: from,
+                             epoch: epoch, limit: limit, responder: responder, until: now + Millis(wait) * 1000).start()
+                }
+            }
+        }, failed: { err in shard.post { responder.respond(.error(err)) } })
+    }
+
+    private func openEventStream(_ d: DeviceContext, _ position: FeedPosition, shard: Shard, responder: HTTPResponder) {
+        let user = d.user, device = d.deviceId
+        engine.submit({ e in
+            let now = WallClock.now()
+            let v = try e.viewer(user, deviceId: device, now: now)
+            let epoch = v.epoch(store: e.store.epoch)
+            let first: [UInt8]
+            switch try e.catchUp(user, viewer: v, from: position) {
+            case .changes(let list, let head):
+                first = list.flatMap { EventStream.event(id: $0.seq, name: "change", data: $0.bytes) }
+                e.afterCommit { self.startStream(e, user, device, v, head, first, shard, responder, now) }
+            case .reset(let all, let head):
+                let page = Array(all.prefix(500))
+                let next = all.count > page.count ? page.last.map { PageToken.encode(HistoryKey($0)) } : nil
+                let body = SyncBody.reset(page, next: next, cursor: head, epoch: epoch).encoded
+                first = EventStream.event(id: head, name: "reset", data: body)
+                e.afterCommit { self.startStream(e, user, device, v, head, first, shard, responder, now) }
+            }
+        }, failed: { err in shard.post { responder.respond(.error(err)) } })
+    }
+
+    /// Engine thread, after commit: follow the user, then hand the stream to its shard.
+    private func startStream(_ e: Engine, _ user: UserKey, _ device: String?, _ v: Viewer, _ head: Int64, _ first: [UInt8],
+                             _ shard: Shard, _ responder: HTTPResponder, _ now: Millis) {
+        e.follow(user, shard: shard.index)
+        e.connectionOpened(user, deviceId: device, transport: .sse, now: now)
+        shard.post {
+            EventStream(gateway: self, shard: shard, user: user, deviceId: device, viewer: v, cursor: head,
+                        responder: responder).start(first)
+        }
+    }
+
+    /// Ends a fallback follower's follow on the engine.
+    func release(_ user: UserKey, deviceId: String?, shard: Shard, transport: Metrics.Transport) {
+        engine.control { e in
+            e.unfollow(user, shard: shard.index)
+            e.connectionClosed(user, deviceId: deviceId, transport: transport, now: WallClock.now())
+        }
+    }
+}
+
+/// Bodies of `GET /v1/me/sync`, with changes spliced in already encoded.
+enum SyncBody {
+    static func changes(_ encoded: [[UInt8]], cursor: Int64, epoch: String, hasMore: Bool) -> [UInt8] {
+        var out: [UInt8] = Array(#"{"changes":["#.utf8)
+        for (k, c) in encoded.enumerated() {
+            if k > 0 { out.append(UInt8(ascii: ",")) }
+            out.append(contentsOf: c)
+        }
+        out.append(contentsOf: "],\"cursor\":\(cursor),\"epoch\":".utf8)
+        JSON.encodeString(epoch, into: &out)
+        out.append(contentsOf: ",\"hasMore\":\(hasMore)}".utf8)
+        return out
+    }
+
+    static func reset(_ notifications: [Notification], next: String?, cursor: Int64, epoch: String) -> JSON {
+        ["reset": true, "notifications": .array(notifications.map(\.json)), "next": next.json,
+         "cursor": .int(cursor), "epoch": .string(epoch)]
+    }
+}
+
+/// A `sync` request held until a change the device may see, or its deadline.
+final class HeldPoll: FeedFollower {
+    let gateway: Gateway
+    let shard: Shard
+    let userKey: UserKey
+    let deviceId: String?
+    private var viewer: Viewer
+    private var cursor: Int64
+    private let epoch: String
+    private let limit: Int
+    private let responder: HTTPResponder
+    private let until: Millis
+    private var done = false
+
+    init(gateway: Gateway, shard: Shard, user: UserKey, deviceId: String?, viewer: Viewer, cursor: Int64, epoch: String,
+         limit: Int, responder: HTTPResponder, until: Millis) {
+        self.gateway = gateway; self.shard = shard; userKey = user; self.deviceId = deviceId; self.viewer = viewer
+        self.cursor = cursor; self.epoch = epoch; self.limit = limit; self.responder = responder; self.until = until
+    }
+
+    func start() {
+        shard.add(self)
+        gateway.metrics.connectionOpened(.poll)
+        shard.schedule(at: until) { [weak self] in self?.answer([], more: false) }
+        responder.onClose { [weak self] in self?.end() }
+    }
+
+    func deliver(_ records: [ChangeRecord]) {
+        guard !done else { return }
+        var found: [[UInt8]] = []
+        var more = false
+        for r in records where r.seq > cursor {
+            if let b = r.bytes(for: viewer) {
+                if found.count == limit { more = true; break }
+                found.append(b)
+            }
+            cursor = r.seq
+        }
+        if !found.isEmpty {
+            gateway.metrics.deliveries.add(found.count, ordering: .relaxed)
+            answer(found, more: more)
+        }
+    }
+
+    private func answer(_ changes: [[UInt8]], more: Bool) {
+        guard !done else { return }
+        responder.respond(HTTPResponse(status: 200, body: SyncBody.changes(changes, cursor: cursor, epoch: epoch, hasMore: more)))
+        end()
+    }
+
+    private func end() {
+        guard !done else { return }
+        done = true
+        shard.remove(self)
+        gateway.metrics.connectionClosed(.poll)
+        gateway.release(userKey, deviceId: deviceId, shard: shard, transport: .poll)
+    }
+
+    func viewerChanged(_ v: Viewer) { viewer = v }
+    func deviceDeleted() { answer([], more: false) }
+    func shutdown() { answer([], more: false) }
+}
+
+/// A Server-Sent Events stream: one `change` event per change, `id:` its seq.
+final class EventStream: FeedFollower {
+    let gateway: Gateway
+    let shard: Shard
+    let userKey: UserKey
+    let deviceId: String?
+    private var viewer: Viewer
+    private var cursor: Int64
+    private let responder: HTTPResponder
+    private var done = false
+
+    init(gateway: Gateway, shard: Shard, user: UserKey, deviceId: String?, viewer: Viewer, cursor: Int64, responder: HTTPResponder) {
+        self.gateway = gateway; self.shard = shard; userKey = user; self.deviceId = deviceId; self.viewer = viewer
+        self.cursor = cursor; self.responder = responder
+    }
+
+    static func event(id: Int64, name: String, data: [UInt8]) -> [UInt8] {
+        Array("id: \(id)\nevent: \(name)\ndata: ".utf8) + data + [0x0A, 0x0A]
+    }
+
+    func start(_ first: [UInt8]) {
+        shard.add(self)
+        gateway.metrics.connectionOpened(.sse)
+        responder.onClose { [weak self] in self?.end() }
+        responder.startStream(contentType: "text/event-stream", headers: [("Cache-Control", "no-cache"), ("X-Accel-Buffering", "no")])
+        // Tell EventSource how soon to reconnect, then the catch-up.
+        responder.send(Array("retry: 2000\n\n".utf8) + first)
+        keepAlive()
+    }
+
+    private func keepAlive() {
+        shard.schedule(at: WallClock.now() + Gateway.keepAliveMillis) { [weak self] in
+            guard let self, !self.done else { return }
+            self.responder.send(Array(": keep-alive\n\n".utf8))
+            self.keepAlive()
+        }
+    }
+
+    func deliver(_ records: [ChangeRecord]) {
+        guard !done else { return }
+        var out: [UInt8] = []
+        var sent = 0
+        for r in records where r.seq > cursor {
+            cursor = r.seq
+            if let b = r.bytes(for: viewer) {
+                out += Self.event(id: r.seq, name: "change", data: b)
+                sent += 1
+            }
+        }
+        guard sent > 0 else { return }
+        gateway.metrics.deliveries.add(sent, ordering: .relaxed)
+        responder.send(out)
+        if responder.queuedBytes > gateway.config.limits.maxQueuedBytesPerConnection {
+            gateway.metrics.dropped(.slowConsumer)
+            finish()
+        }
+    }
+
+    private func finish() {
+        guard !done else { return }
+        responder.finish()
+        end()
+    }
+
+    private func end() {
+        guard !done else { return }
+        done = true
+        shard.remove(self)
+        gateway.metrics.connectionClosed(.sse)
+        gateway.release(userKey, deviceId: deviceId, shard: shard, transport: .sse)
+    }
+
+    func viewerChanged(_ v: Viewer) { viewer = v }
+    func deviceDeleted() { finish() }
+    func shutdown() { finish() }
 }

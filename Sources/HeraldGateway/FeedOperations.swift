@@ -170,6 +170,13 @@ extension Engine {
         presence[user, default: [:]][deviceId] = p
     }
 
+    /// A plain poll: the device shows as `poll` for 60 s.
+    func markPolled(_ user: UserKey, deviceId: String?, now: Millis) {
+        guard let deviceId else { return }
+        presence[user, default: [:]][deviceId, default: DevicePresence()].lastPollAt = now
+        markSeen(user, device: deviceId, at: now)
+    }
+
     func connectionClosed(_ user: UserKey, deviceId: String?, transport: Metrics.Transport, now: Millis) {
         guard let deviceId, var p = presence[user]?[deviceId] else { return }
         switch transport {

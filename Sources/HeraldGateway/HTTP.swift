@@ -49,4 +49,15 @@ public struct HTTPResponse: Sendable {
 /// answering a request whose connection has gone does nothing.
 public protocol HTTPResponder: AnyObject, Sendable {
     func respond(_ r: HTTPResponse)
+    /// Starts an answer of unknown length (Server-Sent Events).
+    func startStream(contentType: String, headers: [(String, String)])
+    /// Appends to a started stream.
+    func send(_ bytes: [UInt8])
+    /// Ends a stream once what is queued is written (closing the connection).
+    func finish()
+    /// Bytes queued for a stream and not yet written.
+    var queuedBytes: Int { get }
+    /// `f` runs on the shard thread if the connection closes before the
+    /// answer is complete.
+    func onClose(_ f: @escaping () -> Void)
 }

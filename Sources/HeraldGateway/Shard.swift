@@ -9,6 +9,8 @@ protocol FeedFollower: AnyObject {
     func deliver(_ records: [ChangeRecord])
     func viewerChanged(_ viewer: Viewer)
     func deviceDeleted()
+    /// The gateway is stopping: end politely.
+    func shutdown()
 }
 
 /// One service loop's share of the gateway: the followers on its thread
@@ -55,6 +57,12 @@ public final class Shard: @unchecked Sendable {
     }
 
     var followerCount: Int { followers.values.reduce(0) { $0 + $1.count } }
+
+    /// Gateway shutdown: every follower ends (WebSockets 1001, held polls
+    /// answered empty, event streams closed).
+    public func shutdownFollowers() {
+        for m in followers.values { for f in m.values { f.shutdown() } }
+    }
 
     // MARK: Timers
 

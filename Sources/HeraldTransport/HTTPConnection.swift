@@ -19,6 +19,11 @@ final class HTTPConnection {
     private var closeAfterResponse = false
     /// An answer is expected or being written.
     private(set) var isBusy = false
+    /// A stream (Server-Sent Events): `streamOut` waits to be written.
+    private var streaming = false
+    private var streamOut: [UInt8] = []
+    private var finishing = false
+    private var closeHook: (() -> Void)?
 
     static let chunk = 65536
 
@@ -118,6 +123,9 @@ final class HTTPConnection {
         guard let req = request else { return }
         request = nil
         expectsBody = false
+        // Answers come back asynchronously (held polls after up to 60 s):
+        // lws must not time the parked request out meanwhile.
+        if let wsi { lws_set_timeout(wsi, NO_PENDING_TIMEOUT, 0) }
         loop.gateway.handle(req, shard: loop.shard, responder: Exchange(conn: self, serial: serial))
     }
 
@@ -134,8 +142,34 @@ final class HTTPConnection {
         lws_callback_on_writable(wsi)
     }
 
+    func startStream(contentType: String, headers: [(String, String)], serial: Int) {
+        guard let wsi, serial == self.serial, response == nil, !streaming, isBusy else { return }
+        streaming = true
+        response = HTTPResponse(status: 200, contentType: contentType, headers: headers, body: [])
+        lws_callback_on_writable(wsi)
+    }
+
+    func send(_ bytes: [UInt8], serial: Int) {
+        guard let wsi, serial == self.serial, streaming, !finishing else { return }
+        streamOut += bytes
+        lws_callback_on_writable(wsi)
+    }
+
+    func finish(serial: Int) {
+        guard let wsi, serial == self.serial, streaming else { return }
+        finishing = true
+        lws_callback_on_writable(wsi)
+    }
+
+    func queuedBytes(serial: Int) -> Int { serial == self.serial ? streamOut.count : 0 }
+
+    func onClose(_ f: @escaping () -> Void, serial: Int) {
+        if serial == self.serial, wsi != nil { closeHook = f }
+    }
+
     func writable() -> Int32 {
         guard let wsi, let r = response else { return 0 }
+        if streaming { return writeStream(wsi, r) }
         if !headersSent {
             headersSent = true
             if writeHeaders(wsi, r) != 0 { return -1 }
@@ -144,16 +178,7 @@ final class HTTPConnection {
         }
         let end = min(r.body.count, bodyOffset + Self.chunk)
         let final = end == r.body.count
-        let pre = Int(herald_lws_pre)
-        let count = end - bodyOffset
-        if loop.scratch.count < pre + count { loop.scratch = [UInt8](repeating: 0, count: pre + count) }
-        let n = loop.scratch.withUnsafeMutableBufferPointer { buf -> Int32 in
-            r.body.withUnsafeBufferPointer { b in
-                if count > 0 { (buf.baseAddress! + pre).update(from: b.baseAddress! + bodyOffset, count: count) }
-            }
-            return lws_write(wsi, buf.baseAddress! + pre, count, final ? LWS_WRITE_HTTP_FINAL : LWS_WRITE_HTTP)
-        }
-        if n < 0 { return -1 }
+        if write(wsi, r.body, bodyOffset..<end, final ? LWS_WRITE_HTTP_FINAL : LWS_WRITE_HTTP) < 0 { return -1 }
         bodyOffset = end
         if !final {
             lws_callback_on_writable(wsi)
@@ -161,18 +186,51 @@ final class HTTPConnection {
         }
         response = nil
         isBusy = false
+        closeHook = nil
         if closeAfterResponse { return -1 }
         return lws_http_transaction_completed(wsi) != 0 ? -1 : 0
     }
 
+    private func writeStream(_ wsi: OpaquePointer, _ r: HTTPResponse) -> Int32 {
+        if !headersSent {
+            headersSent = true
+            // No length (LWS_ILLEGAL_HTTP_CONTENT_LEN): the stream ends by closing.
+            if writeHeaders(wsi, r, length: lws_filepos_t.max) != 0 { return -1 }
+        } else if !streamOut.isEmpty {
+            let count = min(streamOut.count, Self.chunk)
+            if write(wsi, streamOut, 0..<count, LWS_WRITE_HTTP) < 0 { return -1 }
+            streamOut.removeFirst(count)
+        } else if finishing {
+            return -1
+        }
+        if !streamOut.isEmpty || finishing { lws_callback_on_writable(wsi) }
+        return 0
+    }
+
+    /// Writes `bytes[range]` through the loop's scratch buffer (LWS_PRE headroom).
+    private func write(_ wsi: OpaquePointer, _ bytes: [UInt8], _ range: Range<Int>, _ kind: lws_write_protocol) -> Int32 {
+        let pre = Int(herald_lws_pre)
+        if loop.scratch.count < pre + range.count { loop.scratch = [UInt8](repeating: 0, count: pre + range.count) }
+        return loop.scratch.withUnsafeMutableBufferPointer { buf -> Int32 in
+            bytes.withUnsafeBufferPointer { b in
+                if !range.isEmpty { (buf.baseAddress! + pre).update(from: b.baseAddress! + range.lowerBound, count: range.count) }
+            }
+            return lws_write(wsi, buf.baseAddress! + pre, range.count, kind)
+        }
+    }
+
     private func writeHeaders(_ wsi: OpaquePointer, _ r: HTTPResponse) -> Int32 {
+        writeHeaders(wsi, r, length: lws_filepos_t(r.body.count))
+    }
+
+    private func writeHeaders(_ wsi: OpaquePointer, _ r: HTTPResponse, length: lws_filepos_t) -> Int32 {
         let pre = Int(herald_lws_pre)
         var buf = [UInt8](repeating: 0, count: pre + 2048)
         return buf.withUnsafeMutableBufferPointer { b -> Int32 in
             let start = b.baseAddress! + pre
             var p: UnsafeMutablePointer<UInt8>? = start
             let end = b.baseAddress! + b.count - 1
-            if lws_add_http_common_headers(wsi, UInt32(r.status), r.contentType, lws_filepos_t(r.body.count), &p, end) != 0 {
+            if lws_add_http_common_headers(wsi, UInt32(r.status), r.contentType, length, &p, end) != 0 {
                 return -1
             }
             for (name, value) in r.headers {
@@ -184,12 +242,12 @@ final class HTTPConnection {
         }
     }
 
-    /// Shutdown: nothing to do for a plain request; its answer is on the way.
-    func shutdown() {}
-
     func closed() {
         wsi = nil
         isBusy = false
+        let hook = closeHook
+        closeHook = nil
+        hook?()
     }
 }
 
@@ -210,4 +268,11 @@ final class Exchange: HTTPResponder, @unchecked Sendable {
     }
 
     func respond(_ r: HTTPResponse) { conn?.respond(r, serial: serial) }
+    func startStream(contentType: String, headers: [(String, String)]) {
+        conn?.startStream(contentType: contentType, headers: headers, serial: serial)
+    }
+    func send(_ bytes: [UInt8]) { conn?.send(bytes, serial: serial) }
+    func finish() { conn?.finish(serial: serial) }
+    var queuedBytes: Int { conn?.queuedBytes(serial: serial) ?? 0 }
+    func onClose(_ f: @escaping () -> Void) { conn?.onClose(f, serial: serial) }
 }

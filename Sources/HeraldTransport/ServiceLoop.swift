@@ -154,8 +154,8 @@ final class ServiceLoop: LoopExecutor, @unchecked Sendable {
             self.listener = nil
             listenFd = -1
         }
+        shard.shutdownFollowers()
         for ws in webSockets.values { ws.session.shutdown() }
-        for h in httpConnections.values { h.shutdown() }
     }
 
     var openConnections: Int { webSockets.count + httpConnections.values.filter(\.isBusy).count }
