@@ -138,6 +138,8 @@ export class HeraldClient {
     this._timers = new Set();
     this._queue = Promise.resolve();
     this._cacheShown = false;
+    this._attempted = false;
+    this._quiet = false;
     this._ws = null;
     this._wsLive = false;
     this._pending = new Map();    // ref -> {resolve, reject, timer}
@@ -439,10 +441,8 @@ export class HeraldClient {
 
   async _tokenFor(force = false) {
     if (this._getTokenFn) {
-      const claims = this._token ? decodeJwtClaims(this._token) : null;
-      const expiring = claims && typeof claims.exp === 'number' &&
-        claims.exp * 1000 - Date.now() < TOKEN_MARGIN_MS;
-      if (force || !this._token || expiring) {
+      const renewAt = this._tokenRenewAt();
+      if (force || !this._token || (renewAt != null && Date.now() >= renewAt)) {
         if (!this._tokenPromise) {
           this._tokenPromise = Promise.resolve()
             .then(() => this._getTokenFn())
@@ -461,9 +461,12 @@ export class HeraldClient {
     return this._token;
   }
 
-  _tokenExpiresAt() {
+  /** When to get a new token: 60 s before exp, or a quarter of its lifetime for short ones. */
+  _tokenRenewAt() {
     const c = this._token ? decodeJwtClaims(this._token) : null;
-    return c && typeof c.exp === 'number' ? c.exp * 1000 : null;
+    if (!c || typeof c.exp !== 'number') return null;
+    const life = typeof c.iat === 'number' ? (c.exp - c.iat) * 1000 : Infinity;
+    return c.exp * 1000 - Math.min(TOKEN_MARGIN_MS, life / 4);
   }
 
   // ------------------------------------------------------------------ HTTP
@@ -549,7 +552,9 @@ export class HeraldClient {
     if (!this._running) return;
     const gen = ++this._gen;
     const transport = this._ladder[this._ladderIdx];
-    this._setStatus(this._everLive || this._failures > 0 ? 'reconnecting' : 'connecting', transport);
+    if (this._quiet) this._quiet = false;
+    else this._setStatus(this._attempted ? 'reconnecting' : 'connecting', transport);
+    this._attempted = true;
     let token;
     try {
       token = await this._tokenFor(this._forceToken);
@@ -574,6 +579,7 @@ export class HeraldClient {
 
   _becameLive(gen) {
     if (gen !== this._gen) return;
+    if (this._ladder[this._ladderIdx] === 'websocket') this._probeCount = 0;
     this._failures = 0;
     this._liveSince = Date.now();
     this._everLive = true;
@@ -870,9 +876,9 @@ export class HeraldClient {
 
   /** SSE carries the token in its URL: reconnect with a new one before it expires. */
   _scheduleTokenRenewal(gen) {
-    const exp = this._tokenExpiresAt();
-    if (!exp || !this._getTokenFn) return;
-    const delay = Math.max(1_000, exp - Date.now() - TOKEN_MARGIN_MS);
+    const renewAt = this._tokenRenewAt();
+    if (renewAt == null || !this._getTokenFn) return;
+    const delay = Math.max(5_000, renewAt - Date.now());
     this._later(delay, () => {
       if (gen !== this._gen) return;
       // Let the queue finish what the stream delivered, then resume from the cursor.
@@ -880,6 +886,7 @@ export class HeraldClient {
         this._gen++;
         this._teardown();
         this._forceToken = true;
+        this._quiet = true; // a planned renewal: stay 'live' unless it fails
         this._connect();
       });
     });
