@@ -341,6 +341,7 @@ async function publish(ev) {
       const [t, b] = SAMPLES[sampleIndex++ % SAMPLES.length];
       $('#publish-title').value = t;
       $('#publish-body').value = b;
+      $('input[name="priority"][value="normal"]').checked = true;
     }
   } catch (e) {
     out.className = 'publish-result error';

@@ -25,7 +25,6 @@ import subprocess
 import threading
 import time
 import urllib.request
-import uuid
 from pathlib import Path
 
 import pytest
@@ -253,7 +252,7 @@ def test_three_devices_stay_in_sync(gateway, driver):
         assert dev["connected"] is True and dev["transport"] == TRANSPORTS[k], dev
 
     # 2. Publish: the notification shows on every device, unread.
-    title = f"Release {uuid.uuid4().hex[:6]} is out"
+    title = "Release 2.4 is out"
     publish(d, title, "Version 2.4 ships with offline sync.", priority="high")
     state = wait_for(d, "the notification on all devices",
                      lambda s: all(item(s, k, title=title) for k in PANELS) and s)
@@ -273,7 +272,7 @@ def test_three_devices_stay_in_sync(gateway, driver):
     wait_for(d, "unread 0 everywhere", lambda s: all(s[k]["unread"] == 0 for k in PANELS))
 
     # 4. Read on the Laptop (SSE, so over HTTP PATCH), snooze on the Watch (long-poll).
-    second = f"Invoice {uuid.uuid4().hex[:6]} paid"
+    second = "Invoice #2041 paid"
     publish(d, second, "Thanks! A receipt is on its way.")
     state = wait_for(d, "the second notification everywhere",
                      lambda s: all(item(s, k, title=second) for k in PANELS) and s)
@@ -297,7 +296,7 @@ def test_three_devices_stay_in_sync(gateway, driver):
     # 6. Take the Laptop offline, publish, bring it back: it catches up from its cursor.
     d.find_element("css selector", '[data-testid="device-laptop"] [data-testid="btn-toggle-connection"]').click()
     wait_for(d, "laptop offline", lambda s: s["laptop"]["status"] == "offline")
-    third = f"Meeting {uuid.uuid4().hex[:6]} moved to 3 pm"
+    third = "Design review moved to 3 pm"
     publish(d, third, "Room Aurora, same link.")
     wait_for(d, "third on phone and watch", lambda s: item(s, "phone", title=third) and item(s, "watch", title=third))
     time.sleep(0.5)
