@@ -437,6 +437,8 @@ class WsClient:
         kw.setdefault("compression", None)
         kw.setdefault("ping_interval", None)
         self.conn = _ws_connect(url, **kw)
+        if hasattr(self.conn, "pending_legacy_warning"):
+            self.conn.pending_legacy_warning = False   # websockets >= 16 warns about direct use
         self.log: list[dict] = []
         self._ref = 0
 

@@ -148,7 +148,8 @@ def test_retarget_away_while_offline_is_a_hidden_delete_in_catchup(gateway, user
 
 
 def test_tag_change_emits_nothing_and_next_catchup_is_reset(gateway, user):
-    watcher, _, _ = gateway.connect(user, "watcher")
+    # the watcher, another device of the user, sees everything published here
+    watcher, _, _ = gateway.connect(user, "watcher", tags=["lang:it", "lang:en"])
     with watcher:
         gateway.publish(user, "it", targetTags="lang:it")
         watcher.expect_changes(1); watcher.drain(0.2)
