@@ -99,8 +99,10 @@ final class HTTPConnection {
                 closeAfterResponse = true
                 return answer(.error(HeraldError(.tooLarge, "request body larger than \(loop.gateway.config.limits.maxBodyBytes) bytes")))
             }
-            expectsBody = n > 0
-            if n > 0 { request?.body.reserveCapacity(n) }
+            // lws 4.1.6 ends a body with BODY_COMPLETION when it has bytes, and
+            // for POST also when it is empty; other empty bodies get no call.
+            expectsBody = n > 0 || method == "POST"
+            request?.body.reserveCapacity(n)
         } else {
             expectsBody = false
         }

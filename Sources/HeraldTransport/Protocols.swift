@@ -88,8 +88,9 @@ func heraldCallback(wsi: OpaquePointer?, reason: lws_callback_reasons, user: Uns
         return conn.begin(path: path)
 
     case LWS_CALLBACK_HTTP_BODY:
-        guard let conn = attached(user, HTTPConnection.self), let input else { return -1 }
-        return conn.body(UnsafeRawBufferPointer(start: input, count: len))
+        // An empty body (Content-Length: 0) arrives as one call with no bytes.
+        guard let conn = attached(user, HTTPConnection.self) else { return -1 }
+        return conn.body(UnsafeRawBufferPointer(start: input, count: input == nil ? 0 : len))
 
     case LWS_CALLBACK_HTTP_BODY_COMPLETION:
         return attached(user, HTTPConnection.self)?.bodyComplete() ?? -1

@@ -12,7 +12,7 @@ public final class Server: @unchecked Sendable {
     public init(gateway: Gateway, host: String, port: Int, threads: Int) {
         self.gateway = gateway
         self.port = port
-        lws_set_log_level(LLL_ERR | LLL_WARN, nil)
+        lws_set_log_level(ProcessInfo.processInfo.environment["HERALD_LWS_LOG"].flatMap { Int32($0) } ?? (LLL_ERR | LLL_WARN), nil)
         loops = (0..<max(1, threads)).map { ServiceLoop(index: $0, host: host, port: port, gateway: gateway) }
     }
 

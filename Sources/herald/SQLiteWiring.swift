@@ -1,7 +1,13 @@
 import HeraldCore
 import HeraldStores
 
-/// Until the SQLite store lands, `sqlite:` falls back to refusing clearly.
 func openSQLite(path: String, durability: String?) throws(UsageError) -> NotificationStore {
-    throw UsageError("--store sqlite:\(path): the SQLite store is not available in this build yet; use --store memory")
+    var mode = SQLiteStore.Durability.full
+    if let d = durability {
+        guard let m = SQLiteStore.Durability(rawValue: d) else { throw UsageError("--durability must be full, normal or off") }
+        mode = m
+    }
+    do { return try SQLiteStore(path: path, durability: mode) } catch {
+        throw UsageError("--store sqlite:\(path): \(error.description)")
+    }
 }
