@@ -74,6 +74,7 @@ struct ConfigFile {
                 guard let app = e.objectValue, let id = app["id"]?.stringValue, let key = app["serverKey"]?.stringValue,
                       let secret = app["tokenSecret"]?.stringValue, app.count == 3
                 else { throw UsageError("config file \(path): apps[\(i)] needs exactly id, serverKey and tokenSecret strings") }
+                guard !apps.contains(where: { $0.id == id }) else { throw UsageError("config file \(path): app '\(id)' appears twice") }
                 apps.append(try Self.app(id: id, key: key, secret: secret))
             }
         }
