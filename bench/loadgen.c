@@ -437,7 +437,7 @@ enum {
     /* R_REPORT */
     A_UNIQUE = 0, A_DUP, A_MISROUTED, A_BADNUM, A_FIRST_RECV, A_LAST_RECV, A_DROPPED, A_FRAMES,
     /* R_PUBDONE */
-    A_OK = 0, A_ERR, A_UNSENT, A_T_FIRST_SEND, A_T_LAST_SEND, A_T_LAST_RESP, A_STALLS,
+    A_OK = 0, A_ERR, A_UNSENT, A_T_FIRST_SEND, A_T_LAST_SEND, A_T_LAST_RESP, A_STALLS, A_RETRIES,
     /* R_DISMISS */
     A_D_USERS = 0, A_D_SENT, A_D_COMPLETE, A_D_RECEIVED, A_D_EXPECTED, A_D_NOID,
 };
@@ -1170,8 +1170,8 @@ static void sub_worker(int wid, long u0, long u1, int cmd_fd, int res_fd, int64_
 
 typedef struct {
     int fd;
-    int busy, want_out;
-    buf_t r, w;
+    int busy, want_out, in_idle, retried;
+    buf_t r, w, req; /* req: copy of the request in flight, for one retry */
     size_t woff;
 } pconn_t;
 
@@ -1181,7 +1181,7 @@ static struct {
     int nc;
     int *idle;
     int nidle;
-    uint64_t ok, err, stalls;
+    uint64_t ok, err, stalls, retries;
     char errs[240];
 } P;
 
@@ -1193,6 +1193,7 @@ static void p_note(const char *fmt, ...) {
     va_end(ap);
 }
 
+static void p_flush(pconn_t *c);
 static int p_connect(pconn_t *c) {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) return -1;
@@ -1216,15 +1217,46 @@ static int p_connect(pconn_t *c) {
     return 0;
 }
 
+/* each connection is on the idle stack at most once */
+static void p_push_idle(pconn_t *c) {
+    if (c->in_idle || c->fd < 0) return;
+    c->in_idle = 1;
+    P.idle[P.nidle++] = (int)(c - P.c);
+}
+static pconn_t *p_pop_idle(void) {
+    while (P.nidle > 0) {
+        pconn_t *c = &P.c[P.idle[--P.nidle]];
+        c->in_idle = 0;
+        if (c->fd >= 0 && !c->busy) return c;
+    }
+    return NULL;
+}
+
 static void p_reset(pconn_t *c) {
     if (c->fd >= 0) {
         epoll_ctl(P.ep, EPOLL_CTL_DEL, c->fd, NULL);
         close(c->fd);
     }
     c->fd = -1;
+    /* a keep-alive connection the server closed just as a request went out:
+       nothing of the answer arrived, so send the request once more */
+    if (c->busy && !c->retried && c->r.len == 0 && c->req.len) {
+        c->r.len = 0;
+        c->w.len = c->woff = 0;
+        if (p_connect(c) == 0) {
+            c->retried = 1;
+            c->busy = 1;
+            P.retries++;
+            buf_add(&c->w, c->req.p, c->req.len);
+            p_flush(c);
+            return;
+        }
+    }
     if (c->busy) P.err++;
     c->busy = 0;
-    if (p_connect(c) == 0) P.idle[P.nidle++] = (int)(c - P.c);
+    c->r.len = 0;
+    c->w.len = c->woff = 0;
+    if (p_connect(c) == 0) p_push_idle(c);
 }
 
 static void p_flush(pconn_t *c) {
@@ -1264,6 +1296,9 @@ static void p_send(pconn_t *c, int64_t n, uint64_t ts) {
     if (body.len) buf_add(&c->w, body.p, body.len);
     buf_free(&path);
     buf_free(&body);
+    c->req.len = 0;
+    buf_add(&c->req, c->w.p + c->woff, c->w.len - c->woff);
+    c->retried = 0;
     c->busy = 1;
     p_flush(c);
 }
@@ -1315,13 +1350,14 @@ static long p_parse_resp(pconn_t *c, int *status, int *close_after) {
 
 static void p_on_event(pconn_t *c, uint32_t evs, uint64_t *t_last_resp) {
     if (evs & EPOLLOUT) p_flush(c);
+    if (c->fd < 0) return;
     if (!(evs & (EPOLLIN | EPOLLERR | EPOLLHUP))) return;
     for (int i = 0; i < 16; i++) {
         buf_reserve(&c->r, 8192);
         ssize_t n = recv(c->fd, c->r.p + c->r.len, c->r.cap - c->r.len - 1, 0);
         if (n < 0 && (errno == EAGAIN || errno == EINTR)) break;
         if (n <= 0) {
-            if (c->busy) p_note("publish connection closed mid-request");
+            if (c->busy && (c->retried || c->r.len)) p_note("publish connection closed mid-request");
             p_reset(c);
             return;
         }
@@ -1350,7 +1386,7 @@ static void p_on_event(pconn_t *c, uint32_t evs, uint64_t *t_last_resp) {
                 p_reset(c);
                 return;
             }
-            P.idle[P.nidle++] = (int)(c - P.c);
+            p_push_idle(c);
         }
         if ((size_t)n < 8192) break;
     }
@@ -1362,8 +1398,17 @@ static void pub_publish(const cmd_t *m, int res_fd) {
     r->type = R_PUBDONE;
     r->step = m->step;
     r->wid = P.wid;
-    P.ok = P.err = 0;
+    P.ok = P.err = P.retries = 0;
     P.errs[0] = 0;
+    {
+        struct epoll_event ev0[64];
+        uint64_t dummy = 0;
+        for (int g = 0; g < 16; g++) {
+            int n0 = epoll_wait(P.ep, ev0, 64, 0);
+            if (n0 <= 0) break;
+            for (int k = 0; k < n0; k++) p_on_event(&P.c[ev0[k].data.u64], ev0[k].events, &dummy);
+        }
+    }
     uint64_t t0 = m->t0;
     double per = 1e9 / m->rate;
     int64_t i = P.wid;
@@ -1382,7 +1427,8 @@ static void pub_publish(const cmd_t *m, int res_fd) {
         while (i < m->count && P.nidle > 0) {
             uint64_t due = t0 + (uint64_t)((double)i * per);
             if (due > now + 20000) break; /* send up to 20 us early rather than sleep that little */
-            pconn_t *c = &P.c[P.idle[--P.nidle]];
+            pconn_t *c = p_pop_idle();
+            if (!c) break;
             /* hybrid: the actual send time, except for messages that fell due
                while every connection was busy (server back-pressure): those
                keep their intended time, so the queueing counts as latency */
@@ -1428,6 +1474,7 @@ static void pub_publish(const cmd_t *m, int res_fd) {
     r->a[A_T_LAST_SEND] = t_last;
     r->a[A_T_LAST_RESP] = t_last_resp;
     r->a[A_STALLS] = P.stalls;
+    r->a[A_RETRIES] = P.retries;
     snprintf(r->err, sizeof r->err, "%s", P.errs);
     write_full(res_fd, r, sizeof *r);
     free(r);
@@ -1446,7 +1493,7 @@ static void pub_worker(int wid, int nprocs, int cmd_fd, int res_fd) {
     P.idle = xcalloc((size_t)P.nc, sizeof(int));
     for (int k = 0; k < P.nc; k++) {
         P.c[k].fd = -1;
-        if (p_connect(&P.c[k]) == 0) P.idle[P.nidle++] = k;
+        if (p_connect(&P.c[k]) == 0) p_push_idle(&P.c[k]);
     }
     uint64_t hard_end = now_ns() + (uint64_t)(O.max_run * 1e9);
     for (;;) {
@@ -1461,7 +1508,7 @@ static void pub_worker(int wid, int nprocs, int cmd_fd, int res_fd) {
         if (m.type == C_PUBLISH) {
             if (P.nidle == 0) /* all connections lost earlier: retry */
                 for (int k = 0; k < P.nc; k++)
-                    if (P.c[k].fd < 0 && p_connect(&P.c[k]) == 0) P.idle[P.nidle++] = k;
+                    if (P.c[k].fd < 0 && p_connect(&P.c[k]) == 0) p_push_idle(&P.c[k]);
             pub_publish(&m, res_fd);
         }
     }

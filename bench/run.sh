@@ -272,12 +272,27 @@ scenario_saturation() { # name pids args...
     grep -E '^(step|saturation|  stopping)' "$log" | sed "s/^/[$name saturation] /" >&2
 }
 
+SERVER_NOTES=""
+# is every server process still there? (notes it for the results if not)
+server_alive() { # name pids scenario
+    local p
+    for p in ${2//,/ }; do
+        if ! kill -0 "$p" 2>/dev/null; then
+            SERVER_NOTES="$SERVER_NOTES $1 process $p exited during or before the $3 scenario (see bench/out/$1-*.log)."
+            log "$1: process $p is gone after $3"
+            return 1
+        fi
+    done
+}
+
 run_target() { # name pids args...
-    local name=$1
-    shift
-    scenario_idle "$name" "$@"
-    scenario_fanout "$name" "$@"
-    scenario_saturation "$name" "$@"
+    local name=$1 pids=$2
+    scenario_idle "$name" "$pids" "${@:3}"
+    server_alive "$name" "$pids" idle || return 1
+    scenario_fanout "$name" "$pids" "${@:3}"
+    server_alive "$name" "$pids" fan-out || return 1
+    scenario_saturation "$name" "$pids" "${@:3}"
+    server_alive "$name" "$pids" saturation || return 1
 }
 
 # ---------------------------------------------------------------- run
@@ -285,7 +300,7 @@ HAVE_NCHAN=0
 if [ "${SKIP_NCHAN:-0}" != 1 ]; then
     log "=== nginx + Nchan ==="
     start_nchan
-    run_target nchan "$NCHAN_PIDS" "${NCHAN_ARGS[@]}"
+    run_target nchan "$NCHAN_PIDS" "${NCHAN_ARGS[@]}" || true
     stop_nchan
     HAVE_NCHAN=1
 fi
@@ -296,8 +311,7 @@ if prepare_herald; then
     # a fresh server for each scenario group keeps RSS baselines clean
     if start_herald; then
         HAVE_HERALD=1
-        run_target herald "$HERALD_PID" "${HERALD_ARGS[@]}"
-        if [ "$HERALD_EXTRA" = 1 ]; then
+        if run_target herald "$HERALD_PID" "${HERALD_ARGS[@]}" && [ "$HERALD_EXTRA" = 1 ]; then
             "${HERALD_ARGS[@]}" --mode dismiss --users "$FANOUT_USERS" --devices "$FANOUT_DEVICES" --rate 2000 \
                 --user-prefix "d${RUN_ID}u" > "$OUT/herald-dismiss.log" 2>&1 || true
             grep -v '^RESULT' "$OUT/herald-dismiss.log" | sed 's/^/[herald dismiss] /' >&2
@@ -338,6 +352,7 @@ row() { # label herald nchan [better]
     echo "Load generator and servers share the same cores over loopback; background CPU use before the run: ${BG_BUSY}%."
     if [ "$HAVE_HERALD" = 0 ]; then echo; echo "**Herald not benchmarked:** ${HERALD_WHY:-unavailable}."; fi
     if [ "$HAVE_NCHAN" = 0 ]; then echo; echo "**Nchan not benchmarked** (SKIP_NCHAN=1)."; fi
+    if [ -n "$SERVER_NOTES" ]; then echo; echo "**Server lost:**$SERVER_NOTES"; fi
     echo
     echo "| metric | Herald | Nchan | Herald/Nchan |"
     echo "|---|---|---|---|"
