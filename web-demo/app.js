@@ -151,7 +151,10 @@ class DevicePanel {
     client.on('status', (status, transport) => this.renderStatus(status, transport));
     client.on('notifications', (list) => this.renderList(list));
     client.on('unread', (n) => this.renderUnread(n));
-    client.on('error', (e) => this.setError(e.message || String(e)));
+    client.on('error', (e) => {
+      // While the gateway is unreachable the status already says 'reconnecting'.
+      if (e.code !== 'token_unavailable' && e.code !== 'network') this.setError(e.message || String(e));
+    });
     this.client = client;
     this.renderStatus('connecting', this.spec.transport);
     this.renderUnread(0);

@@ -134,11 +134,11 @@ export class HeraldClient {
     this._attempt = 0;            // backoff exponent
     this._forceToken = false;
     this._liveSince = 0;
-    this._everLive = false;
     this._timers = new Set();
     this._queue = Promise.resolve();
     this._cacheShown = false;
     this._attempted = false;
+    this._workedOn = new Set(); // transports that reached 'live' in this client
     this._quiet = false;
     this._ws = null;
     this._wsLive = false;
@@ -446,6 +446,9 @@ export class HeraldClient {
         if (!this._tokenPromise) {
           this._tokenPromise = Promise.resolve()
             .then(() => this._getTokenFn())
+            .catch((e) => {
+              throw e instanceof HeraldError ? e : new HeraldError('token_unavailable', `getToken() failed: ${e?.message || e}`);
+            })
             .then((t) => {
               const tok = typeof t === 'string' ? t : t?.token;
               if (!tok) throw new HeraldError('unauthorized', 'getToken() returned no token');
@@ -561,7 +564,7 @@ export class HeraldClient {
       this._forceToken = false;
     } catch (e) {
       if (gen !== this._gen) return;
-      this._emit('error', e instanceof HeraldError ? e : new HeraldError('unauthorized', String(e?.message || e)));
+      this._emit('error', e instanceof HeraldError ? e : new HeraldError('token_unavailable', String(e?.message || e)));
       this._down(gen, { noFallback: true });
       return;
     }
@@ -582,7 +585,7 @@ export class HeraldClient {
     if (this._ladder[this._ladderIdx] === 'websocket') this._probeCount = 0;
     this._failures = 0;
     this._liveSince = Date.now();
-    this._everLive = true;
+    this._workedOn.add(this._ladder[this._ladderIdx]);
     this._setStatus('live', this._ladder[this._ladderIdx]);
     this._emitUnreadIfLocal();
     if (this.transportPreference === 'auto' && this._ladderIdx > 0) this._scheduleProbe(gen);
@@ -613,7 +616,10 @@ export class HeraldClient {
     } else if (!info.authFailed && !info.noFallback) {
       this._failures++;
       if (this._failures % FALLBACK_AFTER === 0 && this._getTokenFn) this._forceToken = true;
-      if (this._failures >= FALLBACK_AFTER && this._ladderIdx < this._ladder.length - 1) {
+      // Fall back only from a transport that never worked here: once it has, failures are outages.
+      const current = this._ladder[this._ladderIdx];
+      if (this._failures >= FALLBACK_AFTER && this._ladderIdx < this._ladder.length - 1 &&
+          !this._workedOn.has(current)) {
         this._ladderIdx++;
         this._failures = 0;
         this._setStatus('reconnecting', this._ladder[this._ladderIdx]);

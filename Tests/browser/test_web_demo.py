@@ -74,6 +74,9 @@ def gateway(browser_paths, tmp_path_factory):
     proc = subprocess.Popen(
         [str(binary), "serve", "--host", "127.0.0.1", "--port", "0", "--store", "memory", "--demo"],
         stdout=subprocess.PIPE, stderr=log, cwd=REPO_ROOT, text=True, bufsize=1,
+        # Its own session: signals meant for the test's process group do not stop it
+        # mid-test; teardown stops it by pid.
+        start_new_session=True,
     )
     lines: queue.Queue[str | None] = queue.Queue()
 
