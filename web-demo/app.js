@@ -125,7 +125,7 @@ class DevicePanel {
     this.node = node;
     this.list = $('.notifications', node);
     this.items = new Map(); // id -> li
-    this.firstRender = true;
+    this.fresh = new Set(); // ids just published: animated when they appear
     this.client = null;
 
     this.list.addEventListener('click', (ev) => this.onAction(ev));
@@ -135,7 +135,7 @@ class DevicePanel {
   connect(userId) {
     this.disconnect();
     this.userId = userId;
-    this.firstRender = true;
+    this.fresh.clear();
     this.list.replaceChildren();
     this.items.clear();
     this.setError(null);
@@ -151,6 +151,9 @@ class DevicePanel {
     client.on('status', (status, transport) => this.renderStatus(status, transport));
     client.on('notifications', (list) => this.renderList(list));
     client.on('unread', (n) => this.renderUnread(n));
+    client.on('change', (c) => {
+      if (c.op === 'upsert' && c.notification.version === 1) this.fresh.add(c.notification.id);
+    });
     client.on('error', (e) => {
       // While the gateway is unreachable the status already says 'reconnecting'.
       if (e.code !== 'token_unavailable' && e.code !== 'network') this.setError(e.message || String(e));
@@ -216,7 +219,7 @@ class DevicePanel {
       let li = this.items.get(n.id);
       if (!li) {
         li = el('li', { 'data-testid': 'notification', 'data-id': n.id });
-        if (!this.firstRender) {
+        if (this.fresh.delete(n.id)) {
           li.classList.add('arrive');
           li.addEventListener('animationend', () => li.classList.remove('arrive'), { once: true });
         }
@@ -232,7 +235,7 @@ class DevicePanel {
       if (!seen.has(id)) { li.remove(); this.items.delete(id); }
     }
     $('.empty', this.node).hidden = list.length > 0;
-    this.firstRender = false;
+    this.fresh.clear();
   }
 
   fillItem(li, n) {
@@ -373,6 +376,7 @@ function main() {
     if (user === connectedUser) return;
     connectedUser = user;
     $('#publish-user').textContent = user;
+    $('#publish-result').textContent = '';
     try { sessionStorage.setItem('herald-demo-user', user); } catch { /* ignore */ }
     if (GATEWAY) for (const p of panels) p.connect(user);
   };
