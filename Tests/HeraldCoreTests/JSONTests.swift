@@ -1,0 +1,272 @@
+import XCTest
+@testable import HeraldCore
+
+final class JSONTests: XCTestCase {
+
+    // MARK: round trip
+
+    func testKeyOrderIsKeptThroughParseAndEncode() {
+        let text = #"{"zeta":1,"alpha":2,"mid":{"b":true,"a":false},"list":[3,2,1],"n":null}"#
+        let v = json(text)
+        XCTAssertEqual(v.objectValue?.keys, ["zeta", "alpha", "mid", "list", "n"])
+        XCTAssertEqual(v.objectValue?["mid"]?.objectValue?.keys, ["b", "a"])
+        XCTAssertEqual(v.encodedString, text)
+    }
+
+    func testNumberLiteralsRoundTripExactly() {
+        for lit in ["0", "-0", "1", "-1", "0.5", "-0.50", "1.0", "1e10", "1E10", "1e+10", "1e-10", "1.25E-7",
+                    "12345678901234567890123", "1e400", "-9223372036854775808", "9223372036854775807",
+                    "3.141592653589793238462643383279"] {
+            XCTAssertEqual(json(lit), .number(lit), lit)
+            XCTAssertEqual(json("[\(lit)]").encodedString, "[\(lit)]", lit)
+            XCTAssertEqual(json(#"{"n":\#(lit)}"#).encodedString, #"{"n":\#(lit)}"#, lit)
+        }
+    }
+
+    func testWhitespaceAroundValuesIsAllowedAndDropped() {
+        let v = json(" \t\r\n{ \"a\" : [ 1 , 2 ] , \"b\" : \"x\" } \n")
+        XCTAssertEqual(v.encodedString, #"{"a":[1,2],"b":"x"}"#)
+    }
+
+    func testInt64Value() {
+        XCTAssertEqual(json("42").int64Value, 42)
+        XCTAssertEqual(json("-7").int64Value, -7)
+        XCTAssertEqual(json("9223372036854775807").int64Value, Int64.max)
+        XCTAssertNil(json("9223372036854775808").int64Value)
+        XCTAssertNil(json("1.0").int64Value)
+        XCTAssertNil(json("1e3").int64Value)
+        XCTAssertNil(json(#""5""#).int64Value)
+        XCTAssertNil(json("true").int64Value)
+    }
+
+    func testAccessors() {
+        let v = json(#"{"s":"x","b":true,"a":[1],"o":{},"n":null}"#)
+        let o = v.objectValue!
+        XCTAssertEqual(o["s"]?.stringValue, "x")
+        XCTAssertEqual(o["b"]?.boolValue, true)
+        XCTAssertEqual(o["a"]?.arrayValue, [.number("1")])
+        XCTAssertEqual(o["o"]?.objectValue?.count, 0)
+        XCTAssertEqual(o["n"]?.isNull, true)
+        XCTAssertNil(o["missing"])
+        XCTAssertNil(o["s"]?.boolValue)
+        XCTAssertNil(o["b"]?.stringValue)
+    }
+
+    func testJSONObjectSubscriptSetReplacesInPlaceAndRemoves() {
+        var o: JSONObject = ["a": 1, "b": 2, "c": 3]
+        o["b"] = "x"
+        XCTAssertEqual(o.keys, ["a", "b", "c"])
+        o["a"] = nil
+        XCTAssertEqual(o.keys, ["b", "c"])
+        o["d"] = true
+        XCTAssertEqual(JSON.object(o).encodedString, #"{"b":"x","c":3,"d":true}"#)
+    }
+
+    // MARK: escapes
+
+    func testEscapesDecode() {
+        XCTAssertEqual(json(#""\"\\\/\b\f\n\r\t""#), .string("\"\\/\u{08}\u{0C}\n\r\t"))
+        XCTAssertEqual(json(#""\u0041\u00e9\u00E9\u4e2d""#), .string("Aéé中"))
+        XCTAssertEqual(json(#""\u0000""#), .string("\u{0}"))
+        XCTAssertEqual(json(#""\ud83d\ude00""#), .string("😀"))
+        XCTAssertEqual(json(#""\uD83D\uDE00""#), .string("😀"))
+        XCTAssertEqual(json(#""a\nb""#), .string("a\nb"))
+        XCTAssertEqual(json(#""plain é 中 😀""#), .string("plain é 中 😀"))
+        XCTAssertEqual(json(#""\uFFFF""#), .string("\u{FFFF}"))
+    }
+
+    func testEscapedKeysAreDecoded() {
+        let v = json(#"{"\u0061b":1}"#)
+        XCTAssertEqual(v.objectValue?.keys, ["ab"])
+    }
+
+    func testBadEscapesAreRefused() {
+        for s in [#""\x""#, #""\U0041""#, #""\u12""#, #""\u12G4""#, #""\u""#, #""\'""#, #""\a""#, #""\0""#,
+                  "\"\\", "\"\\u00"] {
+            XCTAssertNotNil(jsonError(s), s)
+        }
+    }
+
+    func testLoneSurrogateEscapesAreRefused() {
+        for s in [#""\ud800""#, #""\udbff""#, #""\udc00""#, #""\udfff""#, #""\ud800\u0041""#, #""\ud800x""#,
+                  #""\ud800\ud800""#, #""\ude00\ud83d""#, #""\ud800\""#, #""a\ud83d""#, #""\ud83d\n""#] {
+            let e = jsonError(s)
+            XCTAssertNotNil(e, s)
+            XCTAssertEqual(e?.invalidUTF8, false, s)
+        }
+    }
+
+    // MARK: strict rejections
+
+    func testTrailingCommasAreRefused() {
+        for s in ["[1,]", #"{"a":1,}"#, "[1,2,,3]", "[,1]", "{,}", #"{"a":1,,"b":2}"#, "[,]"] {
+            XCTAssertNotNil(jsonError(s), s)
+        }
+    }
+
+    func testLeadingZerosAndBadNumbersAreRefused() {
+        for s in ["01", "-01", "00", "[00]", #"{"a":012}"#, "1.", ".5", "+1", "1e", "1e+", "1E-", "-", "--1",
+                  "-a", "1.e5", "0x10", "NaN", "Infinity", "-Infinity", "1_000", "[1 2]", "0.1.2", "1ee5"] {
+            XCTAssertNotNil(jsonError(s), s)
+        }
+    }
+
+    func testBareControlCharactersInStringsAreRefused() {
+        for c in Array(UInt8(0)..<0x20) {
+            XCTAssertNotNil(jsonError([0x22, 0x61, c, 0x62, 0x22]), "byte \(c)")
+            // also after an escape (the slow path)
+            XCTAssertNotNil(jsonError([0x22, 0x5C, 0x6E, c, 0x22]), "byte \(c) after escape")
+            // and in a key
+            XCTAssertNotNil(jsonError(bytes("{\"") + [c] + bytes("\":1}")), "byte \(c) in key")
+        }
+        // DEL is not a control character for JSON.
+        XCTAssertEqual(try JSONParser.parse([0x22, 0x7F, 0x22]), .string("\u{7F}"))
+    }
+
+    func testBadLiteralsAndStructureAreRefused() {
+        for s in ["", " ", "\n", "tru", "nul", "fals", "True", "NULL", "truex", "nulls", "'a'", "{a:1}", "{'a':1}",
+                  #"{"a"}"#, #"{"a" 1}"#, #"{"a":}"#, #"{1:2}"#, "[", "]", "{", "}", "[}", "{]", #"{"a":1]"#,
+                  "[1}", "/* c */ 1", "1 // c", "\u{FEFF}1", "\u{0C}1", "\u{A0}1", "\"abc", "[\"a\" \"b\"]"] {
+            XCTAssertNotNil(jsonError(s), s.debugDescription)
+        }
+    }
+
+    func testTrailingGarbageIsRefused() {
+        for s in ["{} {}", "[] x", "1 2", "true false", "\"a\"\"b\"", "{}}", "[]]", "null,", "{}\u{0}", "0 0"] {
+            XCTAssertNotNil(jsonError(s), s.debugDescription)
+        }
+        XCTAssertNotNil(json("{} \n\t\r"))
+    }
+
+    func testDuplicateKeysAreRefused() {
+        for s in [#"{"a":1,"a":2}"#, #"{"a":1,"b":2,"a":1}"#, #"{"x":{"a":1,"a":1}}"#, #"[{"a":null,"a":null}]"#,
+                  #"{"a":1,"\u0061":2}"#] {
+            XCTAssertNotNil(jsonError(s), s)
+        }
+        // Same key in different objects is fine.
+        XCTAssertNotNil(json(#"{"a":{"a":1},"b":{"a":2}}"#).objectValue)
+    }
+
+    func testNestingLimit() {
+        let limit = JSONParser.defaultMaxDepth
+        XCTAssertNil(jsonError(String(repeating: "[", count: limit) + String(repeating: "]", count: limit)),
+                     "exactly the limit parses")
+        XCTAssertNotNil(jsonError(String(repeating: "[", count: limit + 1) + String(repeating: "]", count: limit + 1)))
+        let objs = String(repeating: #"{"a":"#, count: limit + 1) + "1" + String(repeating: "}", count: limit + 1)
+        XCTAssertNotNil(jsonError(objs))
+        let okObjs = String(repeating: #"{"a":"#, count: limit) + "1" + String(repeating: "}", count: limit)
+        XCTAssertNil(jsonError(okObjs))
+        // Mixed nesting counts too.
+        let mixed = String(repeating: #"[{"a":"#, count: limit / 2 + 1) + "1" + String(repeating: "}]", count: limit / 2 + 1)
+        XCTAssertNotNil(jsonError(mixed))
+        // A custom limit.
+        XCTAssertNil(jsonError(bytes("[[1]]"), maxDepth: 2))
+        XCTAssertNotNil(jsonError(bytes("[[[1]]]"), maxDepth: 2))
+    }
+
+    func testVeryDeepNestingThrowsWithoutCrashing() {
+        for open in ["[", #"{"a":"#, "[{\"k\":"] {
+            let s = String(repeating: open, count: 200_000)
+            XCTAssertNotNil(jsonError(s))
+        }
+    }
+
+    func testEveryStrictPrefixOfAValidDocumentThrows() {
+        let doc = #"{"a":[1,-2.5e+3,0,true,false,null,"x\u00e9\n\"",{}],"b":{"c":"é中😀","d":[]},"e":-0.0E-1}"#
+        let b = bytes(doc)
+        XCTAssertNotNil(json(doc).objectValue)
+        for n in 0..<b.count {
+            XCTAssertNotNil(jsonError(Array(b[0..<n])), "prefix of \(n) bytes parsed")
+        }
+    }
+
+    func testRandomMutationsNeverCrash() {
+        let doc = bytes(#"{"a":[1,-2.5e+3,true,null,"x\u00e9\ud83d\ude00"],"b":{"c":"é"}}"#)
+        var rng = SystemRandomNumberGenerator()
+        let alphabet = bytes("{}[]\",:\\u0123456789eE+-.tfn ") + [0x00, 0x1F, 0x80, 0xC0, 0xED, 0xF4, 0xFF]
+        for _ in 0..<3000 {
+            var m = doc
+            for _ in 0..<Int.random(in: 1...4, using: &rng) {
+                let i = Int.random(in: 0..<m.count, using: &rng)
+                switch Int.random(in: 0..<3, using: &rng) {
+                case 0: m[i] = alphabet.randomElement(using: &rng)!
+                case 1: m.remove(at: i)
+                default: m.insert(alphabet.randomElement(using: &rng)!, at: i)
+                }
+                if m.isEmpty { m = [0x7B] }
+            }
+            if let v = try? JSONParser.parse(m) {
+                // Whatever parses re-encodes to something that parses to the same value.
+                XCTAssertEqual(try? JSONParser.parse(v.encoded), v)
+            }
+        }
+    }
+
+    // MARK: UTF-8
+
+    func testInvalidUTF8IsFlagged() {
+        let bad: [[UInt8]] = [
+            [0x80], [0xBF], [0xC0, 0x80], [0xC1, 0xBF], // lone continuation, overlong 2-byte
+            [0xE0, 0x80, 0x80], [0xE0, 0x9F, 0xBF], // overlong 3-byte
+            [0xF0, 0x80, 0x80, 0x80], [0xF0, 0x8F, 0xBF, 0xBF], // overlong 4-byte
+            [0xED, 0xA0, 0x80], [0xED, 0xBF, 0xBF], [0xED, 0xA0, 0xBD, 0xED, 0xB8, 0x80], // surrogates in UTF-8 (CESU)
+            [0xF4, 0x90, 0x80, 0x80], [0xF5, 0x80, 0x80, 0x80], [0xF8, 0x88, 0x80, 0x80, 0x80], [0xFF], [0xFE],
+            [0xC3], [0xE4, 0xB8], [0xF0, 0x9F, 0x98], // truncated sequences
+            [0xC3, 0x41], [0xE4, 0x41, 0x41], [0xF0, 0x9F, 0x41, 0x80], [0xE4, 0xB8, 0xC0], // bad continuation
+        ]
+        for seq in bad {
+            let doc = [0x22] + seq + [0x22]
+            let e = jsonError(doc)
+            XCTAssertEqual(e?.invalidUTF8, true, "\(seq)")
+            XCTAssertFalse(UTF8Validation.isValid(seq), "\(seq)")
+            // Also outside strings, in a key, and at the very end of the input.
+            XCTAssertEqual(jsonError(bytes(#"{""#) + seq + bytes(#"":1}"#))?.invalidUTF8, true, "\(seq) in key")
+            XCTAssertEqual(jsonError(bytes("[1] ") + seq)?.invalidUTF8, true, "\(seq) after value")
+        }
+    }
+
+    func testValidUTF8Boundaries() {
+        let good: [[UInt8]] = [
+            [0x7F], [0xC2, 0x80], [0xDF, 0xBF], [0xE0, 0xA0, 0x80], [0xED, 0x9F, 0xBF], [0xEE, 0x80, 0x80],
+            [0xEF, 0xBF, 0xBF], [0xF0, 0x90, 0x80, 0x80], [0xF4, 0x8F, 0xBF, 0xBF],
+        ]
+        for seq in good {
+            XCTAssertTrue(UTF8Validation.isValid(seq), "\(seq)")
+            XCTAssertEqual(try JSONParser.parse([0x22] + seq + [0x22]).stringValue.map { Array($0.utf8) }, seq)
+        }
+        XCTAssertTrue(UTF8Validation.isValid([]))
+    }
+
+    func testSyntaxErrorsAreNotFlaggedAsUTF8() {
+        XCTAssertEqual(jsonError("[1,]")?.invalidUTF8, false)
+        XCTAssertEqual(jsonError("")?.invalidUTF8, false)
+    }
+
+    // MARK: encoding
+
+    func testEncoderEscapesQuotesBackslashesAndControlCharacters() {
+        XCTAssertEqual(JSON.string("a\"b\\c").encodedString, #""a\"b\\c""#)
+        XCTAssertEqual(JSON.string("\n\r\t").encodedString, #""\n\r\t""#)
+        XCTAssertEqual(JSON.string("\u{0}\u{1}\u{8}\u{C}\u{1F}").encodedString, #""\u0000\u0001\u0008\u000c\u001f""#)
+        XCTAssertEqual(JSON.string("é/中😀\u{7F}").encodedString, "\"é/中😀\u{7F}\"")
+        // Every control character round-trips and none is emitted raw.
+        let all = String(decoding: Array(UInt8(0)..<0x20), as: UTF8.self) + "\"\\"
+        let enc = JSON.string(all).encoded
+        XCTAssertFalse(enc.dropFirst().dropLast().contains { $0 < 0x20 })
+        XCTAssertEqual(try JSONParser.parse(enc), .string(all))
+    }
+
+    func testEncoderEscapesKeys() {
+        var o = JSONObject()
+        o["a\"\n"] = 1
+        XCTAssertEqual(JSON.object(o).encodedString, #"{"a\"\n":1}"#)
+        XCTAssertEqual(try JSONParser.parse(JSON.object(o).encoded), .object(o))
+    }
+
+    func testEncodeLiteralsAndContainers() {
+        let v: JSON = ["a": [1, true, false, nil, "s", [:], []], "b": .int(Int64(-5))]
+        XCTAssertEqual(v.encodedString, #"{"a":[1,true,false,null,"s",{},[]],"b":-5}"#)
+        XCTAssertEqual(Optional<String>.none.json, .null)
+        XCTAssertEqual(Optional("x").json, .string("x"))
+    }
+}
