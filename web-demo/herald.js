@@ -138,6 +138,7 @@ export class HeraldClient {
     this._queue = Promise.resolve();
     this._cacheShown = false;
     this._attempted = false;
+    this._registered = false;    // platform/tags PUT done (HTTP transports)
     this._workedOn = new Set(); // transports that reached 'live' in this client
     this._quiet = false;
     this._ws = null;
@@ -200,8 +201,17 @@ export class HeraldClient {
     this._setStatus('offline');
   }
 
-  /** Forgets the local state (cursor, epoch, notifications); the next sync is a reset. */
+  /** Forgets the local state (cursor, epoch, notifications) and, if running, resyncs from a reset. */
   clearLocalState() {
+    this._wipe();
+    if (this._running) {
+      this._gen++;
+      this._teardown();
+      this._connect();
+    }
+  }
+
+  _wipe() {
     this._map.clear();
     this._cursor = null;
     this._epoch = null;
@@ -354,6 +364,7 @@ export class HeraldClient {
       this._cursor = null;
       this._epoch = null;
       this._unread = null;
+      this._registered = false;
       this._scope = scope;
       if (hadState) this._emitList();
     }
@@ -575,8 +586,31 @@ export class HeraldClient {
       this._cacheShown = true;
       this._emitList();
     }
-    if (transport === 'websocket') this._openWebSocket(gen, token);
-    else if (transport === 'sse') this._openEventSource(gen, token);
+    if (transport === 'websocket') {
+      this._openWebSocket(gen, token);
+      return;
+    }
+    // Over HTTP the platform and tags are registered with PUT (a hello does it on WebSocket).
+    if (!this._registered && (this.platform || Array.isArray(this.tags))) {
+      const body = {};
+      if (this.platform) body.platform = this.platform;
+      if (Array.isArray(this.tags)) body.tags = this.tags;
+      try {
+        await this._http('PUT', `/v1/me/devices/${encodeURIComponent(this.deviceId)}`, { body });
+        this._registered = true;
+      } catch (e) {
+        if (gen !== this._gen) return;
+        if (e.status >= 400 && e.status < 500 && e.status !== 401 && e.status !== 429) {
+          this._registered = true; // refused registration: say so, but still sync
+          this._emit('error', e);
+        } else {
+          this._down(gen, { authFailed: e.status === 401, retryAfterMs: e.retryAfterMs });
+          return;
+        }
+      }
+      if (gen !== this._gen || !this._running) return;
+    }
+    if (transport === 'sse') this._openEventSource(gen, this._token || token);
     else this._pollLoop(gen);
   }
 
@@ -936,7 +970,7 @@ export class HeraldClient {
           this._down(gen, { fatal: e });
         } else if (e.status === 400) {
           // The gateway refused our cursor or epoch: start over with a reset.
-          this.clearLocalState();
+          this._wipe();
           this._down(gen, { wasLive: live });
         } else {
           this._down(gen, { wasLive: live, authFailed: e.status === 401, retryAfterMs: e.retryAfterMs });

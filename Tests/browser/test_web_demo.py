@@ -149,6 +149,7 @@ def driver(browser_paths):
 
 PANELS = ("phone", "laptop", "watch")
 TRANSPORTS = {"phone": "websocket", "laptop": "sse", "watch": "poll"}
+PLATFORMS = {"phone": "ios", "laptop": "web", "watch": "other"}  # hello on WebSocket, PUT over HTTP
 
 STATE_JS = """
 const out = {};
@@ -253,6 +254,7 @@ def test_three_devices_stay_in_sync(gateway, driver):
         dev = listed.get(device_ids[k])
         assert dev is not None, f"{device_ids[k]} not in the devices listing: {listed}"
         assert dev["connected"] is True and dev["transport"] == TRANSPORTS[k], dev
+        assert dev["platform"] == PLATFORMS[k], dev
 
     # 2. Publish: the notification shows on every device, unread.
     title = "Release 2.4 is out"
