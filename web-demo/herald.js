@@ -150,6 +150,8 @@ export class HeraldClient {
     this._probe = null;
     this._probeCount = 0;
     this._onOnline = () => this._reconnectNow();
+    this._onPageHide = () => this._flush();
+    this._persistTimer = null;
 
     this._loadState();
   }
@@ -184,6 +186,7 @@ export class HeraldClient {
     this._failures = 0;
     this._attempt = 0;
     globalThis.addEventListener?.('online', this._onOnline);
+    globalThis.addEventListener?.('pagehide', this._onPageHide);
     this._connect();
     return this;
   }
@@ -193,11 +196,12 @@ export class HeraldClient {
     if (!this._running) return;
     this._running = false;
     globalThis.removeEventListener?.('online', this._onOnline);
+    globalThis.removeEventListener?.('pagehide', this._onPageHide);
     this._gen++;
     this._teardown();
     for (const t of this._timers) clearTimeout(t);
     this._timers.clear();
-    this._persist();
+    this._flush();
     this._setStatus('offline');
   }
 
@@ -216,6 +220,8 @@ export class HeraldClient {
     this._cursor = null;
     this._epoch = null;
     this._unread = null;
+    clearTimeout(this._persistTimer);
+    this._persistTimer = null;
     try { this._storage?.removeItem(this._storageKey); } catch { /* ignore */ }
     this._emitList();
   }
@@ -336,7 +342,15 @@ export class HeraldClient {
     }
   }
 
+  /** Writes are batched (a burst of changes is one write); pagehide and stop() flush. */
   _persist() {
+    if (this._persistTimer) return;
+    this._persistTimer = setTimeout(() => this._flush(), 200);
+  }
+
+  _flush() {
+    clearTimeout(this._persistTimer);
+    this._persistTimer = null;
     if (!this._storage || !this._scope) return;
     const s = {
       v: STORAGE_VERSION,
@@ -639,6 +653,7 @@ export class HeraldClient {
     if (info.fatal) {
       this._running = false;
       globalThis.removeEventListener?.('online', this._onOnline);
+      globalThis.removeEventListener?.('pagehide', this._onPageHide);
       this._emit('error', info.fatal);
       this._setStatus('offline');
       return;

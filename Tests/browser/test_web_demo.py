@@ -329,3 +329,33 @@ def test_three_devices_stay_in_sync(gateway, driver):
     time.sleep(0.8)  # let the arrival animation finish
     SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
     assert d.save_screenshot(str(SCREENSHOT)), "could not save the screenshot"
+
+
+def test_second_tab_is_another_set_of_devices(gateway, driver):
+    """Device ids are per tab: a second tab adds three devices of the same user
+    and stays in sync with the first."""
+    d = driver
+    user = "tabs-user"
+    d.get(f"{gateway}/?user={user}")
+    first = wait_for(d, "tab 1 live", lambda s: all_live(s) and s)
+    tab1 = d.current_window_handle
+    d.switch_to.new_window("tab")
+    d.get(f"{gateway}/?user={user}")
+    second = wait_for(d, "tab 2 live", lambda s: all_live(s) and s)
+    tab2 = d.current_window_handle
+    ids1 = {first[k]["deviceId"] for k in PANELS}
+    ids2 = {second[k]["deviceId"] for k in PANELS}
+    assert not ids1 & ids2, f"a second tab must use other device ids: {ids1} {ids2}"
+    listed = {x["deviceId"] for x in server_get(gateway, f"/v1/apps/demo/users/{user}/devices")["devices"]}
+    assert ids1 | ids2 <= listed, listed
+
+    publish(d, "Seen in both tabs", "six devices, one notification")
+    state = wait_for(d, "tab 2 has it", lambda s: all(item(s, k, title="Seen in both tabs") for k in PANELS) and s)
+    nid = item(state, "phone", title="Seen in both tabs")["id"]
+    click(d, "watch", nid, "dismiss")
+    d.switch_to.window(tab1)
+    wait_for(d, "tab 1 shows it dismissed", lambda s: all(
+        (it := item(s, k, id=nid)) and it["state"] == "dismissed" for k in PANELS))
+    click(d, "laptop", nid, "delete")
+    d.switch_to.window(tab2)
+    wait_for(d, "tab 2 shows it deleted", lambda s: all(item(s, k, id=nid) is None for k in PANELS))
