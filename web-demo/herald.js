@@ -244,14 +244,23 @@ export class HeraldClient {
     if (opts.markRead) body.readState = 'read';
     const ifVersion = opts.ifVersion ?? fields.ifVersion;
     let result;
+    const overHttp = () => {
+      const headers = ifVersion != null ? { 'If-Match': `"${ifVersion}"` } : {};
+      return this._http('PATCH', `/v1/me/notifications/${encodeURIComponent(id)}`, { body, headers });
+    };
     try {
       if (this._wsUsable()) {
         const frame = { type: 'update', id, ...body };
         if (ifVersion != null) frame.ifVersion = ifVersion;
-        result = await this._wsRequest(frame);
+        try {
+          result = await this._wsRequest(frame);
+        } catch (e) {
+          // Setting a state is idempotent: when the socket died first, say it over HTTP.
+          if (e.code !== 'disconnected' && e.code !== 'timeout') throw e;
+          result = await overHttp();
+        }
       } else {
-        const headers = ifVersion != null ? { 'If-Match': `"${ifVersion}"` } : {};
-        result = await this._http('PATCH', `/v1/me/notifications/${encodeURIComponent(id)}`, { body, headers });
+        result = await overHttp();
       }
     } catch (e) {
       if (e.code === 'not_found') this._applyLocal({ op: 'delete', id }); // gone for this device
@@ -264,11 +273,18 @@ export class HeraldClient {
   /** Deletes a notification for the user (every device). Resolves to { seq }. */
   async remove(id) {
     let result = null;
+    const overHttp = () => this._http('DELETE', `/v1/me/notifications/${encodeURIComponent(id)}`);
     try {
       if (this._wsUsable()) {
-        result = await this._wsRequest({ type: 'delete', id });
+        try {
+          result = await this._wsRequest({ type: 'delete', id });
+        } catch (e) {
+          if (e.code !== 'disconnected' && e.code !== 'timeout') throw e;
+          // The socket died first: the delete may have been done; a 404 now means it was.
+          try { await overHttp(); } catch (e2) { if (e2.code !== 'not_found') throw e2; }
+        }
       } else {
-        await this._http('DELETE', `/v1/me/notifications/${encodeURIComponent(id)}`);
+        await overHttp();
       }
     } catch (e) {
       if (e.code === 'not_found') this._applyLocal({ op: 'delete', id });
@@ -420,7 +436,10 @@ export class HeraldClient {
 
   /** Result of this client's own action: apply at once, the change follows from the feed. */
   _applyLocal(c) {
-    if (c.op === 'delete') this._deleted.add(c.id);
+    if (c.op === 'delete') {
+      this._deleted.add(c.id);
+      if (this._deleted.size > 5000) this._deleted.delete(this._deleted.values().next().value);
+    }
     if (this._applyOne(c)) {
       this._persist();
       this._emitList();
