@@ -1,0 +1,176 @@
+import XCTest
+@testable import HeraldCore
+
+final class ChangeRecordTests: XCTestCase {
+    let unnamed = Viewer.unnamed
+    let phone = Viewer(userId: "alice", device: Device(deviceId: "phone-1", platform: .ios, tags: ["lang:it"], lastSeenAt: T0))
+    let laptop = Viewer(userId: "alice", device: Device(deviceId: "laptop", platform: .web, tags: ["lang:en", "muted"], lastSeenAt: T0))
+    var all: [Viewer] { [unnamed, phone, laptop] }
+
+    func upsert(_ n: Note, before: Note?, seq: Int64 = 10) -> ChangeRecord {
+        ChangeRecord(change: Change(seq: seq, op: .upsert(n)), before: before.map(Presence.init), after: Presence(n), at: T0)
+    }
+
+    func delete(_ n: Note, reason: DeleteReason = .deleted, seq: Int64 = 11) -> ChangeRecord {
+        ChangeRecord(change: Change(seq: seq, op: .delete(id: n.id, appNotificationId: n.appNotificationId, reason: reason)),
+                     before: Presence(n), after: nil, at: T0)
+    }
+
+    func decoded(_ b: [UInt8]?) -> JSON? { b.flatMap { try? JSONParser.parse($0) } }
+
+    // MARK: wire form
+
+    func testChangeJSON() {
+        let n = Note.sample()
+        let up = Change(seq: 42, op: .upsert(n)).json
+        XCTAssertEqual(up.objectValue?.keys, ["seq", "op", "notification"])
+        XCTAssertEqual(up.objectValue?["seq"], .number("42"))
+        XCTAssertEqual(up.objectValue?["op"], "upsert")
+        XCTAssertEqual(up.objectValue?["notification"], n.json)
+        XCTAssertEqual(Change(seq: 43, op: .delete(id: "n_1", appNotificationId: "task-42", reason: .expired)).json.encodedString,
+                       #"{"seq":43,"op":"delete","id":"n_1","appNotificationId":"task-42","reason":"expired"}"#)
+    }
+
+    func testEncodedIsTheChangeJSON() {
+        let r = upsert(Note.sample(), before: nil)
+        XCTAssertEqual(r.encoded, r.change.json.encoded)
+        XCTAssertEqual(r.seq, 10)
+    }
+
+    // MARK: bytes(for:)
+
+    func testCreateForEveryoneReachesEveryone() {
+        let r = upsert(Note.sample(), before: nil)
+        for v in all { XCTAssertEqual(r.bytes(for: v), r.encoded) }
+    }
+
+    func testCreateTargetedReachesOnlyAdmittedViewers() {
+        let r = upsert(Note.sample(tags: "lang:it"), before: nil)
+        XCTAssertEqual(r.bytes(for: unnamed), r.encoded, "an unnamed viewer sees everything")
+        XCTAssertEqual(r.bytes(for: phone), r.encoded)
+        XCTAssertNil(r.bytes(for: laptop))
+        let p = upsert(Note.sample(platforms: [.web, .android]), before: nil)
+        XCTAssertNil(p.bytes(for: phone))
+        XCTAssertEqual(p.bytes(for: laptop), p.encoded)
+    }
+
+    func testUpdateOfAnInvisibleNotificationStaysInvisible() {
+        let old = Note.sample(tags: "lang:it")
+        var new = old; new.readState = .read; new.version = 2
+        let r = upsert(new, before: old)
+        XCTAssertNil(r.bytes(for: laptop))
+        XCTAssertEqual(r.bytes(for: phone), r.encoded)
+        // Retargeted from one target that excludes the laptop to another that does too.
+        let moved = upsert(Note.sample(platforms: [.android], tags: "lang:it", version: 2), before: old)
+        XCTAssertNil(moved.bytes(for: laptop))
+    }
+
+    func testRetargetAwayGivesAHiddenDelete() {
+        let old = Note.sample()
+        let new = Note.sample(tags: "lang:it", version: 2)
+        let r = upsert(new, before: old, seq: 77)
+        XCTAssertEqual(r.bytes(for: phone), r.encoded)
+        XCTAssertEqual(r.bytes(for: unnamed), r.encoded)
+        let hidden = decoded(r.bytes(for: laptop))
+        XCTAssertEqual(hidden?.encodedString,
+                       #"{"seq":77,"op":"delete","id":"\#(old.id)","appNotificationId":"task-42","reason":"hidden"}"#)
+        // Same by platform.
+        let p = upsert(Note.sample(platforms: [.ios], version: 2), before: old, seq: 78)
+        XCTAssertEqual(decoded(p.bytes(for: laptop))?.objectValue?["reason"], "hidden")
+        XCTAssertEqual(decoded(p.bytes(for: laptop))?.objectValue?["seq"], .number("78"))
+        XCTAssertEqual(p.bytes(for: phone), p.encoded)
+    }
+
+    func testRetargetTowardsAViewerGivesTheUpsert() {
+        let r = upsert(Note.sample(version: 2), before: Note.sample(tags: "lang:it"))
+        XCTAssertEqual(r.bytes(for: laptop), r.encoded)
+        XCTAssertEqual(decoded(r.bytes(for: laptop))?.objectValue?["op"], "upsert")
+    }
+
+    func testDeleteReachesThoseWhoCouldSeeIt() {
+        let r = delete(Note.sample(tags: "lang:it"))
+        XCTAssertEqual(r.bytes(for: phone), r.encoded)
+        XCTAssertEqual(r.bytes(for: unnamed), r.encoded)
+        XCTAssertNil(r.bytes(for: laptop))
+        XCTAssertEqual(decoded(r.bytes(for: phone))?.objectValue?["reason"], "deleted")
+        let e = delete(Note.sample(), reason: .expired)
+        for v in all { XCTAssertEqual(decoded(e.bytes(for: v))?.objectValue?["reason"], "expired") }
+    }
+
+    func testBuiltInTagsAreVisibleToExpressions() {
+        let user = upsert(Note.sample(tags: "user:alice"), before: nil)
+        XCTAssertNotNil(user.bytes(for: phone))
+        XCTAssertNotNil(user.bytes(for: laptop))
+        for expr in ["device:phone-1", "platform:ios", "!device:laptop", "platform:ios && lang:it"] {
+            let r = upsert(Note.sample(tags: expr), before: nil)
+            XCTAssertNotNil(r.bytes(for: phone), expr)
+            XCTAssertNil(r.bytes(for: laptop), expr)
+        }
+        XCTAssertNil(upsert(Note.sample(tags: "user:bob"), before: nil).bytes(for: phone))
+    }
+
+    // MARK: unreadDelta(for:)
+
+    func testUnreadDeltaForCreate() {
+        XCTAssertEqual(all.map { upsert(Note.sample(), before: nil).unreadDelta(for: $0) }, [1, 1, 1])
+        XCTAssertEqual(all.map { upsert(Note.sample(tags: "lang:it"), before: nil).unreadDelta(for: $0) }, [1, 1, 0])
+    }
+
+    func testUnreadDeltaForReadAndUnread() {
+        let unread = Note.sample(), read = Note.sample(read: .read, version: 2)
+        XCTAssertEqual(all.map { upsert(read, before: unread).unreadDelta(for: $0) }, [-1, -1, -1])
+        XCTAssertEqual(all.map { upsert(unread, before: read).unreadDelta(for: $0) }, [1, 1, 1])
+        XCTAssertEqual(all.map { upsert(read, before: read).unreadDelta(for: $0) }, [0, 0, 0])
+        var dismissed = unread; dismissed.userActionState = .dismissed
+        XCTAssertEqual(all.map { upsert(dismissed, before: unread).unreadDelta(for: $0) }, [0, 0, 0])
+        let tRead = Note.sample(tags: "lang:it", read: .read, version: 2), tUnread = Note.sample(tags: "lang:it")
+        XCTAssertEqual(all.map { upsert(tRead, before: tUnread).unreadDelta(for: $0) }, [-1, -1, 0])
+    }
+
+    func testUnreadDeltaForRetarget() {
+        let everyone = Note.sample(), itOnly = Note.sample(tags: "lang:it", version: 2)
+        XCTAssertEqual(all.map { upsert(itOnly, before: everyone).unreadDelta(for: $0) }, [0, 0, -1])
+        XCTAssertEqual(all.map { upsert(everyone, before: itOnly).unreadDelta(for: $0) }, [0, 0, 1])
+        // Retargeted away and read at once.
+        let itRead = Note.sample(tags: "lang:it", read: .read, version: 2)
+        XCTAssertEqual(all.map { upsert(itRead, before: everyone).unreadDelta(for: $0) }, [-1, -1, -1])
+        // A read notification moving does not move the count.
+        let readAll = Note.sample(read: .read)
+        XCTAssertEqual(all.map { upsert(itRead, before: readAll).unreadDelta(for: $0) }, [0, 0, 0])
+    }
+
+    func testUnreadDeltaForDelete() {
+        XCTAssertEqual(all.map { delete(Note.sample()).unreadDelta(for: $0) }, [-1, -1, -1])
+        XCTAssertEqual(all.map { delete(Note.sample(read: .read)).unreadDelta(for: $0) }, [0, 0, 0])
+        XCTAssertEqual(all.map { delete(Note.sample(tags: "lang:it")).unreadDelta(for: $0) }, [-1, -1, 0])
+        XCTAssertEqual(all.map { delete(Note.sample(), reason: .expired).unreadDelta(for: $0) }, [-1, -1, -1])
+    }
+
+    // MARK: viewers
+
+    func testViewerEpochCarriesViewGeneration() {
+        XCTAssertEqual(Viewer.unnamed.epoch(store: "E"), "E")
+        XCTAssertEqual(phone.epoch(store: "E"), "E", "generation 0 is the store epoch")
+        let d = Device(deviceId: "phone-1", platform: .ios, tags: [], lastSeenAt: T0, viewGeneration: 2)
+        let v2 = Viewer(userId: "alice", device: d)
+        XCTAssertEqual(v2.epoch(store: "E"), "E.2")
+        var d3 = d; d3.viewGeneration = 3
+        XCTAssertNotEqual(Viewer(userId: "alice", device: d3).epoch(store: "E"), v2.epoch(store: "E"))
+        XCTAssertNotEqual(v2.epoch(store: "F"), v2.epoch(store: "E"))
+    }
+
+    func testViewerTagSetIncludesBuiltIns() {
+        XCTAssertEqual(phone.device?.tagSet, ["user:alice", "platform:ios", "device:phone-1", "lang:it"])
+        XCTAssertEqual(phone.device?.platform, .ios)
+        XCTAssertEqual(phone.device?.deviceId, "phone-1")
+    }
+
+    func testTargetingAdmits() {
+        XCTAssertTrue(Targeting.everyone.admits(phone))
+        XCTAssertTrue(Targeting(platforms: [.ios], tags: nil).admits(phone))
+        XCTAssertFalse(Targeting(platforms: [.web], tags: nil).admits(phone))
+        XCTAssertFalse(Targeting(platforms: [.ios], tags: try! TagExpression.parse("muted")).admits(phone))
+        XCTAssertTrue(Targeting(platforms: [.web], tags: try! TagExpression.parse("muted")).admits(laptop))
+        XCTAssertTrue(Targeting(platforms: [.web], tags: try! TagExpression.parse("nothing")).admits(.unnamed))
+    }
+}

@@ -1,0 +1,117 @@
+import XCTest
+@testable import HeraldCore
+
+final class NotificationModelTests: XCTestCase {
+    func testWireFormKeysAndValues() {
+        var n = Note.sample(platforms: [.web, .ios], tags: "lang:it && !muted", read: .read, version: 2)
+        n.groupName = "tasks"
+        n.displayTimeToLive = 600
+        n.userActionState = .dismissed
+        n.updatedAt = T0 + 300_000
+        let o = n.json.objectValue!
+        XCTAssertEqual(o.keys, ["id", "appNotificationId", "userId", "payload", "priority", "groupName", "displayTimeToLive",
+                                "targetPlatforms", "targetTags", "createdAt", "updatedAt", "expiresAt", "readState",
+                                "userActionState", "version"])
+        XCTAssertEqual(o["priority"], "normal")
+        XCTAssertEqual(o["groupName"], "tasks")
+        XCTAssertEqual(o["displayTimeToLive"], .number("600"))
+        XCTAssertEqual(o["targetPlatforms"], ["web", "ios"])
+        XCTAssertEqual(o["targetTags"], "lang:it && !muted")
+        XCTAssertEqual(o["createdAt"], "2026-11-22T10:00:00.000Z")
+        XCTAssertEqual(o["updatedAt"], "2026-11-22T10:05:00.000Z")
+        XCTAssertEqual(o["expiresAt"], "2026-12-22T10:00:00.000Z")
+        XCTAssertEqual(o["readState"], "read")
+        XCTAssertEqual(o["userActionState"], "dismissed")
+        XCTAssertEqual(o["version"], .number("2"))
+    }
+
+    func testAbsentOptionalsAreNull() {
+        let o = Note.sample().json.objectValue!
+        for k in ["groupName", "displayTimeToLive", "targetPlatforms", "targetTags"] {
+            XCTAssertEqual(o[k], .null, k)
+        }
+        XCTAssertEqual(o["readState"], "unread")
+        XCTAssertEqual(o["userActionState"], "noInteraction")
+        XCTAssertEqual(o["version"], .number("1"))
+    }
+
+    func testJSONRoundTrip() {
+        var n = Note.sample(platforms: [.android], tags: "(a || b) && !c", read: .read, version: 9)
+        n.payload = try! JSONParser.parse(#"{"z":1.0e2,"a":[{"q":"é\n"}],"n":null}"#).objectValue!
+        n.groupName = "g"; n.displayTimeToLive = 0; n.priority = .high; n.userActionState = .snoozed
+        n.createdAt = T0 + 1; n.updatedAt = T0 + 2; n.expiresAt = T0 + 3
+        XCTAssertEqual(Note(json: n.json), n)
+        XCTAssertEqual(Note(json: try! JSONParser.parse(n.json.encoded)), n)
+        XCTAssertEqual(Note(json: Note.sample().json), Note.sample())
+    }
+
+    func testInitFromBadJSONIsNil() {
+        XCTAssertNil(Note(json: "x"))
+        var o = Note.sample().json.objectValue!
+        o["readState"] = "seen"
+        XCTAssertNil(Note(json: .object(o)))
+        o = Note.sample().json.objectValue!
+        o["createdAt"] = "yesterday"
+        XCTAssertNil(Note(json: .object(o)))
+        o = Note.sample().json.objectValue!
+        o["version"] = nil
+        XCTAssertNil(Note(json: .object(o)))
+    }
+}
+
+final class ServerFrameTests: XCTestCase {
+    func parsed(_ b: [UInt8], file: StaticString = #filePath, line: UInt = #line) -> JSONObject {
+        do { return try JSONParser.parse(b).objectValue! } catch {
+            XCTFail("frame is not JSON: \(String(decoding: b, as: UTF8.self))", file: file, line: line)
+            return [:]
+        }
+    }
+
+    func testChangesFrame() {
+        let c1 = Change(seq: 5, op: .upsert(Note.sample())).json.encoded
+        let c2 = Change(seq: 7, op: .delete(id: "n_1", appNotificationId: "a", reason: .hidden)).json.encoded
+        let f = parsed(ServerFrame.changes([c1, c2], cursor: 9))
+        XCTAssertEqual(f.keys.first, "type")
+        XCTAssertEqual(f["type"], "changes")
+        XCTAssertEqual(f["changes"]?.arrayValue?.map { $0.encoded }, [c1, c2])
+        XCTAssertEqual(f["cursor"], .number("9"))
+        XCTAssertEqual(parsed(ServerFrame.changes([], cursor: 0))["changes"], [])
+    }
+
+    func testChangeFrame() {
+        let c = Change(seq: 5, op: .upsert(Note.sample())).json
+        let f = parsed(ServerFrame.change(c.encoded))
+        XCTAssertEqual(f.keys, ["type", "change"])
+        XCTAssertEqual(f["type"], "change")
+        XCTAssertEqual(f["change"], c)
+    }
+
+    func testResetWelcomeAckErrorCountsPongTokenExpiring() {
+        let r = parsed(ServerFrame.reset([Note.sample()], cursor: 3, epoch: "E", final: true))
+        XCTAssertEqual(r.keys.first, "type")
+        XCTAssertEqual(r["type"], "reset")
+        XCTAssertEqual(r["notifications"], [Note.sample().json])
+        XCTAssertEqual(r["cursor"], .number("3"))
+        XCTAssertEqual(r["epoch"], "E")
+        XCTAssertEqual(r["final"], true)
+        XCTAssertEqual(parsed(ServerFrame.reset([], cursor: 0, epoch: "E", final: false))["final"], false)
+
+        let w = parsed(ServerFrame.welcome(cursor: 8, epoch: "E.1", connectionId: "c-1", unread: 4))
+        XCTAssertEqual(w.keys, ["type", "cursor", "epoch", "connectionId", "unread"])
+        XCTAssertEqual(w["type"], "welcome")
+        XCTAssertEqual(w["unread"], .number("4"))
+
+        let a = parsed(ServerFrame.ack(ref: "c1", extra: ["seq": 12]))
+        XCTAssertEqual(JSON.object(a).encodedString, #"{"type":"ack","ref":"c1","seq":12}"#)
+        XCTAssertEqual(parsed(ServerFrame.ack(ref: nil, extra: [:]))["ref"], .null)
+
+        let e = parsed(ServerFrame.error(ref: "c9", HeraldError(.preconditionFailed, "version \"3\" expected")))
+        XCTAssertEqual(JSON.object(e).encodedString,
+                       #"{"type":"error","ref":"c9","code":"precondition_failed","message":"version \"3\" expected"}"#)
+
+        XCTAssertEqual(JSON.object(parsed(ServerFrame.counts(unread: 2))).encodedString, #"{"type":"counts","unread":2}"#)
+        XCTAssertEqual(JSON.object(parsed(ServerFrame.pong(ref: "c5"))).encodedString, #"{"type":"pong","ref":"c5"}"#)
+        XCTAssertEqual(JSON.object(parsed(ServerFrame.tokenExpiring(T0))).encodedString,
+                       #"{"type":"tokenExpiring","expiresAt":"2026-11-22T10:00:00.000Z"}"#)
+    }
+}
