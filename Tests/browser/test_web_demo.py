@@ -10,139 +10,24 @@ saves a screenshot to docs/web-demo.png.
 
 Needs the Debian packages `chromium` and `chromium-driver` (skipped, with the
 reason, when they are missing) and `pip install -r Tests/browser/requirements.txt`.
-The gateway binary is `.build/debug/herald` or $HERALD_BIN.
+The gateway binary is `.build/debug/herald` or $HERALD_BIN. Run:
+`python3 -m pytest Tests/browser`.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import queue
-import re
-import shutil
-import signal
-import subprocess
-import threading
 import time
 import urllib.request
 from pathlib import Path
 
-import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOT = REPO_ROOT / "docs" / "web-demo.png"
-LISTEN_RE = re.compile(r"^listening on (http://[^\s:]+:\d+)\s*$")
 SERVER_KEY = "demo-server-key"
 WAIT = 15.0  # seconds for anything the page should show
 
-
-# ---------------------------------------------------------------- environment
-
-def _find(names: list[str], env: str) -> str | None:
-    if os.environ.get(env):
-        return os.environ[env]
-    for n in names:
-        p = shutil.which(n)
-        if p:
-            return p
-    return None
-
-
-@pytest.fixture(scope="module")
-def browser_paths() -> tuple[str, str]:
-    chrome = _find(["chromium", "chromium-browser", "google-chrome", "google-chrome-stable"], "CHROME_BIN")
-    driver = _find(["chromedriver"], "CHROMEDRIVER")
-    if not chrome or not driver:
-        pytest.skip("Chromium is not installed (need `chromium` and `chromedriver`: "
-                    "apt-get install -y chromium chromium-driver)")
-    return chrome, driver
-
-
-def herald_binary() -> Path:
-    p = Path(os.environ.get("HERALD_BIN", ".build/debug/herald"))
-    return p if p.is_absolute() else REPO_ROOT / p
-
-
-@pytest.fixture(scope="module")
-def gateway(browser_paths, tmp_path_factory):
-    """A real gateway in demo mode; yields its base URL; SIGTERM at teardown."""
-    binary = herald_binary()
-    if not binary.exists():
-        pytest.fail(f"herald binary not found at {binary}: build it (swift build) or set HERALD_BIN", pytrace=False)
-    log_path = tmp_path_factory.mktemp("herald") / "stderr.log"
-    log = open(log_path, "wb")
-    proc = subprocess.Popen(
-        [str(binary), "serve", "--host", "127.0.0.1", "--port", "0", "--store", "memory", "--demo"],
-        stdout=subprocess.PIPE, stderr=log, cwd=REPO_ROOT, text=True, bufsize=1,
-        # Its own session: signals meant for the test's process group do not stop it
-        # mid-test; teardown stops it by pid.
-        start_new_session=True,
-    )
-    lines: queue.Queue[str | None] = queue.Queue()
-
-    def pump() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.put(line)
-        lines.put(None)
-
-    threading.Thread(target=pump, daemon=True).start()
-    url = None
-    deadline = time.monotonic() + 60
-    while url is None and time.monotonic() < deadline:
-        try:
-            line = lines.get(timeout=0.5)
-        except queue.Empty:
-            continue
-        if line is None:
-            break
-        m = LISTEN_RE.match(line)
-        if m:
-            url = m.group(1)
-    if url is None:
-        proc.kill()
-        proc.wait()
-        log.close()
-        pytest.fail(f"gateway did not print `listening on http://HOST:PORT`; stderr:\n"
-                    f"{log_path.read_text(errors='replace')[-3000:]}", pytrace=False)
-    yield url
-    proc.send_signal(signal.SIGTERM)
-    try:
-        rc = proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        rc = None
-    log.close()
-    assert rc == 0, (f"gateway exited {rc} after SIGTERM (SPEC 6: 0 within 10 s); stderr:\n"
-                     f"{log_path.read_text(errors='replace')[-3000:]}")
-
-
-@pytest.fixture
-def driver(browser_paths):
-    try:
-        from selenium import webdriver
-        from selenium.webdriver.chrome.service import Service
-    except ImportError:
-        pytest.fail("selenium is not installed: pip install -r Tests/browser/requirements.txt", pytrace=False)
-    chrome, chromedriver = browser_paths
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = chrome
-    for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-              "--window-size=1400,1000", "--force-device-scale-factor=1", "--lang=en-US"):
-        opts.add_argument(a)
-    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    d = webdriver.Chrome(service=Service(chromedriver), options=opts)
-    yield d
-    try:
-        logs = d.get_log("browser")
-    except Exception:  # noqa: BLE001 - logs are a diagnostic only
-        logs = []
-    for entry in logs:
-        print("browser:", entry.get("level"), entry.get("message"))
-    d.quit()
-    uncaught = [e["message"] for e in logs if "Uncaught" in e.get("message", "")]
-    assert not uncaught, f"uncaught JavaScript errors in the page: {uncaught}"
+# Fixtures (gateway, driver, and the skip when Chromium is missing) are in conftest.py.
 
 
 # ---------------------------------------------------------------- page helpers
