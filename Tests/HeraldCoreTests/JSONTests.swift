@@ -1,4 +1,5 @@
 import XCTest
+import Dispatch
 @testable import HeraldCore
 
 final class JSONTests: XCTestCase {
@@ -200,6 +201,25 @@ final class JSONTests: XCTestCase {
                 XCTAssertEqual(try? JSONParser.parse(v.encoded), v)
             }
         }
+    }
+
+    /// A payload may be any object up to 64 KiB encoded, and bodies up to the
+    /// gateway's body limit are parsed before any field is looked at, so
+    /// parsing must stay roughly linear in the number of keys: a wide object
+    /// must not cost a quadratic duplicate-key scan.
+    func testWideObjectParsesInLinearTime() {
+        var s = "{"
+        var k = 0
+        while s.utf8.count < 64 * 1024 - 16 { if k > 0 { s += "," }; s += "\"\(k)\":0"; k += 1 }
+        s += "}"
+        let b = bytes(s)
+        let start = DispatchTime.now().uptimeNanoseconds
+        let v = try? JSONParser.parse(b)
+        let seconds = Double(DispatchTime.now().uptimeNanoseconds - start) / 1e9
+        XCTAssertEqual(v?.objectValue?.count, k)
+        XCTAssertLessThan(seconds, 0.5, "parsing a 64 KiB object of \(k) keys took \(seconds) s")
+        // Duplicates are still caught at the far end of a wide object.
+        XCTAssertNotNil(jsonError(String(s.dropLast()) + #","0":1}"#))
     }
 
     // MARK: UTF-8

@@ -1,4 +1,5 @@
 import XCTest
+import Foundation
 @testable import HeraldCore
 
 final class TagExpressionTests: XCTestCase {
@@ -67,6 +68,16 @@ final class TagExpressionTests: XCTestCase {
             + (7..<14).map { "t\($0)" }.joined(separator: " || ") + ") && " + (14..<21).map { "t\($0)" }.joined(separator: "&&")
         XCTAssertTrue(refused(mixed))
         XCTAssertEqual(TagExpression.maxTags, 20)
+    }
+
+    func testLargestLegitimateExpressionParses() {
+        // 20 tags of the maximum 160 characters, negated and parenthesised.
+        let tags = (0..<20).map { String(format: "%03d", $0) + String(repeating: "t", count: 157) }
+        let text = "(" + tags.map { "!" + $0 }.joined(separator: " && ") + ") || " + "x"
+        XCTAssertTrue(refused(text), "21 tags")
+        let ok = "(" + tags.prefix(10).map { "!" + $0 }.joined(separator: " && ") + ") || ("
+            + tags.suffix(10).joined(separator: " || ") + ")"
+        XCTAssertEqual(parse(ok)?.source, ok)
     }
 
     func testDeepNestingIsRefusedWithoutCrashing() {
