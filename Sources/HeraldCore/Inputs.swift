@@ -105,12 +105,14 @@ public struct BulkSend: Sendable {
         case (.some, .some): throw .badRequest("give userIds or tagExpression, not both")
         case (nil, nil): throw .badRequest("userIds or tagExpression is required")
         case (.some(let arr), nil):
-            guard (1...Limits.maxBulkUsers).contains(arr.count) else { throw .badRequest("userIds must hold 1 to 1000 ids") }
             var seen = Set<String>(), users: [String] = []
             for v in arr {
                 guard let s = v.stringValue, Identifiers.isUserId(s) else { throw .badRequest("userIds holds a bad user id") }
                 if seen.insert(s).inserted { users.append(s) }
+                // Duplicates count once; stop early on a huge array.
+                guard users.count <= Limits.maxBulkUsers else { break }
             }
+            guard (1...Limits.maxBulkUsers).contains(users.count) else { throw .badRequest("userIds must hold 1 to 1000 distinct ids") }
             audience = .users(users)
         case (nil, .some(let e)):
             audience = .tags(try NotificationDraft.expression(e, field: "tagExpression"))
@@ -185,7 +187,6 @@ public struct DeviceRegistration: Sendable, Equatable {
     init(reading f: inout Fields) throws(HeraldError) {
         platform = try f.enumValue("platform", Platform.self)
         if let arr = try f.array("tags") {
-            guard arr.count <= Limits.maxDeviceTags else { throw .badRequest("a device has at most 60 tags") }
             var out: [String] = []
             for v in arr {
                 guard let t = v.stringValue, Identifiers.isTag(t) else {
@@ -195,6 +196,7 @@ public struct DeviceRegistration: Sendable, Equatable {
                     throw .badRequest("tags starting with user:, platform: or device: are built in")
                 }
                 if !out.contains(t) { out.append(t) }
+                guard out.count <= Limits.maxDeviceTags else { throw .badRequest("a device has at most 60 tags") }
             }
             tags = out
         }
@@ -211,7 +213,8 @@ public struct DeviceRegistration: Sendable, Equatable {
         var out = d ?? Device(deviceId: deviceId, lastSeenAt: now)
         if let platform { out.platform = platform }
         if let tags { out.tags = tags }
-        if let d, d.platform != out.platform || d.tags != out.tags { out.viewGeneration += 1 }
+        // Tag order carries no meaning: only a different set changes what the device sees.
+        if let d, d.platform != out.platform || Set(d.tags) != Set(out.tags) { out.viewGeneration += 1 }
         out.lastSeenAt = now
         return out
     }

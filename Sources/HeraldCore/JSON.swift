@@ -46,6 +46,12 @@ public struct JSONObject: Sendable, Equatable {
     }
 
     public var pairs: Zip2Sequence<[String], [JSON]> { zip(keys, values) }
+
+    /// Appends a key known to be new (the parser checks with a set).
+    mutating func appendNew(_ key: String, _ value: JSON) {
+        keys.append(key)
+        values.append(value)
+    }
 }
 
 public struct JSONError: Error, Equatable, Sendable, CustomStringConvertible {
@@ -129,6 +135,8 @@ public enum JSONParser {
             guard depth <= maxDepth else { throw fail("nested deeper than \(maxDepth)") }
             i += 1
             var obj = JSONObject()
+            // A set, not JSONObject's linear lookup: wide objects must parse in linear time.
+            var seen = Set<String>()
             skipSpace()
             if i < buf.count, buf[i] == UInt8(ascii: "}") { i += 1; return .object(obj) }
             while true {
@@ -140,8 +148,8 @@ public enum JSONParser {
                 i += 1
                 skipSpace()
                 let v = try value(depth: depth)
-                guard obj[key] == nil else { throw fail("duplicate key \"\(key)\"") }
-                obj[key] = v
+                guard seen.insert(key).inserted else { throw fail("duplicate key \"\(key.prefix(64))\"") }
+                obj.appendNew(key, v)
                 skipSpace()
                 guard i < buf.count else { throw fail("unterminated object") }
                 if buf[i] == UInt8(ascii: ",") { i += 1; continue }

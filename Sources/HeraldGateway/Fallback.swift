@@ -79,7 +79,7 @@ extension Gateway {
     }
 
     private func openEventStream(_ d: DeviceContext, _ position: FeedPosition, shard: Shard, responder: HTTPResponder) {
-        let user = d.user, device = d.deviceId
+        let user = d.user, device = d.deviceId, expiresAt = d.claims.expiresAt * 1000
         engine.submit({ e in
             let now = WallClock.now()
             let v = try e.viewer(user, deviceId: device, now: now)
@@ -88,25 +88,25 @@ extension Gateway {
             switch try e.catchUp(user, viewer: v, from: position) {
             case .changes(let list, let head):
                 first = list.flatMap { EventStream.event(id: $0.seq, name: "change", data: $0.bytes) }
-                e.afterCommit { self.startStream(e, user, device, v, head, first, shard, responder, now) }
+                e.afterCommit { self.startStream(e, user, device, v, head, first, shard, responder, now, expiresAt) }
             case .reset(let all, let head):
                 let page = Array(all.prefix(500))
                 let next = all.count > page.count ? page.last.map { PageToken.encode(HistoryKey($0)) } : nil
                 let body = SyncBody.reset(page, next: next, cursor: head, epoch: epoch).encoded
                 first = EventStream.event(id: head, name: "reset", data: body)
-                e.afterCommit { self.startStream(e, user, device, v, head, first, shard, responder, now) }
+                e.afterCommit { self.startStream(e, user, device, v, head, first, shard, responder, now, expiresAt) }
             }
         }, failed: { err in shard.post { responder.respond(.error(err)) } })
     }
 
     /// Engine thread, after commit: follow the user, then hand the stream to its shard.
     private func startStream(_ e: Engine, _ user: UserKey, _ device: String?, _ v: Viewer, _ head: Int64, _ first: [UInt8],
-                             _ shard: Shard, _ responder: HTTPResponder, _ now: Millis) {
+                             _ shard: Shard, _ responder: HTTPResponder, _ now: Millis, _ expiresAt: Millis) {
         e.follow(user, shard: shard.index)
         e.connectionOpened(user, deviceId: device, transport: .sse, now: now)
         shard.post {
             EventStream(gateway: self, shard: shard, user: user, deviceId: device, viewer: v, cursor: head,
-                        responder: responder).start(first)
+                        responder: responder).start(first, tokenExpiresAt: expiresAt)
         }
     }
 
@@ -222,13 +222,19 @@ final class EventStream: FeedFollower {
         Array("id: \(id)\nevent: \(name)\ndata: ".utf8) + data + [0x0A, 0x0A]
     }
 
-    func start(_ first: [UInt8]) {
+    /// The stream ends when its token expires; EventSource then reconnects,
+    /// with a fresh token in its URL.
+    func start(_ first: [UInt8], tokenExpiresAt: Millis) {
         shard.add(self)
+        shard.schedule(at: tokenExpiresAt) { [weak self] in
+            guard let self, !self.done else { return }
+            self.gateway.metrics.dropped(.authExpired)
+            self.finish()
+        }
         gateway.metrics.connectionOpened(.sse)
         responder.onClose { [weak self] in self?.end() }
         responder.startStream(contentType: "text/event-stream", headers: [("Cache-Control", "no-cache"), ("X-Accel-Buffering", "no")])
-        // Tell EventSource how soon to reconnect, then the catch-up.
-        responder.send(Array("retry: 2000\n\n".utf8) + first)
+        responder.send(first)
         keepAlive()
     }
 

@@ -134,7 +134,7 @@ extension Engine {
         if let registration { device = registration.applied(to: existing, deviceId: deviceId, now: now) }
         if existing == nil || existing != device {
             try store.saveDevice(user, device)
-            if let existing, existing.platform != device.platform || existing.tags != device.tags {
+            if let existing, existing.viewGeneration != device.viewGeneration {
                 let v = Viewer(userId: user.user, device: device)
                 afterCommit { [shards] in for s in shards { s.post { s.viewerChanged(user, deviceId: deviceId, viewer: v) } } }
             }
