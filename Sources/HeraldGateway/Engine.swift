@@ -173,12 +173,13 @@ public final class Engine: @unchecked Sendable {
         let list = effects
         effects.removeAll(keepingCapacity: true)
         var pending: [(UserKey, [ChangeRecord])] = []
+        let committed = DispatchTime.now().uptimeNanoseconds
         func flush() {
             for (user, records) in pending {
                 guard let shardCounts = following[user] else { continue }
                 for (i, _) in shardCounts {
                     let shard = shards[i]
-                    shard.post { shard.deliver(user, records) }
+                    shard.post { shard.deliver(user, records, committedAt: committed) }
                 }
             }
             pending.removeAll()

@@ -35,7 +35,7 @@ public final class Metrics: Sendable {
         s += "herald_publishes_total \(publishes.load(ordering: .relaxed))\n"
         s += "# HELP herald_deliveries_total Changes delivered to devices.\n# TYPE herald_deliveries_total counter\n"
         s += "herald_deliveries_total \(deliveries.load(ordering: .relaxed))\n"
-        s += deliveryLatency.text(name: "herald_delivery_latency_seconds", help: "Commit to hand-off to the socket.")
+        s += deliveryLatency.text(name: "herald_delivery_latency_seconds", help: "From the commit of a change to its hand-off to the followers' sockets, one observation per user and shard.")
         s += storeLatency.text(name: "herald_store_latency_seconds", help: "Store batch time, begin to commit.")
         s += "# HELP herald_dropped_connections_total Connections closed by the gateway.\n# TYPE herald_dropped_connections_total counter\n"
         let dropped = drops.withLock { $0 }

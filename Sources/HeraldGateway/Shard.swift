@@ -1,3 +1,4 @@
+import Dispatch
 import HeraldCore
 
 /// Something on a shard that follows one user's feed live: a WebSocket
@@ -41,9 +42,11 @@ public final class Shard: @unchecked Sendable {
         followers[f.userKey] = m.isEmpty ? nil : m
     }
 
-    func deliver(_ user: UserKey, _ records: [ChangeRecord]) {
+    /// `committedAt`: monotonic nanoseconds when the records' batch committed.
+    func deliver(_ user: UserKey, _ records: [ChangeRecord], committedAt: UInt64) {
         guard let m = followers[user] else { return }
         for f in m.values { f.deliver(records) }
+        engine.metrics.deliveryLatency.observe(nanos: DispatchTime.now().uptimeNanoseconds &- committedAt)
     }
 
     func viewerChanged(_ user: UserKey, deviceId: String, viewer: Viewer) {

@@ -27,40 +27,32 @@ public final class MemoryStore: NotificationStore {
         static func == (a: Self, b: Self) -> Bool { a.at == b.at && a.user == b.user && a.id == b.id }
     }
 
-    // Undo state of the open transaction: first-touch copies.
+    /// Inverses of the open transaction's writes, newest last. Writes
+    /// mutate in place (no copy-on-write of a user's arrays), and a rollback
+    /// runs the inverses backwards.
     private var inTransaction = false
-    private var undoUsers: [UserKey: UserData?] = [:]
-    private var undoDevices: [UserKey: [Device]?] = [:]
+    private var undo: [(MemoryStore) -> Void] = []
 
     public init() { epoch = "m-" + Random.hex(8) }
 
-    public func begin() throws(StoreError) {
-        inTransaction = true
-    }
+    public func begin() throws(StoreError) { inTransaction = true }
 
     public func commit() throws(StoreError) {
         inTransaction = false
-        undoUsers.removeAll(keepingCapacity: true)
-        undoDevices.removeAll(keepingCapacity: true)
+        undo.removeAll(keepingCapacity: true)
     }
 
     public func rollback() {
-        for (k, v) in undoUsers { users[k] = v }
-        for (k, v) in undoDevices { devicesByUser[k] = v }
+        for u in undo.reversed() { u(self) }
         inTransaction = false
-        undoUsers.removeAll()
-        undoDevices.removeAll()
+        undo.removeAll()
         // Expiry entries of undone writes are stale and skipped when popped;
         // re-add the surviving notifications' entries in case one was popped.
         for (u, d) in users { for n in d.byId.values { expiryHeap.push(ExpiryEntry(at: n.expiresAt, user: u, id: n.id)) } }
     }
 
-    private func touch(_ user: UserKey) {
-        if inTransaction, undoUsers[user] == nil { undoUsers[user] = .some(users[user]) }
-    }
-
-    private func touchDevices(_ user: UserKey) {
-        if inTransaction, undoDevices[user] == nil { undoDevices[user] = .some(devicesByUser[user]) }
+    private func onRollback(_ f: @escaping (MemoryStore) -> Void) {
+        if inTransaction { undo.append(f) }
     }
 
     public func feed(_ user: UserKey) throws(StoreError) -> FeedState { users[user]?.feed ?? FeedState() }
@@ -72,41 +64,53 @@ public final class MemoryStore: NotificationStore {
         return d.byId[id]
     }
 
-    private func append(_ user: UserKey, _ d: inout UserData, _ op: Change.Op, before: Presence?, after: Presence?, at: Millis) -> ChangeRecord {
-        d.feed.head += 1
-        let r = ChangeRecord(change: Change(seq: d.feed.head, op: op), before: before, after: after, at: at)
-        d.changes.append(r)
+    /// Puts `n` in place of whatever had its id (nil: removes it).
+    private static func place(_ d: inout UserData, id: String, _ n: Notification?, old: Notification?) {
+        if let old {
+            d.idByAppId.removeValue(forKey: old.appNotificationId)
+            if n == nil {
+                let key = HistoryKey(old)
+                let i = d.order.insertionIndex(of: key)
+                if i < d.order.count, d.order[i] == key { d.order.remove(at: i) }
+            }
+        }
+        if let n {
+            if old == nil {
+                let key = HistoryKey(n)
+                d.order.insert(key, at: d.order.insertionIndex(of: key))
+            }
+            d.idByAppId[n.appNotificationId] = n.id
+        }
+        d.byId[id] = n
+    }
+
+    /// Writes `n` (or removes the notification) and appends its change.
+    private func write(_ user: UserKey, id: String, _ n: Notification?, _ op: Change.Op, before: Presence?, after: Presence?,
+                       at: Millis) -> ChangeRecord {
+        let old = users[user]?.byId[id]
+        let r = { (d: inout UserData) -> ChangeRecord in
+            Self.place(&d, id: id, n, old: old)
+            d.feed.head += 1
+            let r = ChangeRecord(change: Change(seq: d.feed.head, op: op), before: before, after: after, at: at)
+            d.changes.append(r)
+            return r
+        }(&users[user, default: UserData()])
+        if let n { expiryHeap.push(ExpiryEntry(at: n.expiresAt, user: user, id: n.id)) }
+        onRollback { s in
+            s.users[user]!.changes.removeLast()
+            s.users[user]!.feed.head -= 1
+            Self.place(&s.users[user]!, id: id, old, old: n)
+        }
         return r
     }
 
     public func upsert(_ user: UserKey, _ n: Notification, previous: Notification?, at: Millis) throws(StoreError) -> ChangeRecord {
-        touch(user)
-        var d = users[user] ?? UserData()
-        let key = HistoryKey(n)
-        if d.byId[n.id] == nil {
-            d.order.insert(key, at: d.order.insertionIndex(of: key))
-        }
-        d.byId[n.id] = n
-        d.idByAppId[n.appNotificationId] = n.id
-        expiryHeap.push(ExpiryEntry(at: n.expiresAt, user: user, id: n.id))
-        let r = append(user, &d, .upsert(n), before: previous.map(Presence.init), after: Presence(n), at: at)
-        users[user] = d
-        return r
+        write(user, id: n.id, n, .upsert(n), before: previous.map(Presence.init), after: Presence(n), at: at)
     }
 
     public func delete(_ user: UserKey, _ n: Notification, reason: DeleteReason, at: Millis) throws(StoreError) -> ChangeRecord {
-        touch(user)
-        var d = users[user] ?? UserData()
-        if d.byId.removeValue(forKey: n.id) != nil {
-            d.idByAppId.removeValue(forKey: n.appNotificationId)
-            let key = HistoryKey(n)
-            let i = d.order.insertionIndex(of: key)
-            if i < d.order.count, d.order[i] == key { d.order.remove(at: i) }
-        }
         let op = Change.Op.delete(id: n.id, appNotificationId: n.appNotificationId, reason: reason)
-        let r = append(user, &d, op, before: Presence(n), after: nil, at: at)
-        users[user] = d
-        return r
+        return write(user, id: n.id, nil, op, before: Presence(n), after: nil, at: at)
     }
 
     public func changes(_ user: UserKey, after: Int64, limit: Int) throws(StoreError) -> [ChangeRecord] {
@@ -150,31 +154,38 @@ public final class MemoryStore: NotificationStore {
         var pruned = 0
         for k in Array(users.keys) {
             guard let first = users[k]!.changes.first, first.at < before else { continue }
-            touch(k)
-            var d = users[k]!
-            let n = d.changes.prefix { $0.at < before }.count
-            d.feed.floor = d.changes[n - 1].seq
-            d.changes.removeFirst(n)
+            let n = users[k]!.changes.prefix { $0.at < before }.count
+            let removed = Array(users[k]!.changes.prefix(n))
+            let floor = users[k]!.feed.floor
+            users[k]!.feed.floor = removed[n - 1].seq
+            users[k]!.changes.removeFirst(n)
             pruned += n
-            users[k] = d
+            onRollback { s in
+                s.users[k]!.changes.insert(contentsOf: removed, at: 0)
+                s.users[k]!.feed.floor = floor
+            }
         }
         return pruned
     }
 
     public func devices(_ user: UserKey) throws(StoreError) -> [Device] { devicesByUser[user] ?? [] }
 
+    private func setDevices(_ user: UserKey, _ list: [Device]?) {
+        let old = devicesByUser[user]
+        devicesByUser[user] = list
+        onRollback { s in s.devicesByUser[user] = old }
+    }
+
     public func saveDevice(_ user: UserKey, _ device: Device) throws(StoreError) {
-        touchDevices(user)
         var list = devicesByUser[user] ?? []
         if let i = list.firstIndex(where: { $0.deviceId == device.deviceId }) { list[i] = device } else { list.append(device) }
-        devicesByUser[user] = list
+        setDevices(user, list)
     }
 
     public func deleteDevice(_ user: UserKey, id: String) throws(StoreError) -> Bool {
         guard var list = devicesByUser[user], let i = list.firstIndex(where: { $0.deviceId == id }) else { return false }
-        touchDevices(user)
         list.remove(at: i)
-        devicesByUser[user] = list.isEmpty ? nil : list
+        setDevices(user, list.isEmpty ? nil : list)
         return true
     }
 
@@ -187,9 +198,8 @@ public final class MemoryStore: NotificationStore {
         for (k, list) in devicesByUser {
             let kept = list.filter { $0.lastSeenAt >= before }
             guard kept.count != list.count else { continue }
-            touchDevices(k)
             n += list.count - kept.count
-            devicesByUser[k] = kept.isEmpty ? nil : kept
+            setDevices(k, kept.isEmpty ? nil : kept)
         }
         return n
     }
