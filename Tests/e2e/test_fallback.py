@@ -13,8 +13,6 @@ import threading
 import time
 
 import pytest
-import requests
-
 from herald_helpers import (check_error, check_notification, changes_in, mint_token, parse_time, uid)
 
 pytestmark = pytest.mark.fallback
@@ -152,17 +150,30 @@ def test_poll_transport_in_device_listing(gateway, user):
 # ---------------------------------------------------------------- SSE
 
 class Sse:
+    """A Server-Sent Events reader on http.client, whose socket can be shut
+    down at once (requests would wait for the next keep-alive comment)."""
+
     def __init__(self, gw, tok, headers=None, **params):
+        import http.client
+        import urllib.parse
         params = {"token": tok, **params}
-        self.resp = requests.get(gw.base + "/v1/me/events", params=params, headers=headers or {},
-                                 stream=True, timeout=(5, 30))
+        self.conn = http.client.HTTPConnection("127.0.0.1", gw.port, timeout=30)
+        self.conn.request("GET", "/v1/me/events?" + urllib.parse.urlencode(params),
+                          headers={"Accept": "text/event-stream", **(headers or {})})
+        self.resp = self.conn.getresponse()
+        self.status_code = self.resp.status
+        self.headers = {k.lower(): v for k, v in self.resp.getheaders()}
         self.q: queue.Queue = queue.Queue()
         threading.Thread(target=self._pump, daemon=True).start()
 
     def _pump(self):
         ev = {}
         try:
-            for line in self.resp.iter_lines(decode_unicode=True):
+            while True:
+                raw = self.resp.readline()
+                if not raw:
+                    break
+                line = raw.decode("utf-8").rstrip("\r\n")
                 if line == "":
                     if ev:
                         self.q.put(ev)
@@ -171,7 +182,8 @@ class Sse:
                     continue
                 else:
                     k, _, v = line.partition(":")
-                    ev[k] = ev.get(k, "") + (("\n" if k in ev else "") + v[1:] if v.startswith(" ") else v)
+                    v = v[1:] if v.startswith(" ") else v
+                    ev[k] = ev[k] + "\n" + v if k in ev else v
         except Exception:
             pass
         self.q.put(None)
@@ -182,7 +194,12 @@ class Sse:
         return ev
 
     def close(self):
-        self.resp.close()
+        import socket
+        try:
+            self.conn.sock.shutdown(socket.SHUT_RDWR)
+        except Exception:
+            pass
+        self.conn.close()
 
 
 def test_sse_reset_then_changes(gateway, user):
@@ -190,8 +207,8 @@ def test_sse_reset_then_changes(gateway, user):
     a = gateway.publish(user, "a")
     s = Sse(gateway, tok)
     try:
-        assert s.resp.status_code == 200
-        assert s.resp.headers["Content-Type"].startswith("text/event-stream")
+        assert s.status_code == 200
+        assert s.headers["content-type"].startswith("text/event-stream")
         ev = s.next()
         assert ev["event"] == "reset"
         body = _check_reset(json.loads(ev["data"]))
@@ -292,3 +309,26 @@ def test_sigterm_answers_held_polls(fresh_gateway):
     t.join(10)
     assert out.get("status") == 200 and out["body"]["changes"] == [], out
     assert gw.proc.wait(10) == 0
+
+
+def test_sigterm_ends_sse_streams(fresh_gateway):
+    gw = fresh_gateway
+    user = uid("sse")
+    s = Sse(gw, mint_token(user))
+    try:
+        assert s.next()["event"] == "reset"
+        gw.proc.send_signal(signal.SIGTERM)
+        gw.stopped_by_test = True
+        deadline = time.time() + 10
+        ended = False
+        while time.time() < deadline:
+            try:
+                if s.q.get(timeout=max(0.1, deadline - time.time())) is None:
+                    ended = True
+                    break
+            except queue.Empty:
+                break
+        assert ended, "the SSE stream did not end after SIGTERM"
+        assert gw.proc.wait(10) == 0
+    finally:
+        s.close()

@@ -150,3 +150,16 @@ def test_garbage_requests_do_not_crash(gateway, user):
     assert gateway.alive()
     assert gateway.request("GET", "/healthz").status_code == 200
     gateway.publish(user)
+
+
+def test_sigterm_right_after_listening_exits_0(herald_bin, tmp_path):
+    """SIGTERM at once after the `listening on` line, a few times over: each
+    must exit 0 within 10 s (SPEC 6, 7: the line means it is up)."""
+    from herald_helpers import CONFIG, Gateway
+    for i in range(8):
+        gw = Gateway(herald_bin, tmp_path / f"g{i}", CONFIG).start()
+        t0 = time.time()
+        rc = gw.terminate(10.0)
+        assert rc == 0, (f"start #{i}: SIGTERM right after 'listening' -> "
+                         f"{'no exit within 10 s' if rc is None else f'status {rc}'} ({time.time() - t0:.1f}s); "
+                         f"stderr: {gw.stderr_tail()[-500:]}")
