@@ -33,6 +33,9 @@ let package = Package(
 
         .testTarget(name: "HeraldCoreTests", dependencies: ["HeraldCore"]),
         .testTarget(name: "HeraldStoreTests", dependencies: ["HeraldCore", "HeraldStores"]),
+        // Seeded mutation fuzzing of the parsers, bounded in time; corpus in Tests/HeraldFuzzTests/corpus.
+        .testTarget(name: "HeraldFuzzTests", dependencies: ["HeraldCore", "HeraldGateway"],
+                    resources: [.copy("corpus")]),
     ],
     swiftLanguageModes: [.v6]
 )
