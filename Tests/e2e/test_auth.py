@@ -129,6 +129,11 @@ def test_issue_token_defaults(gateway, user):
     assert abs(claims["iat"] - t0) < 5
     assert abs(epoch_seconds(body["expiresAt"]) - claims["exp"]) < 1.0
     assert gateway.me("GET", "/counts", body["token"]).status_code == 200
+    # the documented request shape, with an explicit null deviceId
+    r = gateway.server("POST", "/tokens", json={"userId": user, "ttlSeconds": 3600, "deviceId": None})
+    assert r.status_code == 200, r.text
+    claims = verify_jwt(r.json()["token"], "ts-one")
+    assert claims.get("dev") is None and claims["exp"] - claims["iat"] == 3600
 
 
 def test_issue_token_with_ttl_and_device(gateway, user):

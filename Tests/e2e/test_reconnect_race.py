@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from herald_helpers import Closed, Gateway, changes_in, check_welcome, mint_token, uid
+from herald_helpers import Closed, Gateway, assert_strictly_increasing, changes_in, check_welcome, mint_token, uid
 
 BURST_THREADS = 3
 BURST_EACH = 20
@@ -131,3 +131,77 @@ def test_reconnect_during_publish_burst(gateway, round_):
     live = changes_in(frames[wi + 1:])
     assert all(c["seq"] > frames[wi]["cursor"] for c in live), \
         f"live changes at or before the welcome's cursor {frames[wi]['cursor']}: {[c['seq'] for c in live][:5]}"
+
+
+@pytest.mark.parametrize("round_", range(3))
+def test_reconnect_during_mixed_writes(gateway, round_):
+    """Publishes, updates and deletes race a resume: the seqs received equal
+    exactly the seqs the writes after the cursor answered (each notification
+    changes at most once after the cursor, so no change can stand for another)."""
+    user = uid("mixed")
+    tok = mint_token(user)
+    old = [gateway.publish(user, f"old-{i}")["notification"] for i in range(30)]
+    ws, _, welcome = gateway.connect(user, "racer")
+    cursor, epoch = welcome["cursor"], welcome["epoch"]
+    ws.close()
+
+    answered: list = []   # (seq, what)
+    errors: list = []
+    start = threading.Event()
+
+    def publisher():
+        start.wait()
+        for i in range(25):
+            r = gateway.publish_raw(user, {"appNotificationId": f"new-{i}", "payload": {}})
+            (answered.append((r.json()["seq"], f"new-{i}")) if r.status_code == 201
+             else errors.append(r.text))
+
+    def updater():
+        start.wait()
+        for n in old[:15]:
+            r = gateway.me("PATCH", f"/notifications/{n['id']}", tok, json={"readState": "read"})
+            (answered.append((r.json()["seq"], n["appNotificationId"])) if r.status_code == 200
+             else errors.append(r.text))
+
+    def deleter():
+        start.wait()
+        for n in old[15:]:
+            r = gateway.me("DELETE", f"/notifications/{n['id']}", tok)
+            if r.status_code != 204:
+                errors.append(r.text)
+
+    threads = [threading.Thread(target=f) for f in (publisher, updater, deleter)]
+    for t in threads:
+        t.start()
+    start.set()
+    time.sleep(random.Random(round_).uniform(0, 0.02))
+    w = gateway.ws()
+    frames = []
+    try:
+        w.send({"type": "hello", "token": tok, "deviceId": "racer", "cursor": cursor, "epoch": epoch})
+        for t in threads:
+            t.join(20)
+        assert not errors, errors
+        marker = gateway.publish(user, "marker")["seq"]
+        deadline = time.time() + 10
+        while not any(c["seq"] == marker for c in changes_in(frames)):
+            assert time.time() < deadline, "marker not seen"
+            try:
+                frames.append(w.recv(0.5))
+            except TimeoutError:
+                pass
+    finally:
+        w.close()
+    changes = changes_in(frames)
+    seqs = [c["seq"] for c in changes]
+    assert_strictly_increasing(seqs)
+    assert all(s > cursor for s in seqs)
+    got_deletes = {c["appNotificationId"] for c in changes if c["op"] == "delete"}
+    assert got_deletes == {n["appNotificationId"] for n in old[15:]}
+    assert all(c["reason"] == "deleted" for c in changes if c["op"] == "delete")
+    upserts = {c["seq"]: c["notification"]["appNotificationId"] for c in changes if c["op"] == "upsert"}
+    want = dict(answered)
+    want[marker] = "marker"
+    assert upserts == want, (f"missing {sorted(set(want) - set(upserts))[:10]}, "
+                             f"unexpected {sorted(set(upserts) - set(want))[:10]}")
+    assert len(seqs) == len(want) + 15
