@@ -293,3 +293,19 @@ def test_fanout_1000_users_within_5s(gateway):
     # everything is created within 5 s of the request
     still = [u for u in pending if not gateway.list_all(u)]
     assert not still, f"{len(still)} of 1000 users have no notification 5 s after the send (e.g. {still[:3]}); last={last}"
+
+
+def test_expiry_while_offline_is_in_catchup(gateway, user):
+    ws, _, welcome = gateway.connect(user, "phone")
+    ws.close()
+    out = gateway.publish(user, "brief", ttlSeconds=1)
+    time.sleep(max(0.0, epoch_seconds(out["notification"]["expiresAt"]) - time.time()) + 2.2)
+    ws, frames, welcome2 = gateway.connect(user, "phone", cursor=welcome["cursor"], epoch=welcome["epoch"])
+    with ws:
+        changes = [c for f in frames for c in f.get("changes", [])]
+        assert [f["type"] for f in frames] == ["changes"], frames
+        assert [c["op"] for c in changes] == ["upsert", "delete"], changes
+        d = changes[1]
+        assert d == {"seq": d["seq"], "op": "delete", "id": out["notification"]["id"], "appNotificationId": "brief",
+                     "reason": "expired"}
+        assert welcome2["cursor"] == d["seq"] and welcome2["unread"] == 0
