@@ -310,7 +310,13 @@ def test_named_http_client_is_listed_unnamed_is_not(gateway, user):
     d = devs["laptop-1"]
     assert {"deviceId", "platform", "tags", "connected", "transport", "lastSeenAt"} <= set(d)
     assert d["platform"] == "other"
-    parse_time(d["lastSeenAt"])
+    seen = parse_time(d["lastSeenAt"])
+    time.sleep(0.05)
+    assert gateway.me("GET", "/notifications", tok, device="laptop-1").status_code == 200
+    assert parse_time(gateway.devices(user)["laptop-1"]["lastSeenAt"]) > seen, "lastSeenAt is the last request"
+    # a token bound with `dev` names its device too
+    assert gateway.me("GET", "/counts", mint_token(user, dev="phone-9")).status_code == 200
+    assert set(gateway.devices(user)) == {"laptop-1", "phone-9"}
 
 
 # ---------------------------------------------------------------- isolation: 404, not 403

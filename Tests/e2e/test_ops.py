@@ -39,12 +39,24 @@ def test_healthz(gateway):
     assert r.json()["status"] == "ok"
 
 
+def _metric(text, name):
+    total = 0.0
+    for m in re.finditer(rf"^{name}(?:\{{[^}}]*\}})? ([0-9.e+-]+)$", text, re.M):
+        total += float(m.group(1))
+    return total
+
+
 def test_metrics(gateway, user):
     w, _, _ = gateway.connect(user)
     with w:
+        before = gateway.request("GET", "/metrics").text
         gateway.publish(user)
         w.expect_changes(1)
         r = gateway.request("GET", "/metrics")
+        assert _metric(r.text, "herald_publishes_total") >= _metric(before, "herald_publishes_total") + 1
+        assert _metric(r.text, "herald_deliveries_total") >= _metric(before, "herald_deliveries_total") + 1
+        assert (_metric(r.text, "herald_delivery_latency_seconds_count")
+                >= _metric(before, "herald_delivery_latency_seconds_count") + 1)
         assert r.status_code == 200, r.text[:300]
         text = r.text
         assert re.search(r'^herald_connections\{[^}]*transport="websocket"[^}]*\} [1-9]', text, re.M), \

@@ -461,15 +461,32 @@ def test_fragmented_message_over_256k_closes_1009(gateway, user):
     assert code == 1009
 
 
-def test_message_under_256k_is_fine(gateway, user):
+def _message_of_size(n, **fields):
+    msg = {"type": "update", "ref": "big", **fields, "pad": ""}
+    msg["pad"] = "x" * (n - len(json.dumps(msg, separators=(",", ":")).encode()))
+    data = json.dumps(msg, separators=(",", ":"))
+    assert len(data.encode()) == n
+    return data
+
+
+def test_message_of_exactly_256k_is_fine(gateway, user):
     n = gateway.publish(user)["notification"]
     w, _, _ = gateway.connect(user)
     with w:
-        msg = json.dumps({"type": "update", "ref": "big", "id": n["id"], "readState": "read", "pad": "x" * (200 * 1024)})
-        w.send_raw(iter([msg[i:i + 50000] for i in range(0, len(msg), 50000)]))
+        data = _message_of_size(256 * 1024, id=n["id"], readState="read")
+        w.send_raw(iter([data[i:i + 50000] for i in range(0, len(data), 50000)]))
         f, _ = w.recv_until(lambda f: f.get("ref") == "big")
         assert f["type"] in ("ack", "error"), f
         w.ping()
+
+
+def test_message_of_256k_plus_one_closes_1009(gateway, user):
+    n = gateway.publish(user)["notification"]
+    w, _, _ = gateway.connect(user)
+    _send_quietly(w, _message_of_size(256 * 1024 + 1, id=n["id"], readState="read"))
+    code, _ = w.expect_close()
+    assert code == 1009
+    assert gateway.get_notification(user, n["id"]) == n
 
 
 def test_deleting_the_device_closes_4003(gateway, user):
