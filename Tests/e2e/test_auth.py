@@ -110,6 +110,8 @@ def test_demo_mode_issues_demo_tokens(gateway_factory):
     assert r.status_code == 200, r.text
     # the configured apps are still there
     assert gw.server("GET", "/users/alice/notifications").status_code == 200
+    log = gw.stderr_tail(100000).lower()
+    assert "demo" in log and "warn" in log, f"--demo is logged as a warning on stderr: {log[-500:]!r}"
 
 
 # ---------------------------------------------------------------- POST /tokens
