@@ -1,6 +1,7 @@
 // The C side of Herald's transport: libwebsockets plus the few socket calls
 // Swift cannot reach (accept4) or spell (unions, LWS_PRE).
 #include <libwebsockets.h>
+#include <ev.h>
 #include <sys/socket.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>

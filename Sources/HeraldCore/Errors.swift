@@ -28,7 +28,11 @@ public enum ErrorCode: String, Sendable {
 public struct HeraldError: Error, Sendable, Equatable, CustomStringConvertible {
     public let code: ErrorCode
     public let message: String
-    public init(_ code: ErrorCode, _ message: String) { self.code = code; self.message = message }
+    /// For `rate_limited`: when to try again.
+    public var retryAfterSeconds: Int?
+    public init(_ code: ErrorCode, _ message: String, retryAfterSeconds: Int? = nil) {
+        self.code = code; self.message = message; self.retryAfterSeconds = retryAfterSeconds
+    }
     public var description: String { "\(code.rawValue): \(message)" }
 
     public static func badRequest(_ m: String) -> HeraldError { HeraldError(.badRequest, m) }

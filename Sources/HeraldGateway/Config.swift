@@ -25,6 +25,15 @@ public struct GatewayLimits: Sendable {
     /// Sends WebSocket pings after this much silence; drops after `idleHangupSeconds`.
     public var pingIntervalSeconds = 30
     public var idleHangupSeconds = 45
+    /// Open WebSocket and SSE connections per user; one more is refused.
+    public var maxConnectionsPerUser = 50
+    /// WebSocket messages a connection may send per second (burst: twice
+    /// that); past it the connection closes with 4008.
+    public var messagesPerSecondPerConnection = 50
+    /// Publishes per second per app (burst: twice that); past it `429`.
+    public var publishesPerSecondPerApp = 50_000
+    /// Long-polls held at once by the whole gateway; past it `429`.
+    public var maxHeldPolls = 10_000
     public init() {}
 }
 

@@ -120,6 +120,9 @@ public final class Engine: @unchecked Sendable {
         following[user, default: [:]][shard, default: 0] += 1
     }
 
+    /// Live followers of `user` on every shard.
+    func followers(of user: UserKey) -> Int { following[user]?.values.reduce(0, +) ?? 0 }
+
     func unfollow(_ user: UserKey, shard: Int) {
         guard var m = following[user], let n = m[shard] else { return }
         m[shard] = n > 1 ? n - 1 : nil

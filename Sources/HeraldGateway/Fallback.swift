@@ -66,6 +66,12 @@ extension Gateway {
                 return
             }
             // Nothing yet: hold the request until a change this device may see.
+            guard self.heldPolls.load(ordering: .relaxed) < self.config.limits.maxHeldPolls else {
+                let err = HeraldError(.rateLimited, "too many held polls; retry shortly", retryAfterSeconds: 1)
+                e.afterCommit { shard.post { responder.respond(.error(err)) } }
+                return
+            }
+            self.heldPolls.add(1, ordering: .relaxed)
             let from = reached
             e.afterCommit {
                 e.follow(user, shard: shard.index)
@@ -80,8 +86,14 @@ extension Gateway {
 
     private func openEventStream(_ d: DeviceContext, _ position: FeedPosition, shard: Shard, responder: HTTPResponder) {
         let user = d.user, device = d.deviceId, expiresAt = d.claims.expiresAt * 1000
+        let maxConnections = config.limits.maxConnectionsPerUser
         engine.submit({ e in
             let now = WallClock.now()
+            guard e.followers(of: user) < maxConnections else {
+                let err = HeraldError(.rateLimited, "this user has \(maxConnections) connections open already", retryAfterSeconds: 5)
+                e.afterCommit { shard.post { responder.respond(.error(err)) } }
+                return
+            }
             let v = try e.viewer(user, deviceId: device, now: now)
             let epoch = v.epoch(store: e.store.epoch)
             let first: [UInt8]
@@ -193,6 +205,7 @@ final class HeldPoll: FeedFollower {
         guard !done else { return }
         done = true
         shard.remove(self)
+        gateway.heldPolls.subtract(1, ordering: .relaxed)
         gateway.metrics.connectionClosed(.poll)
         gateway.release(userKey, deviceId: deviceId, shard: shard, transport: .poll)
     }

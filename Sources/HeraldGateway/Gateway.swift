@@ -1,4 +1,5 @@
 import HeraldCore
+import Synchronization
 
 /// The gateway's wiring: configuration, the engine and its shards. The
 /// transport creates one shard per service loop and hands each request and
@@ -9,6 +10,9 @@ public final class Gateway: @unchecked Sendable {
     let apps: [String: AppConfig]
     let engine: Engine
     let startedAt = WallClock.now()
+    let publishBuckets = Mutex<[String: TokenBucket]>([:])
+    /// Long-polls held now, across shards.
+    let heldPolls = Atomic<Int>(0)
 
     public init(config: GatewayConfig, store: NotificationStore) {
         self.config = config

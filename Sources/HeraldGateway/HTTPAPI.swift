@@ -31,13 +31,16 @@ extension Gateway {
                 reply(.json(200, issueToken(app, try TokenRequest(bytes: req.body))))
             case .bulkSend(let appId):
                 let app = try serverAuth(req, appId)
-                try bulkSend(app, try BulkSend(bytes: req.body), exec)
+                let send = try BulkSend(bytes: req.body)
+                if case .users(let ids) = send.audience { try admitPublishes(app, ids.count) } else { try admitPublishes(app, 1) }
+                try bulkSend(app, send, exec)
             case .userNotifications(let appId, let userId):
                 let user = try serverUser(req, appId, userId)
                 if req.method == "POST" {
                     var f = try Fields(bytes: req.body)
                     let draft = try NotificationDraft(reading: &f)
                     try f.finish()
+                    try admitPublishes(user.app, 1)
                     exec.run { e in
                         switch try e.publish(user, draft, now: WallClock.now()) {
                         case .failure(let err): return .error(err)
@@ -129,6 +132,20 @@ extension Gateway {
             throw HeraldError(.unauthorized, "wrong server key for this app")
         }
         return app
+    }
+
+    /// The per-app publish rate (`publishesPerSecondPerApp`, burst twice that).
+    func admitPublishes(_ app: AppConfig, _ n: Int) throws(HeraldError) { try admitPublishes(app.id, n) }
+
+    func admitPublishes(_ appId: String, _ n: Int) throws(HeraldError) {
+        let rate = Double(config.limits.publishesPerSecondPerApp)
+        let now = WallClock.now()
+        let r = publishBuckets.withLock { b in
+            b[appId, default: TokenBucket(rate: rate, burst: 2 * rate, now: now)].take(Double(n), now: now)
+        }
+        if case .failure(let wait) = r {
+            throw HeraldError(.rateLimited, "more than \(Int(rate)) publishes per second for this app", retryAfterSeconds: wait.seconds)
+        }
     }
 
     func serverUser(_ req: HTTPRequest, _ appId: String, _ userId: String) throws(HeraldError) -> UserKey {

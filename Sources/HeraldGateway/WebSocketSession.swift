@@ -49,10 +49,13 @@ public final class WebSocketSession: FeedFollower, @unchecked Sendable {
     /// Bumped by `refresh` so timers of the old token do nothing.
     private var tokenGeneration = 0
     public private(set) var closeRequest: (code: CloseCode, reason: String)?
+    private var messageBudget: TokenBucket
 
     init(gateway: Gateway, shard: Shard, output: WebSocketOutput, now: Millis) {
         self.gateway = gateway; self.shard = shard; self.output = output
         connectionId = "c_" + Random.hex(8)
+        let rate = Double(gateway.config.limits.messagesPerSecondPerConnection)
+        messageBudget = TokenBucket(rate: rate, burst: 2 * rate, now: now)
         gateway.metrics.connectionOpened(.websocket)
         shard.schedule(at: now + gateway.config.limits.helloTimeoutSeconds * 1000) { [weak self] in
             guard let self, self.state == .awaitingHello else { return }
@@ -72,6 +75,9 @@ public final class WebSocketSession: FeedFollower, @unchecked Sendable {
         case .binary: return close(.unsupportedData, "binary frames are not supported", drop: .protocolError)
         case .tooBig: return close(.tooBig, "message larger than \(gateway.config.limits.maxMessageBytes) bytes", drop: .protocolError)
         case .text(let bytes):
+            if case .failure = messageBudget.take(now: WallClock.now()) {
+                return close(.policy, "more than \(Int(messageBudget.rate)) messages per second", drop: .rateLimited)
+            }
             if state == .subscribing {
                 guard waitingForLive.count < 64 else { return close(.policy, "too many messages before welcome", drop: .rateLimited) }
                 waitingForLive.append(bytes)
@@ -122,8 +128,13 @@ public final class WebSocketSession: FeedFollower, @unchecked Sendable {
         self.deviceId = deviceId
         state = .subscribing
         let user = c.userKey, shard = self.shard
+        let maxConnections = gateway.config.limits.maxConnectionsPerUser
         gateway.engine.submit({ [self] e in
             let now = WallClock.now()
+            guard e.followers(of: user) < maxConnections else {
+                e.afterCommit { shard.post { self.tooManyConnections(maxConnections) } }
+                return
+            }
             let v = try e.viewer(user, deviceId: deviceId, registration: registration, now: now)
             let catchUp = try e.catchUp(user, viewer: v, from: position)
             let unread = try e.counts(user, viewer: v).unread
@@ -134,6 +145,10 @@ public final class WebSocketSession: FeedFollower, @unchecked Sendable {
                 shard.post { self.start(viewer: v, catchUp: catchUp, epoch: epoch, unread: unread) }
             }
         }, failed: { [self] err in shard.post { self.fail(.goingAway, err) } })
+    }
+
+    private func tooManyConnections(_ max: Int) {
+        fail(.policy, HeraldError(.rateLimited, "this user has \(max) connections open already"), drop: .rateLimited)
     }
 
     /// On the shard, after the engine read the catch-up and started
@@ -335,9 +350,9 @@ public final class WebSocketSession: FeedFollower, @unchecked Sendable {
 
     // MARK: Closing
 
-    private func fail(_ code: CloseCode, _ e: HeraldError) {
+    private func fail(_ code: CloseCode, _ e: HeraldError, drop: Metrics.DropReason = .protocolError) {
         send(ServerFrame.error(ref: nil, e))
-        close(code, e.message, drop: code == .unauthenticated ? .authExpired : .protocolError)
+        close(code, e.message, drop: drop)
     }
 
     /// Closes after what is queued has been written.

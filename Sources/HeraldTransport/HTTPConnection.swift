@@ -5,7 +5,7 @@ import HeraldGateway
 /// One HTTP/1.1 connection on libwebsockets. Collects each request,
 /// hands it to the gateway, and writes the answer when it comes back:
 /// headers in one writable callback, the body in 64 KiB pieces after.
-final class HTTPConnection {
+final class HTTPConnection: Flushable {
     private var wsi: OpaquePointer?
     unowned let loop: ServiceLoop
     /// Numbers requests on this connection, so a late answer to an earlier
@@ -139,9 +139,35 @@ final class HTTPConnection {
     }
 
     func respond(_ r: HTTPResponse, serial: Int) {
-        guard let wsi, serial == self.serial, response == nil, isBusy else { return }
+        guard wsi != nil, serial == self.serial, response == nil, isBusy else { return }
         response = r
-        lws_callback_on_writable(wsi)
+        requestWrite()
+    }
+
+    private var flushQueued = false
+
+    /// Like WebSocketConnection.requestWrite: inside a drain, write at its end.
+    private func requestWrite() {
+        guard let wsi else { return }
+        if loop.draining {
+            if !flushQueued {
+                flushQueued = true
+                loop.flushAfterDrain.append(self)
+            }
+        } else {
+            lws_callback_on_writable(wsi)
+        }
+    }
+
+    /// End of a drain: answer now if the socket takes it, else on writable.
+    func flush() {
+        flushQueued = false
+        guard let wsi, response != nil else { return }
+        if lws_send_pipe_choked(wsi) != 0 {
+            lws_callback_on_writable(wsi)
+            return
+        }
+        if writable() < 0 { lws_set_timeout(wsi, PENDING_TIMEOUT_CLOSE_SEND, LWS_TO_KILL_ASYNC) }
     }
 
     /// Streams go out chunked, so clients that read in blocks still see
@@ -150,20 +176,20 @@ final class HTTPConnection {
         guard let wsi, serial == self.serial, response == nil, !streaming, isBusy else { return }
         streaming = true
         response = HTTPResponse(status: 200, contentType: contentType, headers: headers + [("Transfer-Encoding", "chunked")], body: [])
-        lws_callback_on_writable(wsi)
+        requestWrite()
     }
 
     func send(_ bytes: [UInt8], serial: Int) {
         guard let wsi, serial == self.serial, streaming, !finishing, !bytes.isEmpty else { return }
         streamOut += Array(String(bytes.count, radix: 16).utf8) + [0x0D, 0x0A] + bytes + [0x0D, 0x0A]
-        lws_callback_on_writable(wsi)
+        requestWrite()
     }
 
     func finish(serial: Int) {
         guard let wsi, serial == self.serial, streaming, !finishing else { return }
         streamOut += Array("0\r\n\r\n".utf8)
         finishing = true
-        lws_callback_on_writable(wsi)
+        requestWrite()
     }
 
     func queuedBytes(serial: Int) -> Int { serial == self.serial ? streamOut.count : 0 }
@@ -172,18 +198,21 @@ final class HTTPConnection {
         if serial == self.serial, wsi != nil { closeHook = f }
     }
 
+    /// Headers go out in the same write as the first piece of the body: one
+    /// `send()` for a typical answer (h1 writes are raw; lws keeps no count).
     func writable() -> Int32 {
         guard let wsi, let r = response else { return 0 }
         if streaming { return writeStream(wsi, r) }
+        var out: [UInt8] = []
         if !headersSent {
             headersSent = true
-            if writeHeaders(wsi, r) != 0 { return -1 }
-            lws_callback_on_writable(wsi)
-            return 0
+            guard let h = headerBytes(wsi, r, length: lws_filepos_t(r.body.count)) else { return -1 }
+            out = h
         }
         let end = min(r.body.count, bodyOffset + Self.chunk)
         let final = end == r.body.count
-        if write(wsi, r.body, bodyOffset..<end, final ? LWS_WRITE_HTTP_FINAL : LWS_WRITE_HTTP) < 0 { return -1 }
+        out += r.body[bodyOffset..<end]
+        if write(wsi, out, 0..<out.count, final ? LWS_WRITE_HTTP_FINAL : LWS_WRITE_HTTP) < 0 { return -1 }
         bodyOffset = end
         if !final {
             lws_callback_on_writable(wsi)
@@ -197,13 +226,17 @@ final class HTTPConnection {
     }
 
     private func writeStream(_ wsi: OpaquePointer, _ r: HTTPResponse) -> Int32 {
+        var out: [UInt8] = []
         if !headersSent {
             headersSent = true
-            // No length (LWS_ILLEGAL_HTTP_CONTENT_LEN): the stream ends by closing.
-            if writeHeaders(wsi, r, length: lws_filepos_t.max) != 0 { return -1 }
-        } else if !streamOut.isEmpty {
-            let count = min(streamOut.count, Self.chunk)
-            if write(wsi, streamOut, 0..<count, LWS_WRITE_HTTP) < 0 { return -1 }
+            // No length (LWS_ILLEGAL_HTTP_CONTENT_LEN): chunked, ends by closing.
+            guard let h = headerBytes(wsi, r, length: lws_filepos_t.max) else { return -1 }
+            out = h
+        }
+        let count = min(streamOut.count, Self.chunk)
+        out += streamOut[0..<count]
+        if !out.isEmpty {
+            if write(wsi, out, 0..<out.count, LWS_WRITE_HTTP) < 0 { return -1 }
             streamOut.removeFirst(count)
         } else if finishing {
             return -1
@@ -224,27 +257,22 @@ final class HTTPConnection {
         }
     }
 
-    private func writeHeaders(_ wsi: OpaquePointer, _ r: HTTPResponse) -> Int32 {
-        writeHeaders(wsi, r, length: lws_filepos_t(r.body.count))
-    }
-
-    private func writeHeaders(_ wsi: OpaquePointer, _ r: HTTPResponse, length: lws_filepos_t) -> Int32 {
-        let pre = Int(herald_lws_pre)
-        var buf = [UInt8](repeating: 0, count: pre + 2048)
-        return buf.withUnsafeMutableBufferPointer { b -> Int32 in
-            let start = b.baseAddress! + pre
+    /// The status line and headers, ready to write.
+    private func headerBytes(_ wsi: OpaquePointer, _ r: HTTPResponse, length: lws_filepos_t) -> [UInt8]? {
+        var buf = [UInt8](repeating: 0, count: 2048)
+        let n = buf.withUnsafeMutableBufferPointer { b -> Int in
+            let start = b.baseAddress!
             var p: UnsafeMutablePointer<UInt8>? = start
-            let end = b.baseAddress! + b.count - 1
-            if lws_add_http_common_headers(wsi, UInt32(r.status), r.contentType, length, &p, end) != 0 {
-                return -1
-            }
+            let end = start + b.count - 1
+            if lws_add_http_common_headers(wsi, UInt32(r.status), r.contentType, length, &p, end) != 0 { return -1 }
             for (name, value) in r.headers {
                 let key = name.lowercased() + ":"
                 if lws_add_http_header_by_name(wsi, key, value, Int32(value.utf8.count), &p, end) != 0 { return -1 }
             }
-            if lws_finalize_write_http_header(wsi, start, &p, end) != 0 { return -1 }
-            return 0
+            if lws_finalize_http_header(wsi, &p, end) != 0 { return -1 }
+            return p! - start
         }
+        return n < 0 ? nil : Array(buf[0..<n])
     }
 
     func closed() {

@@ -24,7 +24,9 @@ enum Protocols {
 
     nonisolated(unsafe) static var retry = lws_retry_bo_t()
 
-    static func createContext(owner: ServiceLoop, gateway: Gateway) -> OpaquePointer? {
+    /// `foreignLoop`: the libev loop this context joins (libev only).
+    static func createContext(owner: ServiceLoop, gateway: Gateway, eventLoop: EventLoopKind,
+                              foreignLoop: UnsafeMutablePointer<UnsafeMutableRawPointer?>?) -> OpaquePointer? {
         retry.secs_since_valid_ping = UInt16(gateway.config.limits.pingIntervalSeconds)
         retry.secs_since_valid_hangup = UInt16(gateway.config.limits.idleHangupSeconds)
         var info = lws_context_creation_info()
@@ -36,9 +38,24 @@ enum Protocols {
         info.max_http_header_data = 8192
         info.timeout_secs = 20
         info.count_threads = 1
+        if eventLoop == .libev {
+            // A loop of our own ("foreign"): lws then installs no SIGINT
+            // watcher per loop (libev allows one loop per signal).
+            info.options |= UInt64(LWS_SERVER_OPTION_LIBEV)
+            info.foreign_loops = foreignLoop
+        }
         withUnsafePointer(to: &retry) { info.retry_and_idle_policy = $0 }
         return lws_create_context(&info)
     }
+}
+
+/// The loop under each context. `poll()` costs O(connections) per wake-up;
+/// libev (the lws plugin from Debian's libwebsockets-evlib-ev) uses epoll.
+/// (libuv was tried: with lws 4.1.6 its connections closed without sending
+/// the WebSocket close frame.)
+public enum EventLoopKind: String, Sendable, CaseIterable {
+    case poll, libev
+    public static let `default` = EventLoopKind.libev
 }
 
 private func loopOf(_ wsi: OpaquePointer?) -> ServiceLoop {

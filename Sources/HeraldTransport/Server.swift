@@ -9,11 +9,11 @@ public final class Server: @unchecked Sendable {
     private var loops: [ServiceLoop] = []
     public private(set) var port: Int
 
-    public init(gateway: Gateway, host: String, port: Int, threads: Int) {
+    public init(gateway: Gateway, host: String, port: Int, threads: Int, eventLoop: EventLoopKind = .default) {
         self.gateway = gateway
         self.port = port
         lws_set_log_level(ProcessInfo.processInfo.environment["HERALD_LWS_LOG"].flatMap { Int32($0) } ?? (LLL_ERR | LLL_WARN), nil)
-        loops = (0..<max(1, threads)).map { ServiceLoop(index: $0, host: host, port: port, gateway: gateway) }
+        loops = (0..<max(1, threads)).map { ServiceLoop(index: $0, host: host, port: port, gateway: gateway, eventLoop: eventLoop) }
     }
 
     /// Starts the engine and every loop. The first loop binds the port

@@ -23,9 +23,11 @@ final class ServiceLoop: LoopExecutor, @unchecked Sendable {
     let host: String
     var port: Int
     let gateway: Gateway
+    let eventLoop: EventLoopKind
     var shard: Shard!
     private let inbox = Mutex(Inbox())
     private var context: OpaquePointer?
+    private var evLoop: OpaquePointer?
     private var listenFd: Int32 = -1
     private var listener: OpaquePointer?
     private var tick: UnsafeMutablePointer<herald_tick>?
@@ -38,11 +40,14 @@ final class ServiceLoop: LoopExecutor, @unchecked Sendable {
     /// Open connections on this loop, for shutdown.
     var webSockets: [ObjectIdentifier: WebSocketConnection] = [:]
     var httpConnections: [ObjectIdentifier: HTTPConnection] = [:]
+    /// True while the inbox is being drained; see WebSocketConnection.requestWrite.
+    var draining = false
+    var flushAfterDrain: [Flushable] = []
     /// Reused for every outgoing frame: LWS_PRE bytes of headroom + payload.
     var scratch = [UInt8](repeating: 0, count: 65536)
 
-    init(index: Int, host: String, port: Int, gateway: Gateway) {
-        self.index = index; self.host = host; self.port = port; self.gateway = gateway
+    init(index: Int, host: String, port: Int, gateway: Gateway, eventLoop: EventLoopKind) {
+        self.index = index; self.host = host; self.port = port; self.gateway = gateway; self.eventLoop = eventLoop
     }
 
     func post(_ job: @escaping @Sendable () -> Void) {
@@ -72,7 +77,16 @@ final class ServiceLoop: LoopExecutor, @unchecked Sendable {
     }
 
     private func run() {
-        guard let ctx = Protocols.createContext(owner: self, gateway: gateway) else {
+        var evLoop: OpaquePointer? = nil
+        let foreign = UnsafeMutablePointer<UnsafeMutableRawPointer?>.allocate(capacity: 1)
+        defer { foreign.deallocate() }
+        if eventLoop == .libev {
+            evLoop = ev_loop_new(UInt32(EVFLAG_AUTO))
+            foreign.pointee = UnsafeMutableRawPointer(evLoop)
+        }
+        self.evLoop = evLoop
+        guard let ctx = Protocols.createContext(owner: self, gateway: gateway, eventLoop: eventLoop,
+                                                foreignLoop: evLoop == nil ? nil : foreign) else {
             startError = "libwebsockets could not create a context"
             ready.signal()
             return
@@ -90,11 +104,20 @@ final class ServiceLoop: LoopExecutor, @unchecked Sendable {
         inbox.withLock { $0.context = address }
         scheduleTick()
         ready.signal()
-        while running.load(ordering: .relaxed) {
-            if lws_service(ctx, 0) < 0 { break }
+        if let evLoop {
+            // Runs until drainInbox breaks it at shutdown. The context is not
+            // destroyed then: the process is about to exit, every connection
+            // has been closed politely, and lws 4.1.6 tears foreign loops
+            // down only from inside them.
+            ev_run(evLoop, 0)
+        } else {
+            // poll(): lws_service returns after each wake-up.
+            while running.load(ordering: .relaxed) {
+                if lws_service(ctx, 0) != 0 { break }
+            }
+            inbox.withLock { $0.context = 0 }
+            lws_context_destroy(ctx)
         }
-        inbox.withLock { $0.context = 0 }
-        lws_context_destroy(ctx)
         tick?.deallocate()
         exited.signal()
     }
@@ -102,20 +125,31 @@ final class ServiceLoop: LoopExecutor, @unchecked Sendable {
     // MARK: Loop-thread work
 
     func drainInbox() {
+        defer {
+            if let evLoop, !running.load(ordering: .relaxed) {
+                inbox.withLock { $0.context = 0 }
+                ev_break(evLoop, Int32(EVBREAK_ALL))
+            }
+        }
         while true {
             let jobs = inbox.withLock { box -> [@Sendable () -> Void] in
                 let j = box.jobs
                 box.jobs.removeAll(keepingCapacity: true)
                 return j
             }
-            if jobs.isEmpty { return }
+            if jobs.isEmpty { break }
+            draining = true
             for j in jobs { j() }
+            draining = false
         }
+        let flush = flushAfterDrain
+        flushAfterDrain.removeAll(keepingCapacity: true)
+        for c in flush { c.flush() }
     }
 
     /// The listener is readable: accept everything waiting.
     func acceptAll() {
-        guard listenFd >= 0, let vh = lws_get_vhost_by_name(context, "default") else { return }
+        guard listenFd >= 0, let context, let vh = lws_get_vhost_by_name(context, "default") else { return }
         while true {
             let fd = herald_accept(listenFd)
             if fd < 0 { return }
@@ -132,7 +166,7 @@ final class ServiceLoop: LoopExecutor, @unchecked Sendable {
     }
 
     fileprivate func armTick() {
-        guard let tick else { return }
+        guard let tick, let context else { return }
         tick.withMemoryRebound(to: lws_sorted_usec_list_t.self, capacity: 1) { sul in
             lws_sul_schedule(context, 0, sul, { sul in
                 guard let sul else { return }
@@ -165,6 +199,11 @@ final class ServiceLoop: LoopExecutor, @unchecked Sendable {
         inbox.withLock { box in if let ctx = OpaquePointer(bitPattern: box.context) { lws_cancel_service(ctx) } }
         if thread != nil { exited.wait() }
     }
+}
+
+/// A connection with output waiting for the end of the inbox drain.
+protocol Flushable: AnyObject {
+    func flush()
 }
 
 struct ServerError: Error, CustomStringConvertible {

@@ -3,7 +3,7 @@ import HeraldGateway
 
 /// A WebSocket on libwebsockets: reassembles messages for its session and
 /// writes the session's frames, one per writable callback.
-final class WebSocketConnection: WebSocketOutput {
+final class WebSocketConnection: WebSocketOutput, Flushable {
     private var wsi: OpaquePointer?
     unowned let loop: ServiceLoop
     private(set) var session: WebSocketSession!
@@ -17,8 +17,46 @@ final class WebSocketConnection: WebSocketOutput {
         session = loop.gateway.openWebSocket(shard: loop.shard, output: self)
     }
 
+    private var flushQueued = false
+
+    /// While the loop drains its inbox, writes wait for the end of the drain
+    /// (`flush`), so a connection gets one merged frame per drain and no
+    /// writable round trip (two epoll_ctl calls) when its socket has room.
     func requestWrite() {
-        if let wsi { lws_callback_on_writable(wsi) }
+        guard let wsi else { return }
+        if loop.draining {
+            if !flushQueued {
+                flushQueued = true
+                loop.flushAfterDrain.append(self)
+            }
+        } else {
+            lws_callback_on_writable(wsi)
+        }
+    }
+
+    /// End of a drain: write now if the socket takes it, else on writable.
+    func flush() {
+        flushQueued = false
+        guard let wsi else { return }
+        if session.closeRequest == nil, session.hasPendingOutput, lws_send_pipe_choked(wsi) == 0 {
+            if writeFrame(wsi) < 0 {
+                lws_set_timeout(wsi, PENDING_TIMEOUT_CLOSE_SEND, LWS_TO_KILL_ASYNC)
+                return
+            }
+        }
+        if session.hasPendingOutput || session.closeRequest != nil { lws_callback_on_writable(wsi) }
+    }
+
+    private func writeFrame(_ wsi: OpaquePointer) -> Int32 {
+        guard let frame = session.nextFrame() else { return 0 }
+        let pre = Int(herald_lws_pre)
+        if loop.scratch.count < pre + frame.count { loop.scratch = [UInt8](repeating: 0, count: pre + frame.count) }
+        return loop.scratch.withUnsafeMutableBufferPointer { buf -> Int32 in
+            frame.withUnsafeBufferPointer { f in
+                (buf.baseAddress! + pre).update(from: f.baseAddress!, count: f.count)
+            }
+            return lws_write(wsi, buf.baseAddress! + pre, frame.count, LWS_WRITE_TEXT)
+        }
     }
 
     func receive(_ data: UnsafeRawBufferPointer) {
@@ -47,16 +85,8 @@ final class WebSocketConnection: WebSocketOutput {
 
     func writable() -> Int32 {
         guard let wsi else { return -1 }
-        if let frame = session.nextFrame() {
-            let pre = Int(herald_lws_pre)
-            if loop.scratch.count < pre + frame.count { loop.scratch = [UInt8](repeating: 0, count: pre + frame.count) }
-            let n = loop.scratch.withUnsafeMutableBufferPointer { buf -> Int32 in
-                frame.withUnsafeBufferPointer { f in
-                    (buf.baseAddress! + pre).update(from: f.baseAddress!, count: f.count)
-                }
-                return lws_write(wsi, buf.baseAddress! + pre, frame.count, LWS_WRITE_TEXT)
-            }
-            if n < 0 { return -1 }
+        if session.hasPendingOutput {
+            if writeFrame(wsi) < 0 { return -1 }
             if session.hasPendingOutput || session.closeRequest != nil { lws_callback_on_writable(wsi) }
             return 0
         }

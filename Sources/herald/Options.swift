@@ -57,6 +57,7 @@ struct ConfigFile {
     var port: Int?
     var store: String?
     var bus: String?
+    var limits = GatewayLimits()
 
     init() {}
 
@@ -65,7 +66,7 @@ struct ConfigFile {
         let json: JSON
         do { json = try JSONParser.parse(Array(data)) } catch { throw UsageError("config file \(path): \(error.message)") }
         guard let o = json.objectValue else { throw UsageError("config file \(path): must be a JSON object") }
-        for k in o.keys where !["apps", "host", "port", "store", "bus"].contains(k) {
+        for k in o.keys where !["apps", "host", "port", "store", "bus", "limits"].contains(k) {
             throw UsageError("config file \(path): unknown key \"\(k)\"")
         }
         if let a = o["apps"] {
@@ -86,10 +87,48 @@ struct ConfigFile {
         host = try string("host")
         store = try string("store")
         bus = try string("bus")
+        if let l = o["limits"] {
+            guard let lo = l.objectValue else { throw UsageError("config file \(path): limits must be an object") }
+            limits = try Self.limits(lo, path: path)
+        }
         if let p = o["port"] {
             guard let v = p.int64Value, (0...65535).contains(v) else { throw UsageError("config file \(path): port must be 0 to 65535") }
             port = Int(v)
         }
+    }
+
+    /// The tunable limits (docs/OPERATIONS.md), each a positive integer.
+    nonisolated(unsafe) static let limitKeys: [(String, WritableKeyPath<GatewayLimits, Int>)] = [
+        ("maxConnectionsPerUser", \.maxConnectionsPerUser),
+        ("messagesPerSecondPerConnection", \.messagesPerSecondPerConnection),
+        ("publishesPerSecondPerApp", \.publishesPerSecondPerApp),
+        ("maxHeldPolls", \.maxHeldPolls),
+        ("maxQueuedBytesPerConnection", \.maxQueuedBytesPerConnection),
+        ("maxBodyBytes", \.maxBodyBytes),
+        ("pingIntervalSeconds", \.pingIntervalSeconds),
+        ("idleHangupSeconds", \.idleHangupSeconds),
+    ]
+    nonisolated(unsafe) static let limitSecondsKeys: [(String, WritableKeyPath<GatewayLimits, Int64>)] = [
+        ("helloTimeoutSeconds", \.helloTimeoutSeconds),
+        ("changeRetentionSeconds", \.changeRetentionSeconds),
+        ("deviceLapseSeconds", \.deviceLapseSeconds),
+    ]
+
+    static func limits(_ o: JSONObject, path: String) throws(UsageError) -> GatewayLimits {
+        var l = GatewayLimits()
+        for (k, v) in o.pairs {
+            guard let n = v.int64Value, n >= 1, n <= Int64(Int32.max) else {
+                throw UsageError("config file \(path): limits.\(k) must be a whole number from 1 to \(Int32.max)")
+            }
+            if let kp = limitKeys.first(where: { $0.0 == k })?.1 {
+                l[keyPath: kp] = Int(n)
+            } else if let kp = limitSecondsKeys.first(where: { $0.0 == k })?.1 {
+                l[keyPath: kp] = n
+            } else {
+                throw UsageError("config file \(path): unknown limit \"\(k)\"")
+            }
+        }
+        return l
     }
 
     static func app(id: String, key: String, secret: String) throws(UsageError) -> AppConfig {

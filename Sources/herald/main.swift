@@ -7,7 +7,7 @@ import HeraldTransport
 let usage = """
 usage: herald serve [--host 127.0.0.1] [--port 8080] [--config herald.json] [--store sqlite:herald.db | memory]
                     [--app ID --server-key KEY --token-secret SECRET] [--demo] [--threads N] [--web-root DIR]
-                    [--durability full|normal|off]
+                    [--durability full|normal|off] [--event-loop libev|poll]
        herald token --app ID --user USER [--ttl 3600] [--device ID] [--config herald.json | --token-secret SECRET]
 """
 
@@ -18,7 +18,7 @@ func fail(_ m: String) -> Never {
 
 func serve(_ args: ArraySlice<String>) throws(UsageError) -> Never {
     let f = try Flags(args, valued: ["host", "port", "config", "store", "bus", "app", "server-key", "token-secret",
-                                     "threads", "web-root", "durability"], switches: ["demo"])
+                                     "threads", "web-root", "durability", "event-loop"], switches: ["demo"])
     var file = ConfigFile()
     if let path = f["config"] { file = try ConfigFile(path: path) }
     var apps = file.apps
@@ -38,19 +38,24 @@ func serve(_ args: ArraySlice<String>) throws(UsageError) -> Never {
     }
     let port = try f.int("port", in: 0...65535) ?? file.port ?? 8080
     let threads = try f.int("threads", in: 1...64) ?? ProcessInfo.processInfo.activeProcessorCount
+    var eventLoop = EventLoopKind.default
+    if let e = f["event-loop"] {
+        guard let k = EventLoopKind(rawValue: e) else { throw UsageError("--event-loop must be libev or poll") }
+        eventLoop = k
+    }
     if let bus = f["bus"] ?? file.bus { throw UsageError("--bus \(bus): the Redis bus is not available in this build") }
     let store = try openStore(f["store"] ?? file.store ?? "sqlite:herald.db", durability: f["durability"])
 
-    var config = GatewayConfig(apps: apps, demo: demo)
+    var config = GatewayConfig(apps: apps, demo: demo, limits: file.limits)
     config.webRoot = f["web-root"] ?? findWebRoot()
     if demo { Log.warning("demo mode: app 'demo' is open to anyone (POST /v1/demo/token, server key 'demo-server-key'); never use it in production") }
     let gateway = Gateway(config: config, store: store)
-    let server = Server(gateway: gateway, host: host, port: port, threads: threads)
+    let server = Server(gateway: gateway, host: host, port: port, threads: threads, eventLoop: eventLoop)
+    let stopping = DispatchSemaphore(value: 0)
     do { try server.start() } catch {
         FileHandle.standardError.write("herald: \(error)\n".data(using: .utf8)!)
         exit(1)
     }
-    let stopping = DispatchSemaphore(value: 0)
     var sources: [DispatchSourceSignal] = []
     for sig in [SIGTERM, SIGINT] {
         signal(sig, SIG_IGN)
@@ -60,7 +65,7 @@ func serve(_ args: ArraySlice<String>) throws(UsageError) -> Never {
         sources.append(s)
     }
     signal(SIGPIPE, SIG_IGN)
-    Log.info("herald \(threads) loop(s), store \(storeName(store)), apps: \(config.allApps.map(\.id).joined(separator: ", "))")
+    Log.info("herald \(threads) \(eventLoop.rawValue) loop(s), store \(storeName(store)), apps: \(config.allApps.map(\.id).joined(separator: ", "))")
     FileHandle.standardOutput.write("listening on http://\(host):\(server.port)\n".data(using: .utf8)!)
     stopping.wait()
     Log.info("shutting down")

@@ -1,0 +1,146 @@
+"""Limits and rates (issue 6, docs/OPERATIONS.md): each is configurable in the
+config file's `limits`, refuses with the documented answer, and never slows
+or harms other clients."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import requests
+
+from herald_helpers import CONFIG, Closed, mint_token, uid
+
+
+def limited(**limits) -> dict:
+    return {**CONFIG, "limits": limits}
+
+
+def metric(gw, name: str) -> float:
+    text = requests.get(gw.base + "/metrics", timeout=5).text
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    raise AssertionError(f"{name} not in /metrics")
+
+
+def test_publish_rate_per_app_is_429_with_retry_after(gateway_factory):
+    gw = gateway_factory(limited(publishesPerSecondPerApp=5))
+    user = uid("user")
+    codes = [gw.publish_raw(user, {"appNotificationId": f"n{i}", "payload": {}}).status_code for i in range(30)]
+    assert 429 in codes and 201 in codes, codes
+    refused = [i for i, c in enumerate(codes) if c == 429]
+    r = gw.publish_raw(user, {"appNotificationId": "again", "payload": {}})
+    if r.status_code == 429:
+        assert int(r.headers["Retry-After"]) >= 1
+        assert r.json()["error"]["code"] == "rate_limited"
+    # Refused publishes changed nothing; accepted ones are all there.
+    stored = {n["appNotificationId"] for n in gw.list_all(user)}
+    assert not stored & {f"n{i}" for i in refused}
+    assert stored >= {f"n{i}" for i, c in enumerate(codes) if c == 201}
+    # Another app has its own budget.
+    assert gw.publish_raw(user, {"appNotificationId": "x", "payload": {}}, app="app.two").status_code == 201
+
+
+def test_websocket_message_rate_closes_4008(gateway_factory):
+    gw = gateway_factory(limited(messagesPerSecondPerConnection=5))
+    user = uid("user")
+    noisy, _, _ = gw.connect(user, "noisy")
+    calm, _, _ = gw.connect(user, "calm")
+    with calm:
+        # The burst allowance is twice the rate, hello included: the 11th
+        # message is one too many.
+        for i in range(12):
+            noisy.send({"type": "ping", "ref": str(i)})
+        code, frames = noisy.expect_close()
+        assert [f["ref"] for f in frames if f["type"] == "pong"] == [str(i) for i in range(9)]
+        assert code == 4008
+        calm.send({"type": "ping", "ref": "ok"})
+        assert calm.recv_until(lambda f: f["type"] == "pong")[0]["ref"] == "ok"
+    assert metric(gw, 'herald_dropped_connections_total{reason="rate_limited"}') >= 1
+
+
+def test_connections_per_user(gateway_factory):
+    gw = gateway_factory(limited(maxConnectionsPerUser=2))
+    user = uid("user")
+    a, _, _ = gw.connect(user, "a")
+    b, _, _ = gw.connect(user, "b")
+    with a, b:
+        c = gw.ws()
+        c.send({"type": "hello", "token": mint_token(user), "deviceId": "c"})
+        err = c.recv()
+        assert err["type"] == "error" and err["code"] == "rate_limited"
+        code, _ = c.expect_close()
+        assert code == 4008
+        # Other users are not affected, and a slot frees up when one closes.
+        other, _, _ = gw.connect(uid("user"), "x")
+        other.close()
+    d, _, welcome = gw.connect(user, "d")
+    assert welcome["type"] == "welcome"
+    d.close()
+
+
+def test_held_polls_are_bounded(gateway_factory):
+    gw = gateway_factory(limited(maxHeldPolls=1))
+    tok = mint_token(uid("user"))
+    first = requests.get(gw.base + "/v1/me/sync", params={"cursor": 0, "wait": 3},
+                         headers={"Authorization": f"Bearer {tok}"}, timeout=10, stream=True)
+    # The first poll is held (no answer yet); the second is refused.
+    import threading
+    result = {}
+
+    def hold():
+        result["first"] = requests.get(gw.base + "/v1/me/sync", params={"cursor": 0, "wait": 3},
+                                       headers={"Authorization": f"Bearer {tok}"}, timeout=10)
+    first.close()
+    t = threading.Thread(target=hold)
+    t.start()
+    time.sleep(0.5)
+    r = requests.get(gw.base + "/v1/me/sync", params={"cursor": 0, "wait": 3},
+                     headers={"Authorization": f"Bearer {tok}"}, timeout=10)
+    assert r.status_code == 429 and r.json()["error"]["code"] == "rate_limited"
+    assert int(r.headers["Retry-After"]) >= 1
+    t.join()
+    assert result["first"].status_code == 200
+
+
+def _raw_ws(gw, token: str, device: str) -> socket.socket:
+    """A WebSocket that says hello and then never reads."""
+    host, port = gw.base.removeprefix("http://").split(":")
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.connect((host, int(port)))
+    s.sendall(b"GET /v1/ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+              b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
+    # RFC 6455 4.1: wait for the handshake answer before sending frames.
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        answer += s.recv(1)
+    assert answer.startswith(b"HTTP/1.1 101"), answer
+    payload = json.dumps({"type": "hello", "token": token, "deviceId": device}).encode()
+    mask = b"\x01\x02\x03\x04"
+    header = bytes([0x81, 0x80 | 126]) + len(payload).to_bytes(2, "big") + mask
+    s.sendall(header + bytes(b ^ mask[i % 4] for i, b in enumerate(payload)))
+    return s
+
+
+def test_slow_consumer_is_cut_off_and_others_get_everything(gateway_factory):
+    gw = gateway_factory(limited(maxQueuedBytesPerConnection=256 * 1024))
+    user = uid("user")
+    stalled = _raw_ws(gw, mint_token(user), "stalled")
+    fast = gw.ws(max_queue=None)   # reads everything as it comes
+    fast.hello(mint_token(user), "fast")
+    with fast:
+        time.sleep(0.3)
+        big = {"blob": "x" * 60_000}
+        n = 120   # ~7 MB: more than the kernel buffers plus the 256 KiB bound
+        for i in range(n):
+            gw.publish(user, f"m{i}", payload=big)
+        changes, _ = fast.expect_changes(n, timeout=30)
+        assert [c["notification"]["appNotificationId"] for c in changes] == [f"m{i}" for i in range(n)]
+        deadline = time.time() + 10
+        while time.time() < deadline and metric(gw, 'herald_dropped_connections_total{reason="slow_consumer"}') < 1:
+            time.sleep(0.2)
+        assert metric(gw, 'herald_dropped_connections_total{reason="slow_consumer"}') >= 1
+    stalled.close()
