@@ -1,0 +1,189 @@
+import XCTest
+import HeraldCore
+@testable import HeraldGateway
+
+/// The HTTP router (SPEC sections 2-4): never traps; an unknown path is
+/// 404 for every method; a known path answers its methods and 405 for the
+/// rest; ids are the path's segments, byte for byte. Checked against a
+/// reference router written from the SPEC tables.
+final class RouteFuzzTests: XCTestCase {
+
+    static let methods = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
+
+    static let target = FuzzTarget(
+        name: "route",
+        dictionary: ["/", "//", "v1", "me", "apps", "users", "notifications", "devices", "tokens", "read-all", "counts",
+                     "sync", "events", "ws", "healthz", "metrics", "demo", "token", "index.html", "herald.js", ".", "..",
+                     "%2F", "?", "#", "GET ", "POST ", "PUT ", "PATCH ", "DELETE ", "HEAD ", "get ", " "],
+        maxLength: 8192,
+        generate: { rng in Array(generateRequest(&rng).utf8) },
+        check: { bytes in check(bytes) })
+
+    func testFuzzRouter() { FuzzRunner.run(Self.target, test: self) }
+
+    /// Input: `METHOD path` (no space: GET). Each is tried with and without --demo.
+    static func split(_ bytes: [UInt8]) -> (String, String) {
+        guard let sp = bytes.firstIndex(of: 0x20) else { return ("GET", String(decoding: bytes, as: UTF8.self)) }
+        return (String(decoding: bytes[..<sp], as: UTF8.self), String(decoding: bytes[(sp + 1)...], as: UTF8.self))
+    }
+
+    static func describe(_ r: Result<Route, HeraldError>) -> String {
+        switch r {
+        case .success(let route): return "\(route)"
+        case .failure(let e): return "\(e.code.httpStatus)"
+        }
+    }
+
+    static func check(_ bytes: [UInt8]) -> Outcome {
+        let (method, path) = split(bytes)
+        var accepted = false
+        for demo in [false, true] {
+            let r = Route.match(method: method, path: path, demo: demo)
+            let expected = Reference.match(method: method, path: path, demo: demo)
+            guard describe(r) == describe(expected) else {
+                return .failed("\(method) \(path.debugDescription) demo=\(demo): router says \(describe(r)), the SPEC says \(describe(expected))")
+            }
+            switch r {
+            case .success(let route):
+                accepted = true
+                if !demo, route == .demoToken || { if case .staticFile = route { true } else { false } }() {
+                    return .failed("demo route \(route) without --demo")
+                }
+            case .failure(let e):
+                guard e.code == .notFound || e.code == .methodNotAllowed else { return .failed("router answered \(e.code)") }
+                // 405 only where another method works; 404 for every method alike.
+                let others = (methods + [method]).map { Route.match(method: $0, path: path, demo: demo) }
+                let anyWorks = others.contains { if case .success = $0 { true } else { false } }
+                if e.code == .methodNotAllowed, !anyWorks { return .failed("405 for \(path.debugDescription) where no method works") }
+                if e.code == .notFound, anyWorks { return .failed("404 for \(method) on \(path.debugDescription) where another method works") }
+            }
+        }
+        return accepted ? .accepted : .rejected
+    }
+
+    // MARK: the known routes
+
+    static let idBytes = Array("abcxyzABCXYZ0189._@:-".utf8)
+    static func id(_ rng: inout SplitMix64) -> String {
+        let n = rng.oneIn(8) ? rng.pick([64, 128]) : rng.range(1, 12)
+        return String(decoding: (0..<n).map { _ in rng.pick(idBytes) }, as: UTF8.self)
+    }
+
+    /// (path, route, allowed methods) for random valid ids.
+    static func known(_ rng: inout SplitMix64) -> [(String, Route, [String])] {
+        let app = id(&rng), user = id(&rng), note = "n_" + id(&rng), dev = id(&rng)
+        return [
+            ("/healthz", .health, ["GET"]),
+            ("/metrics", .metrics, ["GET"]),
+            ("/v1/ws", .webSocket, ["GET"]),
+            ("/v1/apps/\(app)/tokens", .tokens(app: app), ["POST"]),
+            ("/v1/apps/\(app)/notifications", .bulkSend(app: app), ["POST"]),
+            ("/v1/apps/\(app)/users/\(user)/notifications", .userNotifications(app: app, user: user), ["GET", "POST"]),
+            ("/v1/apps/\(app)/users/\(user)/notifications/\(note)", .userNotification(app: app, user: user, id: note), ["GET", "PATCH", "DELETE"]),
+            ("/v1/apps/\(app)/users/\(user)/devices", .userDevices(app: app, user: user), ["GET"]),
+            ("/v1/me/notifications", .myNotifications, ["GET"]),
+            ("/v1/me/notifications/\(note)", .myNotification(id: note), ["GET", "PATCH", "DELETE"]),
+            ("/v1/me/notifications/read-all", .myReadAll, ["POST"]),
+            ("/v1/me/counts", .myCounts, ["GET"]),
+            ("/v1/me/sync", .mySync, ["GET"]),
+            ("/v1/me/events", .myEvents, ["GET"]),
+            ("/v1/me/devices/\(dev)", .myDevice(id: dev), ["PUT", "DELETE"]),
+        ]
+    }
+
+    static func generateRequest(_ rng: inout SplitMix64) -> String {
+        let k = rng.pick(known(&rng))
+        return rng.pick(methods) + " " + k.0
+    }
+
+    /// Every known path with random ids matches its route for its methods,
+    /// answers 405 for the others, and 404 once a segment is added, removed
+    /// or misspelled.
+    func testKnownPathsMatchTheirRoutes() {
+        var rng = SplitMix64(seed: FuzzRunner.seed(for: "route-known"))
+        for _ in 0..<300 {
+            for (path, route, allowed) in Self.known(&rng) {
+                for demo in [false, true] {
+                    for m in Self.methods {
+                        let r = Route.match(method: m, path: path, demo: demo)
+                        if allowed.contains(m) {
+                            XCTAssertEqual(Self.describe(r), "\(route)", "\(m) \(path)")
+                        } else {
+                            XCTAssertEqual(Self.describe(r), "405", "\(m) \(path)")
+                        }
+                    }
+                    // A segment added, a slash too many, a misspelled prefix: 404 for every method.
+                    for bad in [path + "/x/y", path + "/", "x" + path, path + "//", "/v2" + path.dropFirst(3),
+                                path.replacingOccurrences(of: "/v1/", with: "/V1/"), "/" + path] where bad != path {
+                        for m in Self.methods {
+                            XCTAssertEqual(Self.describe(Route.match(method: m, path: bad, demo: false)), "404", "\(m) \(bad)")
+                        }
+                    }
+                }
+            }
+        }
+        XCTAssertEqual(Self.describe(Route.match(method: "POST", path: "/v1/demo/token", demo: true)), "demoToken")
+        XCTAssertEqual(Self.describe(Route.match(method: "POST", path: "/v1/demo/token", demo: false)), "404")
+        XCTAssertEqual(Self.describe(Route.match(method: "GET", path: "/", demo: false)), "404")
+        XCTAssertEqual(Self.describe(Route.match(method: "GET", path: "/", demo: true)), "staticFile(name: \"index.html\")")
+        XCTAssertEqual(Self.describe(Route.match(method: "GET", path: "/v1/me/notifications/read-all", demo: false)), "405")
+    }
+
+    /// SPEC sections 2-4 and 6 as a table, on byte segments.
+    enum Reference {
+        static func match(method: String, path: String, demo: Bool) -> Result<Route, HeraldError> {
+            let (route, methods) = lookup(path, demo: demo)
+            guard let route else { return .failure(HeraldError(.notFound, "")) }
+            guard methods.contains(method) else { return .failure(HeraldError(.methodNotAllowed, "")) }
+            return .success(route)
+        }
+
+        static func lookup(_ path: String, demo: Bool) -> (Route?, [String]) {
+            let b = Array(path.utf8)
+            guard b.first == UInt8(ascii: "/") else { return (nil, []) }
+            let s = b.split(separator: UInt8(ascii: "/"), omittingEmptySubsequences: false).dropFirst()
+                .map { String(decoding: $0, as: UTF8.self) }
+            switch s {
+            case ["healthz"]: return (.health, ["GET"])
+            case ["metrics"]: return (.metrics, ["GET"])
+            case ["v1", "ws"]: return (.webSocket, ["GET"])
+            case ["v1", "demo", "token"] where demo: return (.demoToken, ["POST"])
+            case ["v1", "me", "notifications"]: return (.myNotifications, ["GET"])
+            case ["v1", "me", "counts"]: return (.myCounts, ["GET"])
+            case ["v1", "me", "sync"]: return (.mySync, ["GET"])
+            case ["v1", "me", "events"]: return (.myEvents, ["GET"])
+            case ["v1", "me", "notifications", "read-all"]: return (.myReadAll, ["POST"])
+            default: break
+            }
+            if s.count == 4, s[0] == "v1", s[1] == "me", s[2] == "notifications", !s[3].isEmpty {
+                return (.myNotification(id: s[3]), ["GET", "PATCH", "DELETE"])
+            }
+            if s.count == 4, s[0] == "v1", s[1] == "me", s[2] == "devices", !s[3].isEmpty {
+                return (.myDevice(id: s[3]), ["PUT", "DELETE"])
+            }
+            if s.count >= 4, s[0] == "v1", s[1] == "apps", !s[2].isEmpty {
+                let app = s[2]
+                if s.count == 4, s[3] == "tokens" { return (.tokens(app: app), ["POST"]) }
+                if s.count == 4, s[3] == "notifications" { return (.bulkSend(app: app), ["POST"]) }
+                if s.count >= 6, s[3] == "users", !s[4].isEmpty {
+                    let user = s[4]
+                    if s.count == 6, s[5] == "notifications" { return (.userNotifications(app: app, user: user), ["GET", "POST"]) }
+                    if s.count == 6, s[5] == "devices" { return (.userDevices(app: app, user: user), ["GET"]) }
+                    if s.count == 7, s[5] == "notifications", !s[6].isEmpty {
+                        return (.userNotification(app: app, user: user, id: s[6]), ["GET", "PATCH", "DELETE"])
+                    }
+                }
+            }
+            // Demo web root: `/` and plain file names (no dot first, <= 64).
+            if demo {
+                if path == "/" { return (.staticFile(name: "index.html"), ["GET"]) }
+                let name = b.dropFirst()
+                let ok = !name.isEmpty && name.count <= 64 && name.first != UInt8(ascii: ".") && name.allSatisfy {
+                    ($0 >= 0x61 && $0 <= 0x7A) || ($0 >= 0x41 && $0 <= 0x5A) || ($0 >= 0x30 && $0 <= 0x39) || "_@#.-".utf8.contains($0)
+                }
+                if ok, s.count == 1 { return (.staticFile(name: String(decoding: name, as: UTF8.self)), ["GET"]) }
+            }
+            return (nil, [])
+        }
+    }
+}
