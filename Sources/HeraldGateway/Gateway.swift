@@ -10,7 +10,7 @@ public final class Gateway: @unchecked Sendable {
     let apps: [String: AppConfig]
     let engine: Engine
     let startedAt = WallClock.now()
-    let publishBuckets = Mutex<[String: TokenBucket]>([:])
+    let publishBuckets = Locked<[String: TokenBucket]>([:])
     /// Long-polls held now, across shards.
     let heldPolls = Atomic<Int>(0)
 

@@ -10,8 +10,8 @@ public final class Metrics: Sendable {
              authExpired = "auth_expired"
     }
 
-    let connections = Mutex([Int](repeating: 0, count: Transport.allCases.count))
-    let drops = Mutex([Int](repeating: 0, count: DropReason.allCases.count))
+    let connections = Locked([Int](repeating: 0, count: Transport.allCases.count))
+    let drops = Locked([Int](repeating: 0, count: DropReason.allCases.count))
     public let publishes = Atomic<Int>(0)
     public let deliveries = Atomic<Int>(0)
     public let deliveryLatency = Histogram()
@@ -49,7 +49,7 @@ public final class Metrics: Sendable {
 public final class Histogram: Sendable {
     static let bounds: [Double] = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5]
     struct State { var buckets = [Int](repeating: 0, count: Histogram.bounds.count + 1); var sumNanos: UInt64 = 0 }
-    let state = Mutex(State())
+    let state = Locked(State())
 
     public init() {}
 

@@ -25,7 +25,7 @@ final class ServiceLoop: LoopExecutor, @unchecked Sendable {
     let gateway: Gateway
     let eventLoop: EventLoopKind
     var shard: Shard!
-    private let inbox = Mutex(Inbox())
+    private let inbox = Locked(Inbox())
     private var context: OpaquePointer?
     private var evLoop: OpaquePointer?
     private var listenFd: Int32 = -1

@@ -51,23 +51,23 @@ func serve(_ args: ArraySlice<String>) throws(UsageError) -> Never {
     if demo { Log.warning("demo mode: app 'demo' is open to anyone (POST /v1/demo/token, server key 'demo-server-key'); never use it in production") }
     let gateway = Gateway(config: config, store: store)
     let server = Server(gateway: gateway, host: host, port: port, threads: threads, eventLoop: eventLoop)
-    let stopping = DispatchSemaphore(value: 0)
+    // SIGTERM and SIGINT stay blocked in every thread (the mask is inherited)
+    // and are taken with sigwait below, so one that arrives the instant we
+    // start is kept pending instead of lost.
+    var stopSignals = sigset_t()
+    sigemptyset(&stopSignals)
+    sigaddset(&stopSignals, SIGTERM)
+    sigaddset(&stopSignals, SIGINT)
+    pthread_sigmask(SIG_BLOCK, &stopSignals, nil)
+    signal(SIGPIPE, SIG_IGN)
     do { try server.start() } catch {
         FileHandle.standardError.write("herald: \(error)\n".data(using: .utf8)!)
         exit(1)
     }
-    var sources: [DispatchSourceSignal] = []
-    for sig in [SIGTERM, SIGINT] {
-        signal(sig, SIG_IGN)
-        let s = DispatchSource.makeSignalSource(signal: sig, queue: .global())
-        s.setEventHandler { stopping.signal() }
-        s.resume()
-        sources.append(s)
-    }
-    signal(SIGPIPE, SIG_IGN)
     Log.info("herald \(threads) \(eventLoop.rawValue) loop(s), store \(storeName(store)), apps: \(config.allApps.map(\.id).joined(separator: ", "))")
     FileHandle.standardOutput.write("listening on http://\(host):\(server.port)\n".data(using: .utf8)!)
-    stopping.wait()
+    var received: Int32 = 0
+    sigwait(&stopSignals, &received)
     Log.info("shutting down")
     server.shutdown()
     Log.info("stopped")
