@@ -19,7 +19,8 @@ public enum WallClock {
 public enum RFC3339 {
     public static func format(_ ms: Millis) -> String {
         var secs = time_t(ms.floorDiv(1000))
-        let milli = Int(ms - Int64(secs) * 1000)
+        // Computed apart from `secs * 1000`, which overflows near Int64.min.
+        let milli = Int(((ms % 1000) + 1000) % 1000)
         var t = tm()
         gmtime_r(&secs, &t)
         func pad(_ v: Int32, _ w: Int) -> String {

@@ -135,8 +135,11 @@ public enum DeviceToken {
             return .failure(.invalid("bad token signature"))
         }
         guard let sub = p["sub"]?.stringValue, Identifiers.isUserId(sub) else { return .failure(.invalid("bad sub claim")) }
-        guard let exp = p["exp"]?.int64Value, let iat = p["iat"]?.int64Value else {
-            return .failure(.invalid("token needs integer exp and iat claims"))
+        // Times are seconds from 1970 to 9999: anything else is refused before
+        // it is ever turned into milliseconds (where it could overflow).
+        let times: ClosedRange<Int64> = 0...253_402_300_799
+        guard let exp = p["exp"]?.int64Value, let iat = p["iat"]?.int64Value, times.contains(exp), times.contains(iat) else {
+            return .failure(.invalid("token needs integer exp and iat claims between 1970 and 9999"))
         }
         var dev: String? = nil
         if let d = p["dev"], !d.isNull {
@@ -145,11 +148,11 @@ public enum DeviceToken {
         }
         var nbf: Int64? = nil
         if let n = p["nbf"], !n.isNull {
-            guard let v = n.int64Value else { return .failure(.invalid("bad nbf claim")) }
+            guard let v = n.int64Value, times.contains(v) else { return .failure(.invalid("bad nbf claim")) }
             nbf = v
         }
         let nowS = now.floorDiv(1000)
-        guard now < exp &* 1000 else { return .failure(.invalid("token expired")) }
+        guard now < exp * 1000 else { return .failure(.invalid("token expired")) }
         guard iat <= nowS + leewaySeconds else { return .failure(.invalid("token issued in the future")) }
         if let nbf, nbf > nowS + leewaySeconds { return .failure(.invalid("token not yet valid")) }
         return .success(DeviceClaims(app: app, user: sub, device: dev, issuedAt: iat, expiresAt: exp, notBefore: nbf))

@@ -66,9 +66,11 @@ final class TokenFuzzTests: XCTestCase {
         if let d = p["dev"], !d.isNull { guard let s = d.stringValue, Identifiers.isUserId(s) else { return false } }
         var nbf: Int64? = nil
         if let n = p["nbf"], !n.isNull { guard let v = n.int64Value else { return false }; nbf = v }
-        let (expMs, overflow) = exp.multipliedReportingOverflow(by: 1000)
-        if overflow { return nil }
-        guard now < expMs, iat <= nowS + 30 else { return false }
+        // Herald's documented range for time claims (docs/SECURITY.md): 1970 to 9999.
+        let times: ClosedRange<Int64> = 0...253_402_300_799
+        guard times.contains(exp), times.contains(iat) else { return false }
+        if let nbf, !times.contains(nbf) { return false }
+        guard now < exp * 1000, iat <= nowS + 30 else { return false }
         if let nbf, nbf > nowS + 30 { return false }
         return true
     }
