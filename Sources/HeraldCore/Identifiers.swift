@@ -1,4 +1,5 @@
 import CCrypto
+import Synchronization
 
 /// Character rules for the ids of SPEC section 1 and tags of section 8.
 public enum Identifiers {
@@ -23,16 +24,36 @@ public enum Identifiers {
 }
 
 /// Server-generated notification ids: `n_` + 26 Crockford base32 characters
-/// of a ULID (48-bit milliseconds, 80 random bits): unique, and roughly
-/// ordered by creation so byte order follows time.
+/// of a ULID (48-bit milliseconds, 80 random bits): unique, and ordered by
+/// creation: within one millisecond the random part is incremented (the ULID
+/// "monotonic" rule), so history's tie-break on the higher id (SPEC 4) is
+/// also newest first.
 public enum NotificationID {
     static let alphabet: [UInt8] = Array("0123456789ABCDEFGHJKMNPQRSTVWXYZ".utf8)
 
+    struct Last { var ms: Millis = -1; var random = [UInt8](repeating: 0, count: 10) }
+    static let last = Mutex(Last())
+
     public static func make(now: Millis = WallClock.now()) -> String {
-        var rnd = [UInt8](repeating: 0, count: 10)
-        Random.fill(&rnd)
+        let (ms, rnd) = last.withLock { l -> (Millis, [UInt8]) in
+            if now == l.ms {
+                // Same millisecond: count up, so ids created within it sort in
+                // creation order (createdAt ties are broken by the id).
+                var i = 9
+                while i >= 0 {
+                    l.random[i] &+= 1
+                    if l.random[i] != 0 { break }
+                    i -= 1
+                }
+            } else {
+                l.ms = now
+                Random.fill(&l.random)
+                l.random[0] &= 0x7F   // room to count up without wrapping
+            }
+            return (l.ms, l.random)
+        }
         var bytes = [UInt8](repeating: 0, count: 16)
-        var t = UInt64(max(0, now))
+        var t = UInt64(max(0, ms))
         for k in stride(from: 5, through: 0, by: -1) { bytes[k] = UInt8(t & 0xFF); t >>= 8 }
         for k in 0..<10 { bytes[6 + k] = rnd[k] }
         // 128 bits → 26 base32 digits (the first carries 3 bits).

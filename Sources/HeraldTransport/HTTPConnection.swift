@@ -173,20 +173,20 @@ final class HTTPConnection: Flushable {
     /// Streams go out chunked, so clients that read in blocks still see
     /// each event as soon as it is written.
     func startStream(contentType: String, headers: [(String, String)], serial: Int) {
-        guard let wsi, serial == self.serial, response == nil, !streaming, isBusy else { return }
+        guard wsi != nil, serial == self.serial, response == nil, !streaming, isBusy else { return }
         streaming = true
         response = HTTPResponse(status: 200, contentType: contentType, headers: headers + [("Transfer-Encoding", "chunked")], body: [])
         requestWrite()
     }
 
     func send(_ bytes: [UInt8], serial: Int) {
-        guard let wsi, serial == self.serial, streaming, !finishing, !bytes.isEmpty else { return }
+        guard wsi != nil, serial == self.serial, streaming, !finishing, !bytes.isEmpty else { return }
         streamOut += Array(String(bytes.count, radix: 16).utf8) + [0x0D, 0x0A] + bytes + [0x0D, 0x0A]
         requestWrite()
     }
 
     func finish(serial: Int) {
-        guard let wsi, serial == self.serial, streaming, !finishing else { return }
+        guard wsi != nil, serial == self.serial, streaming, !finishing else { return }
         streamOut += Array("0\r\n\r\n".utf8)
         finishing = true
         requestWrite()
