@@ -18,7 +18,11 @@ import argparse, base64, hashlib, hmac, json, os, random, socket, subprocess, sy
 from pathlib import Path
 
 import requests
-from websockets.sync.client import connect
+from websockets.sync.client import connect as _connect
+
+
+def connect(*a, **kw):
+    return _connect(*a, legacy=True, **kw) if 'legacy' in _connect.__code__.co_varnames else _connect(*a, **kw)
 
 APP, KEY, SECRET = "soak", "soak-key", "soak-secret"
 
@@ -193,7 +197,7 @@ def main():
     print(f"normal devices: received {[len(r) for r in received]} of {len(sent)}, missing {[len(m) for m in missing]}, "
           f"latency p50 {q(0.5):.2f} ms p99 {q(0.99):.2f} ms max {q(1.0):.2f} ms")
     print(f"gateway RSS: start {rss[0]/1024:.1f} MB, max {max(rss)/1024:.1f} MB, end {rss[-1]/1024:.1f} MB, "
-          f"growth after warm-up {growth:.1f} MB; alive through the soak: {alive}; exit status at SIGTERM {rc}")
+          f"growth after warm-up {growth:.1f} MB (by thirds: {' / '.join(f'{rss[k]/1024:.1f}' for k in (third, 2 * third, len(rss) - 1))} MB); alive through the soak: {alive}; exit status at SIGTERM {rc}")
     ok = alive and rc == 0 and not any(missing) and growth <= a.max_growth_mb
     print("RESULT", "ok" if ok else "FAILED")
     sys.exit(0 if ok else 1)

@@ -144,3 +144,26 @@ def test_slow_consumer_is_cut_off_and_others_get_everything(gateway_factory):
             time.sleep(0.2)
         assert metric(gw, 'herald_dropped_connections_total{reason="slow_consumer"}') >= 1
     stalled.close()
+
+
+def test_idle_connections_are_pinged_and_dead_ones_dropped(gateway_factory):
+    gw = gateway_factory(limited(pingIntervalSeconds=1, idleHangupSeconds=3))
+    user = uid("user")
+    # A client that answers pings (websockets does so automatically) stays.
+    alive = gw.ws()
+    alive.hello(mint_token(user), "alive")
+    # A raw client that never answers is dropped.
+    dead = _raw_ws(gw, mint_token(user), "dead")
+    dead.settimeout(10)
+    got = b""
+    start = time.time()
+    while time.time() - start < 10:
+        chunk = dead.recv(65536)
+        if not chunk:
+            break
+        got += chunk
+    assert time.time() - start < 9, "a peer that never answers pings was not dropped"
+    assert b"\x89" in got, "no WebSocket ping was sent"
+    with alive:
+        alive.send({"type": "ping", "ref": "still"})
+        assert alive.recv_until(lambda f: f["type"] == "pong")[0]["ref"] == "still"
