@@ -151,34 +151,66 @@ enum SyncBody {
     }
 }
 
-/// A `sync` request held until a change the device may see, or its deadline.
-final class HeldPoll: FeedFollower {
+/// What held polls and event streams share: an HTTP answer that follows
+/// one user's feed on a shard until it ends, once.
+class HTTPFollower: FeedFollower {
     let gateway: Gateway
     let shard: Shard
     let userKey: UserKey
     let deviceId: String?
-    private var viewer: Viewer
-    private var cursor: Int64
-    private let epoch: String
-    private let limit: Int
-    private let responder: HTTPResponder
-    private let until: Millis
-    private var done = false
+    let transport: Metrics.Transport
+    let responder: HTTPResponder
+    var viewer: Viewer
+    var cursor: Int64
+    private(set) var done = false
 
-    init(gateway: Gateway, shard: Shard, user: UserKey, deviceId: String?, viewer: Viewer, cursor: Int64, epoch: String,
-         limit: Int, responder: HTTPResponder, until: Millis) {
+    init(gateway: Gateway, shard: Shard, user: UserKey, deviceId: String?, viewer: Viewer, cursor: Int64,
+         responder: HTTPResponder, transport: Metrics.Transport) {
         self.gateway = gateway; self.shard = shard; userKey = user; self.deviceId = deviceId; self.viewer = viewer
-        self.cursor = cursor; self.epoch = epoch; self.limit = limit; self.responder = responder; self.until = until
+        self.cursor = cursor; self.responder = responder; self.transport = transport
     }
 
-    func start() {
+    /// Starts following on the shard; the follow ends if the client goes away.
+    func begin() {
         shard.add(self)
-        gateway.metrics.connectionOpened(.poll)
-        shard.schedule(at: until) { [weak self] in self?.answer([], more: false) }
+        gateway.metrics.connectionOpened(transport)
         responder.onClose { [weak self] in self?.end() }
     }
 
-    func deliver(_ records: [ChangeRecord]) {
+    /// Stops following: on the shard now, on the engine next.
+    func end() {
+        guard !done else { return }
+        done = true
+        shard.remove(self)
+        gateway.metrics.connectionClosed(transport)
+        gateway.release(userKey, deviceId: deviceId, shard: shard, transport: transport)
+    }
+
+    func deliver(_ records: [ChangeRecord]) {}
+    func viewerChanged(_ v: Viewer) { viewer = v }
+    func deviceDeleted() { shutdown() }
+    func shutdown() {}
+}
+
+/// A `sync` request held until a change the device may see, or its deadline.
+final class HeldPoll: HTTPFollower {
+    private let epoch: String
+    private let limit: Int
+    private let until: Millis
+
+    init(gateway: Gateway, shard: Shard, user: UserKey, deviceId: String?, viewer: Viewer, cursor: Int64, epoch: String,
+         limit: Int, responder: HTTPResponder, until: Millis) {
+        self.epoch = epoch; self.limit = limit; self.until = until
+        super.init(gateway: gateway, shard: shard, user: user, deviceId: deviceId, viewer: viewer, cursor: cursor,
+                   responder: responder, transport: .poll)
+    }
+
+    func start() {
+        begin()
+        shard.schedule(at: until) { [weak self] in self?.answer([], more: false) }
+    }
+
+    override func deliver(_ records: [ChangeRecord]) {
         guard !done else { return }
         var found: [[UInt8]] = []
         var more = false
@@ -201,34 +233,19 @@ final class HeldPoll: FeedFollower {
         end()
     }
 
-    private func end() {
-        guard !done else { return }
-        done = true
-        shard.remove(self)
-        gateway.heldPolls.subtract(1, ordering: .relaxed)
-        gateway.metrics.connectionClosed(.poll)
-        gateway.release(userKey, deviceId: deviceId, shard: shard, transport: .poll)
+    override func end() {
+        if !done { gateway.heldPolls.subtract(1, ordering: .relaxed) }
+        super.end()
     }
 
-    func viewerChanged(_ v: Viewer) { viewer = v }
-    func deviceDeleted() { answer([], more: false) }
-    func shutdown() { answer([], more: false) }
+    override func shutdown() { answer([], more: false) }
 }
 
 /// A Server-Sent Events stream: one `change` event per change, `id:` its seq.
-final class EventStream: FeedFollower {
-    let gateway: Gateway
-    let shard: Shard
-    let userKey: UserKey
-    let deviceId: String?
-    private var viewer: Viewer
-    private var cursor: Int64
-    private let responder: HTTPResponder
-    private var done = false
-
+final class EventStream: HTTPFollower {
     init(gateway: Gateway, shard: Shard, user: UserKey, deviceId: String?, viewer: Viewer, cursor: Int64, responder: HTTPResponder) {
-        self.gateway = gateway; self.shard = shard; userKey = user; self.deviceId = deviceId; self.viewer = viewer
-        self.cursor = cursor; self.responder = responder
+        super.init(gateway: gateway, shard: shard, user: user, deviceId: deviceId, viewer: viewer, cursor: cursor,
+                   responder: responder, transport: .sse)
     }
 
     static func event(id: Int64, name: String, data: [UInt8]) -> [UInt8] {
@@ -238,14 +255,12 @@ final class EventStream: FeedFollower {
     /// The stream ends when its token expires; EventSource then reconnects,
     /// with a fresh token in its URL.
     func start(_ first: [UInt8], tokenExpiresAt: Millis) {
-        shard.add(self)
+        begin()
         shard.schedule(at: tokenExpiresAt) { [weak self] in
             guard let self, !self.done else { return }
             self.gateway.metrics.dropped(.authExpired)
-            self.finish()
+            self.shutdown()
         }
-        gateway.metrics.connectionOpened(.sse)
-        responder.onClose { [weak self] in self?.end() }
         responder.startStream(contentType: "text/event-stream", headers: [("Cache-Control", "no-cache"), ("X-Accel-Buffering", "no")])
         responder.send(first)
         keepAlive()
@@ -259,7 +274,7 @@ final class EventStream: FeedFollower {
         }
     }
 
-    func deliver(_ records: [ChangeRecord]) {
+    override func deliver(_ records: [ChangeRecord]) {
         guard !done else { return }
         var out: [UInt8] = []
         var sent = 0
@@ -275,25 +290,14 @@ final class EventStream: FeedFollower {
         responder.send(out)
         if responder.queuedBytes > gateway.config.limits.maxQueuedBytesPerConnection {
             gateway.metrics.dropped(.slowConsumer)
-            finish()
+            shutdown()
         }
     }
 
-    private func finish() {
+    /// Ends the stream after what is queued (closing the connection).
+    override func shutdown() {
         guard !done else { return }
         responder.finish()
         end()
     }
-
-    private func end() {
-        guard !done else { return }
-        done = true
-        shard.remove(self)
-        gateway.metrics.connectionClosed(.sse)
-        gateway.release(userKey, deviceId: deviceId, shard: shard, transport: .sse)
-    }
-
-    func viewerChanged(_ v: Viewer) { viewer = v }
-    func deviceDeleted() { finish() }
-    func shutdown() { finish() }
 }

@@ -146,17 +146,8 @@ final class HTTPConnection: Flushable {
 
     private var flushQueued = false
 
-    /// Like WebSocketConnection.requestWrite: inside a drain, write at its end.
     private func requestWrite() {
-        guard let wsi else { return }
-        if loop.draining {
-            if !flushQueued {
-                flushQueued = true
-                loop.flushAfterDrain.append(self)
-            }
-        } else {
-            lws_callback_on_writable(wsi)
-        }
+        if let wsi { loop.requestWrite(self, wsi: wsi, queued: &flushQueued) }
     }
 
     /// End of a drain: answer now if the socket takes it, else on writable.

@@ -40,9 +40,25 @@ final class ServiceLoop: LoopExecutor, @unchecked Sendable {
     /// Open connections on this loop, for shutdown.
     var webSockets: [ObjectIdentifier: WebSocketConnection] = [:]
     var httpConnections: [ObjectIdentifier: HTTPConnection] = [:]
-    /// True while the inbox is being drained; see WebSocketConnection.requestWrite.
-    var draining = false
-    var flushAfterDrain: [Flushable] = []
+    /// True while the inbox is being drained: output then waits for the end
+    /// of the drain (`flush`), so a connection writes once per drain, and
+    /// directly when its socket has room, without a writable round trip
+    /// (two epoll_ctl calls).
+    private var draining = false
+    private var flushAfterDrain: [Flushable] = []
+
+    /// Asks for `c` to write: at the end of the drain (once), or, outside a
+    /// drain, from lws's writable callback.
+    func requestWrite(_ c: Flushable, wsi: OpaquePointer, queued: inout Bool) {
+        if draining {
+            if !queued {
+                queued = true
+                flushAfterDrain.append(c)
+            }
+        } else {
+            lws_callback_on_writable(wsi)
+        }
+    }
     /// Reused for every outgoing frame: LWS_PRE bytes of headroom + payload.
     var scratch = [UInt8](repeating: 0, count: 65536)
 

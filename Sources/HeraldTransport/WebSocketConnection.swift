@@ -19,19 +19,9 @@ final class WebSocketConnection: WebSocketOutput, Flushable {
 
     private var flushQueued = false
 
-    /// While the loop drains its inbox, writes wait for the end of the drain
-    /// (`flush`), so a connection gets one merged frame per drain and no
-    /// writable round trip (two epoll_ctl calls) when its socket has room.
+    /// Queued frames merge into one per drain (see ServiceLoop.requestWrite).
     func requestWrite() {
-        guard let wsi else { return }
-        if loop.draining {
-            if !flushQueued {
-                flushQueued = true
-                loop.flushAfterDrain.append(self)
-            }
-        } else {
-            lws_callback_on_writable(wsi)
-        }
+        if let wsi { loop.requestWrite(self, wsi: wsi, queued: &flushQueued) }
     }
 
     /// End of a drain: write now if the socket takes it, else on writable.
