@@ -53,7 +53,8 @@ public final class WebSocketSession: FeedFollower, @unchecked Sendable {
 
     init(gateway: Gateway, shard: Shard, output: WebSocketOutput, now: Millis) {
         self.gateway = gateway; self.shard = shard; self.output = output
-        connectionId = "c_" + Random.hex(8)
+        // 14 characters: a Swift small string, no allocation per connection.
+        connectionId = "c_" + Random.hex(6)
         let rate = Double(gateway.config.limits.messagesPerSecondPerConnection)
         messageBudget = TokenBucket(rate: rate, burst: 2 * rate, now: now)
         gateway.metrics.connectionOpened(.websocket)
