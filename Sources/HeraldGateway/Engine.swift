@@ -263,8 +263,6 @@ struct DevicePresence {
     var lastPollAt: Millis = 0
     var lastSeenAt: Millis = 0
 
-    var isEmpty: Bool { websocket == 0 && sse == 0 && heldPolls == 0 }
-
     /// SPEC section 3: the transport a device listing shows.
     func transport(now: Millis) -> String? {
         if websocket > 0 { return "websocket" }

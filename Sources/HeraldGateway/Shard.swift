@@ -59,8 +59,6 @@ public final class Shard: @unchecked Sendable {
         for f in m.values where f.deviceId == deviceId { f.deviceDeleted() }
     }
 
-    var followerCount: Int { followers.values.reduce(0) { $0 + $1.count } }
-
     /// Gateway shutdown: every follower ends (WebSockets 1001, held polls
     /// answered empty, event streams closed).
     public func shutdownFollowers() {
