@@ -83,6 +83,7 @@ public enum Random {
     public static func hex(_ count: Int) -> String {
         var b = [UInt8](repeating: 0, count: count)
         fill(&b)
-        return b.map { String($0, radix: 16).count == 1 ? "0" + String($0, radix: 16) : String($0, radix: 16) }.joined()
+        let digits = Array("0123456789abcdef".utf8)
+        return String(decoding: b.flatMap { [digits[Int($0 >> 4)], digits[Int($0 & 15)]] }, as: UTF8.self)
     }
 }

@@ -38,32 +38,19 @@ extension Gateway {
             let v = try e.viewer(user, deviceId: device, now: now)
             e.markPolled(user, deviceId: device, now: now)
             let epoch = v.epoch(store: e.store.epoch)
-            let feed = try e.store.feed(user)
-            guard let cursor = position.resumable(in: feed, epoch: epoch) else {
-                let page = try e.history(user, viewer: v, filter: .init(), before: nil, limit: limit)
-                let body = SyncBody.reset(page.notifications, next: page.next, cursor: feed.head, epoch: epoch)
+            let reached: Int64
+            switch try e.catchUp(user, viewer: v, from: position, limit: limit, resetLimit: limit) {
+            case .reset(let notifications, let next, let head):
+                let body = SyncBody.reset(notifications, next: next, cursor: head, epoch: epoch)
                 e.afterCommit { shard.post { responder.respond(.json(200, body)) } }
                 return
-            }
-            var found: [[UInt8]] = []
-            var reached = cursor
-            var more = false
-            scan: while reached < feed.head {
-                let page = try e.store.changes(user, after: reached, limit: 1000)
-                guard !page.isEmpty else { break }
-                for r in page {
-                    if let b = r.bytes(for: v) {
-                        if found.count == limit { more = true; break scan }
-                        found.append(b)
-                    }
-                    reached = r.seq
+            case .changes(let list, let at, let more):
+                reached = at
+                if !list.isEmpty || wait == 0 {
+                    let body = SyncBody.changes(list.map(\.bytes), cursor: reached, epoch: epoch, hasMore: more)
+                    e.afterCommit { shard.post { responder.respond(HTTPResponse(status: 200, body: body)) } }
+                    return
                 }
-            }
-            if !more { reached = max(reached, feed.head) }
-            if !found.isEmpty || wait == 0 {
-                let body = SyncBody.changes(found, cursor: reached, epoch: epoch, hasMore: more)
-                e.afterCommit { shard.post { responder.respond(HTTPResponse(status: 200, body: body)) } }
-                return
             }
             // Nothing yet: hold the request until a change this device may see.
             guard self.heldPolls.load(ordering: .relaxed) < self.config.limits.maxHeldPolls else {
@@ -72,12 +59,11 @@ extension Gateway {
                 return
             }
             self.heldPolls.add(1, ordering: .relaxed)
-            let from = reached
             e.afterCommit {
                 e.follow(user, shard: shard.index)
                 e.connectionOpened(user, deviceId: device, transport: .poll, now: now)
                 shard.post {
-                    HeldPoll(gateway: self, shard: shard, user: user, deviceId: device, viewer: v, cursor: from,
+                    HeldPoll(gateway: self, shard: shard, user: user, deviceId: device, viewer: v, cursor: reached,
                              epoch: epoch, limit: limit, responder: responder, until: now + Millis(wait) * 1000).start()
                 }
             }
@@ -97,13 +83,11 @@ extension Gateway {
             let v = try e.viewer(user, deviceId: device, now: now)
             let epoch = v.epoch(store: e.store.epoch)
             let first: [UInt8]
-            switch try e.catchUp(user, viewer: v, from: position) {
-            case .changes(let list, let head):
+            switch try e.catchUp(user, viewer: v, from: position, resetLimit: 500) {
+            case .changes(let list, let head, _):
                 first = list.flatMap { EventStream.event(id: $0.seq, name: "change", data: $0.bytes) }
                 e.afterCommit { self.startStream(e, user, device, v, head, first, shard, responder, now, expiresAt) }
-            case .reset(let all, let head):
-                let page = Array(all.prefix(500))
-                let next = all.count > page.count ? page.last.map { PageToken.encode(HistoryKey($0)) } : nil
+            case .reset(let page, let next, let head):
                 let body = SyncBody.reset(page, next: next, cursor: head, epoch: epoch).encoded
                 first = EventStream.event(id: head, name: "reset", data: body)
                 e.afterCommit { self.startStream(e, user, device, v, head, first, shard, responder, now, expiresAt) }

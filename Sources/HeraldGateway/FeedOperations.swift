@@ -105,25 +105,38 @@ extension Engine {
     /// What a device must receive to catch up from `position`: the changes
     /// it may see after its cursor, or a reset.
     enum CatchUp {
-        /// Visible changes after the cursor (encoded), and the position read up to.
-        case changes([(seq: Int64, bytes: [UInt8])], head: Int64)
-        case reset([Notification], head: Int64)
+        /// Visible changes after the cursor (encoded), the position read up
+        /// to, and whether `limit` cut them short.
+        case changes([(seq: Int64, bytes: [UInt8])], reached: Int64, more: Bool)
+        /// The cursor is unusable: the newest notifications the device may
+        /// see as of `head`, and the page token of the rest (nil: all given).
+        case reset([Notification], next: String?, head: Int64)
     }
 
-    func catchUp(_ user: UserKey, viewer: Viewer, from position: FeedPosition) throws(StoreError) -> CatchUp {
+    /// Catch-up for every transport. `limit` bounds the changes; `resetLimit`
+    /// bounds a reset's notifications (nil: all of them, as WebSockets send).
+    func catchUp(_ user: UserKey, viewer: Viewer, from position: FeedPosition, limit: Int = .max,
+                 resetLimit: Int? = nil) throws(StoreError) -> CatchUp {
         let feed = try store.feed(user)
         guard let cursor = position.resumable(in: feed, epoch: viewer.epoch(store: store.epoch)) else {
-            return .reset(try allVisible(user, viewer: viewer), head: feed.head)
+            guard let resetLimit else { return .reset(try allVisible(user, viewer: viewer), next: nil, head: feed.head) }
+            let page = try history(user, viewer: viewer, filter: HistoryFilter(), before: nil, limit: resetLimit)
+            return .reset(page.notifications, next: page.next, head: feed.head)
         }
         var out: [(seq: Int64, bytes: [UInt8])] = []
-        var after = cursor
-        while after < feed.head {
-            let page = try store.changes(user, after: after, limit: 1000)
-            for r in page { if let b = r.bytes(for: viewer) { out.append((r.seq, b)) } }
-            guard let last = page.last else { break }
-            after = last.seq
+        var reached = cursor
+        while reached < feed.head {
+            let page = try store.changes(user, after: reached, limit: 1000)
+            guard !page.isEmpty else { break }
+            for r in page {
+                if let b = r.bytes(for: viewer) {
+                    if out.count == limit { return .changes(out, reached: reached, more: true) }
+                    out.append((r.seq, b))
+                }
+                reached = r.seq
+            }
         }
-        return .changes(out, head: feed.head)
+        return .changes(out, reached: feed.head, more: false)
     }
 
     /// The viewer of a named device, registering it (and applying `registration`) if asked.

@@ -32,7 +32,7 @@ extension Gateway {
             case .bulkSend(let appId):
                 let app = try serverAuth(req, appId)
                 let send = try BulkSend(bytes: req.body)
-                if case .users(let ids) = send.audience { try admitPublishes(app, ids.count) } else { try admitPublishes(app, 1) }
+                if case .users(let ids) = send.audience { try admitPublishes(app.id, ids.count) } else { try admitPublishes(app.id, 1) }
                 try bulkSend(app, send, exec)
             case .userNotifications(let appId, let userId):
                 let user = try serverUser(req, appId, userId)
@@ -135,8 +135,6 @@ extension Gateway {
     }
 
     /// The per-app publish rate (`publishesPerSecondPerApp`, burst twice that).
-    func admitPublishes(_ app: AppConfig, _ n: Int) throws(HeraldError) { try admitPublishes(app.id, n) }
-
     func admitPublishes(_ appId: String, _ n: Int) throws(HeraldError) {
         let rate = Double(config.limits.publishesPerSecondPerApp)
         let now = WallClock.now()

@@ -174,7 +174,7 @@ public final class WebSocketSession: FeedFollower, @unchecked Sendable {
     /// Queues catch-up frames (SPEC section 5); returns the position reached.
     private func sendCatchUp(_ c: Engine.CatchUp, epoch: String) -> Int64 {
         switch c {
-        case .changes(let list, let head):
+        case .changes(let list, let head, _):
             var i = 0
             while i < list.count {
                 let chunk = list[i..<min(list.count, i + 500)]
@@ -182,7 +182,7 @@ public final class WebSocketSession: FeedFollower, @unchecked Sendable {
                 send(ServerFrame.changes(chunk.map(\.bytes), cursor: i == list.count ? head : chunk.last!.seq))
             }
             return head
-        case .reset(let notifications, let head):
+        case .reset(let notifications, _, let head):
             var i = 0
             repeat {
                 let chunk = Array(notifications[i..<min(notifications.count, i + 500)])

@@ -133,7 +133,7 @@ do throws(UsageError) {
     case "-h", "--help", "help":
         print(usage)
         exit(0)
-    case "": fail("a command is required (serve or token)\n\(usage)".split(separator: "\n").first.map(String.init)!)
+    case "": fail("a command is required (serve or token)")
     default: fail("unknown command '\(argv[1])'")
     }
 } catch {
