@@ -237,7 +237,8 @@ public struct TokenRequest: Sendable {
 }
 
 extension Substring {
-    var trimmingSpaces: Substring {
+    /// Without leading and trailing spaces and tabs (HTTP's optional whitespace).
+    public var trimmingSpaces: Substring {
         var s = self
         while s.first == " " || s.first == "\t" { s = s.dropFirst() }
         while s.last == " " || s.last == "\t" { s = s.dropLast() }

@@ -346,17 +346,24 @@ extension JSON {
 
     public static func encodeString(_ s: String, into out: inout [UInt8]) {
         out.append(0x22)
-        for c in s.utf8 {
-            switch c {
-            case 0x22: out.append(0x5C); out.append(0x22)
-            case 0x5C: out.append(0x5C); out.append(0x5C)
-            case 0x0A: out.append(0x5C); out.append(UInt8(ascii: "n"))
-            case 0x0D: out.append(0x5C); out.append(UInt8(ascii: "r"))
-            case 0x09: out.append(0x5C); out.append(UInt8(ascii: "t"))
-            case 0..<0x20:
-                out.append(contentsOf: [0x5C, UInt8(ascii: "u"), 0x30, 0x30, hexDigits[Int(c >> 4)], hexDigits[Int(c & 15)]])
-            default: out.append(c)
+        var s = s
+        s.withUTF8 { b in
+            // Runs that need no escape are copied whole.
+            var start = 0
+            for (i, c) in b.enumerated() where c < 0x20 || c == 0x22 || c == 0x5C {
+                out.append(contentsOf: UnsafeBufferPointer(rebasing: b[start..<i]))
+                start = i + 1
+                switch c {
+                case 0x22: out.append(0x5C); out.append(0x22)
+                case 0x5C: out.append(0x5C); out.append(0x5C)
+                case 0x0A: out.append(0x5C); out.append(UInt8(ascii: "n"))
+                case 0x0D: out.append(0x5C); out.append(UInt8(ascii: "r"))
+                case 0x09: out.append(0x5C); out.append(UInt8(ascii: "t"))
+                default:
+                    out.append(contentsOf: [0x5C, UInt8(ascii: "u"), 0x30, 0x30, hexDigits[Int(c >> 4)], hexDigits[Int(c & 15)]])
+                }
             }
+            out.append(contentsOf: UnsafeBufferPointer(rebasing: b[start...]))
         }
         out.append(0x22)
     }

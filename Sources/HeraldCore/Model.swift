@@ -59,22 +59,23 @@ public struct Notification: Sendable, Equatable {
 
     /// The wire form of SPEC section 1, keys in the documented order.
     public var json: JSON {
+        // Keys are distinct by construction: appendNew skips the search.
         var o = JSONObject()
-        o["id"] = .string(id)
-        o["appNotificationId"] = .string(appNotificationId)
-        o["userId"] = .string(userId)
-        o["payload"] = .object(payload)
-        o["priority"] = .string(priority.rawValue)
-        o["groupName"] = groupName.json
-        o["displayTimeToLive"] = displayTimeToLive.map { JSON.int($0) } ?? .null
-        o["targetPlatforms"] = targetPlatforms.map { .array($0.map { .string($0.rawValue) }) } ?? .null
-        o["targetTags"] = targetTags.map { .string($0.source) } ?? .null
-        o["createdAt"] = .string(RFC3339.format(createdAt))
-        o["updatedAt"] = .string(RFC3339.format(updatedAt))
-        o["expiresAt"] = .string(RFC3339.format(expiresAt))
-        o["readState"] = .string(readState.rawValue)
-        o["userActionState"] = .string(userActionState.rawValue)
-        o["version"] = .int(version)
+        o.appendNew("id", .string(id))
+        o.appendNew("appNotificationId", .string(appNotificationId))
+        o.appendNew("userId", .string(userId))
+        o.appendNew("payload", .object(payload))
+        o.appendNew("priority", .string(priority.rawValue))
+        o.appendNew("groupName", groupName.json)
+        o.appendNew("displayTimeToLive", displayTimeToLive.map { JSON.int($0) } ?? .null)
+        o.appendNew("targetPlatforms", targetPlatforms.map { .array($0.map { .string($0.rawValue) }) } ?? .null)
+        o.appendNew("targetTags", targetTags.map { .string($0.source) } ?? .null)
+        o.appendNew("createdAt", .string(RFC3339.format(createdAt)))
+        o.appendNew("updatedAt", .string(RFC3339.format(updatedAt)))
+        o.appendNew("expiresAt", .string(RFC3339.format(expiresAt)))
+        o.appendNew("readState", .string(readState.rawValue))
+        o.appendNew("userActionState", .string(userActionState.rawValue))
+        o.appendNew("version", .int(version))
         return .object(o)
     }
 

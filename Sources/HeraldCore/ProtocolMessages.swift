@@ -83,25 +83,50 @@ public enum ClientMessage: Sendable, Equatable {
 /// spliced in already encoded, so a change is serialised once for all
 /// devices.
 public enum ServerFrame {
+    private static let changesHead = Array(#"{"type":"changes","changes":["#.utf8)
+    private static let changesCursor = Array(#"],"cursor":"#.utf8)
+    private static let changeHead = Array(#"{"type":"change","change":"#.utf8)
+
     public static func changes(_ encoded: [[UInt8]], cursor: Int64) -> [UInt8] {
-        var out: [UInt8] = Array(#"{"type":"changes","changes":["#.utf8)
-        out.reserveCapacity(encoded.reduce(64) { $0 + $1.count + 1 })
-        for (k, c) in encoded.enumerated() {
-            if k > 0 { out.append(UInt8(ascii: ",")) }
-            out.append(contentsOf: c)
-        }
-        out.append(contentsOf: #"],"cursor":"#.utf8)
-        out.append(contentsOf: String(cursor).utf8)
-        out.append(UInt8(ascii: "}"))
+        var out: [UInt8] = []
+        appendChanges(encoded[...], cursor: cursor, to: &out) { out, n in out.reserveCapacity(n) }
         return out
     }
 
     public static func change(_ encoded: [UInt8]) -> [UInt8] {
-        var out: [UInt8] = Array(#"{"type":"change","change":"#.utf8)
-        out.reserveCapacity(encoded.count + 28)
-        out.append(contentsOf: encoded)
-        out.append(UInt8(ascii: "}"))
+        var out: [UInt8] = []
+        appendLive([encoded][...], cursor: 0, to: &out) { out, n in out.reserveCapacity(n) }
         return out
+    }
+
+    /// Appends a live frame (`change` for one, `changes` for several) straight
+    /// into an output buffer, after `header(&out, length)`: the transport's
+    /// framing needs the length first, and this spares building the frame
+    /// apart and copying it.
+    public static func appendLive(_ encoded: ArraySlice<[UInt8]>, cursor: Int64, to out: inout [UInt8],
+                                  header: (inout [UInt8], Int) -> Void) {
+        guard encoded.count == 1, let only = encoded.first else {
+            return appendChanges(encoded, cursor: cursor, to: &out, header: header)
+        }
+        header(&out, changeHead.count + only.count + 1)
+        out.append(contentsOf: changeHead)
+        out.append(contentsOf: only)
+        out.append(UInt8(ascii: "}"))
+    }
+
+    private static func appendChanges(_ encoded: ArraySlice<[UInt8]>, cursor: Int64, to out: inout [UInt8],
+                                      header: (inout [UInt8], Int) -> Void) {
+        let digits = String(cursor).utf8
+        let body = encoded.reduce(max(encoded.count - 1, 0)) { $0 + $1.count }
+        header(&out, changesHead.count + body + changesCursor.count + digits.count + 1)
+        out.append(contentsOf: changesHead)
+        for (k, c) in encoded.enumerated() {
+            if k > 0 { out.append(UInt8(ascii: ",")) }
+            out.append(contentsOf: c)
+        }
+        out.append(contentsOf: changesCursor)
+        out.append(contentsOf: digits)
+        out.append(UInt8(ascii: "}"))
     }
 
     public static func reset(_ notifications: [Notification], cursor: Int64, epoch: String, final: Bool) -> [UInt8] {
@@ -124,8 +149,9 @@ public enum ServerFrame {
         JSON.object(["type": "error", "ref": ref.json, "code": .string(e.code.rawValue), "message": .string(e.message)]).encoded
     }
 
+    /// Sent after most changes, so written directly.
     public static func counts(unread: Int) -> [UInt8] {
-        JSON.object(["type": "counts", "unread": .int(unread)]).encoded
+        Array(#"{"type":"counts","unread":\#(unread)}"#.utf8)
     }
 
     public static func pong(ref: String?) -> [UInt8] {

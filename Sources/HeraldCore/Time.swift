@@ -17,7 +17,32 @@ public enum WallClock {
 
 /// RFC 3339 UTC with milliseconds and `Z`, as every time on the wire.
 public enum RFC3339 {
+    /// Every time on the wire goes through here (three per notification
+    /// encoded), so years 0000–9999 are written digit by digit.
     public static func format(_ ms: Millis) -> String {
+        let days = Int(ms.floorDiv(86_400_000))
+        let (y, m, d) = civilFromDays(days)
+        guard (0...9999).contains(y) else { return formatWide(ms) }
+        let inDay = Int(ms - Int64(days) * 86_400_000)
+        return String(unsafeUninitializedCapacity: 24) { b in
+            var i = 0
+            func put(_ value: Int, _ width: Int, _ separator: Character) {
+                var v = value
+                for p in stride(from: i + width - 1, through: i, by: -1) {
+                    b[p] = UInt8(0x30 + v % 10)
+                    v /= 10
+                }
+                b[i + width] = separator.asciiValue!
+                i += width + 1
+            }
+            put(y, 4, "-"); put(m, 2, "-"); put(d, 2, "T")
+            put(inDay / 3_600_000, 2, ":"); put(inDay / 60_000 % 60, 2, ":"); put(inDay / 1000 % 60, 2, ".")
+            put(inDay % 1000, 3, "Z")
+            return i
+        }
+    }
+
+    private static func formatWide(_ ms: Millis) -> String {
         var secs = time_t(ms.floorDiv(1000))
         // Computed apart from `secs * 1000`, which overflows near Int64.min.
         let milli = Int(((ms % 1000) + 1000) % 1000)
@@ -88,6 +113,19 @@ public enum RFC3339 {
     }
 
     /// Days since 1970-01-01 (Howard Hinnant's algorithm).
+    /// The inverse of `daysFromCivil` (H. Hinnant's algorithm): (year, month, day).
+    static func civilFromDays(_ z0: Int) -> (Int, Int, Int) {
+        let z = z0 + 719468
+        let era = (z >= 0 ? z : z - 146096) / 146097
+        let doe = z - era * 146097
+        let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365
+        let doy = doe - (365 * yoe + yoe / 4 - yoe / 100)
+        let mp = (5 * doy + 2) / 153
+        let d = doy - (153 * mp + 2) / 5 + 1
+        let m = mp < 10 ? mp + 3 : mp - 9
+        return (yoe + era * 400 + (m <= 2 ? 1 : 0), m, d)
+    }
+
     static func daysFromCivil(_ y0: Int, _ m: Int, _ d: Int) -> Int {
         let y = m <= 2 ? y0 - 1 : y0
         let era = (y >= 0 ? y : y - 399) / 400

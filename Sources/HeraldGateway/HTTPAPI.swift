@@ -156,8 +156,8 @@ extension Gateway {
         guard let h = req.headers["authorization"] else { return nil }
         let parts = h.split(separator: " ", maxSplits: 1)
         guard parts.count == 2, parts[0].lowercased() == "bearer" else { return nil }
-        let t = parts[1].trimmingCharacters(in: .whitespaces)
-        return t.isEmpty ? nil : t
+        let t = parts[1].trimmingSpaces
+        return t.isEmpty ? nil : String(t)
     }
 
     struct DeviceContext: Sendable {
@@ -174,7 +174,7 @@ extension Gateway {
         let claims = try verify(token: token).get()
         var device: String? = nil
         if namesDevice {
-            let header = req.headers["herald-device"].map { $0.trimmingCharacters(in: .whitespaces) }
+            let header = req.headers["herald-device"].map { String(Substring($0).trimmingSpaces) }
             let query = req.queryValue("deviceId")
             if let header, let query, header != query {
                 throw HeraldError.badRequest("Herald-Device and ?deviceId= name different devices")

@@ -2,8 +2,8 @@ import HeraldCore
 
 /// The transport side of a WebSocket, as a session sees it.
 public protocol WebSocketOutput: AnyObject {
-    /// Asks for a writable callback, where the transport calls `nextFrame()`
-    /// and then, once nothing is left, honours `closeRequest`.
+    /// Asks the transport to write: it calls `writePending` when the socket
+    /// can take more, and once nothing is left honours `closeRequest`.
     func requestWrite()
 }
 
@@ -322,31 +322,34 @@ public final class WebSocketSession: FeedFollower, @unchecked Sendable {
         output.requestWrite()
     }
 
-    /// The next frame to write, merging queued live changes into one frame.
-    public func nextFrame() -> [UInt8]? {
-        guard queueHead < queue.count else { return nil }
-        let first = queue[queueHead]
-        queueHead += 1
-        queuedBytes -= first.size
-        var frame: [UInt8]
-        switch first {
-        case .frame(let b): frame = b
-        case .change(let seq, let b):
-            var batch = [b]
-            var last = seq
-            while queueHead < queue.count, batch.count < 500, case .change(let s, let nb) = queue[queueHead] {
-                batch.append(nb)
-                last = s
-                queueHead += 1
-                queuedBytes -= nb.count
+    /// Moves queued messages into `out`, each after `header(&out, length)`,
+    /// until nothing is left or `out` holds `limit` bytes; queued live
+    /// changes merge into one `changes` frame (at most 500 each).
+    public func writePending(into out: inout [UInt8], limit: Int, header: (inout [UInt8], Int) -> Void) {
+        while queueHead < queue.count, out.count < limit {
+            let first = queue[queueHead]
+            queueHead += 1
+            queuedBytes -= first.size
+            switch first {
+            case .frame(let b):
+                header(&out, b.count)
+                out.append(contentsOf: b)
+            case .change(let seq, let b):
+                var batch = [b]
+                var last = seq
+                while queueHead < queue.count, batch.count < 500, case .change(let s, let nb) = queue[queueHead] {
+                    batch.append(nb)
+                    last = s
+                    queueHead += 1
+                    queuedBytes -= nb.count
+                }
+                ServerFrame.appendLive(batch[...], cursor: last, to: &out, header: header)
             }
-            frame = batch.count == 1 ? ServerFrame.change(b) : ServerFrame.changes(batch, cursor: last)
         }
         if queueHead == queue.count || queueHead > 1024 {
             queue.removeFirst(queueHead)
             queueHead = 0
         }
-        return frame
     }
 
     // MARK: Closing

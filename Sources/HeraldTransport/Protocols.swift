@@ -21,6 +21,9 @@ enum Protocols {
         // larger messages arrive in pieces that WebSocketConnection joins.
         // (65536 cost 7.7 KB of RSS per idle connection; 512 costs 4.05 KB.)
         p[0].rx_buffer_size = 512
+        // Without this lws sends at most rx_buffer_size bytes per writable
+        // event: a 100 KB answer would take 200 round trips through epoll.
+        p[0].tx_packet_size = ServiceLoop.outputLimit
         p[1].name = UnsafePointer(listenName)
         p[1].callback = heraldCallback
         return p

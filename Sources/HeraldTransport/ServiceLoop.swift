@@ -59,8 +59,12 @@ final class ServiceLoop: LoopExecutor, @unchecked Sendable {
             lws_callback_on_writable(wsi)
         }
     }
-    /// Reused for every outgoing frame: LWS_PRE bytes of headroom + payload.
+    /// Reused for every outgoing HTTP write: LWS_PRE bytes of headroom + payload.
     var scratch = [UInt8](repeating: 0, count: 65536)
+    /// Reused for WebSocket output: framed messages, up to about `outputLimit`
+    /// bytes per `send()`.
+    var output: [UInt8] = []
+    static let outputLimit = 256 * 1024
 
     init(index: Int, host: String, port: Int, gateway: Gateway, eventLoop: EventLoopKind) {
         self.index = index; self.host = host; self.port = port; self.gateway = gateway; self.eventLoop = eventLoop

@@ -1,8 +1,9 @@
 import CLibWebSockets
+import Glibc
 import HeraldGateway
 
 /// A WebSocket on libwebsockets: reassembles messages for its session and
-/// writes the session's frames, one per writable callback.
+/// writes the session's frames, as many to a `send()` as are queued.
 final class WebSocketConnection: WebSocketOutput, Flushable {
     private var wsi: OpaquePointer?
     unowned let loop: ServiceLoop
@@ -18,34 +19,65 @@ final class WebSocketConnection: WebSocketOutput, Flushable {
     }
 
     private var flushQueued = false
+    /// lws holds the unsent tail of our last write and calls `writable()`
+    /// once it has sent it; until then nothing may be sent past it.
+    private var lwsHoldsOutput = false
 
-    /// Queued frames merge into one per drain (see ServiceLoop.requestWrite).
+    /// Queued frames merge into one write per drain (see ServiceLoop.requestWrite).
     func requestWrite() {
         if let wsi { loop.requestWrite(self, wsi: wsi, queued: &flushQueued) }
     }
 
-    /// End of a drain: write now if the socket takes it, else on writable.
+    /// End of a drain: write what the session has queued, now.
     func flush() {
         flushQueued = false
         guard let wsi else { return }
-        if session.closeRequest == nil, session.hasPendingOutput, lws_send_pipe_choked(wsi) == 0 {
-            if writeFrame(wsi) < 0 {
-                lws_set_timeout(wsi, PENDING_TIMEOUT_CLOSE_SEND, LWS_TO_KILL_ASYNC)
-                return
-            }
+        if !lwsHoldsOutput, session.closeRequest == nil, !writePending(wsi) {
+            lws_set_timeout(wsi, PENDING_TIMEOUT_CLOSE_SEND, LWS_TO_KILL_ASYNC)
+            return
         }
-        if session.hasPendingOutput || session.closeRequest != nil { lws_callback_on_writable(wsi) }
+        if !lwsHoldsOutput, session.hasPendingOutput || session.closeRequest != nil { lws_callback_on_writable(wsi) }
     }
 
-    private func writeFrame(_ wsi: OpaquePointer) -> Int32 {
-        guard let frame = session.nextFrame() else { return 0 }
-        let pre = Int(herald_lws_pre)
-        if loop.scratch.count < pre + frame.count { loop.scratch = [UInt8](repeating: 0, count: pre + frame.count) }
-        return loop.scratch.withUnsafeMutableBufferPointer { buf -> Int32 in
-            frame.withUnsafeBufferPointer { f in
-                (buf.baseAddress! + pre).update(from: f.baseAddress!, count: f.count)
+    /// Writes every queued message, several frames to a `send()`, straight to
+    /// the socket: no `lws_send_pipe_choked` (a `poll()` per call) and no
+    /// writable round trip (two `epoll_ctl`) while the socket takes it all.
+    /// A short send hands the rest to lws (`LWS_WRITE_HTTP` is its
+    /// `LWS_WRITE_RAW`: bytes as they are, no framing), which sends it
+    /// ahead of anything else, its own pongs and close frame included, so
+    /// frames never interleave. False when the socket failed.
+    private func writePending(_ wsi: OpaquePointer) -> Bool {
+        let fd = lws_get_socket_fd(wsi)
+        var rounds = 0
+        while session.hasPendingOutput, rounds < 4 {
+            rounds += 1
+            loop.output.removeAll(keepingCapacity: true)
+            session.writePending(into: &loop.output, limit: ServiceLoop.outputLimit, header: Self.frameHeader)
+            let total = loop.output.count
+            let sent = loop.output.withUnsafeBytes { send(fd, $0.baseAddress, total, Int32(MSG_NOSIGNAL | MSG_DONTWAIT)) }
+            if sent == total { continue }
+            if sent < 0, errno != EAGAIN, errno != EWOULDBLOCK { return false }
+            let done = max(sent, 0)
+            lwsHoldsOutput = true
+            return loop.output.withUnsafeMutableBufferPointer { b in
+                lws_write(wsi, b.baseAddress! + done, total - done, LWS_WRITE_HTTP) >= 0
             }
-            return lws_write(wsi, buf.baseAddress! + pre, frame.count, LWS_WRITE_TEXT)
+        }
+        return true
+    }
+
+    /// RFC 6455 section 5.2 header of an unmasked, final text frame.
+    static func frameHeader(_ out: inout [UInt8], _ length: Int) {
+        out.append(0x81)
+        if length < 126 {
+            out.append(UInt8(length))
+        } else if length < 65536 {
+            out.append(126)
+            out.append(UInt8(length >> 8))
+            out.append(UInt8(length & 0xff))
+        } else {
+            out.append(127)
+            for shift in stride(from: 56, through: 0, by: -8) { out.append(UInt8((length >> shift) & 0xff)) }
         }
     }
 
@@ -73,11 +105,13 @@ final class WebSocketConnection: WebSocketOutput, Flushable {
         }
     }
 
+    /// lws calls this only once it has sent what it held for us.
     func writable() -> Int32 {
         guard let wsi else { return -1 }
+        lwsHoldsOutput = false
         if session.hasPendingOutput {
-            if writeFrame(wsi) < 0 { return -1 }
-            if session.hasPendingOutput || session.closeRequest != nil { lws_callback_on_writable(wsi) }
+            if !writePending(wsi) { return -1 }
+            if !lwsHoldsOutput, session.hasPendingOutput || session.closeRequest != nil { lws_callback_on_writable(wsi) }
             return 0
         }
         if let c = session.closeRequest {

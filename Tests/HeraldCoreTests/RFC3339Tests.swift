@@ -27,6 +27,16 @@ final class RFC3339Tests: XCTestCase {
         }
     }
 
+    func testFormatRoundTripsEveryFourDigitYear() {
+        var rng = SystemRandomNumberGenerator()
+        for _ in 0..<5000 {
+            let ms = Millis.random(in: -62_167_219_200_000...253_402_300_799_999, using: &rng) // 0000 to 9999
+            XCTAssertEqual(RFC3339.parse(RFC3339.format(ms)), ms, RFC3339.format(ms))
+        }
+        XCTAssertEqual(RFC3339.format(-62_167_219_200_000), "0000-01-01T00:00:00.000Z")
+        XCTAssertEqual(RFC3339.format(253_402_300_800_000), "10000-01-01T00:00:00.000Z")
+    }
+
     func testParseZuluWithAndWithoutFraction() {
         XCTAssertEqual(RFC3339.parse("2026-11-22T10:00:00.000Z"), T0)
         XCTAssertEqual(RFC3339.parse("2026-11-22T10:00:00Z"), T0)
