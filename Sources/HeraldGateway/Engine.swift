@@ -175,7 +175,9 @@ public final class Engine: @unchecked Sendable {
     private func runEffects() {
         let list = effects
         effects.removeAll(keepingCapacity: true)
+        // Each user's records in commit order, users in order of first change.
         var pending: [(UserKey, [ChangeRecord])] = []
+        var slot: [UserKey: Int] = [:]
         let committed = DispatchTime.now().uptimeNanoseconds
         func flush() {
             for (user, records) in pending {
@@ -186,11 +188,17 @@ public final class Engine: @unchecked Sendable {
                 }
             }
             pending.removeAll()
+            slot.removeAll()
         }
         for e in list {
             switch e {
             case .publish(let u, let r):
-                if let i = pending.lastIndex(where: { $0.0 == u }) { pending[i].1.append(r) } else { pending.append((u, [r])) }
+                if let i = slot[u] {
+                    pending[i].1.append(r)
+                } else {
+                    slot[u] = pending.count
+                    pending.append((u, [r]))
+                }
             case .run(let f):
                 flush()
                 f()

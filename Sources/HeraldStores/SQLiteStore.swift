@@ -74,6 +74,12 @@ public final class SQLiteStore: NotificationStore {
             try db.execute("PRAGMA synchronous = \(durability.rawValue.uppercased())")
             try db.execute("PRAGMA cache_size = -65536")      // 64 MiB
             try db.execute("PRAGMA temp_store = MEMORY")
+            // Checkpoint every 64 MiB of WAL, not every 4 MiB (the default):
+            // publishes to many users dirty the same index pages batch after
+            // batch, and a checkpoint copies each page once however often it
+            // changed. At the default every group commit also checkpointed
+            // (publishes: ~6,500/s -> ~7,900/s on the benchmark machine).
+            try db.execute("PRAGMA wal_autocheckpoint = 16384")
             try db.execute("PRAGMA journal_size_limit = 67108864") // keep the WAL file near 64 MiB after checkpoints
             try Self.migrate(db, path: path)
             guard let e = try db.text("SELECT value FROM meta WHERE key = 'epoch'"), !e.isEmpty else {
