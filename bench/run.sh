@@ -9,10 +9,15 @@
 #   IDLE_CONNS [10000]   FANOUT_USERS [1000]  FANOUT_DEVICES [3]
 #   FANOUT_RATE [5000]   FANOUT_SECONDS [10]  RAMP [ramp:2500:2500:40000]
 #   RAMP_SECONDS [5]     MAX_P99_MS [100]     NCHAN_PORT [18090] HERALD_PORT [18080]
+#   LARGE_USERS [6000]   LARGE_RATE [5000]    (the large fan-out, x FANOUT_DEVICES)
+#   RECONNECT_USERS [3334] (x FANOUT_DEVICES devices in the reconnect storm)
+#   DURABLE_RAMP [ramp:4000:2000:30000]       (SQLite publishes, Herald only)
+#   SETTLE_SECONDS [10]  pause before each scenario on a running server
 #   HERALD_BIN [.build/release/herald, built with `swift build -c release`]
 #   SKIP_HERALD_BUILD=1  use an existing binary, do not run swift build
 #   SKIP_HERALD=1 / SKIP_NCHAN=1   leave a target out
-#   HERALD_EXTRA=0       skip the Herald-only dismiss and reconnect scenarios
+#   HERALD_EXTRA=0       skip the Herald-only scenarios (dismiss, reconnect, SQLite)
+#   TABLE_ONLY=1         rewrite results.md from the logs of the last run
 # Only loopback addresses are used; every step is bounded in time.
 set -euo pipefail
 
@@ -29,6 +34,13 @@ FANOUT_RATE=${FANOUT_RATE:-5000}
 FANOUT_SECONDS=${FANOUT_SECONDS:-10}
 RAMP=${RAMP:-ramp:2500:2500:40000}
 RAMP_SECONDS=${RAMP_SECONDS:-5}
+# One Herald process holds every connection, and this machine caps a process
+# at 20,000 open files: 6,000 x 3 is the largest population that fits.
+LARGE_USERS=${LARGE_USERS:-6000}
+LARGE_RATE=${LARGE_RATE:-5000}
+RECONNECT_USERS=${RECONNECT_USERS:-3334}
+DURABLE_RAMP=${DURABLE_RAMP:-ramp:4000:2000:30000}
+SETTLE_SECONDS=${SETTLE_SECONDS:-10}
 MAX_P99_MS=${MAX_P99_MS:-100}
 NCHAN_PORT=${NCHAN_PORT:-18090}
 HERALD_PORT=${HERALD_PORT:-18080}
@@ -37,6 +49,7 @@ HERALD_EXTRA=${HERALD_EXTRA:-1}
 if [ "$QUICK" = 1 ]; then
     FANOUT_SECONDS=${QUICK_FANOUT_SECONDS:-4}
     RAMP_SECONDS=2
+    SETTLE_SECONDS=2
     IDLE_CONNS=${QUICK_IDLE_CONNS:-4000}
 fi
 
@@ -157,14 +170,15 @@ prepare_herald() {
     fi
     return 0
 }
-start_herald() {
-    local d=$WORK/herald
+start_herald() { # [store: memory (default) or sqlite, a fresh file]
+    local d=$WORK/herald store=memory
     rm -rf "$d"
     mkdir -p "$d"
+    [ "${1:-memory}" = sqlite ] && store="sqlite:$d/herald.db"
     cat > "$d/herald.json" <<'EOF'
 {"apps":[{"id":"bench","serverKey":"bench-key","tokenSecret":"bench-secret"}]}
 EOF
-    "$HERALD_BIN" serve --host 127.0.0.1 --port "$HERALD_PORT" --store memory --config "$d/herald.json" \
+    "$HERALD_BIN" serve --host 127.0.0.1 --port "$HERALD_PORT" --store "$store" --config "$d/herald.json" \
         > "$d/stdout" 2> "$OUT/herald-server.log" &
     HERALD_PID=$!
     STARTED_PIDS+=("$HERALD_PID")
@@ -179,7 +193,7 @@ EOF
         stop_herald
         return 1
     fi
-    log "herald pid $HERALD_PID: $(head -1 "$d/stdout")"
+    log "herald pid $HERALD_PID ($store): $(head -1 "$d/stdout")"
     # does it speak /v1/ws? one subscriber must get its welcome
     if ! "${HERALD_ARGS[@]}" --mode idle --users 1 --devices 1 --user-prefix "probe${RUN_ID}u" \
         --setup-timeout 10 --max-run 30 > "$OUT/herald-probe.log" 2>&1; then
@@ -252,24 +266,24 @@ scenario_idle() { # name pids args...
     log "$name idle: $ready connections, RSS $before -> $after KiB, $per bytes/connection"
 }
 
-scenario_fanout() { # name pids args...
-    local name=$1 pids=$2
-    shift 2
-    local log=$OUT/$name-fanout.log
-    "$@" --mode fanout --users "$FANOUT_USERS" --devices "$FANOUT_DEVICES" --rate "$FANOUT_RATE" \
-        --duration "$FANOUT_SECONDS" --user-prefix "f${RUN_ID}u" --server-pids "$pids" --pub-conns 64 \
-        > "$log" 2>&1 || true
-    grep -v '^RESULT' "$log" | sed "s/^/[$name fanout] /" >&2
+scenario_fanout() { # name pids kind users rate args...
+    local name=$1 pids=$2 kind=$3 users=$4 rate=$5
+    shift 5
+    local log=$OUT/$name-$kind.log
+    "$@" --mode fanout --users "$users" --devices "$FANOUT_DEVICES" --rate "$rate" \
+        --duration "$FANOUT_SECONDS" --user-prefix "${kind:0:2}${RUN_ID}u" --server-pids "$pids" --pub-conns 64 \
+        --setup-timeout 120 > "$log" 2>&1 || true
+    grep -v '^RESULT' "$log" | sed "s/^/[$name $kind] /" >&2
 }
 
-scenario_saturation() { # name pids args...
-    local name=$1 pids=$2
-    shift 2
-    local log=$OUT/$name-saturation.log
-    "$@" --mode fanout --users "$FANOUT_USERS" --devices "$FANOUT_DEVICES" --rate "$RAMP" \
-        --duration "$RAMP_SECONDS" --max-p99-ms "$MAX_P99_MS" --user-prefix "s${RUN_ID}u" --server-pids "$pids" \
-        --pub-conns 128 > "$log" 2>&1 || true
-    grep -E '^(step|saturation|  stopping)' "$log" | sed "s/^/[$name saturation] /" >&2
+scenario_saturation() { # name pids kind devices ramp pub-conns args...
+    local name=$1 pids=$2 kind=$3 devices=$4 ramp=$5 conns=$6
+    shift 6
+    local log=$OUT/$name-$kind.log
+    "$@" --mode fanout --users "$FANOUT_USERS" --devices "$devices" --rate "$ramp" \
+        --duration "$RAMP_SECONDS" --max-p99-ms "$MAX_P99_MS" --user-prefix "${kind:0:2}${RUN_ID}u" --server-pids "$pids" \
+        --pub-conns "$conns" > "$log" 2>&1 || true
+    grep -E '^(step|saturation|  stopping)' "$log" | sed "s/^/[$name $kind] /" >&2
 }
 
 SERVER_NOTES=""
@@ -287,16 +301,29 @@ server_alive() { # name pids scenario
 
 run_target() { # name pids args...
     local name=$1 pids=$2
+    # each scenario starts after the last one's connections are closed and
+    # their timers have run (Herald's hello deadline is 10 s)
     scenario_idle "$name" "$pids" "${@:3}"
     server_alive "$name" "$pids" idle || return 1
-    scenario_fanout "$name" "$pids" "${@:3}"
+    sleep "$SETTLE_SECONDS"
+    scenario_fanout "$name" "$pids" fanout "$FANOUT_USERS" "$FANOUT_RATE" "${@:3}"
     server_alive "$name" "$pids" fan-out || return 1
-    scenario_saturation "$name" "$pids" "${@:3}"
+    sleep "$SETTLE_SECONDS"
+    scenario_fanout "$name" "$pids" large "$LARGE_USERS" "$LARGE_RATE" "${@:3}"
+    server_alive "$name" "$pids" large-fan-out || return 1
+    sleep "$SETTLE_SECONDS"
+    scenario_saturation "$name" "$pids" saturation "$FANOUT_DEVICES" "$RAMP" 128 "${@:3}"
     server_alive "$name" "$pids" saturation || return 1
 }
 
 # ---------------------------------------------------------------- run
 HAVE_NCHAN=0
+HAVE_HERALD=0
+if [ "${TABLE_ONLY:-0}" = 1 ]; then
+    SKIP_NCHAN=1 SKIP_HERALD=1
+    [ -f "$OUT/nchan-fanout.log" ] && HAVE_NCHAN=1
+    [ -f "$OUT/herald-fanout.log" ] && HAVE_HERALD=1
+fi
 if [ "${SKIP_NCHAN:-0}" != 1 ]; then
     log "=== nginx + Nchan ==="
     start_nchan
@@ -305,7 +332,6 @@ if [ "${SKIP_NCHAN:-0}" != 1 ]; then
     HAVE_NCHAN=1
 fi
 
-HAVE_HERALD=0
 if prepare_herald; then
     log "=== Herald ($HERALD_BIN) ==="
     # a fresh server for each scenario group keeps RSS baselines clean
@@ -315,10 +341,20 @@ if prepare_herald; then
             "${HERALD_ARGS[@]}" --mode dismiss --users "$FANOUT_USERS" --devices "$FANOUT_DEVICES" --rate 2000 \
                 --user-prefix "d${RUN_ID}u" > "$OUT/herald-dismiss.log" 2>&1 || true
             grep -v '^RESULT' "$OUT/herald-dismiss.log" | sed 's/^/[herald dismiss] /' >&2
-            "${HERALD_ARGS[@]}" --mode reconnect --users "$FANOUT_USERS" --devices "$FANOUT_DEVICES" --burst 10 \
-                --rate 5000 --user-prefix "c${RUN_ID}u" > "$OUT/herald-reconnect.log" 2>&1 || true
+            "${HERALD_ARGS[@]}" --mode reconnect --users "$RECONNECT_USERS" --devices "$FANOUT_DEVICES" --burst 10 \
+                --rate 5000 --user-prefix "c${RUN_ID}u" --setup-timeout 120 > "$OUT/herald-reconnect.log" 2>&1 || true
             grep -v '^RESULT' "$OUT/herald-reconnect.log" | sed 's/^/[herald reconnect] /' >&2
         fi
+        stop_herald
+    fi
+    # the same saturation ramp with the durable store, then publish throughput
+    # alone (one device per user, many concurrent publishers); fresh files
+    if [ "$HAVE_HERALD" = 1 ] && [ "$HERALD_EXTRA" = 1 ] && start_herald sqlite; then
+        scenario_saturation herald "$HERALD_PID" sqlite-saturation "$FANOUT_DEVICES" "$RAMP" 128 "${HERALD_ARGS[@]}"
+        stop_herald
+    fi
+    if [ "$HAVE_HERALD" = 1 ] && [ "$HERALD_EXTRA" = 1 ] && start_herald sqlite; then
+        scenario_saturation herald "$HERALD_PID" durable 1 "$DURABLE_RAMP" 512 "${HERALD_ARGS[@]}"
         stop_herald
     fi
 fi
@@ -359,18 +395,24 @@ row() { # label herald nchan [better]
     row "idle: WebSocket connections held" "$(val herald idle phase=setup ready)" "$(val nchan idle phase=setup ready)"
     row "idle: server RSS per connection (bytes, lower is better)" "$(val herald idle script_rss bytes_per_conn)" "$(val nchan idle script_rss bytes_per_conn)"
     row "idle: connection setup rate (connections/s)" "$(val herald idle phase=setup setup_rate)" "$(val nchan idle phase=setup setup_rate)"
-    F="fan-out ${FANOUT_USERS}×${FANOUT_DEVICES} at ${FANOUT_RATE}/s, ${FANOUT_SECONDS} s"
-    row "$F: deliveries/s" "$(val herald fanout step=0 dps)" "$(val nchan fanout step=0 dps)"
-    row "$F: p50 latency (ms)" "$(val herald fanout step=0 p50_ms)" "$(val nchan fanout step=0 p50_ms)"
-    row "$F: p99 latency (ms)" "$(val herald fanout step=0 p99_ms)" "$(val nchan fanout step=0 p99_ms)"
-    row "$F: p99.9 latency (ms)" "$(val herald fanout step=0 p999_ms)" "$(val nchan fanout step=0 p999_ms)"
-    row "$F: max latency (ms)" "$(val herald fanout step=0 max_ms)" "$(val nchan fanout step=0 max_ms)"
-    row "$F: lost deliveries" "$(val herald fanout step=0 lost)" "$(val nchan fanout step=0 lost)"
-    row "$F: duplicate deliveries" "$(val herald fanout step=0 dup)" "$(val nchan fanout step=0 dup)"
-    row "$F: server CPU s per million deliveries" "$(val herald fanout step=0 cpu_s_per_m)" "$(val nchan fanout step=0 cpu_s_per_m)"
-    row "saturation ($RAMP, ${RAMP_SECONDS} s steps): max sustained deliveries/s (p99 ≤ ${MAX_P99_MS} ms, no loss)" \
-        "$(val herald saturation mode=saturation max_dps)" "$(val nchan saturation mode=saturation max_dps)"
-    row "saturation: at publishes/s" "$(val herald saturation mode=saturation at_rate)" "$(val nchan saturation mode=saturation at_rate)"
+    for kind in fanout large; do
+        users=$FANOUT_USERS rate=$FANOUT_RATE
+        [ "$kind" = large ] && users=$LARGE_USERS rate=$LARGE_RATE
+        F="fan-out ${users}×${FANOUT_DEVICES} at ${rate}/s, ${FANOUT_SECONDS} s"
+        row "$F: deliveries/s" "$(val herald $kind step=0 dps)" "$(val nchan $kind step=0 dps)"
+        row "$F: p50 latency (ms)" "$(val herald $kind step=0 p50_ms)" "$(val nchan $kind step=0 p50_ms)"
+        row "$F: p99 latency (ms)" "$(val herald $kind step=0 p99_ms)" "$(val nchan $kind step=0 p99_ms)"
+        row "$F: p99.9 latency (ms)" "$(val herald $kind step=0 p999_ms)" "$(val nchan $kind step=0 p999_ms)"
+        row "$F: max latency (ms)" "$(val herald $kind step=0 max_ms)" "$(val nchan $kind step=0 max_ms)"
+        row "$F: lost / duplicate deliveries" "$(val herald $kind step=0 lost) / $(val herald $kind step=0 dup)" \
+            "$(val nchan $kind step=0 lost) / $(val nchan $kind step=0 dup)"
+        row "$F: server CPU s per million deliveries" "$(val herald $kind step=0 cpu_s_per_m)" "$(val nchan $kind step=0 cpu_s_per_m)"
+    done
+    S="saturation ($RAMP, ${RAMP_SECONDS} s steps): max deliveries/s with p99 ≤ ${MAX_P99_MS} ms and no loss"
+    row "$S" "$(val herald saturation mode=saturation max_dps)" "$(val nchan saturation mode=saturation max_dps)"
+    row "… at publishes/s" "$(val herald saturation mode=saturation at_rate)" "$(val nchan saturation mode=saturation at_rate)"
+    row "$S, Herald on SQLite (Nchan in memory)" "$(val herald sqlite-saturation mode=saturation max_dps)" \
+        "$(val nchan saturation mode=saturation max_dps)"
     if [ -f "$OUT/herald-dismiss.log" ] || [ -f "$OUT/herald-reconnect.log" ]; then
         echo
         echo "Herald only (Nchan has no equivalent):"
@@ -387,6 +429,9 @@ row() { # label herald nchan [better]
         [ -f "$C" ] && printf '| reconnect: per-device catch-up + welcome p50 / p99 (ms) | %s / %s |\n' "$(res "$C" mode=reconnect p50_ms)" "$(res "$C" mode=reconnect p99_ms)"
         [ -f "$C" ] && printf '| reconnect: missed notifications received / missing / duplicates | %s / %s / %s |\n' \
             "$(res "$C" mode=reconnect received)" "$(res "$C" mode=reconnect missing)" "$(res "$C" mode=reconnect dup)"
+        U=$OUT/herald-durable.log
+        [ -f "$U" ] && printf '| durable publishes, SQLite (%s, 512 publisher connections, 1 device per user): max acknowledged publishes/s with p99 ≤ %s ms | %s |\n' \
+            "$DURABLE_RAMP" "$MAX_P99_MS" "$(res "$U" mode=saturation at_rate)"
     fi
     echo
     echo "Saturation steps (deliveries/s, p99 ms) — Nchan:"
@@ -394,14 +439,15 @@ row() { # label herald nchan [better]
     echo '```'
     [ -f "$OUT/nchan-saturation.log" ] && grep '^RESULT mode=fanout step=' "$OUT/nchan-saturation.log" | awk '{for(i=1;i<=NF;i++){split($i,a,"=");v[a[1]]=a[2]} printf "  %6s pub/s -> %7s deliveries/s  p99 %8s ms  lost %s ok=%s\n", v["target_rate"], v["dps"], v["p99_ms"], v["lost"], v["ok"]}'
     echo '```'
-    if [ -f "$OUT/herald-saturation.log" ]; then
+    for kind in saturation sqlite-saturation durable; do
+        [ -f "$OUT/herald-$kind.log" ] || continue
         echo
-        echo "Saturation steps — Herald:"
+        echo "Steps — Herald $kind:"
         echo
         echo '```'
-        grep '^RESULT mode=fanout step=' "$OUT/herald-saturation.log" | awk '{for(i=1;i<=NF;i++){split($i,a,"=");v[a[1]]=a[2]} printf "  %6s pub/s -> %7s deliveries/s  p99 %8s ms  lost %s ok=%s\n", v["target_rate"], v["dps"], v["p99_ms"], v["lost"], v["ok"]}'
+        grep '^RESULT mode=fanout step=' "$OUT/herald-$kind.log" | awk '{for(i=1;i<=NF;i++){split($i,a,"=");v[a[1]]=a[2]} printf "  %6s pub/s -> %7s deliveries/s  p99 %8s ms  lost %s ok=%s\n", v["target_rate"], v["dps"], v["p99_ms"], v["lost"], v["ok"]}'
         echo '```'
-    fi
+    done
     echo
     echo "Raw logs: bench/out/*.log. Method: bench/README.md."
 } > "$OUT/results.md"
