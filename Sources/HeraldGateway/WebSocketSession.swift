@@ -262,13 +262,15 @@ public final class WebSocketSession: FeedFollower, @unchecked Sendable {
         guard let claims else { return }
         let gen = tokenGeneration
         let exp = claims.expiresAt * 1000
+        // The expiry timer is armed by the warning one: one pending timer per
+        // idle connection instead of two (about 100 bytes each).
         shard.schedule(at: exp - 60_000) { [weak self] in
             guard let self, self.tokenGeneration == gen, self.state == .live else { return }
             self.send(ServerFrame.tokenExpiring(exp))
-        }
-        shard.schedule(at: exp) { [weak self] in
-            guard let self, self.tokenGeneration == gen, self.state == .live else { return }
-            self.close(.unauthenticated, "token expired", drop: .authExpired)
+            self.shard.schedule(at: exp) { [weak self] in
+                guard let self, self.tokenGeneration == gen, self.state == .live else { return }
+                self.close(.unauthenticated, "token expired", drop: .authExpired)
+            }
         }
     }
 
