@@ -90,6 +90,13 @@ fi
 
 # ---------------------------------------------------------------- build
 log "building the load generator"
+need=()
+for tool in make gcc curl; do command -v "$tool" >/dev/null || need+=("$tool"); done
+[ -f /usr/include/openssl/hmac.h ] || need+=(libssl-dev)
+if [ ${#need[@]} -gt 0 ]; then
+    log "installing ${need[*]} (Debian)"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+fi
 make -s -C "$BENCH" loadgen
 
 # ---------------------------------------------------------------- helpers
