@@ -93,12 +93,6 @@ public enum ServerFrame {
         return out
     }
 
-    public static func change(_ encoded: [UInt8]) -> [UInt8] {
-        var out: [UInt8] = []
-        appendLive([encoded][...], cursor: 0, to: &out) { out, n in out.reserveCapacity(n) }
-        return out
-    }
-
     /// Appends a live frame (`change` for one, `changes` for several) straight
     /// into an output buffer, after `header(&out, length)`: the transport's
     /// framing needs the length first, and this spares building the frame

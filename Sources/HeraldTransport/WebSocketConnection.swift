@@ -36,6 +36,12 @@ final class WebSocketConnection: WebSocketOutput, Flushable {
             lws_set_timeout(wsi, PENDING_TIMEOUT_CLOSE_SEND, LWS_TO_KILL_ASYNC)
             return
         }
+        writeLater(wsi)
+    }
+
+    /// Asks for a writable callback when output or a close is left, unless
+    /// lws holds output: it calls back anyway once that is sent.
+    private func writeLater(_ wsi: OpaquePointer) {
         if !lwsHoldsOutput, session.hasPendingOutput || session.closeRequest != nil { lws_callback_on_writable(wsi) }
     }
 
@@ -111,7 +117,7 @@ final class WebSocketConnection: WebSocketOutput, Flushable {
         lwsHoldsOutput = false
         if session.hasPendingOutput {
             if !writePending(wsi) { return -1 }
-            if !lwsHoldsOutput, session.hasPendingOutput || session.closeRequest != nil { lws_callback_on_writable(wsi) }
+            writeLater(wsi)
             return 0
         }
         if let c = session.closeRequest {

@@ -80,7 +80,11 @@ final class ServerFrameTests: XCTestCase {
 
     func testChangeFrame() {
         let c = Change(seq: 5, op: .upsert(Note.sample())).json
-        let f = parsed(ServerFrame.change(c.encoded))
+        var bytes: [UInt8] = []
+        var declared = -1
+        ServerFrame.appendLive([c.encoded][...], cursor: 5, to: &bytes) { _, n in declared = n }
+        XCTAssertEqual(declared, bytes.count)
+        let f = parsed(bytes)
         XCTAssertEqual(f.keys, ["type", "change"])
         XCTAssertEqual(f["type"], "change")
         XCTAssertEqual(f["change"], c)
