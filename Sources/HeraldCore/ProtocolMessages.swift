@@ -123,9 +123,25 @@ public enum ServerFrame {
         out.append(UInt8(ascii: "}"))
     }
 
-    public static func reset(_ notifications: [Notification], cursor: Int64, epoch: String, final: Bool) -> [UInt8] {
-        JSON.object(["type": "reset", "notifications": .array(notifications.map(\.json)), "cursor": .int(cursor),
-                     "epoch": .string(epoch), "final": .bool(final)]).encoded
+    /// `notifications`: already encoded, spliced in as they are.
+    public static func reset(_ notifications: [[UInt8]], cursor: Int64, epoch: String, final: Bool) -> [UInt8] {
+        var out = Array(#"{"type":"reset","notifications":"#.utf8)
+        appendArray(notifications, to: &out)
+        out.append(contentsOf: ",\"cursor\":\(cursor),\"epoch\":".utf8)
+        JSON.encodeString(epoch, into: &out)
+        out.append(contentsOf: ",\"final\":\(final)}".utf8)
+        return out
+    }
+
+    /// `[a,b,...]` of encoded values.
+    public static func appendArray(_ encoded: [[UInt8]], to out: inout [UInt8]) {
+        out.reserveCapacity(out.count + encoded.reduce(2 + encoded.count) { $0 + $1.count })
+        out.append(UInt8(ascii: "["))
+        for (k, c) in encoded.enumerated() {
+            if k > 0 { out.append(UInt8(ascii: ",")) }
+            out.append(contentsOf: c)
+        }
+        out.append(UInt8(ascii: "]"))
     }
 
     public static func welcome(cursor: Int64, epoch: String, connectionId: String, unread: Int) -> [UInt8] {

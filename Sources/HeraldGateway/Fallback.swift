@@ -1,17 +1,19 @@
 import HeraldCore
 
 /// Long-poll sync and Server-Sent Events (SPEC section 4) for devices that
-/// cannot hold a WebSocket. Both resume from a cursor with the same
-/// catch-up-then-live hand-over as WebSockets (see Engine).
+/// cannot hold a WebSocket: both are outputs of a `Subscription`, so they
+/// resume from a cursor with the same hand-over as WebSockets.
 extension Gateway {
     static let keepAliveMillis: Millis = 15_000
 
     func fallback(_ route: Route, _ req: HTTPRequest, _ d: DeviceContext, shard: Shard, responder: HTTPResponder) throws(HeraldError) {
         var position = FeedPosition(cursor: nil, epoch: req.queryValue("epoch"))
         if let c = req.queryValue("cursor") { position.cursor = try Self.cursor(c, "cursor") }
-        if route == .myEvents {
+        if route == .events {
             if let last = req.headers["last-event-id"], !last.isEmpty { position.cursor = try Self.cursor(last, "Last-Event-ID") }
-            return openEventStream(d, position, shard: shard, responder: responder)
+            var r = Subscription.Request(user: d.user, deviceId: d.deviceId, position: position, transport: .sse)
+            r.wholeReset = false
+            return EventStream(gateway: self, shard: shard, responder: responder, tokenExpiresAt: d.claims.expiresAt * 1000).start(r)
         }
         var limit = 500
         if let l = req.queryValue("limit") {
@@ -23,265 +25,226 @@ extension Gateway {
             guard let v = Int(w), (0...60).contains(v) else { throw HeraldError.badRequest("wait must be 0 to 60 seconds") }
             wait = v
         }
-        sync(d, position, limit: limit, wait: wait, shard: shard, responder: responder)
+        var r = Subscription.Request(user: d.user, deviceId: d.deviceId, position: position, transport: .poll)
+        r.follows = wait > 0
+        r.wholeReset = false
+        r.bounds = PageBounds(items: limit, bytes: HeldPoll.maxBytes)
+        HeldPoll(gateway: self, shard: shard, responder: responder, limit: limit, waitSeconds: wait).start(r)
     }
 
     static func cursor(_ s: String, _ name: String) throws(HeraldError) -> Int64 {
         guard let v = Int64(s), v >= 0 else { throw HeraldError.badRequest("\(name) must be a non-negative integer") }
         return v
     }
-
-    private func sync(_ d: DeviceContext, _ position: FeedPosition, limit: Int, wait: Int, shard: Shard, responder: HTTPResponder) {
-        let user = d.user, device = d.deviceId
-        engine.submit({ e in
-            let now = WallClock.now()
-            let v = try e.viewer(user, deviceId: device, now: now)
-            e.markPolled(user, deviceId: device, now: now)
-            let epoch = v.epoch(store: e.store.epoch)
-            let reached: Int64
-            switch try e.catchUp(user, viewer: v, from: position, limit: limit, resetLimit: limit) {
-            case .reset(let notifications, let next, let head):
-                let body = SyncBody.reset(notifications, next: next, cursor: head, epoch: epoch)
-                e.afterCommit { shard.post { responder.respond(.json(200, body)) } }
-                return
-            case .changes(let list, let at, let more):
-                reached = at
-                if !list.isEmpty || wait == 0 {
-                    let body = SyncBody.changes(list.map(\.bytes), cursor: reached, epoch: epoch, hasMore: more)
-                    e.afterCommit { shard.post { responder.respond(HTTPResponse(status: 200, body: body)) } }
-                    return
-                }
-            }
-            // Nothing yet: hold the request until a change this device may see.
-            guard self.heldPolls.load(ordering: .relaxed) < self.config.limits.maxHeldPolls else {
-                let err = HeraldError(.rateLimited, "too many held polls; retry shortly", retryAfterSeconds: 1)
-                e.afterCommit { shard.post { responder.respond(.error(err)) } }
-                return
-            }
-            self.heldPolls.add(1, ordering: .relaxed)
-            e.afterCommit {
-                e.follow(user, shard: shard.index)
-                e.connectionOpened(user, deviceId: device, transport: .poll, now: now)
-                shard.post {
-                    HeldPoll(gateway: self, shard: shard, user: user, deviceId: device, viewer: v, cursor: reached,
-                             epoch: epoch, limit: limit, responder: responder, until: now + Millis(wait) * 1000).start()
-                }
-            }
-        }, failed: { err in shard.post { responder.respond(.error(err)) } })
-    }
-
-    private func openEventStream(_ d: DeviceContext, _ position: FeedPosition, shard: Shard, responder: HTTPResponder) {
-        let user = d.user, device = d.deviceId, expiresAt = d.claims.expiresAt * 1000
-        let maxConnections = config.limits.maxConnectionsPerUser
-        engine.submit({ e in
-            let now = WallClock.now()
-            guard e.followers(of: user) < maxConnections else {
-                let err = HeraldError(.rateLimited, "this user has \(maxConnections) connections open already", retryAfterSeconds: 5)
-                e.afterCommit { shard.post { responder.respond(.error(err)) } }
-                return
-            }
-            let v = try e.viewer(user, deviceId: device, now: now)
-            let epoch = v.epoch(store: e.store.epoch)
-            let first: [UInt8]
-            switch try e.catchUp(user, viewer: v, from: position, resetLimit: 500) {
-            case .changes(let list, let head, _):
-                first = list.flatMap { EventStream.event(id: $0.seq, name: "change", data: $0.bytes) }
-                e.afterCommit { self.startStream(e, user, device, v, head, first, shard, responder, now, expiresAt) }
-            case .reset(let page, let next, let head):
-                let body = SyncBody.reset(page, next: next, cursor: head, epoch: epoch).encoded
-                first = EventStream.event(id: head, name: "reset", data: body)
-                e.afterCommit { self.startStream(e, user, device, v, head, first, shard, responder, now, expiresAt) }
-            }
-        }, failed: { err in shard.post { responder.respond(.error(err)) } })
-    }
-
-    /// Engine thread, after commit: follow the user, then hand the stream to its shard.
-    private func startStream(_ e: Engine, _ user: UserKey, _ device: String?, _ v: Viewer, _ head: Int64, _ first: [UInt8],
-                             _ shard: Shard, _ responder: HTTPResponder, _ now: Millis, _ expiresAt: Millis) {
-        e.follow(user, shard: shard.index)
-        e.connectionOpened(user, deviceId: device, transport: .sse, now: now)
-        shard.post {
-            EventStream(gateway: self, shard: shard, user: user, deviceId: device, viewer: v, cursor: head,
-                        responder: responder).start(first, tokenExpiresAt: expiresAt)
-        }
-    }
-
-    /// Ends a fallback follower's follow on the engine.
-    func release(_ user: UserKey, deviceId: String?, shard: Shard, transport: Metrics.Transport) {
-        engine.control { e in
-            e.unfollow(user, shard: shard.index)
-            e.connectionClosed(user, deviceId: deviceId, transport: transport, now: WallClock.now())
-        }
-    }
 }
 
-/// Bodies of `GET /v1/me/sync`, with changes spliced in already encoded.
+/// Bodies of `GET /v1/me/sync`, with changes and notifications spliced in
+/// already encoded.
 enum SyncBody {
     static func changes(_ encoded: [[UInt8]], cursor: Int64, epoch: String, hasMore: Bool) -> [UInt8] {
-        var out: [UInt8] = Array(#"{"changes":["#.utf8)
-        for (k, c) in encoded.enumerated() {
-            if k > 0 { out.append(UInt8(ascii: ",")) }
-            out.append(contentsOf: c)
-        }
-        out.append(contentsOf: "],\"cursor\":\(cursor),\"epoch\":".utf8)
+        var out = Array(#"{"changes":"#.utf8)
+        ServerFrame.appendArray(encoded, to: &out)
+        out.append(contentsOf: ",\"cursor\":\(cursor),\"epoch\":".utf8)
         JSON.encodeString(epoch, into: &out)
         out.append(contentsOf: ",\"hasMore\":\(hasMore)}".utf8)
         return out
     }
 
-    static func reset(_ notifications: [Notification], next: String?, cursor: Int64, epoch: String) -> JSON {
-        ["reset": true, "notifications": .array(notifications.map(\.json)), "next": next.json,
-         "cursor": .int(cursor), "epoch": .string(epoch)]
+    static func reset(_ page: ResetPage, epoch: String) -> [UInt8] {
+        var out = Array(#"{"reset":true,"notifications":"#.utf8)
+        ServerFrame.appendArray(page.notifications, to: &out)
+        out.append(contentsOf: ",\"next\":".utf8)
+        if let next = page.next { JSON.encodeString(PageToken.encode(next), into: &out) } else { out.append(contentsOf: "null".utf8) }
+        out.append(contentsOf: ",\"cursor\":\(page.cursor),\"epoch\":".utf8)
+        JSON.encodeString(epoch, into: &out)
+        out.append(UInt8(ascii: "}"))
+        return out
     }
 }
 
-/// What held polls and event streams share: an HTTP answer that follows
-/// one user's feed on a shard until it ends, once.
-class HTTPFollower: FeedFollower {
-    let gateway: Gateway
-    let shard: Shard
-    let userKey: UserKey
-    let deviceId: String?
-    let transport: Metrics.Transport
-    let responder: HTTPResponder
-    var viewer: Viewer
-    var cursor: Int64
-    private(set) var done = false
+/// A `sync` request: answered with the first catch-up page, or, when there
+/// is nothing after its cursor and it may wait, held until a change it may
+/// see or its deadline.
+final class HeldPoll: SubscriptionOutput {
+    /// A poll answer carries about this much past its first change.
+    static let maxBytes = 1 << 20
 
-    init(gateway: Gateway, shard: Shard, user: UserKey, deviceId: String?, viewer: Viewer, cursor: Int64,
-         responder: HTTPResponder, transport: Metrics.Transport) {
-        self.gateway = gateway; self.shard = shard; userKey = user; self.deviceId = deviceId; self.viewer = viewer
-        self.cursor = cursor; self.responder = responder; self.transport = transport
-    }
-
-    /// Starts following on the shard; the follow ends if the client goes away.
-    func begin() {
-        shard.add(self)
-        gateway.metrics.connectionOpened(transport)
-        responder.onClose { [weak self] in self?.end() }
-    }
-
-    /// Stops following: on the shard now, on the engine next.
-    func end() {
-        guard !done else { return }
-        done = true
-        shard.remove(self)
-        gateway.metrics.connectionClosed(transport)
-        gateway.release(userKey, deviceId: deviceId, shard: shard, transport: transport)
-    }
-
-    func deliver(_ records: [ChangeRecord]) {}
-    func viewerChanged(_ v: Viewer) { viewer = v }
-    func deviceDeleted() { shutdown() }
-    func shutdown() {}
-}
-
-/// A `sync` request held until a change the device may see, or its deadline.
-final class HeldPoll: HTTPFollower {
-    private let epoch: String
+    private let gateway: Gateway
+    private let shard: Shard
+    private let responder: HTTPResponder
     private let limit: Int
-    private let until: Millis
+    private let waitSeconds: Int
+    private var subscription: Subscription?
+    private var epoch = ""
+    private var held = false
+    private var answered = false
 
-    init(gateway: Gateway, shard: Shard, user: UserKey, deviceId: String?, viewer: Viewer, cursor: Int64, epoch: String,
-         limit: Int, responder: HTTPResponder, until: Millis) {
-        self.epoch = epoch; self.limit = limit; self.until = until
-        super.init(gateway: gateway, shard: shard, user: user, deviceId: deviceId, viewer: viewer, cursor: cursor,
-                   responder: responder, transport: .poll)
+    init(gateway: Gateway, shard: Shard, responder: HTTPResponder, limit: Int, waitSeconds: Int) {
+        self.gateway = gateway; self.shard = shard; self.responder = responder; self.limit = limit; self.waitSeconds = waitSeconds
     }
 
-    func start() {
-        begin()
-        shard.schedule(at: until) { [weak self] in self?.answer([], more: false) }
+    func start(_ r: Subscription.Request) {
+        let s = Subscription(r, gateway: gateway, shard: shard, output: self)
+        subscription = s
+        responder.onClose { [weak self] in self?.finish() }
+        s.start()
     }
 
-    override func deliver(_ records: [ChangeRecord]) {
-        guard !done else { return }
-        var found: [[UInt8]] = []
-        var more = false
-        for r in records where r.seq > cursor {
-            if let b = r.bytes(for: viewer) {
-                if found.count == limit { more = true; break }
-                found.append(b)
-            }
-            cursor = r.seq
+    private func answer(_ r: HTTPResponse) {
+        guard !answered else { return }
+        responder.respond(r)
+        finish()
+    }
+
+    private func answer(_ changes: [[UInt8]], cursor: Int64, more: Bool) {
+        answer(HTTPResponse(status: 200, body: SyncBody.changes(changes, cursor: cursor, epoch: epoch, hasMore: more)))
+    }
+
+    private func finish() {
+        guard !answered else { return }
+        answered = true
+        if held {
+            gateway.heldPolls.subtract(1, ordering: .relaxed)
+            gateway.metrics.connectionClosed(.poll)
         }
-        if !found.isEmpty {
-            gateway.metrics.deliveries.add(found.count, ordering: .relaxed)
-            answer(found, more: more)
+        subscription?.cancel()
+    }
+
+    func opened(epoch: String) { self.epoch = epoch }
+
+    func reset(_ page: ResetPage, epoch: String, final: Bool) {
+        answer(HTTPResponse(status: 200, body: SyncBody.reset(page, epoch: epoch)))
+    }
+
+    func catchUp(_ changes: [EncodedChange], cursor: Int64, more: Bool) {
+        answer(changes.map(\.bytes), cursor: cursor, more: more)
+    }
+
+    func caughtUp(_ purpose: CatchUpPurpose, cursor: Int64, epoch: String, unread: Int) {
+        guard waitSeconds > 0 else { return answer([], cursor: cursor, more: false) }
+        guard gateway.heldPolls.load(ordering: .relaxed) < gateway.config.limits.maxHeldPolls else {
+            return answer(.error(HeraldError(.rateLimited, "too many held polls; retry shortly", retryAfterSeconds: 1)))
+        }
+        held = true
+        gateway.heldPolls.add(1, ordering: .relaxed)
+        gateway.metrics.connectionOpened(.poll)
+        shard.schedule(at: gateway.clock.now() + Millis(waitSeconds) * 1000) { [weak self] in self?.answerEmpty() }
+    }
+
+    private func answerEmpty() {
+        guard let s = subscription else { return }
+        answer([], cursor: s.cursor, more: false)
+    }
+
+    func live(_ changes: [EncodedChange], cursor: Int64, unread: Int?) {
+        guard !changes.isEmpty else { return }
+        let more = changes.count > limit
+        let taken = changes.prefix(limit)
+        answer(taken.map(\.bytes), cursor: more ? taken.last!.seq : cursor, more: more)
+    }
+
+    var backlog: Int { 0 }
+
+    func whenDrained(below bytes: Int, _ f: @escaping () -> Void) { f() }
+
+    func ended(_ why: SubscriptionEnd) {
+        switch why {
+        case .refused(let e), .failed(let e): answer(.error(e))
+        case .slowConsumer, .deviceDeleted, .shutdown: answerEmpty()
         }
     }
-
-    private func answer(_ changes: [[UInt8]], more: Bool) {
-        guard !done else { return }
-        responder.respond(HTTPResponse(status: 200, body: SyncBody.changes(changes, cursor: cursor, epoch: epoch, hasMore: more)))
-        end()
-    }
-
-    override func end() {
-        if !done { gateway.heldPolls.subtract(1, ordering: .relaxed) }
-        super.end()
-    }
-
-    override func shutdown() { answer([], more: false) }
 }
 
-/// A Server-Sent Events stream: one `change` event per change, `id:` its seq.
-final class EventStream: HTTPFollower {
-    init(gateway: Gateway, shard: Shard, user: UserKey, deviceId: String?, viewer: Viewer, cursor: Int64, responder: HTTPResponder) {
-        super.init(gateway: gateway, shard: shard, user: user, deviceId: deviceId, viewer: viewer, cursor: cursor,
-                   responder: responder, transport: .sse)
+/// A Server-Sent Events stream: one `change` event per change, `id:` its
+/// seq; it starts with a `reset` event when the cursor is unusable.
+final class EventStream: SubscriptionOutput {
+    private let gateway: Gateway
+    private let shard: Shard
+    private let responder: HTTPResponder
+    private let tokenExpiresAt: Millis
+    private var subscription: Subscription?
+    private var streaming = false
+    private var done = false
+
+    init(gateway: Gateway, shard: Shard, responder: HTTPResponder, tokenExpiresAt: Millis) {
+        self.gateway = gateway; self.shard = shard; self.responder = responder; self.tokenExpiresAt = tokenExpiresAt
     }
 
     static func event(id: Int64, name: String, data: [UInt8]) -> [UInt8] {
         Array("id: \(id)\nevent: \(name)\ndata: ".utf8) + data + [0x0A, 0x0A]
     }
 
-    /// The stream ends when its token expires; EventSource then reconnects,
-    /// with a fresh token in its URL.
-    func start(_ first: [UInt8], tokenExpiresAt: Millis) {
-        begin()
+    func start(_ r: Subscription.Request) {
+        let s = Subscription(r, gateway: gateway, shard: shard, output: self)
+        subscription = s
+        responder.onClose { [weak self] in self?.finish(closing: false) }
+        s.start()
+    }
+
+    /// Ends the stream after what is queued (closing the connection).
+    private func finish(closing: Bool = true) {
+        guard !done else { return }
+        done = true
+        if streaming {
+            if closing { responder.finish() }
+            gateway.metrics.connectionClosed(.sse)
+        }
+        subscription?.cancel()
+    }
+
+    func opened(epoch: String) {
+        streaming = true
+        gateway.metrics.connectionOpened(.sse)
+        responder.startStream(contentType: "text/event-stream", headers: [("Cache-Control", "no-cache"), ("X-Accel-Buffering", "no")])
+        // The stream ends when its token expires; EventSource then
+        // reconnects, with a fresh token in its URL.
         shard.schedule(at: tokenExpiresAt) { [weak self] in
             guard let self, !self.done else { return }
             self.gateway.metrics.dropped(.authExpired)
-            self.shutdown()
+            self.finish()
         }
-        responder.startStream(contentType: "text/event-stream", headers: [("Cache-Control", "no-cache"), ("X-Accel-Buffering", "no")])
-        responder.send(first)
         keepAlive()
     }
 
     private func keepAlive() {
-        shard.schedule(at: WallClock.now() + Gateway.keepAliveMillis) { [weak self] in
+        shard.schedule(at: gateway.clock.now() + Gateway.keepAliveMillis) { [weak self] in
             guard let self, !self.done else { return }
             self.responder.send(Array(": keep-alive\n\n".utf8))
             self.keepAlive()
         }
     }
 
-    override func deliver(_ records: [ChangeRecord]) {
-        guard !done else { return }
-        var out: [UInt8] = []
-        var sent = 0
-        for r in records where r.seq > cursor {
-            cursor = r.seq
-            if let b = r.bytes(for: viewer) {
-                out += Self.event(id: r.seq, name: "change", data: b)
-                sent += 1
-            }
-        }
-        guard sent > 0 else { return }
-        gateway.metrics.deliveries.add(sent, ordering: .relaxed)
-        responder.send(out)
-        if responder.queuedBytes > gateway.config.limits.maxQueuedBytesPerConnection {
-            gateway.metrics.dropped(.slowConsumer)
-            shutdown()
-        }
+    func reset(_ page: ResetPage, epoch: String, final: Bool) {
+        responder.send(Self.event(id: page.cursor, name: "reset", data: SyncBody.reset(page, epoch: epoch)))
     }
 
-    /// Ends the stream after what is queued (closing the connection).
-    override func shutdown() {
-        guard !done else { return }
-        responder.finish()
-        end()
+    func catchUp(_ changes: [EncodedChange], cursor: Int64, more: Bool) { send(changes) }
+
+    func caughtUp(_ purpose: CatchUpPurpose, cursor: Int64, epoch: String, unread: Int) {}
+
+    func live(_ changes: [EncodedChange], cursor: Int64, unread: Int?) { send(changes) }
+
+    private func send(_ changes: [EncodedChange]) {
+        guard !done, !changes.isEmpty else { return }
+        var out: [UInt8] = []
+        for c in changes { out += Self.event(id: c.seq, name: "change", data: c.bytes) }
+        responder.send(out)
+    }
+
+    var backlog: Int { responder.queuedBytes }
+
+    func whenDrained(below bytes: Int, _ f: @escaping () -> Void) { responder.whenDrained(below: bytes, f) }
+
+    func ended(_ why: SubscriptionEnd) {
+        switch why {
+        case .refused(let e) where !streaming, .failed(let e) where !streaming:
+            done = true
+            responder.respond(.error(e))
+        case .slowConsumer:
+            gateway.metrics.dropped(.slowConsumer)
+            finish()
+        default:
+            finish()
+        }
     }
 }

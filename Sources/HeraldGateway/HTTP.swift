@@ -57,6 +57,10 @@ public protocol HTTPResponder: AnyObject, Sendable {
     func finish()
     /// Bytes queued for a stream and not yet written.
     var queuedBytes: Int { get }
+    /// Runs `f` once, on the shard thread, as soon as fewer than `bytes`
+    /// of a started stream are queued unwritten (at once if that is so now).
+    /// Not called if the connection closes first.
+    func whenDrained(below bytes: Int, _ f: @escaping () -> Void)
     /// `f` runs on the shard thread if the connection closes before the
     /// answer is complete.
     func onClose(_ f: @escaping () -> Void)

@@ -2,124 +2,188 @@ import Foundation
 import HeraldCore
 
 /// The HTTP API of SPEC sections 2-4 and 6. Parsing, routing and
-/// authentication run on the shard thread; store work runs on the engine,
-/// whose answer comes back to the shard to be written.
+/// authentication run on the shard's loop; writes run on the engine and
+/// reads on the reader, whose answers come back to the loop to be written.
+/// No code here touches the store.
 extension Gateway {
     public func handle(_ req: HTTPRequest, shard: Shard, responder: HTTPResponder) {
-        let reply: (HTTPResponse) -> Void = { responder.respond($0) }
+        shard.thread.assertCurrent()
         let route: Route
         switch Route.match(method: req.method, path: req.path, demo: config.demo) {
-        case .failure(let e): return reply(.error(e))
+        case .failure(let e): return responder.respond(.error(e))
         case .success(let r): route = r
         }
-        let exec = Exec(engine: engine, shard: shard, responder: responder)
+        let x = Exchange(gateway: self, shard: shard, responder: responder)
+        let clock = self.clock
         do throws(HeraldError) {
             switch route {
             case .health:
-                reply(.json(200, ["status": "ok", "uptimeSeconds": .int((WallClock.now() - startedAt) / 1000)]))
+                responder.respond(.json(200, ["status": "ok", "uptimeSeconds": .int((clock.now() - startedAt) / 1000)]))
             case .metrics:
-                reply(HTTPResponse(status: 200, contentType: "text/plain; version=0.0.4", body: Array(metrics.prometheusText().utf8)))
+                responder.respond(HTTPResponse(status: 200, contentType: "text/plain; version=0.0.4", body: Array(metrics.prometheusText().utf8)))
             case .webSocket:
                 throw HeraldError(.badRequest, "GET /v1/ws expects a WebSocket upgrade")
             case .staticFile(let name):
-                reply(try staticFile(name))
+                responder.respond(try staticFile(name))
             case .demoToken:
                 let t = try TokenRequest(bytes: req.body)
-                reply(.json(200, issueToken(config.demoApp, t, extra: ["appId": .string(config.demoApp.id)])))
-            case .tokens(let appId):
+                responder.respond(.json(200, issueToken(config.demoApp, t, extra: ["appId": .string(config.demoApp.id)])))
+            case .issueToken(let appId):
                 let app = try serverAuth(req, appId)
-                reply(.json(200, issueToken(app, try TokenRequest(bytes: req.body))))
+                responder.respond(.json(200, issueToken(app, try TokenRequest(bytes: req.body))))
             case .bulkSend(let appId):
                 let app = try serverAuth(req, appId)
                 let send = try BulkSend(bytes: req.body)
                 if case .users(let ids) = send.audience { try admitPublishes(app.id, ids.count) } else { try admitPublishes(app.id, 1) }
-                try bulkSend(app, send, exec)
-            case .userNotifications(let appId, let userId):
+                x.write { e throws(StoreError) in
+                    try e.bulkSend(app: app.id, send, now: clock.now()).map { .json(202, ["users": .int($0)]) }
+                }
+            case .publish(let appId, let userId):
                 let user = try serverUser(req, appId, userId)
-                if req.method == "POST" {
-                    var f = try Fields(bytes: req.body)
-                    let draft = try NotificationDraft(reading: &f)
-                    try f.finish()
-                    try admitPublishes(user.app, 1)
-                    exec.run { e in
-                        switch try e.publish(user, draft, now: WallClock.now()) {
-                        case .failure(let err): return .error(err)
-                        case .success(let (n, seq, created)):
-                            return .json(created ? 201 : 200, ["notification": n.json, "seq": .int(seq)])
-                        }
+                var f = try Fields(bytes: req.body)
+                let draft = try NotificationDraft(reading: &f)
+                try f.finish()
+                try admitPublishes(user.app, 1)
+                x.write { e throws(StoreError) in
+                    try e.upsertNotification(user, draft, now: clock.now()).map { (n, seq, created) in
+                        .json(created ? 201 : 200, ["notification": n.json, "seq": .int(seq)])
                     }
-                } else {
-                    try history(req, user, deviceId: nil, exec)
                 }
-            case .userNotification(let appId, let userId, let id):
-                try notificationRoute(req, try serverUser(req, appId, userId), deviceId: nil, id: id, exec)
-            case .userDevices(let appId, let userId):
+            case .history(let owner):
+                let (user, device) = try self.owner(owner, req)
+                let q = try HistoryQuery(req)
+                x.read(user, device) { s, v throws(StoreError) in
+                    let page = try s.historyPage(user, viewer: v, filter: q.filter, after: q.before, limit: q.limit)
+                    var body = Array(#"{"notifications":"#.utf8)
+                    ServerFrame.appendArray(page.notifications, to: &body)
+                    body.append(contentsOf: #","next":"#.utf8)
+                    body.append(contentsOf: page.next.map(PageToken.encode).json.encoded)
+                    body.append(UInt8(ascii: "}"))
+                    return .success(HTTPResponse(status: 200, body: body))
+                }
+            case .getNotification(let owner, let id):
+                let (user, device) = try self.owner(owner, req)
+                x.read(user, device) { s, v throws(StoreError) in
+                    guard let n = try s.visibleNotification(user, id: id, viewer: v) else { return .failure(.notFound) }
+                    return .success(.json(200, ["notification": n.json]))
+                }
+            case .updateNotification(let owner, let id):
+                let (user, device) = try self.owner(owner, req)
+                let u = try StateUpdate(bytes: req.body, ifMatch: req.headers["if-match"])
+                x.write { e throws(StoreError) in
+                    let now = clock.now()
+                    let v = try e.registerViewer(user, deviceId: device, now: now)
+                    return try e.updateState(user, id: id, u, viewer: v, now: now).map { .json(200, ["notification": $0.0.json, "seq": .int($0.seq)]) }
+                }
+            case .deleteNotification(let owner, let id):
+                let (user, device) = try self.owner(owner, req)
+                x.write { e throws(StoreError) in
+                    let now = clock.now()
+                    let v = try e.registerViewer(user, deviceId: device, now: now)
+                    return try e.deleteNotification(user, id: id, viewer: v, now: now).map { _ in .noContent }
+                }
+            case .listDevices(let appId, let userId):
                 let user = try serverUser(req, appId, userId)
-                exec.run { e in
-                    let now = WallClock.now()
-                    return .json(200, ["devices": .array(try e.store.devices(user).map { e.deviceJSON(user, $0, now: now) })])
+                x.write { e throws(StoreError) in .success(.json(200, ["devices": try e.deviceListing(user, now: clock.now())])) }
+            case .readAll:
+                let d = try deviceAuth(req)
+                x.write { e throws(StoreError) in
+                    let now = clock.now()
+                    let v = try e.registerViewer(d.user, deviceId: d.deviceId, now: now)
+                    let (n, seq) = try e.markAllRead(d.user, viewer: v, now: now)
+                    return .success(.json(200, ["updated": .int(n), "seq": .int(seq)]))
                 }
-            case .myNotifications:
+            case .counts:
                 let d = try deviceAuth(req)
-                try history(req, d.user, deviceId: d.deviceId, exec)
-            case .myNotification(let id):
-                let d = try deviceAuth(req)
-                try notificationRoute(req, d.user, deviceId: d.deviceId, id: id, exec)
-            case .myReadAll:
-                let d = try deviceAuth(req)
-                exec.run { e in
-                    let now = WallClock.now()
-                    let v = try e.viewer(d.user, deviceId: d.deviceId, now: now)
-                    let (n, seq) = try e.readAll(d.user, viewer: v, now: now)
-                    return .json(200, ["updated": .int(n), "seq": .int(seq)])
+                x.read(d.user, d.deviceId) { s, v throws(StoreError) in
+                    let c = try s.visibleCounts(d.user, viewer: v)
+                    return .success(.json(200, ["unread": .int(c.unread), "noInteraction": .int(c.noInteraction), "total": .int(c.total)]))
                 }
-            case .myCounts:
-                let d = try deviceAuth(req)
-                exec.run { e in
-                    let v = try e.viewer(d.user, deviceId: d.deviceId, now: WallClock.now())
-                    let c = try e.counts(d.user, viewer: v)
-                    return .json(200, ["unread": .int(c.unread), "noInteraction": .int(c.noInteraction), "total": .int(c.total)])
-                }
-            case .mySync, .myEvents:
+            case .sync, .events:
                 let d = try deviceAuth(req, tokenInQuery: true)
                 try fallback(route, req, d, shard: shard, responder: responder)
-            case .myDevice(let id):
+            case .registerDevice(let id), .deleteDevice(let id):
                 let d = try deviceAuth(req, namesDevice: false)
                 guard Identifiers.isUserId(id) else { throw HeraldError.badRequest("bad device id") }
                 if let bound = d.claims.device, bound != id {
                     throw HeraldError(.forbidden, "the token is bound to another device")
                 }
-                if req.method == "PUT" {
+                if case .registerDevice = route {
                     let reg = try DeviceRegistration(bytes: req.body)
-                    exec.run { e in
-                        let now = WallClock.now()
-                        _ = try e.viewer(d.user, deviceId: id, registration: reg, now: now)
-                        let device = try e.store.device(d.user, id: id)!
-                        return .json(200, ["device": e.deviceJSON(d.user, device, now: now)])
+                    x.write { e throws(StoreError) in
+                        .success(.json(200, ["device": try e.registerDevice(d.user, deviceId: id, reg, now: clock.now())]))
                     }
                 } else {
-                    exec.run { e in
-                        try e.deleteDevice(d.user, deviceId: id) ? .noContent : .error(HeraldError(.notFound, "no such device"))
+                    x.write { e throws(StoreError) in
+                        try e.deleteDevice(d.user, deviceId: id) ? .success(.noContent) : .failure(HeraldError(.notFound, "no such device"))
                     }
                 }
             }
         } catch {
-            reply(.error(error))
+            responder.respond(.error(error))
         }
     }
 
-    /// Runs engine work for one request and answers on the shard.
-    struct Exec {
-        let engine: Engine
+    /// One request's hops: a write on the engine, or a read on the reader
+    /// as the device's viewer; either way the answer comes back to the loop.
+    struct Exchange {
+        let gateway: Gateway
         let shard: Shard
         let responder: HTTPResponder
 
-        func run(_ body: @escaping @Sendable (Engine) throws -> HTTPResponse) {
-            let shard = self.shard, responder = self.responder
-            engine.submit({ e in
-                let r = try body(e)
-                e.afterCommit { shard.post { responder.respond(r) } }
-            }, failed: { err in shard.post { responder.respond(.error(err)) } })
+        func write(_ body: @escaping @Sendable (Engine) throws(StoreError) -> Result<HTTPResponse, HeraldError>) {
+            gateway.engine.perform(on: shard, body) { [responder] r in responder.respond(Self.response(r.flatMap { $0 })) }
+        }
+
+        /// Resolves the viewer (a named device unknown so far is registered,
+        /// on the engine), then runs `body` on one store snapshot.
+        func read(_ user: UserKey, _ deviceId: String?,
+                  _ body: @escaping @Sendable (StoreReading, Viewer) throws(StoreError) -> Result<HTTPResponse, HeraldError>) {
+            let g = gateway, shard = self.shard, responder = self.responder
+            g.viewer(user, deviceId: deviceId, on: shard) { v in
+                switch v {
+                case .failure(let err): responder.respond(.error(err))
+                case .success(let viewer):
+                    g.reads.read(on: shard, { s throws(StoreError) in try body(s, viewer) }) { r in
+                        responder.respond(Self.response(r.flatMap { $0 }))
+                    }
+                }
+            }
+        }
+
+        private static func response(_ r: Result<HTTPResponse, HeraldError>) -> HTTPResponse {
+            switch r {
+            case .success(let ok): ok
+            case .failure(let err): .error(err)
+            }
+        }
+    }
+
+    /// The viewer of `deviceId` for a read: a registered device is read
+    /// beside the engine (which only notes it was seen); an unknown one is
+    /// registered on the engine first.
+    func viewer(_ user: UserKey, deviceId: String?, on shard: Shard, _ then: @escaping (Result<Viewer, HeraldError>) -> Void) {
+        guard let deviceId else { return then(.success(.unnamed)) }
+        let now = clock.now()
+        reads.read(on: shard, { s throws(StoreError) in try s.device(user, id: deviceId) }) { [engine] r in
+            switch r {
+            case .failure(let err): then(.failure(err))
+            case .success(let device?):
+                engine.control { e in e.registry.seen(user, device: deviceId, at: now) }
+                then(.success(Viewer(userId: user.user, device: device)))
+            case .success(nil):
+                engine.perform(on: shard, { e throws(StoreError) in try e.registerViewer(user, deviceId: deviceId, now: now) }, reply: then)
+            }
+        }
+    }
+
+    /// The user and naming device of a notification route.
+    private func owner(_ o: Route.Owner, _ req: HTTPRequest) throws(HeraldError) -> (UserKey, String?) {
+        switch o {
+        case .server(let app, let user): return (try serverUser(req, app, user), nil)
+        case .device:
+            let d = try deviceAuth(req)
+            return (d.user, d.deviceId)
         }
     }
 
@@ -137,7 +201,7 @@ extension Gateway {
     /// The per-app publish rate (`publishesPerSecondPerApp`, burst twice that).
     func admitPublishes(_ appId: String, _ n: Int) throws(HeraldError) {
         let rate = Double(config.limits.publishesPerSecondPerApp)
-        let now = WallClock.now()
+        let now = clock.now()
         let r = publishBuckets.withLock { b in
             b[appId, default: TokenBucket(rate: rate, burst: 2 * rate, now: now)].take(Double(n), now: now)
         }
@@ -193,95 +257,12 @@ extension Gateway {
     }
 
     func issueToken(_ app: AppConfig, _ t: TokenRequest, extra: JSONObject = [:]) -> JSON {
-        let now = WallClock.now() / 1000
+        let now = clock.now() / 1000
         let c = DeviceClaims(app: app.id, user: t.userId, device: t.deviceId, issuedAt: now, expiresAt: now + t.ttlSeconds)
         var o: JSONObject = ["token": .string(DeviceToken.sign(c, secret: app.tokenSecret)),
                              "expiresAt": .string(RFC3339.format(c.expiresAt * 1000))]
         for (k, v) in extra.pairs { o[k] = v }
         return .object(o)
-    }
-
-    // MARK: Notifications
-
-    func history(_ req: HTTPRequest, _ user: UserKey, deviceId: String?, _ exec: Exec) throws(HeraldError) {
-        var limit = 50
-        if let l = req.queryValue("limit") {
-            guard let v = Int(l), (1...500).contains(v) else { throw HeraldError.badRequest("limit must be 1 to 500") }
-            limit = v
-        }
-        var before: HistoryKey? = nil
-        if let b = req.queryValue("before") {
-            guard let k = PageToken.decode(b) else { throw HeraldError.badRequest("before is not a page token") }
-            before = k
-        }
-        var filter = Engine.HistoryFilter()
-        if let r = req.queryValue("readState") {
-            guard let v = ReadState(rawValue: r) else { throw HeraldError.badRequest("readState must be unread or read") }
-            filter.readState = v
-        }
-        if let a = req.queryValue("userActionState") {
-            guard let v = UserActionState(rawValue: a) else {
-                throw HeraldError.badRequest("userActionState must be one of \(UserActionState.allCases.map(\.rawValue).joined(separator: ", "))")
-            }
-            filter.userActionState = v
-        }
-        exec.run { [filter, before, limit] e in
-            let v = try e.viewer(user, deviceId: deviceId, now: WallClock.now())
-            let page = try e.history(user, viewer: v, filter: filter, before: before, limit: limit)
-            return .json(200, ["notifications": .array(page.notifications.map(\.json)), "next": page.next.json])
-        }
-    }
-
-    /// GET, PATCH and DELETE of one notification, for servers (no device)
-    /// and devices alike.
-    func notificationRoute(_ req: HTTPRequest, _ user: UserKey, deviceId: String?, id: String, _ exec: Exec) throws(HeraldError) {
-        switch req.method {
-        case "GET":
-            exec.run { e in
-                let v = try e.viewer(user, deviceId: deviceId, now: WallClock.now())
-                guard let n = try e.visible(user, id: id, viewer: v) else { return .error(.notFound) }
-                return .json(200, ["notification": n.json])
-            }
-        case "PATCH":
-            let u = try StateUpdate(bytes: req.body, ifMatch: req.headers["if-match"])
-            exec.run { e in
-                let now = WallClock.now()
-                let v = try e.viewer(user, deviceId: deviceId, now: now)
-                switch try e.updateState(user, id: id, u, viewer: v, now: now) {
-                case .success(let (n, seq)): return .json(200, ["notification": n.json, "seq": .int(seq)])
-                case .failure(let err): return .error(err)
-                }
-            }
-        default:
-            exec.run { e in
-                let now = WallClock.now()
-                let v = try e.viewer(user, deviceId: deviceId, now: now)
-                switch try e.delete(user, id: id, viewer: v, now: now) {
-                case .success: return .noContent
-                case .failure(let err): return .error(err)
-                }
-            }
-        }
-    }
-
-    func bulkSend(_ app: AppConfig, _ send: BulkSend, _ exec: Exec) throws(HeraldError) {
-        exec.run { e in
-            let now = WallClock.now()
-            let users: [String]
-            switch send.audience {
-            case .users(let ids): users = ids
-            case .tags(let expr):
-                users = try e.store.usersWithDevices(app: app.id).filter { entry in
-                    entry.devices.contains { expr.matches(Set($0.allTags(userId: entry.user))) }
-                }.map(\.user)
-            }
-            for u in users {
-                if case .failure(let err) = try e.publish(UserKey(app: app.id, user: u), send.draft, now: now) {
-                    return .error(err)
-                }
-            }
-            return .json(202, ["users": .int(users.count)])
-        }
     }
 
     // MARK: Demo page
@@ -299,5 +280,33 @@ extension Gateway {
         default: type = "application/octet-stream"
         }
         return HTTPResponse(status: 200, contentType: type, headers: [("Cache-Control", "no-cache")], body: Array(data))
+    }
+}
+
+/// The query of a history page (SPEC section 4).
+struct HistoryQuery: Sendable {
+    var limit = 50
+    var before: HistoryKey?
+    var filter = HistoryFilter()
+
+    init(_ req: HTTPRequest) throws(HeraldError) {
+        if let l = req.queryValue("limit") {
+            guard let v = Int(l), (1...500).contains(v) else { throw HeraldError.badRequest("limit must be 1 to 500") }
+            limit = v
+        }
+        if let b = req.queryValue("before") {
+            guard let k = PageToken.decode(b) else { throw HeraldError.badRequest("before is not a page token") }
+            before = k
+        }
+        if let r = req.queryValue("readState") {
+            guard let v = ReadState(rawValue: r) else { throw HeraldError.badRequest("readState must be unread or read") }
+            filter.readState = v
+        }
+        if let a = req.queryValue("userActionState") {
+            guard let v = UserActionState(rawValue: a) else {
+                throw HeraldError.badRequest("userActionState must be one of \(UserActionState.allCases.map(\.rawValue).joined(separator: ", "))")
+            }
+            filter.userActionState = v
+        }
     }
 }

@@ -1,67 +1,81 @@
 import HeraldCore
 
-/// The HTTP routes of SPEC sections 2-4 and 6. Matching comes before
-/// authentication: an unknown path is 404, a known path with another
-/// method 405.
+/// The HTTP routes of SPEC sections 2-4 and 6: one entry per method and
+/// path. Matching comes before authentication: an unknown path is 404, a
+/// known path with another method 405.
 enum Route: Equatable {
+    /// Whose notifications: an app server's view of one user, or a device's own.
+    enum Owner: Equatable {
+        case server(app: String, user: String)
+        case device
+    }
+
     case health, metrics, webSocket, demoToken
-    case tokens(app: String)
+    case issueToken(app: String)
     case bulkSend(app: String)
-    case userNotifications(app: String, user: String)
-    case userNotification(app: String, user: String, id: String)
-    case userDevices(app: String, user: String)
-    case myNotifications
-    case myReadAll
-    case myNotification(id: String)
-    case myCounts, mySync, myEvents
-    case myDevice(id: String)
+    case publish(app: String, user: String)
+    case history(Owner)
+    case getNotification(Owner, id: String)
+    case updateNotification(Owner, id: String)
+    case deleteNotification(Owner, id: String)
+    case listDevices(app: String, user: String)
+    case readAll, counts, sync, events
+    case registerDevice(id: String)
+    case deleteDevice(id: String)
     case staticFile(name: String)
 
     static func match(method: String, path: String, demo: Bool) -> Result<Route, HeraldError> {
-        let s = path.split(separator: "/", omittingEmptySubsequences: false).dropFirst().map(String.init)
         guard path.hasPrefix("/") else { return .failure(notFound) }
-        let (route, methods): (Route?, [String]) = {
-            switch s.count {
-            case 1 where s[0] == "healthz": return (.health, ["GET"])
-            case 1 where s[0] == "metrics": return (.metrics, ["GET"])
-            case 2 where s[0] == "v1" && s[1] == "ws": return (.webSocket, ["GET"])
-            case 3 where s[0] == "v1" && s[1] == "demo" && s[2] == "token" && demo: return (.demoToken, ["POST"])
-            case 3 where s[0] == "v1" && s[1] == "me":
-                switch s[2] {
-                case "notifications": return (.myNotifications, ["GET"])
-                case "counts": return (.myCounts, ["GET"])
-                case "sync": return (.mySync, ["GET"])
-                case "events": return (.myEvents, ["GET"])
-                default: return (nil, [])
-                }
-            case 4 where s[0] == "v1" && s[1] == "me" && s[2] == "notifications":
-                if s[3] == "read-all" { return (.myReadAll, ["POST"]) }
-                return s[3].isEmpty ? (nil, []) : (.myNotification(id: s[3]), ["GET", "PATCH", "DELETE"])
-            case 4 where s[0] == "v1" && s[1] == "me" && s[2] == "devices" && !s[3].isEmpty:
-                return (.myDevice(id: s[3]), ["PUT", "DELETE"])
-            case 4 where s[0] == "v1" && s[1] == "apps" && !s[2].isEmpty && s[3] == "tokens":
-                return (.tokens(app: s[2]), ["POST"])
-            case 4 where s[0] == "v1" && s[1] == "apps" && !s[2].isEmpty && s[3] == "notifications":
-                return (.bulkSend(app: s[2]), ["POST"])
-            case 6 where s[0] == "v1" && s[1] == "apps" && !s[2].isEmpty && s[3] == "users" && !s[4].isEmpty:
-                switch s[5] {
-                case "notifications": return (.userNotifications(app: s[2], user: s[4]), ["GET", "POST"])
-                case "devices": return (.userDevices(app: s[2], user: s[4]), ["GET"])
-                default: return (nil, [])
-                }
-            case 7 where s[0] == "v1" && s[1] == "apps" && !s[2].isEmpty && s[3] == "users" && !s[4].isEmpty
-                && s[5] == "notifications" && !s[6].isEmpty:
-                return (.userNotification(app: s[2], user: s[4], id: s[6]), ["GET", "PATCH", "DELETE"])
-            default:
-                if demo, let name = staticName(path) { return (.staticFile(name: name), ["GET"]) }
-                return (nil, [])
-            }
-        }()
-        guard let route else { return .failure(notFound) }
-        guard methods.contains(method) else {
-            return .failure(HeraldError(.methodNotAllowed, "\(method) is not allowed here; use \(methods.joined(separator: ", "))"))
+        let methods = table(path.split(separator: "/", omittingEmptySubsequences: false).dropFirst().map(String.init),
+                            path: path, demo: demo)
+        guard !methods.isEmpty else { return .failure(notFound) }
+        guard let route = methods[method] else {
+            let allowed = methods.keys.sorted().joined(separator: ", ")
+            return .failure(HeraldError(.methodNotAllowed, "\(method) is not allowed here; use \(allowed)"))
         }
         return .success(route)
+    }
+
+    /// The routes of one path, by method (empty: no such path).
+    private static func table(_ s: [String], path: String, demo: Bool) -> [String: Route] {
+        func notification(_ o: Owner, _ id: String) -> [String: Route] {
+            ["GET": .getNotification(o, id: id), "PATCH": .updateNotification(o, id: id), "DELETE": .deleteNotification(o, id: id)]
+        }
+        switch s.count {
+        case 1 where s[0] == "healthz": return ["GET": .health]
+        case 1 where s[0] == "metrics": return ["GET": .metrics]
+        case 2 where s[0] == "v1" && s[1] == "ws": return ["GET": .webSocket]
+        case 3 where s[0] == "v1" && s[1] == "demo" && s[2] == "token" && demo: return ["POST": .demoToken]
+        case 3 where s[0] == "v1" && s[1] == "me":
+            switch s[2] {
+            case "notifications": return ["GET": .history(.device)]
+            case "counts": return ["GET": .counts]
+            case "sync": return ["GET": .sync]
+            case "events": return ["GET": .events]
+            default: return [:]
+            }
+        case 4 where s[0] == "v1" && s[1] == "me" && s[2] == "notifications":
+            if s[3] == "read-all" { return ["POST": .readAll] }
+            return s[3].isEmpty ? [:] : notification(.device, s[3])
+        case 4 where s[0] == "v1" && s[1] == "me" && s[2] == "devices" && !s[3].isEmpty:
+            return ["PUT": .registerDevice(id: s[3]), "DELETE": .deleteDevice(id: s[3])]
+        case 4 where s[0] == "v1" && s[1] == "apps" && !s[2].isEmpty && s[3] == "tokens":
+            return ["POST": .issueToken(app: s[2])]
+        case 4 where s[0] == "v1" && s[1] == "apps" && !s[2].isEmpty && s[3] == "notifications":
+            return ["POST": .bulkSend(app: s[2])]
+        case 6 where s[0] == "v1" && s[1] == "apps" && !s[2].isEmpty && s[3] == "users" && !s[4].isEmpty:
+            switch s[5] {
+            case "notifications": return ["GET": .history(.server(app: s[2], user: s[4])), "POST": .publish(app: s[2], user: s[4])]
+            case "devices": return ["GET": .listDevices(app: s[2], user: s[4])]
+            default: return [:]
+            }
+        case 7 where s[0] == "v1" && s[1] == "apps" && !s[2].isEmpty && s[3] == "users" && !s[4].isEmpty
+            && s[5] == "notifications" && !s[6].isEmpty:
+            return notification(.server(app: s[2], user: s[4]), s[6])
+        default:
+            if demo, let name = staticName(path) { return ["GET": .staticFile(name: name)] }
+            return [:]
+        }
     }
 
     static let notFound = HeraldError(.notFound, "no such resource")

@@ -4,13 +4,12 @@ import HeraldCore
 /// Prometheus metrics of SPEC section 6. Lock-free counters, cheap enough to
 /// leave on under load.
 public final class Metrics: Sendable {
-    public enum Transport: String, CaseIterable, Sendable { case websocket, sse, poll }
     public enum DropReason: String, CaseIterable, Sendable {
         case slowConsumer = "slow_consumer", rateLimited = "rate_limited", idle, protocolError = "protocol_error",
              authExpired = "auth_expired"
     }
 
-    let connections = Locked([Int](repeating: 0, count: Transport.allCases.count))
+    let connections = Locked([Int](repeating: 0, count: TransportKind.allCases.count))
     let drops = Locked([Int](repeating: 0, count: DropReason.allCases.count))
     public let publishes = Atomic<Int>(0)
     public let deliveries = Atomic<Int>(0)
@@ -19,16 +18,16 @@ public final class Metrics: Sendable {
 
     public init() {}
 
-    public func connectionOpened(_ t: Transport) { connections.withLock { $0[index(t)] += 1 } }
-    public func connectionClosed(_ t: Transport) { connections.withLock { $0[index(t)] -= 1 } }
+    public func connectionOpened(_ t: TransportKind) { connections.withLock { $0[index(t)] += 1 } }
+    public func connectionClosed(_ t: TransportKind) { connections.withLock { $0[index(t)] -= 1 } }
     public func dropped(_ r: DropReason) { drops.withLock { $0[DropReason.allCases.firstIndex(of: r)!] += 1 } }
 
-    private func index(_ t: Transport) -> Int { Transport.allCases.firstIndex(of: t)! }
+    private func index(_ t: TransportKind) -> Int { TransportKind.allCases.firstIndex(of: t)! }
 
     public func prometheusText() -> String {
         var s = "# HELP herald_connections Open device connections by transport.\n# TYPE herald_connections gauge\n"
         let open = connections.withLock { $0 }
-        for (i, t) in Transport.allCases.enumerated() {
+        for (i, t) in TransportKind.allCases.enumerated() {
             s += "herald_connections{transport=\"\(t.rawValue)\"} \(open[i])\n"
         }
         s += "# HELP herald_publishes_total Notifications published.\n# TYPE herald_publishes_total counter\n"

@@ -1,68 +1,64 @@
 import Dispatch
 import HeraldCore
 
-/// Something on a shard that follows one user's feed live: a WebSocket
-/// session, an SSE stream, a held poll. Called on its shard's thread only.
-protocol FeedFollower: AnyObject {
-    var userKey: UserKey { get }
-    var deviceId: String? { get }
-    /// Changes committed after the follower's catch-up, in seq order.
-    func deliver(_ records: [ChangeRecord])
-    func viewerChanged(_ viewer: Viewer)
-    func deviceDeleted()
-    /// The gateway is stopping: end politely.
-    func shutdown()
-}
-
-/// One service loop's share of the gateway: the followers on its thread
+/// One service loop's share of the gateway: the subscriptions on its thread
 /// and their timers.
 ///
 /// Thread ownership: everything here is touched only on the shard's loop
-/// thread, except `post`, which any thread may call. The engine reaches a
-/// shard only through `post`.
-public final class Shard: @unchecked Sendable {
+/// thread (checked in debug builds), except `post`, which any thread may
+/// call. The engine reaches a shard only through `post`.
+public final class Shard: @unchecked Sendable {  // loop-thread state, checked by `thread`; `post` is the executor's
     public let index: Int
-    let engine: Engine
+    let gateway: Gateway
     let executor: LoopExecutor
-    private var followers: [UserKey: [ObjectIdentifier: FeedFollower]] = [:]
+    /// The loop's thread; the transport claims it when the loop starts.
+    public let thread: ThreadOwner
+    private var subscriptions: [UserKey: [ObjectIdentifier: Subscription]] = [:]
     private var timers = Heap<TimerEntry>()
     private var timerSerial: UInt64 = 0
 
-    init(index: Int, engine: Engine, executor: LoopExecutor) {
-        self.index = index; self.engine = engine; self.executor = executor
+    init(index: Int, gateway: Gateway, executor: LoopExecutor) {
+        self.index = index; self.gateway = gateway; self.executor = executor
+        thread = ThreadOwner("loop \(index)")
     }
 
     public func post(_ job: @escaping @Sendable () -> Void) { executor.post(job) }
 
-    func add(_ f: FeedFollower) { followers[f.userKey, default: [:]][ObjectIdentifier(f)] = f }
+    func add(_ s: Subscription) {
+        thread.assertCurrent()
+        subscriptions[s.user, default: [:]][ObjectIdentifier(s)] = s
+    }
 
-    func remove(_ f: FeedFollower) {
-        guard var m = followers[f.userKey] else { return }
-        m[ObjectIdentifier(f)] = nil
-        followers[f.userKey] = m.isEmpty ? nil : m
+    func remove(_ s: Subscription) {
+        thread.assertCurrent()
+        guard var m = subscriptions[s.user] else { return }
+        m[ObjectIdentifier(s)] = nil
+        subscriptions[s.user] = m.isEmpty ? nil : m
     }
 
     /// `committedAt`: monotonic nanoseconds when the records' batch committed.
     func deliver(_ user: UserKey, _ records: [ChangeRecord], committedAt: UInt64) {
-        guard let m = followers[user] else { return }
-        for f in m.values { f.deliver(records) }
-        engine.metrics.deliveryLatency.observe(nanos: DispatchTime.now().uptimeNanoseconds &- committedAt)
+        thread.assertCurrent()
+        guard let m = subscriptions[user] else { return }
+        for s in m.values { s.deliver(records) }
+        gateway.metrics.deliveryLatency.observe(nanos: DispatchTime.now().uptimeNanoseconds &- committedAt)
     }
 
     func viewerChanged(_ user: UserKey, deviceId: String, viewer: Viewer) {
-        guard let m = followers[user] else { return }
-        for f in m.values where f.deviceId == deviceId { f.viewerChanged(viewer) }
+        thread.assertCurrent()
+        for s in subscriptions[user]?.values ?? [:].values where s.deviceId == deviceId { s.viewerChanged(viewer) }
     }
 
     func deviceDeleted(_ user: UserKey, deviceId: String) {
-        guard let m = followers[user] else { return }
-        for f in m.values where f.deviceId == deviceId { f.deviceDeleted() }
+        thread.assertCurrent()
+        for s in subscriptions[user]?.values ?? [:].values where s.deviceId == deviceId { s.end(.deviceDeleted) }
     }
 
-    /// Gateway shutdown: every follower ends (WebSockets 1001, held polls
-    /// answered empty, event streams closed).
-    public func shutdownFollowers() {
-        for m in followers.values { for f in m.values { f.shutdown() } }
+    /// Gateway shutdown: every subscription ends (WebSockets 1001, held
+    /// polls answered empty, event streams closed).
+    public func shutdownSubscriptions() {
+        thread.assertCurrent()
+        for m in subscriptions.values { for s in m.values { s.end(.shutdown) } }
     }
 
     // MARK: Timers
@@ -78,12 +74,16 @@ public final class Shard: @unchecked Sendable {
     /// Runs `fire` on this thread at `at` (checked by `runTimers`). Callers
     /// guard against firing after they closed.
     func schedule(at: Millis, _ fire: @escaping () -> Void) {
+        thread.assertCurrent()
         timerSerial += 1
         timers.push(TimerEntry(at: at, serial: timerSerial, fire: fire))
     }
 
-    /// Called by the transport several times a second.
-    public func runTimers(now: Millis) {
+    /// Fires the timers that are due. The transport calls it several times a
+    /// second; tests call it after moving their clock.
+    public func runTimers() {
+        thread.assertCurrent()
+        let now = gateway.clock.now()
         while let t = timers.peek, t.at <= now {
             _ = timers.pop()
             t.fire()

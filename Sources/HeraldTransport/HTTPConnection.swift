@@ -185,6 +185,14 @@ final class HTTPConnection: Flushable {
 
     func queuedBytes(serial: Int) -> Int { serial == self.serial ? streamOut.count : 0 }
 
+    private var drainWaiter: (below: Int, run: () -> Void)?
+
+    func whenDrained(below bytes: Int, _ f: @escaping () -> Void, serial: Int) {
+        guard serial == self.serial, wsi != nil else { return }
+        if streamOut.count < bytes { return f() }
+        drainWaiter = (bytes, f)
+    }
+
     func onClose(_ f: @escaping () -> Void, serial: Int) {
         if serial == self.serial, wsi != nil { closeHook = f }
     }
@@ -229,6 +237,10 @@ final class HTTPConnection: Flushable {
         if !out.isEmpty {
             if write(wsi, out, 0..<out.count, LWS_WRITE_HTTP) < 0 { return -1 }
             streamOut.removeFirst(count)
+            if let w = drainWaiter, streamOut.count < w.below {
+                drainWaiter = nil
+                w.run()
+            }
         } else if finishing {
             return -1
         }
@@ -268,6 +280,7 @@ final class HTTPConnection: Flushable {
 
     func closed() {
         wsi = nil
+        drainWaiter = nil
         isBusy = false
         let hook = closeHook
         closeHook = nil
@@ -299,4 +312,5 @@ final class Exchange: HTTPResponder, @unchecked Sendable {
     func finish() { conn?.finish(serial: serial) }
     var queuedBytes: Int { conn?.queuedBytes(serial: serial) ?? 0 }
     func onClose(_ f: @escaping () -> Void) { conn?.onClose(f, serial: serial) }
+    func whenDrained(below bytes: Int, _ f: @escaping () -> Void) { conn?.whenDrained(below: bytes, f, serial: serial) }
 }

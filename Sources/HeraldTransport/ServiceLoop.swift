@@ -97,6 +97,7 @@ final class ServiceLoop: LoopExecutor, @unchecked Sendable {
     }
 
     private func run() {
+        shard.thread.claim()
         var evLoop: OpaquePointer? = nil
         let foreign = UnsafeMutablePointer<UnsafeMutableRawPointer?>.allocate(capacity: 1)
         defer { foreign.deallocate() }
@@ -192,7 +193,7 @@ final class ServiceLoop: LoopExecutor, @unchecked Sendable {
                 guard let sul else { return }
                 let owner = sul.withMemoryRebound(to: herald_tick.self, capacity: 1) { $0.pointee.owner }
                 let loop = Unmanaged<ServiceLoop>.fromOpaque(owner!).takeUnretainedValue()
-                loop.shard.runTimers(now: WallClock.now())
+                loop.shard.runTimers()
                 loop.armTick()
             }, 100_000)
         }
@@ -208,7 +209,7 @@ final class ServiceLoop: LoopExecutor, @unchecked Sendable {
             self.listener = nil
             listenFd = -1
         }
-        shard.shutdownFollowers()
+        shard.shutdownSubscriptions()
         for ws in webSockets.values { ws.session.shutdown() }
     }
 

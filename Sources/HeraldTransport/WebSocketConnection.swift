@@ -15,7 +15,7 @@ final class WebSocketConnection: WebSocketOutput, Flushable {
     init(wsi: OpaquePointer, loop: ServiceLoop) {
         self.wsi = wsi
         self.loop = loop
-        session = loop.gateway.openWebSocket(shard: loop.shard, output: self)
+        session = loop.gateway.openWebSocket(shard: loop.shard, transport: self)
     }
 
     private var flushQueued = false
@@ -58,7 +58,7 @@ final class WebSocketConnection: WebSocketOutput, Flushable {
         while session.hasPendingOutput, rounds < 4 {
             rounds += 1
             loop.output.removeAll(keepingCapacity: true)
-            session.writePending(into: &loop.output, limit: ServiceLoop.outputLimit, header: Self.frameHeader)
+            session.writePending(into: &loop.output, limit: ServiceLoop.outputLimit)
             let total = loop.output.count
             let sent = loop.output.withUnsafeBytes { send(fd, $0.baseAddress, total, Int32(MSG_NOSIGNAL | MSG_DONTWAIT)) }
             if sent == total { continue }
@@ -70,21 +70,6 @@ final class WebSocketConnection: WebSocketOutput, Flushable {
             }
         }
         return true
-    }
-
-    /// RFC 6455 section 5.2 header of an unmasked, final text frame.
-    static func frameHeader(_ out: inout [UInt8], _ length: Int) {
-        out.append(0x81)
-        if length < 126 {
-            out.append(UInt8(length))
-        } else if length < 65536 {
-            out.append(126)
-            out.append(UInt8(length >> 8))
-            out.append(UInt8(length & 0xff))
-        } else {
-            out.append(127)
-            for shift in stride(from: 56, through: 0, by: -8) { out.append(UInt8((length >> shift) & 0xff)) }
-        }
     }
 
     func receive(_ data: UnsafeRawBufferPointer) {

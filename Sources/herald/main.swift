@@ -49,7 +49,11 @@ func serve(_ args: ArraySlice<String>) throws(UsageError) -> Never {
     var config = GatewayConfig(apps: apps, demo: demo, limits: file.limits)
     config.webRoot = f["web-root"] ?? findWebRoot()
     if demo { Log.warning("demo mode: app 'demo' is open to anyone (POST /v1/demo/token, server key 'demo-server-key'); never use it in production") }
-    let gateway = Gateway(config: config, store: store)
+    let gateway: Gateway
+    do { gateway = try Gateway(config: config, store: store) } catch {
+        FileHandle.standardError.write("herald: \(error)\n".data(using: .utf8)!)
+        exit(1)
+    }
     let server = Server(gateway: gateway, host: host, port: port, threads: threads, eventLoop: eventLoop)
     // SIGTERM and SIGINT stay blocked in every thread (the mask is inherited)
     // and are taken with sigwait below, so one that arrives the instant we

@@ -91,7 +91,7 @@ final class ServerFrameTests: XCTestCase {
     }
 
     func testResetWelcomeAckErrorCountsPongTokenExpiring() {
-        let r = parsed(ServerFrame.reset([Note.sample()], cursor: 3, epoch: "E", final: true))
+        let r = parsed(ServerFrame.reset([Note.sample().json.encoded], cursor: 3, epoch: "E", final: true))
         XCTAssertEqual(r.keys.first, "type")
         XCTAssertEqual(r["type"], "reset")
         XCTAssertEqual(r["notifications"], [Note.sample().json])

@@ -69,25 +69,30 @@ final class RouteFuzzTests: XCTestCase {
         return String(decoding: (0..<n).map { _ in rng.pick(idBytes) }, as: UTF8.self)
     }
 
-    /// (path, route, allowed methods) for random valid ids.
-    static func known(_ rng: inout SplitMix64) -> [(String, Route, [String])] {
+    /// (path, its route for each allowed method) for random valid ids.
+    static func known(_ rng: inout SplitMix64) -> [(String, [String: Route])] {
         let app = id(&rng), user = id(&rng), note = "n_" + id(&rng), dev = id(&rng)
+        let server = Route.Owner.server(app: app, user: user)
         return [
-            ("/healthz", .health, ["GET"]),
-            ("/metrics", .metrics, ["GET"]),
-            ("/v1/ws", .webSocket, ["GET"]),
-            ("/v1/apps/\(app)/tokens", .tokens(app: app), ["POST"]),
-            ("/v1/apps/\(app)/notifications", .bulkSend(app: app), ["POST"]),
-            ("/v1/apps/\(app)/users/\(user)/notifications", .userNotifications(app: app, user: user), ["GET", "POST"]),
-            ("/v1/apps/\(app)/users/\(user)/notifications/\(note)", .userNotification(app: app, user: user, id: note), ["GET", "PATCH", "DELETE"]),
-            ("/v1/apps/\(app)/users/\(user)/devices", .userDevices(app: app, user: user), ["GET"]),
-            ("/v1/me/notifications", .myNotifications, ["GET"]),
-            ("/v1/me/notifications/\(note)", .myNotification(id: note), ["GET", "PATCH", "DELETE"]),
-            ("/v1/me/notifications/read-all", .myReadAll, ["POST"]),
-            ("/v1/me/counts", .myCounts, ["GET"]),
-            ("/v1/me/sync", .mySync, ["GET"]),
-            ("/v1/me/events", .myEvents, ["GET"]),
-            ("/v1/me/devices/\(dev)", .myDevice(id: dev), ["PUT", "DELETE"]),
+            ("/healthz", ["GET": .health]),
+            ("/metrics", ["GET": .metrics]),
+            ("/v1/ws", ["GET": .webSocket]),
+            ("/v1/apps/\(app)/tokens", ["POST": .issueToken(app: app)]),
+            ("/v1/apps/\(app)/notifications", ["POST": .bulkSend(app: app)]),
+            ("/v1/apps/\(app)/users/\(user)/notifications", ["GET": .history(server), "POST": .publish(app: app, user: user)]),
+            ("/v1/apps/\(app)/users/\(user)/notifications/\(note)",
+             ["GET": .getNotification(server, id: note), "PATCH": .updateNotification(server, id: note),
+              "DELETE": .deleteNotification(server, id: note)]),
+            ("/v1/apps/\(app)/users/\(user)/devices", ["GET": .listDevices(app: app, user: user)]),
+            ("/v1/me/notifications", ["GET": .history(.device)]),
+            ("/v1/me/notifications/\(note)",
+             ["GET": .getNotification(.device, id: note), "PATCH": .updateNotification(.device, id: note),
+              "DELETE": .deleteNotification(.device, id: note)]),
+            ("/v1/me/notifications/read-all", ["POST": .readAll]),
+            ("/v1/me/counts", ["GET": .counts]),
+            ("/v1/me/sync", ["GET": .sync]),
+            ("/v1/me/events", ["GET": .events]),
+            ("/v1/me/devices/\(dev)", ["PUT": .registerDevice(id: dev), "DELETE": .deleteDevice(id: dev)]),
         ]
     }
 
@@ -102,11 +107,11 @@ final class RouteFuzzTests: XCTestCase {
     func testKnownPathsMatchTheirRoutes() {
         var rng = SplitMix64(seed: FuzzRunner.seed(for: "route-known"))
         for _ in 0..<300 {
-            for (path, route, allowed) in Self.known(&rng) {
+            for (path, routes) in Self.known(&rng) {
                 for demo in [false, true] {
                     for m in Self.methods {
                         let r = Route.match(method: m, path: path, demo: demo)
-                        if allowed.contains(m) {
+                        if let route = routes[m] {
                             XCTAssertEqual(Self.describe(r), "\(route)", "\(m) \(path)")
                         } else {
                             XCTAssertEqual(Self.describe(r), "405", "\(m) \(path)")
@@ -132,58 +137,57 @@ final class RouteFuzzTests: XCTestCase {
     /// SPEC sections 2-4 and 6 as a table, on byte segments.
     enum Reference {
         static func match(method: String, path: String, demo: Bool) -> Result<Route, HeraldError> {
-            let (route, methods) = lookup(path, demo: demo)
-            guard let route else { return .failure(HeraldError(.notFound, "")) }
-            guard methods.contains(method) else { return .failure(HeraldError(.methodNotAllowed, "")) }
+            let routes = lookup(path, demo: demo)
+            guard !routes.isEmpty else { return .failure(HeraldError(.notFound, "")) }
+            guard let route = routes[method] else { return .failure(HeraldError(.methodNotAllowed, "")) }
             return .success(route)
         }
 
-        static func lookup(_ path: String, demo: Bool) -> (Route?, [String]) {
+        static func lookup(_ path: String, demo: Bool) -> [String: Route] {
             let b = Array(path.utf8)
-            guard b.first == UInt8(ascii: "/") else { return (nil, []) }
+            guard b.first == UInt8(ascii: "/") else { return [:] }
             let s = b.split(separator: UInt8(ascii: "/"), omittingEmptySubsequences: false).dropFirst()
                 .map { String(decoding: $0, as: UTF8.self) }
             switch s {
-            case ["healthz"]: return (.health, ["GET"])
-            case ["metrics"]: return (.metrics, ["GET"])
-            case ["v1", "ws"]: return (.webSocket, ["GET"])
-            case ["v1", "demo", "token"] where demo: return (.demoToken, ["POST"])
-            case ["v1", "me", "notifications"]: return (.myNotifications, ["GET"])
-            case ["v1", "me", "counts"]: return (.myCounts, ["GET"])
-            case ["v1", "me", "sync"]: return (.mySync, ["GET"])
-            case ["v1", "me", "events"]: return (.myEvents, ["GET"])
-            case ["v1", "me", "notifications", "read-all"]: return (.myReadAll, ["POST"])
+            case ["healthz"]: return ["GET": .health]
+            case ["metrics"]: return ["GET": .metrics]
+            case ["v1", "ws"]: return ["GET": .webSocket]
+            case ["v1", "demo", "token"] where demo: return ["POST": .demoToken]
+            case ["v1", "me", "notifications"]: return ["GET": .history(.device)]
+            case ["v1", "me", "counts"]: return ["GET": .counts]
+            case ["v1", "me", "sync"]: return ["GET": .sync]
+            case ["v1", "me", "events"]: return ["GET": .events]
+            case ["v1", "me", "notifications", "read-all"]: return ["POST": .readAll]
             default: break
             }
-            if s.count == 4, s[0] == "v1", s[1] == "me", s[2] == "notifications", !s[3].isEmpty {
-                return (.myNotification(id: s[3]), ["GET", "PATCH", "DELETE"])
+            func one(_ o: Route.Owner, _ id: String) -> [String: Route] {
+                ["GET": .getNotification(o, id: id), "PATCH": .updateNotification(o, id: id), "DELETE": .deleteNotification(o, id: id)]
             }
+            if s.count == 4, s[0] == "v1", s[1] == "me", s[2] == "notifications", !s[3].isEmpty { return one(.device, s[3]) }
             if s.count == 4, s[0] == "v1", s[1] == "me", s[2] == "devices", !s[3].isEmpty {
-                return (.myDevice(id: s[3]), ["PUT", "DELETE"])
+                return ["PUT": .registerDevice(id: s[3]), "DELETE": .deleteDevice(id: s[3])]
             }
             if s.count >= 4, s[0] == "v1", s[1] == "apps", !s[2].isEmpty {
                 let app = s[2]
-                if s.count == 4, s[3] == "tokens" { return (.tokens(app: app), ["POST"]) }
-                if s.count == 4, s[3] == "notifications" { return (.bulkSend(app: app), ["POST"]) }
+                if s.count == 4, s[3] == "tokens" { return ["POST": .issueToken(app: app)] }
+                if s.count == 4, s[3] == "notifications" { return ["POST": .bulkSend(app: app)] }
                 if s.count >= 6, s[3] == "users", !s[4].isEmpty {
-                    let user = s[4]
-                    if s.count == 6, s[5] == "notifications" { return (.userNotifications(app: app, user: user), ["GET", "POST"]) }
-                    if s.count == 6, s[5] == "devices" { return (.userDevices(app: app, user: user), ["GET"]) }
-                    if s.count == 7, s[5] == "notifications", !s[6].isEmpty {
-                        return (.userNotification(app: app, user: user, id: s[6]), ["GET", "PATCH", "DELETE"])
-                    }
+                    let user = s[4], owner = Route.Owner.server(app: app, user: user)
+                    if s.count == 6, s[5] == "notifications" { return ["GET": .history(owner), "POST": .publish(app: app, user: user)] }
+                    if s.count == 6, s[5] == "devices" { return ["GET": .listDevices(app: app, user: user)] }
+                    if s.count == 7, s[5] == "notifications", !s[6].isEmpty { return one(owner, s[6]) }
                 }
             }
             // Demo web root: `/` and plain file names (no dot first, <= 64).
             if demo {
-                if path == "/" { return (.staticFile(name: "index.html"), ["GET"]) }
+                if path == "/" { return ["GET": .staticFile(name: "index.html")] }
                 let name = b.dropFirst()
                 let ok = !name.isEmpty && name.count <= 64 && name.first != UInt8(ascii: ".") && name.allSatisfy {
                     ($0 >= 0x61 && $0 <= 0x7A) || ($0 >= 0x41 && $0 <= 0x5A) || ($0 >= 0x30 && $0 <= 0x39) || "_@#.-".utf8.contains($0)
                 }
-                if ok, s.count == 1 { return (.staticFile(name: String(decoding: name, as: UTF8.self)), ["GET"]) }
+                if ok, s.count == 1 { return ["GET": .staticFile(name: String(decoding: name, as: UTF8.self))] }
             }
-            return (nil, [])
+            return [:]
         }
     }
 }

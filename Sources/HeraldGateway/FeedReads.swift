@@ -1,0 +1,157 @@
+import HeraldCore
+
+/// The read-only queries: run on the reader thread when the store has a
+/// reader connection, else on the engine. Each costs in proportion to what
+/// it returns (and to the notifications it skips as invisible), never to a
+/// user's whole history.
+extension StoreReading {
+    /// The notification `id` if `viewer` may see it.
+    func visibleNotification(_ user: UserKey, id: String, viewer: Viewer) throws(StoreError) -> Notification? {
+        guard let n = try notification(user, id: id), n.targeting.admits(viewer) else { return nil }
+        return n
+    }
+
+    /// `GET /v1/me/counts` over what `viewer` may see: summed from the
+    /// store's per-targeting counts.
+    func visibleCounts(_ user: UserKey, viewer: Viewer) throws(StoreError) -> TargetingCounts {
+        var c = TargetingCounts(targeting: .everyone)
+        for t in try counts(user) where t.targeting.admits(viewer) {
+            c.unread += t.unread; c.noInteraction += t.noInteraction; c.total += t.total
+        }
+        return c
+    }
+
+    /// One history page, encoded, and the position of the next, if any:
+    /// at most `limit` notifications and, past the first, about `maxBytes`.
+    func historyPage(_ user: UserKey, viewer: Viewer, filter: HistoryFilter = HistoryFilter(), after: HistoryKey?, limit: Int,
+                     maxBytes: Int = .max) throws(StoreError) -> HistoryPage {
+        var out: [[UInt8]] = []
+        var bytes = 0
+        var last: HistoryKey? = nil
+        var from = after
+        let step = max(limit, 100)
+        while true {
+            let page = try history(user, after: from, limit: step)
+            for n in page where n.targeting.admits(viewer) && filter.admits(n) {
+                if out.count == limit || bytes >= maxBytes { return HistoryPage(notifications: out, next: last) }
+                let b = n.json.encoded
+                bytes += b.count
+                out.append(b)
+                last = HistoryKey(n)
+            }
+            guard page.count == step, let end = page.last else { return HistoryPage(notifications: out, next: nil) }
+            from = HistoryKey(end)
+        }
+    }
+
+    /// The next page of a catch-up (see `Subscription`), read in one snapshot.
+    func catchUpPage(_ user: UserKey, viewer: Viewer, epoch: String, step: CatchUpStep, bounds: PageBounds) throws(StoreError) -> CatchUpPage {
+        let feed = try feed(user)
+        switch step {
+        case .begin(let position):
+            guard let cursor = position.resumable(in: feed, epoch: epoch) else {
+                return .reset(try resetPage(user, viewer: viewer, after: nil, head: feed.head, bounds: bounds))
+            }
+            return .changes(try changesPage(user, viewer: viewer, after: cursor, feed: feed, bounds: bounds))
+        case .changes(let after):
+            // Retention overtook a slow catch-up: start over with a reset.
+            guard feed.accepts(cursor: after) else {
+                return .reset(try resetPage(user, viewer: viewer, after: nil, head: feed.head, bounds: bounds))
+            }
+            return .changes(try changesPage(user, viewer: viewer, after: after, feed: feed, bounds: bounds))
+        case .reset(let after, let cursor):
+            return .reset(try resetPage(user, viewer: viewer, after: after, head: cursor, bounds: bounds))
+        }
+    }
+
+    private func resetPage(_ user: UserKey, viewer: Viewer, after: HistoryKey?, head: Int64, bounds: PageBounds) throws(StoreError) -> ResetPage {
+        let page = try historyPage(user, viewer: viewer, after: after, limit: bounds.items, maxBytes: bounds.bytes)
+        return ResetPage(notifications: page.notifications, next: page.next, cursor: head)
+    }
+
+    /// Visible changes after `after`, up to the bounds; `complete` when they
+    /// reach the feed's head, and then the viewer's unread count as of it.
+    private func changesPage(_ user: UserKey, viewer: Viewer, after: Int64, feed: FeedState, bounds: PageBounds) throws(StoreError) -> ChangesPage {
+        var items: [EncodedChange] = []
+        var bytes = 0
+        var reached = after
+        while reached < feed.head {
+            let page = try changes(user, after: reached, limit: 1000)
+            guard !page.isEmpty else { break }
+            for r in page {
+                if let b = r.bytes(for: viewer) {
+                    if items.count == bounds.items || bytes >= bounds.bytes {
+                        return ChangesPage(items: items, reached: reached, unread: nil)
+                    }
+                    items.append(EncodedChange(seq: r.seq, bytes: b))
+                    bytes += b.count
+                }
+                reached = r.seq
+            }
+        }
+        return ChangesPage(items: items, reached: max(reached, feed.head), unread: try visibleCounts(user, viewer: viewer).unread)
+    }
+}
+
+/// `readState` / `userActionState` filters of the history API.
+struct HistoryFilter: Sendable {
+    var readState: ReadState?
+    var userActionState: UserActionState?
+    func admits(_ n: Notification) -> Bool {
+        (readState.map { $0 == n.readState } ?? true) && (userActionState.map { $0 == n.userActionState } ?? true)
+    }
+}
+
+struct HistoryPage: Sendable {
+    /// Encoded notifications in history order.
+    var notifications: [[UInt8]]
+    /// Where the next page starts; nil when this was the last.
+    var next: HistoryKey?
+}
+
+/// A change as one viewer receives it, encoded.
+struct EncodedChange: Sendable {
+    let seq: Int64
+    let bytes: [UInt8]
+}
+
+/// How much one catch-up page carries: at most `items` (SPEC 5: 500 per
+/// frame), and past the first item at most about `bytes`, so a history of
+/// 64 KiB notifications goes out in frames a client can take.
+struct PageBounds: Sendable {
+    var items: Int
+    var bytes: Int
+    static let webSocket = PageBounds(items: 500, bytes: 512 * 1024)
+}
+
+/// Where the next catch-up read starts.
+enum CatchUpStep: Sendable {
+    /// The client's position: changes after it, or a reset if it is unusable.
+    case begin(FeedPosition)
+    case changes(after: Int64)
+    /// The next page of a reset whose position is `cursor`.
+    case reset(after: HistoryKey, cursor: Int64)
+}
+
+enum CatchUpPage: Sendable {
+    case reset(ResetPage)
+    case changes(ChangesPage)
+}
+
+struct ResetPage: Sendable {
+    /// Encoded notifications, newest first.
+    var notifications: [[UInt8]]
+    /// Where the rest of the reset continues; nil when this is all.
+    var next: HistoryKey?
+    /// The feed position the whole reset brings the client to.
+    var cursor: Int64
+}
+
+struct ChangesPage: Sendable {
+    var items: [EncodedChange]
+    /// The feed position these changes bring the client to.
+    var reached: Int64
+    /// Set when the page reached the feed's head: the viewer's unread count there.
+    var unread: Int?
+    var complete: Bool { unread != nil }
+}

@@ -1,0 +1,93 @@
+import HeraldCore
+
+/// How a device is connected.
+public enum TransportKind: String, CaseIterable, Sendable { case websocket, sse, poll }
+
+/// Who follows which user, and which devices are connected: the engine's
+/// record, so the engine knows which shards to deliver a user's changes to
+/// and the devices listing can say who is connected. Engine thread only.
+final class FollowerRegistry {
+    /// Per user: how many followers each shard has.
+    private var following: [UserKey: [Int: Int]] = [:]
+    /// Open connections and recent polls per user and device.
+    private var devices: [UserKey: [String: DeviceConnections]] = [:]
+    /// Devices whose lastSeenAt moved since the last flush to the store.
+    private(set) var seenDirty: [UserKey: Set<String>] = [:]
+
+    /// Live followers of `user` on every shard.
+    func followers(of user: UserKey) -> Int { following[user]?.values.reduce(0, +) ?? 0 }
+
+    func shards(following user: UserKey) -> Dictionary<Int, Int>.Keys { (following[user] ?? [:]).keys }
+
+    func follow(_ user: UserKey, shard: Int) {
+        following[user, default: [:]][shard, default: 0] += 1
+    }
+
+    func unfollow(_ user: UserKey, shard: Int) {
+        guard var m = following[user], let n = m[shard] else { return }
+        m[shard] = n > 1 ? n - 1 : nil
+        following[user] = m.isEmpty ? nil : m
+    }
+
+    func opened(_ user: UserKey, device: String?, _ transport: TransportKind, now: Millis) {
+        guard let device else { return }
+        devices[user, default: [:]][device, default: DeviceConnections()].open(transport, now: now)
+    }
+
+    func closed(_ user: UserKey, device: String?, _ transport: TransportKind, now: Millis) {
+        guard let device, devices[user]?[device] != nil else { return }
+        devices[user]![device]!.close(transport, now: now)
+        seenDirty[user, default: []].insert(device)
+    }
+
+    /// A poll that was answered at once: the device shows as `poll` for 60 s.
+    func polled(_ user: UserKey, device: String?, now: Millis) {
+        guard let device else { return }
+        devices[user, default: [:]][device, default: DeviceConnections()].lastPollAt = now
+        seen(user, device: device, at: now)
+    }
+
+    func seen(_ user: UserKey, device: String, at: Millis) {
+        devices[user, default: [:]][device, default: DeviceConnections()].lastSeenAt = at
+        seenDirty[user, default: []].insert(device)
+    }
+
+    func connections(_ user: UserKey, device: String) -> DeviceConnections? { devices[user]?[device] }
+
+    func clearSeenDirty() { seenDirty.removeAll() }
+}
+
+/// A device's open connections, as the devices listing shows them.
+struct DeviceConnections {
+    var websocket = 0
+    var sse = 0
+    var heldPolls = 0
+    var lastPollAt: Millis = 0
+    var lastSeenAt: Millis = 0
+
+    mutating func open(_ t: TransportKind, now: Millis) {
+        switch t {
+        case .websocket: websocket += 1
+        case .sse: sse += 1
+        case .poll: heldPolls += 1; lastPollAt = now
+        }
+        lastSeenAt = now
+    }
+
+    mutating func close(_ t: TransportKind, now: Millis) {
+        switch t {
+        case .websocket: websocket -= 1
+        case .sse: sse -= 1
+        case .poll: heldPolls -= 1; lastPollAt = now
+        }
+        lastSeenAt = now
+    }
+
+    /// SPEC section 3: the transport a device listing shows.
+    func transport(now: Millis) -> TransportKind? {
+        if websocket > 0 { return .websocket }
+        if sse > 0 { return .sse }
+        if heldPolls > 0 || (lastPollAt > 0 && now - lastPollAt <= 60_000) { return .poll }
+        return nil
+    }
+}

@@ -1,0 +1,84 @@
+import Foundation
+import HeraldCore
+
+/// Where reads that write nothing run (catch-up pages, history, counts): on
+/// a reader thread with its own store connection when the store offers one
+/// (SQLite in WAL mode serves readers beside its writer), so long reads
+/// never hold up the engine's writes and deliveries; else on the engine.
+final class Reads: Sendable {
+    private let engine: Engine
+    private let reader: ReaderThread?
+
+    init(engine: Engine, reader: StoreReader?) {
+        self.engine = engine
+        self.reader = reader.map(ReaderThread.init)
+    }
+
+    func start() { reader?.start() }
+    func stop() { reader?.stop() }
+
+    /// Runs `body` on one snapshot of the store, then `reply` on `shard`'s loop.
+    func read<T: Sendable>(on shard: Shard, _ body: @escaping @Sendable (StoreReading) throws(StoreError) -> T,
+                           reply: @escaping (Result<T, HeraldError>) -> Void) {
+        guard let reader else {
+            return engine.perform(on: shard, { e throws(StoreError) in try body(e.store) }, reply: reply)
+        }
+        let reply = LoopBound(reply, owner: shard.thread)
+        reader.submit { r in
+            let result: Result<T, HeraldError>
+            do { result = .success(try r.read(body)) } catch {
+                Log.error("store: read failed: \(error)")
+                result = .failure(HeraldError(.unavailable, "storage is unavailable"))
+            }
+            shard.post { reply.value(result) }
+        }
+    }
+}
+
+/// One thread that owns a store's read-only connection and runs queued reads in order.
+private final class ReaderThread: @unchecked Sendable {  // `reader` is touched by `run` only; the queue is under `cond`
+    private let reader: StoreReader
+    private let cond = NSCondition()
+    private var queue: [(StoreReader) -> Void] = []
+    private var stopping = false
+    private let finished = DispatchSemaphore(value: 0)
+    private var started = false
+
+    init(_ reader: StoreReader) { self.reader = reader }
+
+    func start() {
+        started = true
+        let t = Thread { [self] in run() }
+        t.name = "herald-reader"
+        t.start()
+    }
+
+    func stop() {
+        cond.lock()
+        stopping = true
+        cond.signal()
+        cond.unlock()
+        if started { finished.wait() }
+    }
+
+    func submit(_ job: @escaping @Sendable (StoreReader) -> Void) {
+        cond.lock()
+        queue.append(job)
+        if queue.count == 1 { cond.signal() }
+        cond.unlock()
+    }
+
+    private func run() {
+        while true {
+            cond.lock()
+            while queue.isEmpty && !stopping { cond.wait() }
+            let jobs = queue
+            queue.removeAll()
+            let done = stopping && jobs.isEmpty
+            cond.unlock()
+            if done { break }
+            for j in jobs { j(reader) }
+        }
+        finished.signal()
+    }
+}

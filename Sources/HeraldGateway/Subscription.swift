@@ -1,0 +1,341 @@
+import HeraldCore
+
+/// What a subscription writes to: one adapter per transport (WebSocket,
+/// event stream, held poll), as centrifuge's `Transport`. Called on the
+/// subscription's loop only.
+protocol SubscriptionOutput: AnyObject {
+    /// Admitted: the catch-up follows.
+    func opened(epoch: String)
+    /// One page of a reset, as of `page.cursor`; `final` on the last page
+    /// this transport sends (`page.next` then says whether history goes on).
+    func reset(_ page: ResetPage, epoch: String, final: Bool)
+    /// One page of catch-up changes, bringing the client to `cursor`;
+    /// `more` when they stop short of the feed's head.
+    func catchUp(_ changes: [EncodedChange], cursor: Int64, more: Bool)
+    /// The catch-up is complete at `cursor` (WebSocket: `welcome`, or the
+    /// `ack` of a `sync`); live changes follow.
+    func caughtUp(_ purpose: CatchUpPurpose, cursor: Int64, epoch: String, unread: Int)
+    /// Live changes (possibly none), and the unread count when it moved.
+    func live(_ changes: [EncodedChange], cursor: Int64, unread: Int?)
+    /// Bytes handed to the connection that the client has not taken yet.
+    var backlog: Int { get }
+    /// Calls `f` once the backlog is below `bytes` (at once if it is now).
+    func whenDrained(below bytes: Int, _ f: @escaping () -> Void)
+    /// The subscription ended on its own (not after `cancel()`).
+    func ended(_ why: SubscriptionEnd)
+}
+
+enum CatchUpPurpose: Equatable {
+    /// The hello, connect or poll that opened the subscription.
+    case subscribe
+    /// A WebSocket `sync` message.
+    case sync(ref: String?)
+}
+
+enum SubscriptionEnd {
+    /// Over a limit (connections per user): WebSocket 4008, HTTP 429.
+    case refused(HeraldError)
+    /// The store failed: nothing was sent that is not durable; retry.
+    case failed(HeraldError)
+    /// More unread live data queued than the per-connection limit.
+    case slowConsumer
+    case deviceDeleted
+    case shutdown
+}
+
+/// One device following one user's feed over any transport: the one owner
+/// of the catch-up-then-live hand-over.
+///
+/// **Invariant**: the client receives every change after its cursor that it
+/// may see, in `seq` order, each once (outside answers to `sync`, which may
+/// repeat), and `caughtUp` (the WebSocket `welcome`) only after a complete
+/// catch-up. How it is kept:
+/// 1. Admission (engine thread): the limits, the device's viewer, and the
+///    follow: from that batch on every committed change of the user is
+///    delivered to this subscription live.
+/// 2. Catch-up (reader thread, in pages): each page is read from one store
+///    snapshot taken after the follow, and the next page only once the
+///    client has read most of what was sent (`whenDrained`), so memory per
+///    connection is bounded whatever the history holds. Meanwhile live
+///    changes are buffered here.
+/// 3. Hand-over: a changes page that reaches its snapshot's head completes
+///    the catch-up. Every change after that head committed after the
+///    snapshot, hence after the follow: it is in the buffer or still on its
+///    way here. Buffered changes at or below the cursor are dropped, the
+///    rest go out live, in order. If the buffer outgrew its bound, it was
+///    dropped (the store has every change) and only a page read after the
+///    drop may complete the catch-up.
+/// Changes reach a loop through its FIFO inbox in commit order, so live
+/// `seq`s only grow; anything at or below the cursor is dropped.
+final class Subscription {
+    struct Request: Sendable {
+        let user: UserKey
+        let deviceId: String?
+        var registration: DeviceRegistration? = nil
+        let position: FeedPosition
+        let transport: TransportKind
+        /// Follows live changes, counted against the per-user connection
+        /// limit; false for a poll that is answered at once.
+        var follows = true
+        var bounds = PageBounds.webSocket
+        /// A reset goes out whole (WebSocket), or only its first page (long
+        /// poll and event stream: the client pages the rest through history).
+        var wholeReset = true
+    }
+
+    /// The next page is read once less than this is left unread.
+    static let drainedBelow = 256 * 1024
+    /// Live changes buffered during a catch-up, at most.
+    static let bufferLimit = 1 << 20
+
+    let request: Request
+    var user: UserKey { request.user }
+    var deviceId: String? { request.deviceId }
+    private let gateway: Gateway
+    private let shard: Shard
+    private var output: SubscriptionOutput?
+
+    private enum Phase { case admitting, catchingUp, live, ended }
+    private var phase = Phase.admitting
+    private var purpose = CatchUpPurpose.subscribe
+    private var step: CatchUpStep
+    private var reading = false
+    private var awaitingDrain = false
+    private var readSerial = 0
+    /// Pages read up to this serial may not complete the catch-up (the
+    /// buffer was dropped while they were on their way).
+    private var taintedThrough = 0
+    private var buffered: [ChangeRecord] = []
+    private var bufferedBytes = 0
+    private var queuedSyncs: [(ref: String?, position: FeedPosition)] = []
+    /// Registered with the engine and the shard as a follower.
+    private var following = false
+
+    /// The feed position the client has been brought to.
+    private(set) var cursor: Int64 = 0
+    private(set) var viewer = Viewer.unnamed
+    private(set) var epoch = ""
+    private var unread = 0
+
+    init(_ request: Request, gateway: Gateway, shard: Shard, output: SubscriptionOutput) {
+        self.request = request; self.gateway = gateway; self.shard = shard; self.output = output
+        step = .begin(request.position)
+    }
+
+    var isLive: Bool { phase == .live }
+
+    // MARK: Admission
+
+    func start() {
+        shard.thread.assertCurrent()
+        let r = request, index = shard.index, now = gateway.clock.now()
+        gateway.engine.perform(on: shard, { e throws(StoreError) in try e.admit(r, shard: index, now: now) }) { [self] result in
+            switch result {
+            case .failure(let err): end(.failed(err))
+            case .success(.refused(let err)): end(.refused(err))
+            case .success(.admitted(let v, let e)): admitted(viewer: v, epoch: e)
+            }
+        }
+    }
+
+    private func admitted(viewer v: Viewer, epoch e: String) {
+        following = request.follows
+        guard phase == .admitting else { return release() }
+        viewer = v
+        epoch = e
+        if following { shard.add(self) }
+        phase = .catchingUp
+        output?.opened(epoch: e)
+        readWhenDrained()
+    }
+
+    // MARK: Catch-up
+
+    /// A WebSocket `sync`: the catch-up again from `position`, then `ack`.
+    func resync(ref: String?, position: FeedPosition) {
+        switch phase {
+        case .live:
+            purpose = .sync(ref: ref)
+            step = .begin(position)
+            phase = .catchingUp
+            readWhenDrained()
+        case .admitting, .catchingUp:
+            queuedSyncs.append((ref, position))
+        case .ended:
+            break
+        }
+    }
+
+    var queuedSyncCount: Int { queuedSyncs.count }
+
+    private func readWhenDrained() {
+        guard phase == .catchingUp, !reading, !awaitingDrain, let output else { return }
+        guard output.backlog < Self.drainedBelow else {
+            awaitingDrain = true
+            return output.whenDrained(below: Self.drainedBelow) { [weak self] in
+                self?.awaitingDrain = false
+                self?.readWhenDrained()
+            }
+        }
+        reading = true
+        readSerial += 1
+        let serial = readSerial, user = self.user, v = viewer, e = epoch, s = step, b = request.bounds
+        gateway.reads.read(on: shard, { st throws(StoreError) in
+            try st.catchUpPage(user, viewer: v, epoch: e, step: s, bounds: b)
+        }) { [self] result in
+            reading = false
+            guard phase == .catchingUp else { return }
+            switch result {
+            case .failure(let err): end(.failed(err))
+            case .success(let page): apply(page, serial: serial)
+            }
+        }
+    }
+
+    private func apply(_ page: CatchUpPage, serial: Int) {
+        switch page {
+        case .reset(let p):
+            let final = p.next == nil || !request.wholeReset
+            cursor = p.cursor
+            dropBuffered()
+            step = final ? .changes(after: p.cursor) : .reset(after: p.next!, cursor: p.cursor)
+            output?.reset(p, epoch: epoch, final: final)
+        case .changes(let p):
+            cursor = p.reached
+            dropBuffered()
+            step = .changes(after: p.reached)
+            if !p.items.isEmpty { output?.catchUp(p.items, cursor: p.reached, more: !p.complete) }
+            if let u = p.unread, serial > taintedThrough, phase == .catchingUp { return handOver(unread: u) }
+        }
+        readWhenDrained()
+    }
+
+    private func handOver(unread u: Int) {
+        let was = unread
+        unread = u
+        phase = .live
+        output?.caughtUp(purpose, cursor: cursor, epoch: epoch, unread: u)
+        guard following else { return }  // a poll answered at once: nothing live follows
+        if case .sync = purpose, u != was, phase == .live { output?.live([], cursor: cursor, unread: u) }
+        let pending = buffered
+        buffered = []
+        bufferedBytes = 0
+        if phase == .live, !pending.isEmpty { deliverLive(pending) }
+        if phase == .live, !queuedSyncs.isEmpty {
+            let next = queuedSyncs.removeFirst()
+            resync(ref: next.ref, position: next.position)
+        }
+    }
+
+    private func dropBuffered() {
+        let n = buffered.prefix { $0.seq <= cursor }.count
+        guard n > 0 else { return }
+        bufferedBytes -= buffered[..<n].reduce(0) { $0 + $1.encoded.count }
+        buffered.removeFirst(n)
+    }
+
+    // MARK: Live
+
+    /// Changes committed after the follow, in seq order (from the shard).
+    func deliver(_ records: [ChangeRecord]) {
+        switch phase {
+        case .live: deliverLive(records)
+        case .catchingUp: buffer(records)
+        case .admitting, .ended: break
+        }
+    }
+
+    private func buffer(_ records: [ChangeRecord]) {
+        for r in records where r.seq > max(cursor, buffered.last?.seq ?? 0) {
+            buffered.append(r)
+            bufferedBytes += r.encoded.count
+        }
+        if bufferedBytes > Self.bufferLimit {
+            // The store has them all: drop the copies; only a page read
+            // from now on may complete the catch-up.
+            buffered = []
+            bufferedBytes = 0
+            taintedThrough = readSerial
+        }
+    }
+
+    private func deliverLive(_ records: [ChangeRecord]) {
+        var items: [EncodedChange] = []
+        var delta = 0
+        for r in records where r.seq > cursor {
+            cursor = r.seq
+            delta += r.unreadDelta(for: viewer)
+            if let b = r.bytes(for: viewer) { items.append(EncodedChange(seq: r.seq, bytes: b)) }
+        }
+        guard !items.isEmpty || delta != 0, let output else { return }
+        unread += delta
+        if !items.isEmpty { gateway.metrics.deliveries.add(items.count, ordering: .relaxed) }
+        output.live(items, cursor: cursor, unread: delta != 0 ? unread : nil)
+        if phase == .live, output.backlog > gateway.config.limits.maxQueuedBytesPerConnection { end(.slowConsumer) }
+    }
+
+    func viewerChanged(_ v: Viewer) { viewer = v }
+
+    // MARK: Ending
+
+    /// Ends the subscription and tells its output why.
+    func end(_ why: SubscriptionEnd) {
+        finish()?.ended(why)
+    }
+
+    /// The connection went away, or the output is done (a poll answered).
+    func cancel() { _ = finish() }
+
+    private func finish() -> SubscriptionOutput? {
+        guard phase != .ended else { return nil }
+        let admitted = phase != .admitting
+        phase = .ended
+        buffered = []
+        queuedSyncs = []
+        let o = output
+        output = nil
+        // Still admitting: the admission's reply releases what it registered.
+        if admitted { release() }
+        return o
+    }
+
+    private func release() {
+        guard following else { return }
+        following = false
+        shard.remove(self)
+        let user = self.user, device = deviceId, index = shard.index, transport = request.transport
+        gateway.engine.control { e in
+            e.registry.unfollow(user, shard: index)
+            e.registry.closed(user, device: device, transport, now: e.clock.now())
+        }
+    }
+}
+
+enum Admission: Sendable {
+    case admitted(Viewer, epoch: String)
+    case refused(HeraldError)
+}
+
+extension Engine {
+    /// Admits a subscription: the per-user limit, the device's viewer and,
+    /// for a follower, the follow. The follow counts from this batch on:
+    /// changes committed after it are delivered to the shard.
+    func admit(_ r: Subscription.Request, shard: Int, now: Millis) throws(StoreError) -> Admission {
+        if r.follows, registry.followers(of: r.user) >= limits.maxConnectionsPerUser {
+            return .refused(HeraldError(.rateLimited, "this user has \(limits.maxConnectionsPerUser) connections open already",
+                                        retryAfterSeconds: 5))
+        }
+        let v = try registerViewer(r.user, deviceId: r.deviceId, registration: r.registration, now: now)
+        if r.follows {
+            registry.follow(r.user, shard: shard)
+            registry.opened(r.user, device: r.deviceId, r.transport, now: now)
+            onRollback { [registry] in
+                registry.unfollow(r.user, shard: shard)
+                registry.closed(r.user, device: r.deviceId, r.transport, now: now)
+            }
+        } else {
+            registry.polled(r.user, device: r.deviceId, now: now)
+        }
+        return .admitted(v, epoch: v.epoch(store: store.epoch))
+    }
+}
