@@ -25,6 +25,12 @@ struct SQLiteRow {
         return String(decoding: UnsafeBufferPointer(start: p, count: n), as: UTF8.self)
     }
 
+    /// The column's text as UTF-8 bytes (empty when NULL).
+    func bytes(_ i: Int32) -> [UInt8] {
+        guard let p = sqlite3_column_text(stmt, i) else { return [] }
+        return Array(UnsafeBufferPointer(start: p, count: Int(sqlite3_column_bytes(stmt, i))))
+    }
+
     /// The column's text parsed as JSON; nil when NULL, absent or malformed.
     func json(_ i: Int32) -> JSON? {
         guard let p = sqlite3_column_text(stmt, i) else { return nil }

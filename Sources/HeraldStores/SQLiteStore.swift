@@ -456,7 +456,9 @@ public final class SQLiteStore: NotificationStore {
                 return false
             }
             do throws(StoreError) {
-                out.append(ChangeRecord(change: change, before: try presence(r, 3), after: try presence(r, 6), at: r.int64(1)))
+                // The stored bytes are the change's wire form: sent as they are.
+                out.append(ChangeRecord(change: change, before: try presence(r, 3), after: try presence(r, 6), at: r.int64(1),
+                                        encoded: r.bytes(2)))
             } catch {
                 failure = error
                 return false
