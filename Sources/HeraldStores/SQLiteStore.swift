@@ -51,6 +51,7 @@ public final class SQLiteStore: NotificationStore {
 
     /// Internal for tests (query plans, schema tampering).
     let db: SQLiteDatabase
+    private let reads: SQLiteReads
     /// Inside `begin()` … `commit()`/`rollback()`.
     private var inTransaction = false
 
@@ -62,6 +63,7 @@ public final class SQLiteStore: NotificationStore {
         self.path = path
         self.durability = durability
         db = try SQLiteDatabase(path: path)
+        reads = SQLiteReads(db: db)
         do throws(StoreError) {
             try db.execute("PRAGMA busy_timeout = \(max(0, busyTimeoutMillis))")
             // Look before changing anything (even the journal mode is a
@@ -297,10 +299,6 @@ public final class SQLiteStore: NotificationStore {
         }
     }
 
-    private func corrupt(_ what: String) -> StoreError {
-        StoreError("sqlite (\(path)): unreadable \(what) in the database (damaged?)")
-    }
-
     // MARK: Queries whose plans matter (tests check they use the indexes)
 
     static let historyFirstSQL = """
@@ -327,41 +325,43 @@ public final class SQLiteStore: NotificationStore {
         SELECT app, user, json FROM notifications WHERE expires_at <= ? ORDER BY expires_at LIMIT ?
         """
 
-    // MARK: Feeds and notifications
+    // MARK: Reads
 
-    public func feed(_ user: UserKey) throws(StoreError) -> FeedState {
-        try check()
-        var f = FeedState()
-        try db.query("SELECT head, floor FROM feeds WHERE app = ? AND user = ?", [.text(user.app), .text(user.user)]) { r throws(StoreError) in
-            f = FeedState(head: r.int64(0), floor: r.int64(1))
-            return false
-        }
-        return f
-    }
-
-    private func notifications(_ sql: String, _ args: [SQLiteValue], limit: Int = Int.max) throws(StoreError) -> [Notification] {
-        var out: [Notification] = []
-        var failure: StoreError?
-        try db.query(sql, args) { r throws(StoreError) in
-            guard let n = r.json(0).flatMap(Notification.init(json:)) else { failure = corrupt("notification"); return false }
-            out.append(n)
-            return out.count < limit
-        }
-        if let failure { throw failure }
-        return out
-    }
+    public func feed(_ user: UserKey) throws(StoreError) -> FeedState { try check(); return try reads.feed(user) }
 
     public func notification(_ user: UserKey, id: String) throws(StoreError) -> Notification? {
         try check()
-        return try notifications("SELECT json FROM notifications WHERE app = ? AND user = ? AND id = ?",
-                                 [.text(user.app), .text(user.user), .text(id)], limit: 1).first
+        return try reads.notification(user, id: id)
     }
 
     public func notification(_ user: UserKey, appNotificationId: String) throws(StoreError) -> Notification? {
         try check()
-        return try notifications("SELECT json FROM notifications WHERE app = ? AND user = ? AND app_notification_id = ?",
-                                 [.text(user.app), .text(user.user), .text(appNotificationId)], limit: 1).first
+        return try reads.notification(user, appNotificationId: appNotificationId)
     }
+
+    public func changes(_ user: UserKey, after: Int64, limit: Int) throws(StoreError) -> [ChangeRecord] {
+        try check()
+        return try reads.changes(user, after: after, limit: limit)
+    }
+
+    public func history(_ user: UserKey, after: HistoryKey?, limit: Int) throws(StoreError) -> [Notification] {
+        try check()
+        return try reads.history(user, after: after, limit: limit)
+    }
+
+    public func expiring(until: Millis, limit: Int) throws(StoreError) -> [(UserKey, Notification)] {
+        try check()
+        return try reads.expiring(until: until, limit: limit)
+    }
+
+    public func devices(_ user: UserKey) throws(StoreError) -> [Device] { try check(); return try reads.devices(user) }
+
+    public func usersWithDevices(app: String) throws(StoreError) -> [(user: String, devices: [Device])] {
+        try check()
+        return try reads.usersWithDevices(app: app)
+    }
+
+    // MARK: Writing notifications and their changes
 
     /// Assigns the user's next seq (head + 1) in the current transaction.
     private func nextSeq(_ user: UserKey) throws(StoreError) -> Int64 {
@@ -424,78 +424,7 @@ public final class SQLiteStore: NotificationStore {
         }
     }
 
-    // MARK: Reading the feed and history
-
-    private func presence(_ r: SQLiteRow, _ col: Int32) throws(StoreError) -> Presence? {
-        guard let unread = r.optionalInt64(col) else { return nil }
-        var platforms: [Platform]? = nil
-        if let text = r.text(col + 1) {
-            var list: [Platform] = []
-            for name in text.split(separator: ",", omittingEmptySubsequences: true) {
-                guard let p = Platform(rawValue: String(name)) else { throw corrupt("change targeting") }
-                list.append(p)
-            }
-            platforms = list
-        }
-        var tags: TagExpression? = nil
-        if let source = r.text(col + 2) {
-            do { tags = try TagExpression.parse(source) } catch { throw corrupt("change tag expression") }
-        }
-        return Presence(targeting: Targeting(platforms: platforms, tags: tags), unread: unread != 0)
-    }
-
-    public func changes(_ user: UserKey, after: Int64, limit: Int) throws(StoreError) -> [ChangeRecord] {
-        try check()
-        guard limit > 0 else { return [] }
-        var out: [ChangeRecord] = []
-        var failure: StoreError?
-        try db.query(Self.changesAfterSQL, [.text(user.app), .text(user.user), .int(after), .int(Int64(limit))]) { r throws(StoreError) in
-            let seq = r.int64(0)
-            guard let change = r.json(2).flatMap(Change.init(stored:)), change.seq == seq else {
-                failure = corrupt("change \(seq) of \(user)")
-                return false
-            }
-            do throws(StoreError) {
-                // The stored bytes are the change's wire form: sent as they are.
-                out.append(ChangeRecord(change: change, before: try presence(r, 3), after: try presence(r, 6), at: r.int64(1),
-                                        encoded: r.bytes(2)))
-            } catch {
-                failure = error
-                return false
-            }
-            return true
-        }
-        if let failure { throw failure }
-        return out
-    }
-
-    public func history(_ user: UserKey, after: HistoryKey?, limit: Int) throws(StoreError) -> [Notification] {
-        try check()
-        guard limit > 0 else { return [] }
-        let base: [SQLiteValue] = [.text(user.app), .text(user.user)]
-        guard let after else {
-            return try notifications(Self.historyFirstSQL, base + [.int(Int64(limit))])
-        }
-        let at = SQLiteValue.int(after.createdAt)
-        return try notifications(Self.historyAfterSQL, base + [at, at, at, .text(after.id), .int(Int64(limit))])
-    }
-
-    public func expiring(until: Millis, limit: Int) throws(StoreError) -> [(UserKey, Notification)] {
-        try check()
-        guard limit > 0 else { return [] }
-        var out: [(UserKey, Notification)] = []
-        var failure: StoreError?
-        try db.query(Self.expiringSQL, [.int(until), .int(Int64(limit))]) { r throws(StoreError) in
-            guard let app = r.text(0), let u = r.text(1), let n = r.json(2).flatMap(Notification.init(json:)) else {
-                failure = corrupt("notification")
-                return false
-            }
-            out.append((UserKey(app: app, user: u), n))
-            return true
-        }
-        if let failure { throw failure }
-        return out
-    }
+    // MARK: Retention
 
     /// Drops, for every user, the changes up to the last one recorded before
     /// `before` and raises the feed's floor to it, so that every change after
@@ -516,32 +445,7 @@ public final class SQLiteStore: NotificationStore {
         }
     }
 
-    // MARK: Devices
-
-    private func device(_ r: SQLiteRow, _ col: Int32) throws(StoreError) -> Device {
-        guard let id = r.text(col), let platform = r.text(col + 1).flatMap(Platform.init(rawValue:)),
-              let tagList = r.json(col + 2)?.arrayValue
-        else { throw corrupt("device") }
-        var tags: [String] = []
-        for t in tagList {
-            guard let s = t.stringValue else { throw corrupt("device tags") }
-            tags.append(s)
-        }
-        return Device(deviceId: id, platform: platform, tags: tags, lastSeenAt: r.int64(col + 3),
-                      viewGeneration: r.int64(col + 4))
-    }
-
-    public func devices(_ user: UserKey) throws(StoreError) -> [Device] {
-        try check()
-        var out: [Device] = []
-        try db.query("""
-            SELECT device_id, platform, tags, last_seen_at, view_generation FROM devices WHERE app = ? AND user = ? ORDER BY rowid
-            """, [.text(user.app), .text(user.user)]) { r throws(StoreError) in
-            out.append(try device(r, 0))
-            return true
-        }
-        return out
-    }
+    // MARK: Writing devices
 
     public func saveDevice(_ user: UserKey, _ device: Device) throws(StoreError) {
         try check()
@@ -562,40 +466,8 @@ public final class SQLiteStore: NotificationStore {
                               [.text(user.app), .text(user.user), .text(id)]) > 0
     }
 
-    public func usersWithDevices(app: String) throws(StoreError) -> [(user: String, devices: [Device])] {
-        try check()
-        var out: [(user: String, devices: [Device])] = []
-        try db.query("""
-            SELECT user, device_id, platform, tags, last_seen_at, view_generation FROM devices WHERE app = ? ORDER BY user, rowid
-            """, [.text(app)]) { r throws(StoreError) in
-            guard let u = r.text(0) else { throw corrupt("device") }
-            let d = try device(r, 1)
-            if out.last?.user == u { out[out.count - 1].devices.append(d) } else { out.append((user: u, devices: [d])) }
-            return true
-        }
-        return out
-    }
-
     public func pruneDevices(lastSeenBefore before: Millis) throws(StoreError) -> Int {
         try check()
         return try db.execute("DELETE FROM devices WHERE last_seen_at < ?", [.int(before)])
-    }
-}
-
-extension Change {
-    /// Reads back the wire form kept in the `changes` table.
-    fileprivate init?(stored json: JSON) {
-        guard let o = json.objectValue, let seq = o["seq"]?.int64Value, let op = o["op"]?.stringValue else { return nil }
-        switch op {
-        case "upsert":
-            guard let n = o["notification"].flatMap(Notification.init(json:)) else { return nil }
-            self.init(seq: seq, op: .upsert(n))
-        case "delete":
-            guard let id = o["id"]?.stringValue, let anid = o["appNotificationId"]?.stringValue,
-                  let reason = o["reason"]?.stringValue.flatMap(DeleteReason.init(rawValue:)) else { return nil }
-            self.init(seq: seq, op: .delete(id: id, appNotificationId: anid, reason: reason))
-        default:
-            return nil
-        }
     }
 }
