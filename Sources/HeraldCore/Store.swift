@@ -26,27 +26,60 @@ public struct HistoryKey: Sendable, Equatable, Comparable {
     }
 }
 
+/// How many live notifications with one targeting a user has. Stores keep
+/// these up to date with every write, so counting costs in proportion to the
+/// distinct targetings of a user, not to the history.
+public struct TargetingCounts: Sendable, Equatable {
+    public var targeting: Targeting
+    public var unread: Int
+    public var noInteraction: Int
+    public var total: Int
+    public init(targeting: Targeting, unread: Int = 0, noInteraction: Int = 0, total: Int = 0) {
+        self.targeting = targeting; self.unread = unread; self.noInteraction = noInteraction; self.total = total
+    }
+}
+
+/// The reads every store serves.
+public protocol StoreReading: AnyObject {
+    /// Opaque, stable for as long as the store's history lasts.
+    var epoch: String { get }
+    func feed(_ user: UserKey) throws(StoreError) -> FeedState
+    func notification(_ user: UserKey, id: String) throws(StoreError) -> Notification?
+    /// Changes with `seq > after`, in seq order, at most `limit`.
+    func changes(_ user: UserKey, after: Int64, limit: Int) throws(StoreError) -> [ChangeRecord]
+    /// Live notifications in history order, strictly after `after`.
+    func history(_ user: UserKey, after: HistoryKey?, limit: Int) throws(StoreError) -> [Notification]
+    /// Live notification counts of `user`, one entry per distinct targeting
+    /// with at least one live notification. Targetings are the same when
+    /// their platforms are the same set and their tag expressions have the
+    /// same source; `targeting` lists the platforms in `Platform.allCases`
+    /// order, without repeats.
+    func counts(_ user: UserKey) throws(StoreError) -> [TargetingCounts]
+    func devices(_ user: UserKey) throws(StoreError) -> [Device]
+}
+
+extension StoreReading {
+    public func device(_ user: UserKey, id: String) throws(StoreError) -> Device? {
+        try devices(user).first { $0.deviceId == id }
+    }
+}
+
 /// The storage interface every store implements (memory, SQLite, ...).
 ///
 /// Invariants every implementation keeps:
 /// - Per user, `seq` is assigned by the store, strictly increasing and never
 ///   reused, also across restarts of a durable store.
-/// - `upsert`/`delete` write the notification and its change together: a
-///   reader never sees one without the other.
+/// - `upsert`/`delete` write the notification, its change and the user's
+///   counts together: a reader never sees one without the others.
 /// - Between `begin()` and `commit()` writes are one atomic unit; `rollback()`
 ///   undoes all of them, including seq assignment. A write that returned
 ///   from `commit()` is durable as the store's durability setting promises.
 /// - Only one thread calls a store at a time (the engine's).
-public protocol NotificationStore: AnyObject {
-    /// Opaque, stable for as long as the store's history lasts.
-    var epoch: String { get }
-
+public protocol NotificationStore: StoreReading {
     func begin() throws(StoreError)
     func commit() throws(StoreError)
     func rollback()
 
-    func feed(_ user: UserKey) throws(StoreError) -> FeedState
-    func notification(_ user: UserKey, id: String) throws(StoreError) -> Notification?
     func notification(_ user: UserKey, appNotificationId: String) throws(StoreError) -> Notification?
 
     /// Saves `n` (new, or replacing the stored notification with its id) and
@@ -55,26 +88,15 @@ public protocol NotificationStore: AnyObject {
     /// Removes `n` and appends a delete change with the user's next seq.
     func delete(_ user: UserKey, _ n: Notification, reason: DeleteReason, at: Millis) throws(StoreError) -> ChangeRecord
 
-    /// Changes with `seq > after`, in seq order, at most `limit`.
-    func changes(_ user: UserKey, after: Int64, limit: Int) throws(StoreError) -> [ChangeRecord]
-    /// Live notifications in history order, strictly after `after`.
-    func history(_ user: UserKey, after: HistoryKey?, limit: Int) throws(StoreError) -> [Notification]
     /// Notifications with `expiresAt <= until`, oldest expiry first.
     func expiring(until: Millis, limit: Int) throws(StoreError) -> [(UserKey, Notification)]
     /// Drops changes recorded before `before`, raising each feed's floor.
     func pruneChanges(before: Millis) throws(StoreError) -> Int
 
-    func devices(_ user: UserKey) throws(StoreError) -> [Device]
     func saveDevice(_ user: UserKey, _ device: Device) throws(StoreError)
     func deleteDevice(_ user: UserKey, id: String) throws(StoreError) -> Bool
     /// Every user of `app` with at least one registered device.
     func usersWithDevices(app: String) throws(StoreError) -> [(user: String, devices: [Device])]
     /// Drops registrations not seen since `before`.
     func pruneDevices(lastSeenBefore before: Millis) throws(StoreError) -> Int
-}
-
-extension NotificationStore {
-    public func device(_ user: UserKey, id: String) throws(StoreError) -> Device? {
-        try devices(user).first { $0.deviceId == id }
-    }
 }

@@ -42,7 +42,7 @@ struct SQLiteReads {
                           [.text(user.app), .text(user.user), .text(appNotificationId)], limit: 1).first
     }
 
-    // MARK: The feed and history
+    // MARK: The feed, history and counts
 
     private func presence(_ r: SQLiteRow, _ col: Int32) throws(StoreError) -> Presence? {
         guard let unread = r.optionalInt64(col) else { return nil }
@@ -94,6 +94,19 @@ struct SQLiteReads {
         }
         let at = SQLiteValue.int(after.createdAt)
         return try notifications(SQLiteStore.historyAfterSQL, base + [at, at, at, .text(after.id), .int(Int64(limit))])
+    }
+
+    func counts(_ user: UserKey) throws(StoreError) -> [TargetingCounts] {
+        var out: [TargetingCounts] = []
+        try db.query(SQLiteStore.countsSQL, [.text(user.app), .text(user.user)]) { r throws(StoreError) in
+            guard let platforms = r.text(0), let tags = r.text(1),
+                  let targeting = TargetingKey(platforms: platforms, tags: tags).targeting
+            else { throw corrupt("counts of \(user)") }
+            out.append(TargetingCounts(targeting: targeting, unread: Int(r.int64(2)), noInteraction: Int(r.int64(3)),
+                                       total: Int(r.int64(4))))
+            return true
+        }
+        return out
     }
 
     func expiring(until: Millis, limit: Int) throws(StoreError) -> [(UserKey, Notification)] {

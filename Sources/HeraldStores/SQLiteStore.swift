@@ -43,7 +43,7 @@ public final class SQLiteStore: NotificationStore {
 
     /// The schema version this code writes; `migrations[v - 1]` brings a
     /// database from version `v - 1` to `v`.
-    public static let schemaVersion: Int64 = 2
+    public static let schemaVersion: Int64 = 3
 
     public let epoch: String
     public let path: String
@@ -202,21 +202,43 @@ public final class SQLiteStore: NotificationStore {
         """
         ALTER TABLE devices ADD COLUMN view_generation INTEGER NOT NULL DEFAULT 0;
         """,
+        // 3: counts, so that counting a user's notifications never reads
+        // their history; filled from the notifications by `backfillCounts`.
+        """
+        -- Live notifications per user and targeting (see TargetingKey): kept
+        -- by every upsert and delete in the same transaction; a row whose
+        -- total reaches 0 is deleted. `platforms` is '*' for all platforms,
+        -- else the comma-separated set in a fixed order; `tags` the tag
+        -- expression's source, '' for all devices.
+        CREATE TABLE counts (
+            app            TEXT NOT NULL,
+            user           TEXT NOT NULL,
+            platforms      TEXT NOT NULL,
+            tags           TEXT NOT NULL,
+            unread         INTEGER NOT NULL,
+            no_interaction INTEGER NOT NULL,
+            total          INTEGER NOT NULL,
+            PRIMARY KEY (app, user, platforms, tags)
+        ) WITHOUT ROWID;
+        """,
     ]
 
-    private static func migrate(_ db: SQLiteDatabase, path: String) throws(StoreError) {
+    /// Brings the database to version `target` (internal for tests, which
+    /// build files of older versions with it).
+    static func migrate(_ db: SQLiteDatabase, path: String, to target: Int64 = schemaVersion) throws(StoreError) {
         try db.execute("BEGIN IMMEDIATE")
         do throws(StoreError) {
             // Again under the write lock: another process may have migrated.
             try checkVersion(db, path: path)
             let from = try db.int("PRAGMA user_version") ?? 0
-            if from < schemaVersion {
-                for v in (from + 1)...schemaVersion {
+            if from < target {
+                for v in (from + 1)...target {
                     try db.script(migrations[Int(v - 1)])
                     if v == 1 {
                         try db.execute("INSERT INTO meta (key, value) VALUES ('epoch', ?)", [.text("s-" + Random.hex(12))])
                         try db.execute("INSERT INTO meta (key, value) VALUES ('created_at', ?)", [.text(RFC3339.format(WallClock.now()))])
                     }
+                    if v == 3 { try backfillCounts(db) }
                     try db.execute("INSERT INTO meta (key, value) VALUES ('schema_version', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
                                    [.text(String(v))])
                     try db.execute("PRAGMA user_version = \(v)")
@@ -324,6 +346,9 @@ public final class SQLiteStore: NotificationStore {
     static let expiringSQL = """
         SELECT app, user, json FROM notifications WHERE expires_at <= ? ORDER BY expires_at LIMIT ?
         """
+    static let countsSQL = """
+        SELECT platforms, tags, unread, no_interaction, total FROM counts WHERE app = ? AND user = ?
+        """
 
     // MARK: Reads
 
@@ -348,6 +373,8 @@ public final class SQLiteStore: NotificationStore {
         try check()
         return try reads.history(user, after: after, limit: limit)
     }
+
+    public func counts(_ user: UserKey) throws(StoreError) -> [TargetingCounts] { try check(); return try reads.counts(user) }
 
     public func expiring(until: Millis, limit: Int) throws(StoreError) -> [(UserKey, Notification)] {
         try check()
@@ -389,9 +416,80 @@ public final class SQLiteStore: NotificationStore {
                 + Self.presenceColumns(r.before) + Self.presenceColumns(r.after))
     }
 
+    /// A stored notification's targeting, as `storedTargeting` decodes it.
+    /// Only the JSON has it, and only targeted notifications need it parsed.
+    private static let targetingColumns = """
+        CASE WHEN targeted THEN json_extract(json, '$.targetPlatforms') END,
+        CASE WHEN targeted THEN json_extract(json, '$.targetTags') END
+        """
+    private static let storedCountedSQL = """
+        SELECT read_state, user_action_state, \(targetingColumns) FROM notifications WHERE app = ? AND user = ? AND id = ?
+        """
+    private static let deleteReturningCountedSQL = """
+        DELETE FROM notifications WHERE app = ? AND user = ? AND id = ?
+        RETURNING read_state, user_action_state, \(targetingColumns)
+        """
+
+    /// Decodes `targetingColumns` the way `Notification(json:)` reads them.
+    private static func storedTargeting(_ r: SQLiteRow, _ col: Int32) -> Targeting {
+        Targeting(platforms: r.json(col)?.arrayValue?.compactMap { $0.stringValue.flatMap(Platform.init(rawValue:)) },
+                  tags: r.text(col + 1).flatMap { try? TagExpression.parse($0) })
+    }
+
+    /// Decodes read_state, user_action_state and `targetingColumns`.
+    private static func counted(_ r: SQLiteRow) -> Counted {
+        Counted(targeting: storedTargeting(r, 2), unread: r.text(0) == ReadState.unread.rawValue,
+                noInteraction: r.text(1) == UserActionState.noInteraction.rawValue)
+    }
+
+    /// Applies `deltas` to `user`'s counts, deleting a row whose total reaches 0.
+    private static func count(_ db: SQLiteDatabase, _ user: UserKey, _ deltas: [CountDelta]) throws(StoreError) {
+        for d in deltas {
+            let key: [SQLiteValue] = [.text(user.app), .text(user.user), .text(d.key.platforms), .text(d.key.tags)]
+            let total = try db.int("""
+                INSERT INTO counts (app, user, platforms, tags, unread, no_interaction, total) VALUES (?, ?, ?, ?, ?, ?, ?)
+                ON CONFLICT (app, user, platforms, tags) DO UPDATE SET
+                    unread = unread + excluded.unread, no_interaction = no_interaction + excluded.no_interaction,
+                    total = total + excluded.total
+                RETURNING total
+                """, key + [.int(Int64(d.unread)), .int(Int64(d.noInteraction)), .int(Int64(d.total))])
+            if total == 0 {
+                try db.execute("DELETE FROM counts WHERE app = ? AND user = ? AND platforms = ? AND tags = ?", key)
+            }
+        }
+    }
+
+    /// Migration 3: the counts of the notifications already stored. SQLite
+    /// groups them; the groups whose platforms differ only in order or
+    /// repeats add up in the same row.
+    private static func backfillCounts(_ db: SQLiteDatabase) throws(StoreError) {
+        var groups: [(UserKey, CountDelta)] = []
+        try db.query("""
+            SELECT app, user, \(targetingColumns),
+                   sum(read_state = 'unread'), sum(user_action_state = 'noInteraction'), count(*)
+            FROM notifications GROUP BY 1, 2, 3, 4
+            """) { r throws(StoreError) in
+            guard let app = r.text(0), let user = r.text(1) else { return true }
+            let targeting = storedTargeting(r, 2)
+            groups.append((UserKey(app: app, user: user),
+                           CountDelta(key: TargetingKey(targeting), targeting: targeting.canonical, unread: Int(r.int64(4)),
+                                      noInteraction: Int(r.int64(5)), total: Int(r.int64(6)))))
+            return true
+        }
+        for (user, d) in groups { try count(db, user, [d]) }
+    }
+
+    // The counts move by what was stored, not by the caller's `previous` or
+    // `n`: they stay those of the live notifications whatever a caller passes.
+
     public func upsert(_ user: UserKey, _ n: Notification, previous: Notification?, at: Millis) throws(StoreError) -> ChangeRecord {
         try write { () throws(StoreError) -> ChangeRecord in
             let seq = try nextSeq(user)
+            var old: Counted?
+            try db.query(Self.storedCountedSQL, [.text(user.app), .text(user.user), .text(n.id)]) { r throws(StoreError) in
+                old = Self.counted(r)
+                return false
+            }
             try db.execute("""
                 INSERT INTO notifications (app, user, id, app_notification_id, created_at, expires_at,
                                            read_state, user_action_state, version, targeted, json)
@@ -405,6 +503,7 @@ public final class SQLiteStore: NotificationStore {
                       .int(n.createdAt), .int(n.expiresAt), .text(n.readState.rawValue),
                       .text(n.userActionState.rawValue), .int(n.version),
                       .int(n.targetPlatforms == nil && n.targetTags == nil ? 0 : 1), .utf8(n.json.encoded)])
+            try Self.count(db, user, CountDelta.replacing(old, by: Counted(n)))
             let r = ChangeRecord(change: Change(seq: seq, op: .upsert(n)), before: previous.map(Presence.init),
                                  after: Presence(n), at: at)
             try append(user, r)
@@ -415,8 +514,12 @@ public final class SQLiteStore: NotificationStore {
     public func delete(_ user: UserKey, _ n: Notification, reason: DeleteReason, at: Millis) throws(StoreError) -> ChangeRecord {
         try write { () throws(StoreError) -> ChangeRecord in
             let seq = try nextSeq(user)
-            try db.execute("DELETE FROM notifications WHERE app = ? AND user = ? AND id = ?",
-                           [.text(user.app), .text(user.user), .text(n.id)])
+            var old: Counted?
+            try db.query(Self.deleteReturningCountedSQL, [.text(user.app), .text(user.user), .text(n.id)]) { r throws(StoreError) in
+                old = Self.counted(r)
+                return false
+            }
+            try Self.count(db, user, CountDelta.replacing(old, by: nil))
             let op = Change.Op.delete(id: n.id, appNotificationId: n.appNotificationId, reason: reason)
             let r = ChangeRecord(change: Change(seq: seq, op: op), before: Presence(n), after: nil, at: at)
             try append(user, r)

@@ -150,7 +150,7 @@ final class SQLiteStoreTests: XCTestCase {
             _ = try s.upsert(alice, note("n_1", "a1"), previous: nil, at: t0)
             try s.saveDevice(alice, Device(deviceId: "d1", lastSeenAt: 9))
             // Turn it into what version 1 wrote.
-            try s.db.script("ALTER TABLE devices DROP COLUMN view_generation; PRAGMA user_version = 1;")
+            try s.db.script("DROP TABLE counts; ALTER TABLE devices DROP COLUMN view_generation; PRAGMA user_version = 1;")
             s.close()
         }
         let s = try SQLiteStore(path: path)
@@ -160,6 +160,84 @@ final class SQLiteStoreTests: XCTestCase {
         XCTAssertEqual(try s.notification(alice, id: "n_1")?.id, "n_1")
         try s.saveDevice(alice, Device(deviceId: "d1", lastSeenAt: 10, viewGeneration: 1))
         XCTAssertEqual(try s.devices(alice).first?.viewGeneration, 1)
+        try assertCountsMatchHistory(s, alice)
+    }
+
+    // MARK: Counts
+
+    func targeted(_ id: String, user: UserKey, _ platforms: [Platform]?, _ tags: String?,
+                  read: ReadState = .unread, action: UserActionState = .noInteraction) -> Notification {
+        Notification(id: id, appNotificationId: "a-" + id, userId: user.user, payload: ["id": .string(id)],
+                     targetPlatforms: platforms, targetTags: tags.flatMap { try? TagExpression.parse($0) },
+                     createdAt: t0, updatedAt: t0, expiresAt: t0 + 86_400_000, readState: read, userActionState: action)
+    }
+
+    /// Notifications of three users, some whose platforms differ only in
+    /// order or repeats (one targeting), in every state.
+    var mixed: [(UserKey, Notification)] {
+        let bob = UserKey(app: "app1", user: "bob"), other = UserKey(app: "app2", user: "alice")
+        return [
+            (alice, targeted("n_1", user: alice, nil, nil)),
+            (alice, targeted("n_2", user: alice, nil, nil, read: .read)),
+            (alice, targeted("n_3", user: alice, [.ios, .web], nil, action: .dismissed)),
+            (alice, targeted("n_4", user: alice, [.web, .ios, .web], nil, read: .read, action: .snoozed)),
+            (alice, targeted("n_5", user: alice, [.web], "a || b")),
+            (alice, targeted("n_6", user: alice, nil, "a || b", read: .read, action: .activated)),
+            (alice, targeted("n_7", user: alice, [], nil)),
+            (bob, targeted("n_8", user: bob, [.android], "!muted")),
+            (bob, targeted("n_9", user: bob, nil, nil, read: .read)),
+            (other, targeted("n_10", user: other, [.windows, .other], nil)),
+        ]
+    }
+
+    func testCountsSurviveReopen() throws {
+        let users = Set(mixed.map(\.0))
+        var before: [UserKey: [String: TargetingCounts]] = [:]
+        do {
+            let s = try SQLiteStore(path: path)
+            for (u, n) in mixed { _ = try s.upsert(u, n, previous: nil, at: t0) }
+            for u in users {
+                try assertCountsMatchHistory(s, u)
+                before[u] = keyed(try s.counts(u))
+            }
+            XCTAssertEqual(before[alice]?.count, 5)
+            s.close()
+        }
+        let s = try SQLiteStore(path: path)
+        for u in users { XCTAssertEqual(keyed(try s.counts(u)), before[u]) }
+    }
+
+    func testMigrationFromVersion2BackfillsCounts() throws {
+        do {
+            let raw = try SQLiteDatabase(path: path)
+            try SQLiteStore.migrate(raw, path: path, to: 2)
+            for (u, n) in mixed {
+                try raw.execute("""
+                    INSERT INTO notifications (app, user, id, app_notification_id, created_at, expires_at,
+                                               read_state, user_action_state, version, targeted, json)
+                    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                    """, [.text(u.app), .text(u.user), .text(n.id), .text(n.appNotificationId), .int(n.createdAt),
+                          .int(n.expiresAt), .text(n.readState.rawValue), .text(n.userActionState.rawValue), .int(n.version),
+                          .int(n.targetPlatforms == nil && n.targetTags == nil ? 0 : 1), .utf8(n.json.encoded)])
+            }
+            XCTAssertEqual(try raw.int("PRAGMA user_version"), 2)
+            XCTAssertNil(try raw.int("SELECT count(*) FROM sqlite_master WHERE name = 'counts'").flatMap { $0 == 0 ? nil : $0 })
+            raw.close()
+        }
+        let s = try SQLiteStore(path: path)
+        XCTAssertEqual(try s.db.int("PRAGMA user_version"), 3)
+        for u in Set(mixed.map(\.0)) {
+            XCTAssertEqual(keyed(try s.counts(u)), scannedCounts(mixed.filter { $0.0 == u }.map(\.1)), "\(u)")
+        }
+        // Writes after the migration move the backfilled rows.
+        var n4 = try XCTUnwrap(s.notification(alice, id: "n_4"))
+        n4.readState = .unread
+        n4.version += 1
+        _ = try s.upsert(alice, n4, previous: nil, at: t0)
+        _ = try s.delete(alice, try XCTUnwrap(s.notification(alice, id: "n_3")), reason: .deleted, at: t0)
+        _ = try s.delete(alice, try XCTUnwrap(s.notification(alice, id: "n_7")), reason: .deleted, at: t0)
+        try assertCountsMatchHistory(s, alice)
+        XCTAssertEqual(keyed(try s.counts(alice))["web,ios|*"], TargetingCounts(targeting: Targeting(platforms: [.web, .ios], tags: nil), unread: 1, noInteraction: 0, total: 1))
     }
 
     // MARK: Failures become StoreErrors, never half-writes
@@ -191,6 +269,7 @@ final class SQLiteStoreTests: XCTestCase {
         XCTAssertThrowsError(try s.upsert(alice, note("n_2", "a1"), previous: nil, at: t0))
         XCTAssertEqual(try s.feed(alice).head, ok.seq)
         XCTAssertEqual(try s.changes(alice, after: 0, limit: 10).map(\.seq), [ok.seq])
+        try assertCountsMatchHistory(s, alice)
 
         // Inside a batch only the failed write is undone.
         try s.begin()
@@ -199,6 +278,7 @@ final class SQLiteStoreTests: XCTestCase {
         try s.commit()
         XCTAssertEqual(try s.feed(alice).head, b1.seq)
         XCTAssertEqual(try s.changes(alice, after: 0, limit: 10).map(\.seq), [ok.seq, b1.seq])
+        try assertCountsMatchHistory(s, alice)
     }
 
     func testFullDiskIsAStoreErrorAndTheStoreRecovers() throws {
@@ -289,6 +369,7 @@ final class SQLiteStoreTests: XCTestCase {
             (SQLiteStore.changesAfterSQL, 4, "PRIMARY KEY"),
             (SQLiteStore.expiringSQL, 2, "notifications_expiry"),
             (SQLiteStore.pruneScanSQL, 1, "changes_by_at"),
+            (SQLiteStore.countsSQL, 2, "PRIMARY KEY"),
         ]
         for (sql, args, index) in cases {
             let p = try plan(s, sql, args)
