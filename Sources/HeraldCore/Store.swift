@@ -39,7 +39,7 @@ public struct TargetingCounts: Sendable, Equatable {
     }
 }
 
-/// The reads every store serves.
+/// The reads every store serves. A `StoreReader` serves them on another thread.
 public protocol StoreReading: AnyObject {
     /// Opaque, stable for as long as the store's history lasts.
     var epoch: String { get }
@@ -64,6 +64,13 @@ extension StoreReading {
     }
 }
 
+/// A read-only connection to a store, used by one thread (not the owner's) at a time.
+public protocol StoreReader: StoreReading {
+    /// Runs `body` on one consistent snapshot: it sees every commit that
+    /// returned before `read` began and nothing committed after.
+    func read<T>(_ body: (StoreReading) throws(StoreError) -> T) throws(StoreError) -> T
+}
+
 /// The storage interface every store implements (memory, SQLite, ...).
 ///
 /// Invariants every implementation keeps:
@@ -74,7 +81,8 @@ extension StoreReading {
 /// - Between `begin()` and `commit()` writes are one atomic unit; `rollback()`
 ///   undoes all of them, including seq assignment. A write that returned
 ///   from `commit()` is durable as the store's durability setting promises.
-/// - Only one thread calls a store at a time (the engine's).
+/// - Only one thread calls a store at a time (the engine's); other threads
+///   read through their own `makeReader()`.
 public protocol NotificationStore: StoreReading {
     func begin() throws(StoreError)
     func commit() throws(StoreError)
@@ -99,4 +107,8 @@ public protocol NotificationStore: StoreReading {
     func usersWithDevices(app: String) throws(StoreError) -> [(user: String, devices: [Device])]
     /// Drops registrations not seen since `before`.
     func pruneDevices(lastSeenBefore before: Millis) throws(StoreError) -> Int
+
+    /// A read-only connection for one other thread, or nil when only the
+    /// owner's thread may read this store (MemoryStore).
+    func makeReader() throws(StoreError) -> StoreReader?
 }

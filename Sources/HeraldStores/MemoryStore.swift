@@ -196,6 +196,9 @@ public final class MemoryStore: NotificationStore {
 
     public func devices(_ user: UserKey) throws(StoreError) -> [Device] { devicesByUser[user] ?? [] }
 
+    /// Only the owner's thread may read: the dictionaries are not shared.
+    public func makeReader() throws(StoreError) -> StoreReader? { nil }
+
     private func setDevices(_ user: UserKey, _ list: [Device]?) {
         let old = devicesByUser[user]
         devicesByUser[user] = list

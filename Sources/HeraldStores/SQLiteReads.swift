@@ -1,7 +1,8 @@
 import HeraldCore
 
-/// Every query of a Herald database that only reads, on one connection, so
-/// that another connection can serve the same reads with the same code.
+/// Every query of a Herald database that only reads, on one connection: the
+/// store runs them on its own connection, a `SQLiteStoreReader` on its
+/// read-only one, so both read with one implementation.
 struct SQLiteReads {
     let db: SQLiteDatabase
 
@@ -163,6 +164,52 @@ struct SQLiteReads {
         }
         return out
     }
+}
+
+/// A read-only second connection to a store's file, for one thread other
+/// than the owner's. Under WAL it reads while the owner writes: it neither
+/// waits for the owner's transactions nor holds them up, and sees only what
+/// they committed.
+final class SQLiteStoreReader: StoreReader {
+    let epoch: String
+    /// Internal for tests (a write must fail).
+    let reads: SQLiteReads
+
+    init(path: String, epoch: String, busyTimeoutMillis: Int) throws(StoreError) {
+        self.epoch = epoch
+        let db = try SQLiteDatabase(path: path, readOnly: true)
+        reads = SQLiteReads(db: db)
+        try db.execute("PRAGMA busy_timeout = \(max(0, busyTimeoutMillis))")
+    }
+
+    func read<T>(_ body: (StoreReading) throws(StoreError) -> T) throws(StoreError) -> T {
+        let db = reads.db
+        // Nested: the outer snapshot serves it.
+        guard db.autocommit else { return try body(self) }
+        try db.execute("BEGIN")
+        do throws(StoreError) {
+            // A deferred BEGIN takes its snapshot at the first read, which
+            // could come after commits made once `read` began: read now.
+            try db.execute("SELECT 1 FROM meta LIMIT 1")
+            let r = try body(self)
+            try db.execute("COMMIT")
+            return r
+        } catch {
+            if !db.autocommit { _ = try? db.execute("ROLLBACK") }
+            throw error
+        }
+    }
+
+    func feed(_ user: UserKey) throws(StoreError) -> FeedState { try reads.feed(user) }
+    func notification(_ user: UserKey, id: String) throws(StoreError) -> Notification? { try reads.notification(user, id: id) }
+    func changes(_ user: UserKey, after: Int64, limit: Int) throws(StoreError) -> [ChangeRecord] {
+        try reads.changes(user, after: after, limit: limit)
+    }
+    func history(_ user: UserKey, after: HistoryKey?, limit: Int) throws(StoreError) -> [Notification] {
+        try reads.history(user, after: after, limit: limit)
+    }
+    func counts(_ user: UserKey) throws(StoreError) -> [TargetingCounts] { try reads.counts(user) }
+    func devices(_ user: UserKey) throws(StoreError) -> [Device] { try reads.devices(user) }
 }
 
 extension Change {

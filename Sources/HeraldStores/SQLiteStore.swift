@@ -2,7 +2,8 @@ import CSQLite
 import HeraldCore
 
 /// The durable embedded store (`--store sqlite:PATH`): one SQLite file in
-/// WAL mode, written only by the engine thread.
+/// WAL mode, written only by the engine thread; other threads read through
+/// their own read-only connections (`makeReader()`).
 ///
 /// Durability: the engine runs a batch of commands between `begin()` and
 /// `commit()` (group commit), so `commit()` is where the batch is made
@@ -52,6 +53,8 @@ public final class SQLiteStore: NotificationStore {
     /// Internal for tests (query plans, schema tampering).
     let db: SQLiteDatabase
     private let reads: SQLiteReads
+    /// Readers wait on locks as long as the store does.
+    private let busyTimeoutMillis: Int
     /// Inside `begin()` … `commit()`/`rollback()`.
     private var inTransaction = false
 
@@ -62,6 +65,7 @@ public final class SQLiteStore: NotificationStore {
     public init(path: String, durability: Durability = .full, busyTimeoutMillis: Int = 5000) throws(StoreError) {
         self.path = path
         self.durability = durability
+        self.busyTimeoutMillis = busyTimeoutMillis
         db = try SQLiteDatabase(path: path)
         reads = SQLiteReads(db: db)
         do throws(StoreError) {
@@ -350,7 +354,7 @@ public final class SQLiteStore: NotificationStore {
         SELECT platforms, tags, unread, no_interaction, total FROM counts WHERE app = ? AND user = ?
         """
 
-    // MARK: Reads
+    // MARK: Reads (shared with readers)
 
     public func feed(_ user: UserKey) throws(StoreError) -> FeedState { try check(); return try reads.feed(user) }
 
@@ -386,6 +390,14 @@ public final class SQLiteStore: NotificationStore {
     public func usersWithDevices(app: String) throws(StoreError) -> [(user: String, devices: [Device])] {
         try check()
         return try reads.usersWithDevices(app: app)
+    }
+
+    /// A reader on a second, read-only connection; nil for an in-memory
+    /// database, which another connection would not see.
+    public func makeReader() throws(StoreError) -> StoreReader? {
+        try check()
+        guard !Self.isMemoryPath(path) else { return nil }
+        return try SQLiteStoreReader(path: path, epoch: epoch, busyTimeoutMillis: busyTimeoutMillis)
     }
 
     // MARK: Writing notifications and their changes

@@ -240,6 +240,128 @@ final class SQLiteStoreTests: XCTestCase {
         XCTAssertEqual(keyed(try s.counts(alice))["web,ios|*"], TargetingCounts(targeting: Targeting(platforms: [.web, .ios], tags: nil), unread: 1, noInteraction: 0, total: 1))
     }
 
+    // MARK: Readers
+
+    func testReaderSeesOnlyCommittedWrites() throws {
+        let s = try SQLiteStore(path: path, durability: .off)
+        let reader = try XCTUnwrap(s.makeReader())
+        XCTAssertEqual(reader.epoch, s.epoch)
+        XCTAssertEqual(try reader.counts(alice), [])
+        let n1 = note("n_1", "a1")
+        _ = try s.upsert(alice, n1, previous: nil, at: t0)
+
+        try s.begin()
+        _ = try s.upsert(alice, note("n_2", "a2"), previous: nil, at: t0)
+        _ = try s.delete(alice, n1, reason: .deleted, at: t0)
+        try s.saveDevice(alice, Device(deviceId: "d1", lastSeenAt: 1))
+        XCTAssertEqual(try reader.feed(alice).head, 1)
+        XCTAssertEqual(try reader.notification(alice, id: "n_1"), n1)
+        XCTAssertNil(try reader.notification(alice, id: "n_2"))
+        XCTAssertEqual(try reader.changes(alice, after: 0, limit: 10).count, 1)
+        XCTAssertEqual(try reader.history(alice, after: nil, limit: 10), [n1])
+        XCTAssertEqual(try reader.counts(alice).map(\.total), [1])
+        XCTAssertEqual(try reader.devices(alice), [])
+        try s.commit()
+
+        XCTAssertEqual(try reader.feed(alice).head, 3)
+        XCTAssertNil(try reader.notification(alice, id: "n_1"))
+        XCTAssertEqual(try reader.history(alice, after: nil, limit: 10).map(\.id), ["n_2"])
+        XCTAssertEqual(try reader.changes(alice, after: 0, limit: 10).map(\.encoded), try s.changes(alice, after: 0, limit: 10).map(\.encoded))
+        XCTAssertEqual(try reader.counts(alice), try s.counts(alice))
+        XCTAssertEqual(try reader.devices(alice).map(\.deviceId), ["d1"])
+
+        // Rolled back: never seen.
+        try s.begin()
+        _ = try s.upsert(alice, note("n_3", "a3"), previous: nil, at: t0)
+        s.rollback()
+        XCTAssertEqual(try reader.feed(alice).head, 3)
+        XCTAssertNil(try reader.notification(alice, id: "n_3"))
+    }
+
+    typealias Seen = (head: Int64, history: Int, total: Int)
+    func seen(_ r: StoreReading) throws(StoreError) -> Seen {
+        let head = try r.feed(alice).head
+        let history = try r.history(alice, after: nil, limit: 10).count
+        return (head, history, try r.counts(alice).reduce(0) { $0 + $1.total })
+    }
+
+    func testReaderReadIsOneSnapshot() throws {
+        let s = try SQLiteStore(path: path, durability: .off)
+        let reader = try XCTUnwrap(s.makeReader())
+        _ = try s.upsert(alice, note("n_1", "a1"), previous: nil, at: t0)
+        let (first, second, nested) = try reader.read { r throws(StoreError) -> (Seen, Seen, Seen) in
+            // Committed once `read` began, before its first read: not seen either.
+            _ = try s.upsert(alice, note("n_2", "a2"), previous: nil, at: t0)
+            let first = try seen(r)
+            _ = try s.upsert(alice, note("n_3", "a3"), previous: nil, at: t0)
+            let second = try seen(r)
+            return (first, second, try reader.read { r throws(StoreError) in try seen(r) })
+        }
+        for v in [first, second, nested] {
+            XCTAssertEqual(v.head, 1)
+            XCTAssertEqual(v.history, 1)
+            XCTAssertEqual(v.total, 1)
+        }
+        // Outside `read` each call is its own snapshot: the latest.
+        XCTAssertEqual(try reader.feed(alice).head, 3)
+        XCTAssertEqual(try seen(reader).total, 3)
+        // A failing body ends its snapshot too.
+        XCTAssertThrowsError(try reader.read { _ throws(StoreError) -> Int in throw StoreError("stop") })
+        _ = try s.upsert(alice, note("n_4", "a4"), previous: nil, at: t0)
+        XCTAssertEqual(try reader.read { r throws(StoreError) in try r.feed(alice).head }, 4)
+    }
+
+    func testReaderNeverWrites() throws {
+        let s = try SQLiteStore(path: path)
+        let reader = try XCTUnwrap(s.makeReader() as? SQLiteStoreReader)
+        XCTAssertThrowsError(try reader.reads.db.execute("INSERT INTO meta (key, value) VALUES ('x', 'y')")) { e in
+            XCTAssertTrue("\(e)".contains("readonly"), "\(e)")
+        }
+        XCTAssertNil(try s.db.text("SELECT value FROM meta WHERE key = 'x'"))
+    }
+
+    func testInMemoryDatabaseHasNoReader() throws {
+        XCTAssertNil(try SQLiteStore(path: ":memory:").makeReader())
+    }
+
+    /// The gateway's use: catch-ups paged on a reader thread while the
+    /// engine commits batches. Every snapshot must be whole (no gap in the
+    /// changes, counts agreeing with the notifications) and no read may fail.
+    func testReaderOnAnotherThreadReadsWhileTheOwnerCommits() throws {
+        let s = try SQLiteStore(path: path, durability: .off)
+        // Checkpoint often, so checkpoints run while the reader holds snapshots.
+        try s.db.execute("PRAGMA wal_autocheckpoint = 8")
+        let reading = ReaderThread(reader: try XCTUnwrap(s.makeReader()), user: alice)
+        Thread { reading.run() }.start()
+
+        var live: [Notification] = []
+        for b in 0..<60 {
+            try s.begin()
+            for k in 0..<8 {
+                let i = b * 8 + k
+                if i % 3 == 2, let n = live.first {
+                    _ = try s.delete(alice, n, reason: .deleted, at: t0)
+                    live.removeFirst()
+                } else if i % 3 == 1, var n = live.last {
+                    n.readState = .read
+                    n.version += 1
+                    _ = try s.upsert(alice, n, previous: live.last, at: t0)
+                    live[live.count - 1] = n
+                } else {
+                    var n = note("n_\(i)", "a\(i)")
+                    n.createdAt += Millis(i)
+                    _ = try s.upsert(alice, n, previous: nil, at: t0)
+                    live.append(n)
+                }
+            }
+            try s.commit()
+        }
+        reading.finish(head: try s.feed(alice).head)
+        XCTAssertEqual(reading.done.wait(timeout: .now() + 120), .success, "the reader never caught up")
+        XCTAssertEqual(reading.errors, [])
+        XCTAssertGreaterThan(reading.snapshots, 0)
+    }
+
     // MARK: Failures become StoreErrors, never half-writes
 
     func testLockedDatabaseIsAStoreError() throws {
@@ -331,6 +453,7 @@ final class SQLiteStoreTests: XCTestCase {
         s.close()
         XCTAssertThrowsError(try s.feed(alice))
         XCTAssertThrowsError(try s.begin())
+        XCTAssertThrowsError(try s.makeReader())
         s.rollback()
         s.close()
     }
@@ -379,6 +502,70 @@ final class SQLiteStoreTests: XCTestCase {
         XCTAssertTrue(try plan(s, SQLiteStore.pruneScanSQL, 1).contains("COVERING INDEX changes_by_at"))
         let history = try plan(s, SQLiteStore.historyAfterSQL, 7)
         XCTAssertTrue(history.contains("created_at<?"), "the range is bounded by the index: \(history)")
+    }
+}
+
+/// The reading side of `testReaderOnAnotherThreadReadsWhileTheOwnerCommits`:
+/// reads snapshots in a loop until it has seen the head the owner finished at.
+final class ReaderThread: @unchecked Sendable {
+    let reader: StoreReader
+    let user: UserKey
+    let done = DispatchSemaphore(value: 0)
+    private let lock = NSLock()
+    private var finalHead: Int64?
+    private var _errors: [String] = []
+    private var _snapshots = 0
+
+    init(reader: StoreReader, user: UserKey) { self.reader = reader; self.user = user }
+
+    var errors: [String] { lock.withLock { _errors } }
+    var snapshots: Int { lock.withLock { _snapshots } }
+    func finish(head: Int64) { lock.withLock { finalHead = head } }
+
+    func run() {
+        defer { done.signal() }
+        var cursor: Int64 = 0
+        while true {
+            // Read before the snapshot: once set, the snapshot has every commit.
+            let final = lock.withLock { finalHead }
+            do {
+                cursor = try reader.read { r throws(StoreError) -> Int64 in try check(r, from: cursor) }
+                lock.withLock { _snapshots += 1 }
+            } catch {
+                lock.withLock { _errors.append("\(error)") }
+                return
+            }
+            if let final {
+                if cursor != final { lock.withLock { _errors.append("saw head \(cursor), not \(final)") } }
+                return
+            }
+        }
+    }
+
+    /// Pages through the changes after `cursor` and the whole history of
+    /// one snapshot; returns its head.
+    private func check(_ r: StoreReading, from cursor: Int64) throws(StoreError) -> Int64 {
+        let head = try r.feed(user).head
+        var seq = cursor
+        while seq < head {
+            let page = try r.changes(user, after: seq, limit: 7)
+            guard let last = page.last?.seq, page.map(\.seq) == Array(seq + 1 ... last) else {
+                throw StoreError("changes after \(seq) of head \(head): \(page.map(\.seq))")
+            }
+            seq = last
+        }
+        var history: [Notification] = []
+        while true {
+            let page = try r.history(user, after: history.last.map(HistoryKey.init), limit: 5)
+            history += page
+            if page.count < 5 { break }
+        }
+        let counts = try r.counts(user)
+        let total = counts.reduce(0) { $0 + $1.total }, unread = counts.reduce(0) { $0 + $1.unread }
+        guard total == history.count, unread == history.filter({ $0.readState == .unread }).count else {
+            throw StoreError("counts \(total)/\(unread) for \(history.count) notifications at head \(head)")
+        }
+        return head
     }
 }
 

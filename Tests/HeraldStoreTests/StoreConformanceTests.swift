@@ -418,6 +418,50 @@ class StoreConformanceTests: XCTestCase {
         try assertCountsMatchHistory(store, alice)
     }
 
+    // MARK: Readers
+
+    /// What one read of a store returns, comparable as a whole.
+    struct Reads: Equatable {
+        var epoch: String
+        var feed: FeedState
+        var notification: Notification?
+        var changes: [Change]
+        var encoded: [[UInt8]]
+        var presence: [[Presence?]]
+        var history: [Notification]
+        var counts: [String: TargetingCounts]
+        var devices: [Device]
+
+        init(_ r: StoreReading, _ user: UserKey) throws(StoreError) {
+            epoch = r.epoch
+            feed = try r.feed(user)
+            notification = try r.notification(user, id: "n_2")
+            let records = try r.changes(user, after: 0, limit: 100)
+            changes = records.map(\.change)
+            encoded = records.map(\.encoded)
+            presence = records.map { [$0.before, $0.after] }
+            history = try r.history(user, after: nil, limit: 100)
+            counts = keyed(try r.counts(user))
+            devices = try r.devices(user)
+        }
+    }
+
+    func checkReaderReadsWhatTheStoreReads() throws {
+        // nil: only the owner's thread reads this store.
+        guard let reader = try store.makeReader() else { return }
+        let n1 = note("n_1", "a1", platforms: [.ios, .web], tags: "a && !b")
+        try publish(alice, n1)
+        try publish(alice, note("n_2", "a2", createdAt: Self.t0 + 1))
+        _ = try store.delete(alice, n1, reason: .hidden, at: Self.t0 + 2)
+        try publish(alice, note("n_3", "a3", createdAt: Self.t0 + 3, platforms: [.android]))
+        try store.saveDevice(alice, Device(deviceId: "phone", platform: .ios, tags: ["a"], lastSeenAt: 1))
+
+        let expected = try Reads(store, alice)
+        XCTAssertEqual(expected.changes.count, 4)
+        XCTAssertEqual(try Reads(reader, alice), expected)
+        XCTAssertEqual(try reader.read { r throws(StoreError) in try Reads(r, alice) }, expected)
+    }
+
     // MARK: Devices
 
     func checkDevices() throws {
@@ -473,6 +517,7 @@ final class MemoryStoreConformanceTests: StoreConformanceTests {
     func testRollbackUndoesWritesAndSeq() throws { try checkRollbackUndoesWritesAndSeq() }
     func testCountsFollowEveryWrite() throws { try checkCountsFollowEveryWrite() }
     func testCountsUndoneByRollback() throws { try checkCountsUndoneByRollback() }
+    func testReaderReadsWhatTheStoreReads() throws { try checkReaderReadsWhatTheStoreReads() }
     func testDevices() throws { try checkDevices() }
 }
 
@@ -497,6 +542,7 @@ final class SQLiteStoreConformanceTests: StoreConformanceTests {
     func testRollbackUndoesWritesAndSeq() throws { try checkRollbackUndoesWritesAndSeq() }
     func testCountsFollowEveryWrite() throws { try checkCountsFollowEveryWrite() }
     func testCountsUndoneByRollback() throws { try checkCountsUndoneByRollback() }
+    func testReaderReadsWhatTheStoreReads() throws { try checkReaderReadsWhatTheStoreReads() }
     func testDevices() throws { try checkDevices() }
 
     override func tearDown() {
