@@ -44,8 +44,14 @@ public struct ChangeRecord: Sendable {
     public let encoded: [UInt8]
 
     public init(change: Change, before: Presence?, after: Presence?, at: Millis) {
-        self.change = change; self.before = before; self.after = after; self.at = at
-        self.encoded = change.json.encoded
+        self.init(change: change, before: before, after: after, at: at, encoded: change.json.encoded)
+    }
+
+    /// For a change read back from storage with its wire bytes: `encoded`
+    /// must be `change.json.encoded`. Spares a catch-up re-encoding every
+    /// change it sends.
+    public init(change: Change, before: Presence?, after: Presence?, at: Millis, encoded: [UInt8]) {
+        self.change = change; self.before = before; self.after = after; self.at = at; self.encoded = encoded
     }
 
     public var seq: Int64 { change.seq }

@@ -41,14 +41,27 @@ public struct TargetingCounts: Sendable, Equatable {
 
 /// The reads every store serves. A `StoreReader` serves them on another thread.
 public protocol StoreReading: AnyObject {
+    /// Opaque, stable for as long as the store's history lasts.
     var epoch: String { get }
     func feed(_ user: UserKey) throws(StoreError) -> FeedState
     func notification(_ user: UserKey, id: String) throws(StoreError) -> Notification?
+    /// Changes with `seq > after`, in seq order, at most `limit`.
     func changes(_ user: UserKey, after: Int64, limit: Int) throws(StoreError) -> [ChangeRecord]
+    /// Live notifications in history order, strictly after `after`.
     func history(_ user: UserKey, after: HistoryKey?, limit: Int) throws(StoreError) -> [Notification]
-    /// Live notification counts of `user`, one entry per distinct targeting with at least one live notification.
+    /// Live notification counts of `user`, one entry per distinct targeting
+    /// with at least one live notification. Targetings are the same when
+    /// their platforms are the same set and their tag expressions have the
+    /// same source; `targeting` lists the platforms in `Platform.allCases`
+    /// order, without repeats.
     func counts(_ user: UserKey) throws(StoreError) -> [TargetingCounts]
     func devices(_ user: UserKey) throws(StoreError) -> [Device]
+}
+
+extension StoreReading {
+    public func device(_ user: UserKey, id: String) throws(StoreError) -> Device? {
+        try devices(user).first { $0.deviceId == id }
+    }
 }
 
 /// A read-only connection to a store, used by one thread (not the owner's) at a time.
@@ -63,12 +76,13 @@ public protocol StoreReader: StoreReading {
 /// Invariants every implementation keeps:
 /// - Per user, `seq` is assigned by the store, strictly increasing and never
 ///   reused, also across restarts of a durable store.
-/// - `upsert`/`delete` write the notification and its change together: a
-///   reader never sees one without the other.
+/// - `upsert`/`delete` write the notification, its change and the user's
+///   counts together: a reader never sees one without the others.
 /// - Between `begin()` and `commit()` writes are one atomic unit; `rollback()`
 ///   undoes all of them, including seq assignment. A write that returned
 ///   from `commit()` is durable as the store's durability setting promises.
-/// - Only one thread calls a store at a time (the engine's).
+/// - Only one thread calls a store at a time (the engine's); other threads
+///   read through their own `makeReader()`.
 public protocol NotificationStore: StoreReading {
     func begin() throws(StoreError)
     func commit() throws(StoreError)
@@ -97,10 +111,4 @@ public protocol NotificationStore: StoreReading {
     /// A read-only connection for one other thread, or nil when only the
     /// owner's thread may read this store (MemoryStore).
     func makeReader() throws(StoreError) -> StoreReader?
-}
-
-extension StoreReading {
-    public func device(_ user: UserKey, id: String) throws(StoreError) -> Device? {
-        try devices(user).first { $0.deviceId == id }
-    }
 }

@@ -16,6 +16,8 @@ public final class MemoryStore: NotificationStore {
     }
 
     private var users: [UserKey: UserData] = [:]
+    /// Live notification counts, kept by `write` (see `StoreReading.counts`).
+    private var countsByUser: [UserKey: [TargetingKey: TargetingCounts]] = [:]
     private var devicesByUser: [UserKey: [Device]] = [:]
     private var expiryHeap = Heap<ExpiryEntry>()
 
@@ -96,12 +98,32 @@ public final class MemoryStore: NotificationStore {
             return r
         }(&users[user, default: UserData()])
         if let n { expiryHeap.push(ExpiryEntry(at: n.expiresAt, user: user, id: n.id)) }
+        // From what was stored, not from the caller's `before`: the counts
+        // stay those of the live notifications whatever the caller passes.
+        let deltas = CountDelta.replacing(old.map(Counted.init), by: n.map(Counted.init))
+        count(user, deltas)
         onRollback { s in
+            s.count(user, deltas.map(\.negated))
             s.users[user]!.changes.removeLast()
             s.users[user]!.feed.head -= 1
             Self.place(&s.users[user]!, id: id, old, old: n)
         }
         return r
+    }
+
+    private func count(_ user: UserKey, _ deltas: [CountDelta]) {
+        for d in deltas {
+            let total = { (c: inout TargetingCounts) -> Int in
+                c.unread += d.unread
+                c.noInteraction += d.noInteraction
+                c.total += d.total
+                return c.total
+            }(&countsByUser[user, default: [:]][d.key, default: TargetingCounts(targeting: d.targeting)])
+            if total == 0 {
+                countsByUser[user]![d.key] = nil
+                if countsByUser[user]!.isEmpty { countsByUser[user] = nil }
+            }
+        }
     }
 
     public func upsert(_ user: UserKey, _ n: Notification, previous: Notification?, at: Millis) throws(StoreError) -> ChangeRecord {
@@ -132,6 +154,10 @@ public final class MemoryStore: NotificationStore {
             if start < d.order.count, d.order[start] == after { start += 1 }
         }
         return d.order[start..<min(d.order.count, start + limit)].compactMap { d.byId[$0.id] }
+    }
+
+    public func counts(_ user: UserKey) throws(StoreError) -> [TargetingCounts] {
+        countsByUser[user].map { Array($0.values) } ?? []
     }
 
     public func expiring(until: Millis, limit: Int) throws(StoreError) -> [(UserKey, Notification)] {
@@ -169,6 +195,9 @@ public final class MemoryStore: NotificationStore {
     }
 
     public func devices(_ user: UserKey) throws(StoreError) -> [Device] { devicesByUser[user] ?? [] }
+
+    /// Only the owner's thread may read: the dictionaries are not shared.
+    public func makeReader() throws(StoreError) -> StoreReader? { nil }
 
     private func setDevices(_ user: UserKey, _ list: [Device]?) {
         let old = devicesByUser[user]

@@ -25,6 +25,12 @@ struct SQLiteRow {
         return String(decoding: UnsafeBufferPointer(start: p, count: n), as: UTF8.self)
     }
 
+    /// The column's text as UTF-8 bytes (empty when NULL).
+    func bytes(_ i: Int32) -> [UInt8] {
+        guard let p = sqlite3_column_text(stmt, i) else { return [] }
+        return Array(UnsafeBufferPointer(start: p, count: Int(sqlite3_column_bytes(stmt, i))))
+    }
+
     /// The column's text parsed as JSON; nil when NULL, absent or malformed.
     func json(_ i: Int32) -> JSON? {
         guard let p = sqlite3_column_text(stmt, i) else { return nil }
@@ -37,17 +43,19 @@ struct SQLiteRow {
 }
 
 /// A thin wrapper over one sqlite3 connection with a prepared-statement
-/// cache. Not thread-safe: its owner (the store) is used from one thread at
-/// a time, so the connection is opened without SQLite's own mutex.
+/// cache. Not thread-safe: its owner (a store or a reader) is used from one
+/// thread at a time, so the connection is opened without SQLite's own mutex.
 final class SQLiteDatabase {
     private var handle: OpaquePointer?
     private var cache: [String: OpaquePointer] = [:]
     let path: String
 
-    init(path: String) throws(StoreError) {
+    /// `readOnly` opens an existing file for reading only: SQLite refuses
+    /// every write on the connection, and closing it never checkpoints.
+    init(path: String, readOnly: Bool = false) throws(StoreError) {
         self.path = path
         var db: OpaquePointer?
-        let flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX
+        let flags = (readOnly ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE) | SQLITE_OPEN_NOMUTEX
         let rc = sqlite3_open_v2(path, &db, flags, nil)
         guard rc == SQLITE_OK, let db else {
             let message = db.map { String(cString: sqlite3_errmsg($0)) } ?? String(cString: sqlite3_errstr(rc))

@@ -2,7 +2,8 @@ import CSQLite
 import HeraldCore
 
 /// The durable embedded store (`--store sqlite:PATH`): one SQLite file in
-/// WAL mode, written only by the engine thread.
+/// WAL mode, written only by the engine thread; other threads read through
+/// their own read-only connections (`makeReader()`).
 ///
 /// Durability: the engine runs a batch of commands between `begin()` and
 /// `commit()` (group commit), so `commit()` is where the batch is made
@@ -43,7 +44,7 @@ public final class SQLiteStore: NotificationStore {
 
     /// The schema version this code writes; `migrations[v - 1]` brings a
     /// database from version `v - 1` to `v`.
-    public static let schemaVersion: Int64 = 2
+    public static let schemaVersion: Int64 = 3
 
     public let epoch: String
     public let path: String
@@ -51,6 +52,9 @@ public final class SQLiteStore: NotificationStore {
 
     /// Internal for tests (query plans, schema tampering).
     let db: SQLiteDatabase
+    private let reads: SQLiteReads
+    /// Readers wait on locks as long as the store does.
+    private let busyTimeoutMillis: Int
     /// Inside `begin()` … `commit()`/`rollback()`.
     private var inTransaction = false
 
@@ -61,7 +65,9 @@ public final class SQLiteStore: NotificationStore {
     public init(path: String, durability: Durability = .full, busyTimeoutMillis: Int = 5000) throws(StoreError) {
         self.path = path
         self.durability = durability
+        self.busyTimeoutMillis = busyTimeoutMillis
         db = try SQLiteDatabase(path: path)
+        reads = SQLiteReads(db: db)
         do throws(StoreError) {
             try db.execute("PRAGMA busy_timeout = \(max(0, busyTimeoutMillis))")
             // Look before changing anything (even the journal mode is a
@@ -200,21 +206,43 @@ public final class SQLiteStore: NotificationStore {
         """
         ALTER TABLE devices ADD COLUMN view_generation INTEGER NOT NULL DEFAULT 0;
         """,
+        // 3: counts, so that counting a user's notifications never reads
+        // their history; filled from the notifications by `backfillCounts`.
+        """
+        -- Live notifications per user and targeting (see TargetingKey): kept
+        -- by every upsert and delete in the same transaction; a row whose
+        -- total reaches 0 is deleted. `platforms` is '*' for all platforms,
+        -- else the comma-separated set in a fixed order; `tags` the tag
+        -- expression's source, '' for all devices.
+        CREATE TABLE counts (
+            app            TEXT NOT NULL,
+            user           TEXT NOT NULL,
+            platforms      TEXT NOT NULL,
+            tags           TEXT NOT NULL,
+            unread         INTEGER NOT NULL,
+            no_interaction INTEGER NOT NULL,
+            total          INTEGER NOT NULL,
+            PRIMARY KEY (app, user, platforms, tags)
+        ) WITHOUT ROWID;
+        """,
     ]
 
-    private static func migrate(_ db: SQLiteDatabase, path: String) throws(StoreError) {
+    /// Brings the database to version `target` (internal for tests, which
+    /// build files of older versions with it).
+    static func migrate(_ db: SQLiteDatabase, path: String, to target: Int64 = schemaVersion) throws(StoreError) {
         try db.execute("BEGIN IMMEDIATE")
         do throws(StoreError) {
             // Again under the write lock: another process may have migrated.
             try checkVersion(db, path: path)
             let from = try db.int("PRAGMA user_version") ?? 0
-            if from < schemaVersion {
-                for v in (from + 1)...schemaVersion {
+            if from < target {
+                for v in (from + 1)...target {
                     try db.script(migrations[Int(v - 1)])
                     if v == 1 {
                         try db.execute("INSERT INTO meta (key, value) VALUES ('epoch', ?)", [.text("s-" + Random.hex(12))])
                         try db.execute("INSERT INTO meta (key, value) VALUES ('created_at', ?)", [.text(RFC3339.format(WallClock.now()))])
                     }
+                    if v == 3 { try backfillCounts(db) }
                     try db.execute("INSERT INTO meta (key, value) VALUES ('schema_version', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
                                    [.text(String(v))])
                     try db.execute("PRAGMA user_version = \(v)")
@@ -297,10 +325,6 @@ public final class SQLiteStore: NotificationStore {
         }
     }
 
-    private func corrupt(_ what: String) -> StoreError {
-        StoreError("sqlite (\(path)): unreadable \(what) in the database (damaged?)")
-    }
-
     // MARK: Queries whose plans matter (tests check they use the indexes)
 
     static let historyFirstSQL = """
@@ -326,42 +350,57 @@ public final class SQLiteStore: NotificationStore {
     static let expiringSQL = """
         SELECT app, user, json FROM notifications WHERE expires_at <= ? ORDER BY expires_at LIMIT ?
         """
+    static let countsSQL = """
+        SELECT platforms, tags, unread, no_interaction, total FROM counts WHERE app = ? AND user = ?
+        """
 
-    // MARK: Feeds and notifications
+    // MARK: Reads (shared with readers)
 
-    public func feed(_ user: UserKey) throws(StoreError) -> FeedState {
-        try check()
-        var f = FeedState()
-        try db.query("SELECT head, floor FROM feeds WHERE app = ? AND user = ?", [.text(user.app), .text(user.user)]) { r throws(StoreError) in
-            f = FeedState(head: r.int64(0), floor: r.int64(1))
-            return false
-        }
-        return f
-    }
-
-    private func notifications(_ sql: String, _ args: [SQLiteValue], limit: Int = Int.max) throws(StoreError) -> [Notification] {
-        var out: [Notification] = []
-        var failure: StoreError?
-        try db.query(sql, args) { r throws(StoreError) in
-            guard let n = r.json(0).flatMap(Notification.init(json:)) else { failure = corrupt("notification"); return false }
-            out.append(n)
-            return out.count < limit
-        }
-        if let failure { throw failure }
-        return out
-    }
+    public func feed(_ user: UserKey) throws(StoreError) -> FeedState { try check(); return try reads.feed(user) }
 
     public func notification(_ user: UserKey, id: String) throws(StoreError) -> Notification? {
         try check()
-        return try notifications("SELECT json FROM notifications WHERE app = ? AND user = ? AND id = ?",
-                                 [.text(user.app), .text(user.user), .text(id)], limit: 1).first
+        return try reads.notification(user, id: id)
     }
 
     public func notification(_ user: UserKey, appNotificationId: String) throws(StoreError) -> Notification? {
         try check()
-        return try notifications("SELECT json FROM notifications WHERE app = ? AND user = ? AND app_notification_id = ?",
-                                 [.text(user.app), .text(user.user), .text(appNotificationId)], limit: 1).first
+        return try reads.notification(user, appNotificationId: appNotificationId)
     }
+
+    public func changes(_ user: UserKey, after: Int64, limit: Int) throws(StoreError) -> [ChangeRecord] {
+        try check()
+        return try reads.changes(user, after: after, limit: limit)
+    }
+
+    public func history(_ user: UserKey, after: HistoryKey?, limit: Int) throws(StoreError) -> [Notification] {
+        try check()
+        return try reads.history(user, after: after, limit: limit)
+    }
+
+    public func counts(_ user: UserKey) throws(StoreError) -> [TargetingCounts] { try check(); return try reads.counts(user) }
+
+    public func expiring(until: Millis, limit: Int) throws(StoreError) -> [(UserKey, Notification)] {
+        try check()
+        return try reads.expiring(until: until, limit: limit)
+    }
+
+    public func devices(_ user: UserKey) throws(StoreError) -> [Device] { try check(); return try reads.devices(user) }
+
+    public func usersWithDevices(app: String) throws(StoreError) -> [(user: String, devices: [Device])] {
+        try check()
+        return try reads.usersWithDevices(app: app)
+    }
+
+    /// A reader on a second, read-only connection; nil for an in-memory
+    /// database, which another connection would not see.
+    public func makeReader() throws(StoreError) -> StoreReader? {
+        try check()
+        guard !Self.isMemoryPath(path) else { return nil }
+        return try SQLiteStoreReader(path: path, epoch: epoch, busyTimeoutMillis: busyTimeoutMillis)
+    }
+
+    // MARK: Writing notifications and their changes
 
     /// Assigns the user's next seq (head + 1) in the current transaction.
     private func nextSeq(_ user: UserKey) throws(StoreError) -> Int64 {
@@ -389,9 +428,80 @@ public final class SQLiteStore: NotificationStore {
                 + Self.presenceColumns(r.before) + Self.presenceColumns(r.after))
     }
 
+    /// A stored notification's targeting, as `storedTargeting` decodes it.
+    /// Only the JSON has it, and only targeted notifications need it parsed.
+    private static let targetingColumns = """
+        CASE WHEN targeted THEN json_extract(json, '$.targetPlatforms') END,
+        CASE WHEN targeted THEN json_extract(json, '$.targetTags') END
+        """
+    private static let storedCountedSQL = """
+        SELECT read_state, user_action_state, \(targetingColumns) FROM notifications WHERE app = ? AND user = ? AND id = ?
+        """
+    private static let deleteReturningCountedSQL = """
+        DELETE FROM notifications WHERE app = ? AND user = ? AND id = ?
+        RETURNING read_state, user_action_state, \(targetingColumns)
+        """
+
+    /// Decodes `targetingColumns` the way `Notification(json:)` reads them.
+    private static func storedTargeting(_ r: SQLiteRow, _ col: Int32) -> Targeting {
+        Targeting(platforms: r.json(col)?.arrayValue?.compactMap { $0.stringValue.flatMap(Platform.init(rawValue:)) },
+                  tags: r.text(col + 1).flatMap { try? TagExpression.parse($0) })
+    }
+
+    /// Decodes read_state, user_action_state and `targetingColumns`.
+    private static func counted(_ r: SQLiteRow) -> Counted {
+        Counted(targeting: storedTargeting(r, 2), unread: r.text(0) == ReadState.unread.rawValue,
+                noInteraction: r.text(1) == UserActionState.noInteraction.rawValue)
+    }
+
+    /// Applies `deltas` to `user`'s counts, deleting a row whose total reaches 0.
+    private static func count(_ db: SQLiteDatabase, _ user: UserKey, _ deltas: [CountDelta]) throws(StoreError) {
+        for d in deltas {
+            let key: [SQLiteValue] = [.text(user.app), .text(user.user), .text(d.key.platforms), .text(d.key.tags)]
+            let total = try db.int("""
+                INSERT INTO counts (app, user, platforms, tags, unread, no_interaction, total) VALUES (?, ?, ?, ?, ?, ?, ?)
+                ON CONFLICT (app, user, platforms, tags) DO UPDATE SET
+                    unread = unread + excluded.unread, no_interaction = no_interaction + excluded.no_interaction,
+                    total = total + excluded.total
+                RETURNING total
+                """, key + [.int(Int64(d.unread)), .int(Int64(d.noInteraction)), .int(Int64(d.total))])
+            if total == 0 {
+                try db.execute("DELETE FROM counts WHERE app = ? AND user = ? AND platforms = ? AND tags = ?", key)
+            }
+        }
+    }
+
+    /// Migration 3: the counts of the notifications already stored. SQLite
+    /// groups them; the groups whose platforms differ only in order or
+    /// repeats add up in the same row.
+    private static func backfillCounts(_ db: SQLiteDatabase) throws(StoreError) {
+        var groups: [(UserKey, CountDelta)] = []
+        try db.query("""
+            SELECT app, user, \(targetingColumns),
+                   sum(read_state = 'unread'), sum(user_action_state = 'noInteraction'), count(*)
+            FROM notifications GROUP BY 1, 2, 3, 4
+            """) { r throws(StoreError) in
+            guard let app = r.text(0), let user = r.text(1) else { return true }
+            let targeting = storedTargeting(r, 2)
+            groups.append((UserKey(app: app, user: user),
+                           CountDelta(key: TargetingKey(targeting), targeting: targeting.canonical, unread: Int(r.int64(4)),
+                                      noInteraction: Int(r.int64(5)), total: Int(r.int64(6)))))
+            return true
+        }
+        for (user, d) in groups { try count(db, user, [d]) }
+    }
+
+    // The counts move by what was stored, not by the caller's `previous` or
+    // `n`: they stay those of the live notifications whatever a caller passes.
+
     public func upsert(_ user: UserKey, _ n: Notification, previous: Notification?, at: Millis) throws(StoreError) -> ChangeRecord {
         try write { () throws(StoreError) -> ChangeRecord in
             let seq = try nextSeq(user)
+            var old: Counted?
+            try db.query(Self.storedCountedSQL, [.text(user.app), .text(user.user), .text(n.id)]) { r throws(StoreError) in
+                old = Self.counted(r)
+                return false
+            }
             try db.execute("""
                 INSERT INTO notifications (app, user, id, app_notification_id, created_at, expires_at,
                                            read_state, user_action_state, version, targeted, json)
@@ -405,6 +515,7 @@ public final class SQLiteStore: NotificationStore {
                       .int(n.createdAt), .int(n.expiresAt), .text(n.readState.rawValue),
                       .text(n.userActionState.rawValue), .int(n.version),
                       .int(n.targetPlatforms == nil && n.targetTags == nil ? 0 : 1), .utf8(n.json.encoded)])
+            try Self.count(db, user, CountDelta.replacing(old, by: Counted(n)))
             let r = ChangeRecord(change: Change(seq: seq, op: .upsert(n)), before: previous.map(Presence.init),
                                  after: Presence(n), at: at)
             try append(user, r)
@@ -415,8 +526,12 @@ public final class SQLiteStore: NotificationStore {
     public func delete(_ user: UserKey, _ n: Notification, reason: DeleteReason, at: Millis) throws(StoreError) -> ChangeRecord {
         try write { () throws(StoreError) -> ChangeRecord in
             let seq = try nextSeq(user)
-            try db.execute("DELETE FROM notifications WHERE app = ? AND user = ? AND id = ?",
-                           [.text(user.app), .text(user.user), .text(n.id)])
+            var old: Counted?
+            try db.query(Self.deleteReturningCountedSQL, [.text(user.app), .text(user.user), .text(n.id)]) { r throws(StoreError) in
+                old = Self.counted(r)
+                return false
+            }
+            try Self.count(db, user, CountDelta.replacing(old, by: nil))
             let op = Change.Op.delete(id: n.id, appNotificationId: n.appNotificationId, reason: reason)
             let r = ChangeRecord(change: Change(seq: seq, op: op), before: Presence(n), after: nil, at: at)
             try append(user, r)
@@ -424,76 +539,7 @@ public final class SQLiteStore: NotificationStore {
         }
     }
 
-    // MARK: Reading the feed and history
-
-    private func presence(_ r: SQLiteRow, _ col: Int32) throws(StoreError) -> Presence? {
-        guard let unread = r.optionalInt64(col) else { return nil }
-        var platforms: [Platform]? = nil
-        if let text = r.text(col + 1) {
-            var list: [Platform] = []
-            for name in text.split(separator: ",", omittingEmptySubsequences: true) {
-                guard let p = Platform(rawValue: String(name)) else { throw corrupt("change targeting") }
-                list.append(p)
-            }
-            platforms = list
-        }
-        var tags: TagExpression? = nil
-        if let source = r.text(col + 2) {
-            do { tags = try TagExpression.parse(source) } catch { throw corrupt("change tag expression") }
-        }
-        return Presence(targeting: Targeting(platforms: platforms, tags: tags), unread: unread != 0)
-    }
-
-    public func changes(_ user: UserKey, after: Int64, limit: Int) throws(StoreError) -> [ChangeRecord] {
-        try check()
-        guard limit > 0 else { return [] }
-        var out: [ChangeRecord] = []
-        var failure: StoreError?
-        try db.query(Self.changesAfterSQL, [.text(user.app), .text(user.user), .int(after), .int(Int64(limit))]) { r throws(StoreError) in
-            let seq = r.int64(0)
-            guard let change = r.json(2).flatMap(Change.init(stored:)), change.seq == seq else {
-                failure = corrupt("change \(seq) of \(user)")
-                return false
-            }
-            do throws(StoreError) {
-                out.append(ChangeRecord(change: change, before: try presence(r, 3), after: try presence(r, 6), at: r.int64(1)))
-            } catch {
-                failure = error
-                return false
-            }
-            return true
-        }
-        if let failure { throw failure }
-        return out
-    }
-
-    public func history(_ user: UserKey, after: HistoryKey?, limit: Int) throws(StoreError) -> [Notification] {
-        try check()
-        guard limit > 0 else { return [] }
-        let base: [SQLiteValue] = [.text(user.app), .text(user.user)]
-        guard let after else {
-            return try notifications(Self.historyFirstSQL, base + [.int(Int64(limit))])
-        }
-        let at = SQLiteValue.int(after.createdAt)
-        return try notifications(Self.historyAfterSQL, base + [at, at, at, .text(after.id), .int(Int64(limit))])
-    }
-
-    public func expiring(until: Millis, limit: Int) throws(StoreError) -> [(UserKey, Notification)] {
-        try check()
-        guard limit > 0 else { return [] }
-        var out: [(UserKey, Notification)] = []
-        var failure: StoreError?
-        try db.query(Self.expiringSQL, [.int(until), .int(Int64(limit))]) { r throws(StoreError) in
-            guard let app = r.text(0), let u = r.text(1), let n = r.json(2).flatMap(Notification.init(json:)) else {
-                failure = corrupt("notification")
-                return false
-            }
-            out.append((UserKey(app: app, user: u), n))
-            return true
-        }
-        if let failure { throw failure }
-        return out
-    }
+    // MARK: Retention
 
     /// Drops, for every user, the changes up to the last one recorded before
     /// `before` and raises the feed's floor to it, so that every change after
@@ -514,32 +560,7 @@ public final class SQLiteStore: NotificationStore {
         }
     }
 
-    // MARK: Devices
-
-    private func device(_ r: SQLiteRow, _ col: Int32) throws(StoreError) -> Device {
-        guard let id = r.text(col), let platform = r.text(col + 1).flatMap(Platform.init(rawValue:)),
-              let tagList = r.json(col + 2)?.arrayValue
-        else { throw corrupt("device") }
-        var tags: [String] = []
-        for t in tagList {
-            guard let s = t.stringValue else { throw corrupt("device tags") }
-            tags.append(s)
-        }
-        return Device(deviceId: id, platform: platform, tags: tags, lastSeenAt: r.int64(col + 3),
-                      viewGeneration: r.int64(col + 4))
-    }
-
-    public func devices(_ user: UserKey) throws(StoreError) -> [Device] {
-        try check()
-        var out: [Device] = []
-        try db.query("""
-            SELECT device_id, platform, tags, last_seen_at, view_generation FROM devices WHERE app = ? AND user = ? ORDER BY rowid
-            """, [.text(user.app), .text(user.user)]) { r throws(StoreError) in
-            out.append(try device(r, 0))
-            return true
-        }
-        return out
-    }
+    // MARK: Writing devices
 
     public func saveDevice(_ user: UserKey, _ device: Device) throws(StoreError) {
         try check()
@@ -560,40 +581,8 @@ public final class SQLiteStore: NotificationStore {
                               [.text(user.app), .text(user.user), .text(id)]) > 0
     }
 
-    public func usersWithDevices(app: String) throws(StoreError) -> [(user: String, devices: [Device])] {
-        try check()
-        var out: [(user: String, devices: [Device])] = []
-        try db.query("""
-            SELECT user, device_id, platform, tags, last_seen_at, view_generation FROM devices WHERE app = ? ORDER BY user, rowid
-            """, [.text(app)]) { r throws(StoreError) in
-            guard let u = r.text(0) else { throw corrupt("device") }
-            let d = try device(r, 1)
-            if out.last?.user == u { out[out.count - 1].devices.append(d) } else { out.append((user: u, devices: [d])) }
-            return true
-        }
-        return out
-    }
-
     public func pruneDevices(lastSeenBefore before: Millis) throws(StoreError) -> Int {
         try check()
         return try db.execute("DELETE FROM devices WHERE last_seen_at < ?", [.int(before)])
-    }
-}
-
-extension Change {
-    /// Reads back the wire form kept in the `changes` table.
-    fileprivate init?(stored json: JSON) {
-        guard let o = json.objectValue, let seq = o["seq"]?.int64Value, let op = o["op"]?.stringValue else { return nil }
-        switch op {
-        case "upsert":
-            guard let n = o["notification"].flatMap(Notification.init(json:)) else { return nil }
-            self.init(seq: seq, op: .upsert(n))
-        case "delete":
-            guard let id = o["id"]?.stringValue, let anid = o["appNotificationId"]?.stringValue,
-                  let reason = o["reason"]?.stringValue.flatMap(DeleteReason.init(rawValue:)) else { return nil }
-            self.init(seq: seq, op: .delete(id: id, appNotificationId: anid, reason: reason))
-        default:
-            return nil
-        }
     }
 }

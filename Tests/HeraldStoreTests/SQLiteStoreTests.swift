@@ -150,7 +150,7 @@ final class SQLiteStoreTests: XCTestCase {
             _ = try s.upsert(alice, note("n_1", "a1"), previous: nil, at: t0)
             try s.saveDevice(alice, Device(deviceId: "d1", lastSeenAt: 9))
             // Turn it into what version 1 wrote.
-            try s.db.script("ALTER TABLE devices DROP COLUMN view_generation; PRAGMA user_version = 1;")
+            try s.db.script("DROP TABLE counts; ALTER TABLE devices DROP COLUMN view_generation; PRAGMA user_version = 1;")
             s.close()
         }
         let s = try SQLiteStore(path: path)
@@ -160,6 +160,206 @@ final class SQLiteStoreTests: XCTestCase {
         XCTAssertEqual(try s.notification(alice, id: "n_1")?.id, "n_1")
         try s.saveDevice(alice, Device(deviceId: "d1", lastSeenAt: 10, viewGeneration: 1))
         XCTAssertEqual(try s.devices(alice).first?.viewGeneration, 1)
+        try assertCountsMatchHistory(s, alice)
+    }
+
+    // MARK: Counts
+
+    func targeted(_ id: String, user: UserKey, _ platforms: [Platform]?, _ tags: String?,
+                  read: ReadState = .unread, action: UserActionState = .noInteraction) -> Notification {
+        Notification(id: id, appNotificationId: "a-" + id, userId: user.user, payload: ["id": .string(id)],
+                     targetPlatforms: platforms, targetTags: tags.flatMap { try? TagExpression.parse($0) },
+                     createdAt: t0, updatedAt: t0, expiresAt: t0 + 86_400_000, readState: read, userActionState: action)
+    }
+
+    /// Notifications of three users, some whose platforms differ only in
+    /// order or repeats (one targeting), in every state.
+    var mixed: [(UserKey, Notification)] {
+        let bob = UserKey(app: "app1", user: "bob"), other = UserKey(app: "app2", user: "alice")
+        return [
+            (alice, targeted("n_1", user: alice, nil, nil)),
+            (alice, targeted("n_2", user: alice, nil, nil, read: .read)),
+            (alice, targeted("n_3", user: alice, [.ios, .web], nil, action: .dismissed)),
+            (alice, targeted("n_4", user: alice, [.web, .ios, .web], nil, read: .read, action: .snoozed)),
+            (alice, targeted("n_5", user: alice, [.web], "a || b")),
+            (alice, targeted("n_6", user: alice, nil, "a || b", read: .read, action: .activated)),
+            (alice, targeted("n_7", user: alice, [], nil)),
+            (bob, targeted("n_8", user: bob, [.android], "!muted")),
+            (bob, targeted("n_9", user: bob, nil, nil, read: .read)),
+            (other, targeted("n_10", user: other, [.windows, .other], nil)),
+        ]
+    }
+
+    func testCountsSurviveReopen() throws {
+        let users = Set(mixed.map(\.0))
+        var before: [UserKey: [String: TargetingCounts]] = [:]
+        do {
+            let s = try SQLiteStore(path: path)
+            for (u, n) in mixed { _ = try s.upsert(u, n, previous: nil, at: t0) }
+            for u in users {
+                try assertCountsMatchHistory(s, u)
+                before[u] = keyed(try s.counts(u))
+            }
+            XCTAssertEqual(before[alice]?.count, 5)
+            s.close()
+        }
+        let s = try SQLiteStore(path: path)
+        for u in users { XCTAssertEqual(keyed(try s.counts(u)), before[u]) }
+    }
+
+    func testMigrationFromVersion2BackfillsCounts() throws {
+        do {
+            let raw = try SQLiteDatabase(path: path)
+            try SQLiteStore.migrate(raw, path: path, to: 2)
+            for (u, n) in mixed {
+                try raw.execute("""
+                    INSERT INTO notifications (app, user, id, app_notification_id, created_at, expires_at,
+                                               read_state, user_action_state, version, targeted, json)
+                    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                    """, [.text(u.app), .text(u.user), .text(n.id), .text(n.appNotificationId), .int(n.createdAt),
+                          .int(n.expiresAt), .text(n.readState.rawValue), .text(n.userActionState.rawValue), .int(n.version),
+                          .int(n.targetPlatforms == nil && n.targetTags == nil ? 0 : 1), .utf8(n.json.encoded)])
+            }
+            XCTAssertEqual(try raw.int("PRAGMA user_version"), 2)
+            XCTAssertNil(try raw.int("SELECT count(*) FROM sqlite_master WHERE name = 'counts'").flatMap { $0 == 0 ? nil : $0 })
+            raw.close()
+        }
+        let s = try SQLiteStore(path: path)
+        XCTAssertEqual(try s.db.int("PRAGMA user_version"), 3)
+        for u in Set(mixed.map(\.0)) {
+            XCTAssertEqual(keyed(try s.counts(u)), scannedCounts(mixed.filter { $0.0 == u }.map(\.1)), "\(u)")
+        }
+        // Writes after the migration move the backfilled rows.
+        var n4 = try XCTUnwrap(s.notification(alice, id: "n_4"))
+        n4.readState = .unread
+        n4.version += 1
+        _ = try s.upsert(alice, n4, previous: nil, at: t0)
+        _ = try s.delete(alice, try XCTUnwrap(s.notification(alice, id: "n_3")), reason: .deleted, at: t0)
+        _ = try s.delete(alice, try XCTUnwrap(s.notification(alice, id: "n_7")), reason: .deleted, at: t0)
+        try assertCountsMatchHistory(s, alice)
+        XCTAssertEqual(keyed(try s.counts(alice))["web,ios|*"], TargetingCounts(targeting: Targeting(platforms: [.web, .ios], tags: nil), unread: 1, noInteraction: 0, total: 1))
+    }
+
+    // MARK: Readers
+
+    func testReaderSeesOnlyCommittedWrites() throws {
+        let s = try SQLiteStore(path: path, durability: .off)
+        let reader = try XCTUnwrap(s.makeReader())
+        XCTAssertEqual(reader.epoch, s.epoch)
+        XCTAssertEqual(try reader.counts(alice), [])
+        let n1 = note("n_1", "a1")
+        _ = try s.upsert(alice, n1, previous: nil, at: t0)
+
+        try s.begin()
+        _ = try s.upsert(alice, note("n_2", "a2"), previous: nil, at: t0)
+        _ = try s.delete(alice, n1, reason: .deleted, at: t0)
+        try s.saveDevice(alice, Device(deviceId: "d1", lastSeenAt: 1))
+        XCTAssertEqual(try reader.feed(alice).head, 1)
+        XCTAssertEqual(try reader.notification(alice, id: "n_1"), n1)
+        XCTAssertNil(try reader.notification(alice, id: "n_2"))
+        XCTAssertEqual(try reader.changes(alice, after: 0, limit: 10).count, 1)
+        XCTAssertEqual(try reader.history(alice, after: nil, limit: 10), [n1])
+        XCTAssertEqual(try reader.counts(alice).map(\.total), [1])
+        XCTAssertEqual(try reader.devices(alice), [])
+        try s.commit()
+
+        XCTAssertEqual(try reader.feed(alice).head, 3)
+        XCTAssertNil(try reader.notification(alice, id: "n_1"))
+        XCTAssertEqual(try reader.history(alice, after: nil, limit: 10).map(\.id), ["n_2"])
+        XCTAssertEqual(try reader.changes(alice, after: 0, limit: 10).map(\.encoded), try s.changes(alice, after: 0, limit: 10).map(\.encoded))
+        XCTAssertEqual(try reader.counts(alice), try s.counts(alice))
+        XCTAssertEqual(try reader.devices(alice).map(\.deviceId), ["d1"])
+
+        // Rolled back: never seen.
+        try s.begin()
+        _ = try s.upsert(alice, note("n_3", "a3"), previous: nil, at: t0)
+        s.rollback()
+        XCTAssertEqual(try reader.feed(alice).head, 3)
+        XCTAssertNil(try reader.notification(alice, id: "n_3"))
+    }
+
+    typealias Seen = (head: Int64, history: Int, total: Int)
+    func seen(_ r: StoreReading) throws(StoreError) -> Seen {
+        let head = try r.feed(alice).head
+        let history = try r.history(alice, after: nil, limit: 10).count
+        return (head, history, try r.counts(alice).reduce(0) { $0 + $1.total })
+    }
+
+    func testReaderReadIsOneSnapshot() throws {
+        let s = try SQLiteStore(path: path, durability: .off)
+        let reader = try XCTUnwrap(s.makeReader())
+        _ = try s.upsert(alice, note("n_1", "a1"), previous: nil, at: t0)
+        let (first, second, nested) = try reader.read { r throws(StoreError) -> (Seen, Seen, Seen) in
+            // Committed once `read` began, before its first read: not seen either.
+            _ = try s.upsert(alice, note("n_2", "a2"), previous: nil, at: t0)
+            let first = try seen(r)
+            _ = try s.upsert(alice, note("n_3", "a3"), previous: nil, at: t0)
+            let second = try seen(r)
+            return (first, second, try reader.read { r throws(StoreError) in try seen(r) })
+        }
+        for v in [first, second, nested] {
+            XCTAssertEqual(v.head, 1)
+            XCTAssertEqual(v.history, 1)
+            XCTAssertEqual(v.total, 1)
+        }
+        // Outside `read` each call is its own snapshot: the latest.
+        XCTAssertEqual(try reader.feed(alice).head, 3)
+        XCTAssertEqual(try seen(reader).total, 3)
+        // A failing body ends its snapshot too.
+        XCTAssertThrowsError(try reader.read { _ throws(StoreError) -> Int in throw StoreError("stop") })
+        _ = try s.upsert(alice, note("n_4", "a4"), previous: nil, at: t0)
+        XCTAssertEqual(try reader.read { r throws(StoreError) in try r.feed(alice).head }, 4)
+    }
+
+    func testReaderNeverWrites() throws {
+        let s = try SQLiteStore(path: path)
+        let reader = try XCTUnwrap(s.makeReader() as? SQLiteStoreReader)
+        XCTAssertThrowsError(try reader.reads.db.execute("INSERT INTO meta (key, value) VALUES ('x', 'y')")) { e in
+            XCTAssertTrue("\(e)".contains("readonly"), "\(e)")
+        }
+        XCTAssertNil(try s.db.text("SELECT value FROM meta WHERE key = 'x'"))
+    }
+
+    func testInMemoryDatabaseHasNoReader() throws {
+        XCTAssertNil(try SQLiteStore(path: ":memory:").makeReader())
+    }
+
+    /// The gateway's use: catch-ups paged on a reader thread while the
+    /// engine commits batches. Every snapshot must be whole (no gap in the
+    /// changes, counts agreeing with the notifications) and no read may fail.
+    func testReaderOnAnotherThreadReadsWhileTheOwnerCommits() throws {
+        let s = try SQLiteStore(path: path, durability: .off)
+        // Checkpoint often, so checkpoints run while the reader holds snapshots.
+        try s.db.execute("PRAGMA wal_autocheckpoint = 8")
+        let reading = ReaderThread(reader: try XCTUnwrap(s.makeReader()), user: alice)
+        Thread { reading.run() }.start()
+
+        var live: [Notification] = []
+        for b in 0..<60 {
+            try s.begin()
+            for k in 0..<8 {
+                let i = b * 8 + k
+                if i % 3 == 2, let n = live.first {
+                    _ = try s.delete(alice, n, reason: .deleted, at: t0)
+                    live.removeFirst()
+                } else if i % 3 == 1, var n = live.last {
+                    n.readState = .read
+                    n.version += 1
+                    _ = try s.upsert(alice, n, previous: live.last, at: t0)
+                    live[live.count - 1] = n
+                } else {
+                    var n = note("n_\(i)", "a\(i)")
+                    n.createdAt += Millis(i)
+                    _ = try s.upsert(alice, n, previous: nil, at: t0)
+                    live.append(n)
+                }
+            }
+            try s.commit()
+        }
+        reading.finish(head: try s.feed(alice).head)
+        XCTAssertEqual(reading.done.wait(timeout: .now() + 120), .success, "the reader never caught up")
+        XCTAssertEqual(reading.errors, [])
+        XCTAssertGreaterThan(reading.snapshots, 0)
     }
 
     // MARK: Failures become StoreErrors, never half-writes
@@ -191,6 +391,7 @@ final class SQLiteStoreTests: XCTestCase {
         XCTAssertThrowsError(try s.upsert(alice, note("n_2", "a1"), previous: nil, at: t0))
         XCTAssertEqual(try s.feed(alice).head, ok.seq)
         XCTAssertEqual(try s.changes(alice, after: 0, limit: 10).map(\.seq), [ok.seq])
+        try assertCountsMatchHistory(s, alice)
 
         // Inside a batch only the failed write is undone.
         try s.begin()
@@ -199,6 +400,7 @@ final class SQLiteStoreTests: XCTestCase {
         try s.commit()
         XCTAssertEqual(try s.feed(alice).head, b1.seq)
         XCTAssertEqual(try s.changes(alice, after: 0, limit: 10).map(\.seq), [ok.seq, b1.seq])
+        try assertCountsMatchHistory(s, alice)
     }
 
     func testFullDiskIsAStoreErrorAndTheStoreRecovers() throws {
@@ -251,6 +453,7 @@ final class SQLiteStoreTests: XCTestCase {
         s.close()
         XCTAssertThrowsError(try s.feed(alice))
         XCTAssertThrowsError(try s.begin())
+        XCTAssertThrowsError(try s.makeReader())
         s.rollback()
         s.close()
     }
@@ -289,6 +492,7 @@ final class SQLiteStoreTests: XCTestCase {
             (SQLiteStore.changesAfterSQL, 4, "PRIMARY KEY"),
             (SQLiteStore.expiringSQL, 2, "notifications_expiry"),
             (SQLiteStore.pruneScanSQL, 1, "changes_by_at"),
+            (SQLiteStore.countsSQL, 2, "PRIMARY KEY"),
         ]
         for (sql, args, index) in cases {
             let p = try plan(s, sql, args)
@@ -298,6 +502,70 @@ final class SQLiteStoreTests: XCTestCase {
         XCTAssertTrue(try plan(s, SQLiteStore.pruneScanSQL, 1).contains("COVERING INDEX changes_by_at"))
         let history = try plan(s, SQLiteStore.historyAfterSQL, 7)
         XCTAssertTrue(history.contains("created_at<?"), "the range is bounded by the index: \(history)")
+    }
+}
+
+/// The reading side of `testReaderOnAnotherThreadReadsWhileTheOwnerCommits`:
+/// reads snapshots in a loop until it has seen the head the owner finished at.
+final class ReaderThread: @unchecked Sendable {
+    let reader: StoreReader
+    let user: UserKey
+    let done = DispatchSemaphore(value: 0)
+    private let lock = NSLock()
+    private var finalHead: Int64?
+    private var _errors: [String] = []
+    private var _snapshots = 0
+
+    init(reader: StoreReader, user: UserKey) { self.reader = reader; self.user = user }
+
+    var errors: [String] { lock.withLock { _errors } }
+    var snapshots: Int { lock.withLock { _snapshots } }
+    func finish(head: Int64) { lock.withLock { finalHead = head } }
+
+    func run() {
+        defer { done.signal() }
+        var cursor: Int64 = 0
+        while true {
+            // Read before the snapshot: once set, the snapshot has every commit.
+            let final = lock.withLock { finalHead }
+            do {
+                cursor = try reader.read { r throws(StoreError) -> Int64 in try check(r, from: cursor) }
+                lock.withLock { _snapshots += 1 }
+            } catch {
+                lock.withLock { _errors.append("\(error)") }
+                return
+            }
+            if let final {
+                if cursor != final { lock.withLock { _errors.append("saw head \(cursor), not \(final)") } }
+                return
+            }
+        }
+    }
+
+    /// Pages through the changes after `cursor` and the whole history of
+    /// one snapshot; returns its head.
+    private func check(_ r: StoreReading, from cursor: Int64) throws(StoreError) -> Int64 {
+        let head = try r.feed(user).head
+        var seq = cursor
+        while seq < head {
+            let page = try r.changes(user, after: seq, limit: 7)
+            guard let last = page.last?.seq, page.map(\.seq) == Array(seq + 1 ... last) else {
+                throw StoreError("changes after \(seq) of head \(head): \(page.map(\.seq))")
+            }
+            seq = last
+        }
+        var history: [Notification] = []
+        while true {
+            let page = try r.history(user, after: history.last.map(HistoryKey.init), limit: 5)
+            history += page
+            if page.count < 5 { break }
+        }
+        let counts = try r.counts(user)
+        let total = counts.reduce(0) { $0 + $1.total }, unread = counts.reduce(0) { $0 + $1.unread }
+        guard total == history.count, unread == history.filter({ $0.readState == .unread }).count else {
+            throw StoreError("counts \(total)/\(unread) for \(history.count) notifications at head \(head)")
+        }
+        return head
     }
 }
 

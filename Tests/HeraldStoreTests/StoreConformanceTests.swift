@@ -334,6 +334,134 @@ class StoreConformanceTests: XCTestCase {
         XCTAssertEqual(try store.feed(bob).head, b2.seq)
     }
 
+    // MARK: Counts
+
+    /// The targetings the counts checks mix: some differ only in the order
+    /// or repeats of their platforms, and must count as one.
+    static let countTargetings: [(platforms: [Platform]?, tags: String?)] = [
+        (nil, nil), ([.web], nil), ([.ios, .web], nil), ([.web, .ios, .web], nil), ([], nil),
+        (nil, "a"), (nil, "a || b"), ([.android], "a"), ([.android, .ios], "!muted"), ([.ios, .android], "!muted"),
+    ]
+
+    /// Random publishes, replacements (some retargeting), state updates and
+    /// deletes over three users, in batches that commit or roll back: after
+    /// every write the counts are what a scan of the history gives.
+    func checkCountsFollowEveryWrite() throws {
+        var rng = SeededRandom(seed: 0x4865_7261_6C64)
+        let users = [alice, bob, aliceInApp2]
+        var made = 0
+        var inBatch = false
+        for step in 0..<600 {
+            if !inBatch, Int.random(in: 0..<4, using: &rng) == 0 {
+                try store.begin()
+                inBatch = true
+            }
+            let user = users.randomElement(using: &rng)!
+            let live = try store.history(user, after: nil, limit: 1000)
+            let t = Self.countTargetings.randomElement(using: &rng)!
+            switch (Int.random(in: 0..<10, using: &rng), live.randomElement(using: &rng)) {
+            case (0..<4, _), (_, nil):
+                made += 1
+                var n = note("n_\(made)", "a\(made)", user: user, createdAt: Self.t0 + Millis(made), platforms: t.platforms, tags: t.tags)
+                n.readState = ReadState.allCases.randomElement(using: &rng)!
+                n.userActionState = UserActionState.allCases.randomElement(using: &rng)!
+                try publish(user, n)
+            case (4..<6, let old?):
+                var n = note(old.id, old.appNotificationId, user: user, createdAt: old.createdAt, payload: ["step": .int(Int64(step))],
+                             platforms: t.platforms, tags: t.tags, version: old.version + 1)
+                n.readState = old.readState
+                n.userActionState = old.userActionState
+                try publish(user, n)
+            case (6..<8, var n?):
+                n.readState = ReadState.allCases.randomElement(using: &rng)!
+                n.userActionState = UserActionState.allCases.randomElement(using: &rng)!
+                n.version += 1
+                try publish(user, n)
+            case (_, let n?):
+                let reason = [DeleteReason.deleted, .expired, .hidden].randomElement(using: &rng)!
+                _ = try store.delete(user, n, reason: reason, at: Self.t0 + Millis(step))
+            }
+            try assertCountsMatchHistory(store, user, "after step \(step)")
+            if inBatch, Int.random(in: 0..<5, using: &rng) == 0 {
+                if Bool.random(using: &rng) { try store.commit() } else { store.rollback() }
+                inBatch = false
+                for u in users { try assertCountsMatchHistory(store, u, "after the batch that ended at step \(step)") }
+            }
+        }
+        if inBatch { try store.commit() }
+        for u in users { try assertCountsMatchHistory(store, u) }
+        XCTAssertEqual(try store.counts(UserKey(app: "app1", user: "nobody")), [])
+    }
+
+    func checkCountsUndoneByRollback() throws {
+        try publish(alice, note("n_1", "a1"))
+        try publish(alice, note("n_2", "a2", platforms: [.ios]))
+        let before = keyed(try store.counts(alice))
+        XCTAssertEqual(before.count, 2)
+
+        try store.begin()
+        var n1 = try XCTUnwrap(store.notification(alice, id: "n_1"))
+        n1.readState = .read
+        n1.version += 1
+        try publish(alice, n1)
+        // Retargeted: one entry goes, another comes.
+        try publish(alice, note("n_2", "a2", platforms: [.web], tags: "a", version: 2))
+        try publish(alice, note("n_3", "a3", tags: "b"))
+        _ = try store.delete(alice, n1, reason: .deleted, at: Self.t0 + 1)
+        try publish(bob, note("n_4", "a4", user: bob))
+        XCTAssertNotEqual(keyed(try store.counts(alice)), before, "visible inside the transaction")
+        XCTAssertEqual(try store.counts(bob).count, 1)
+        store.rollback()
+
+        XCTAssertEqual(keyed(try store.counts(alice)), before)
+        XCTAssertEqual(try store.counts(bob), [])
+        try assertCountsMatchHistory(store, alice)
+    }
+
+    // MARK: Readers
+
+    /// What one read of a store returns, comparable as a whole.
+    struct Reads: Equatable {
+        var epoch: String
+        var feed: FeedState
+        var notification: Notification?
+        var changes: [Change]
+        var encoded: [[UInt8]]
+        var presence: [[Presence?]]
+        var history: [Notification]
+        var counts: [String: TargetingCounts]
+        var devices: [Device]
+
+        init(_ r: StoreReading, _ user: UserKey) throws(StoreError) {
+            epoch = r.epoch
+            feed = try r.feed(user)
+            notification = try r.notification(user, id: "n_2")
+            let records = try r.changes(user, after: 0, limit: 100)
+            changes = records.map(\.change)
+            encoded = records.map(\.encoded)
+            presence = records.map { [$0.before, $0.after] }
+            history = try r.history(user, after: nil, limit: 100)
+            counts = keyed(try r.counts(user))
+            devices = try r.devices(user)
+        }
+    }
+
+    func checkReaderReadsWhatTheStoreReads() throws {
+        // nil: only the owner's thread reads this store.
+        guard let reader = try store.makeReader() else { return }
+        let n1 = note("n_1", "a1", platforms: [.ios, .web], tags: "a && !b")
+        try publish(alice, n1)
+        try publish(alice, note("n_2", "a2", createdAt: Self.t0 + 1))
+        _ = try store.delete(alice, n1, reason: .hidden, at: Self.t0 + 2)
+        try publish(alice, note("n_3", "a3", createdAt: Self.t0 + 3, platforms: [.android]))
+        try store.saveDevice(alice, Device(deviceId: "phone", platform: .ios, tags: ["a"], lastSeenAt: 1))
+
+        let expected = try Reads(store, alice)
+        XCTAssertEqual(expected.changes.count, 4)
+        XCTAssertEqual(try Reads(reader, alice), expected)
+        XCTAssertEqual(try reader.read { r throws(StoreError) in try Reads(r, alice) }, expected)
+    }
+
     // MARK: Devices
 
     func checkDevices() throws {
@@ -387,6 +515,9 @@ final class MemoryStoreConformanceTests: StoreConformanceTests {
     func testExpiring() throws { try checkExpiring() }
     func testPruneChangesRaisesFloor() throws { try checkPruneChangesRaisesFloor() }
     func testRollbackUndoesWritesAndSeq() throws { try checkRollbackUndoesWritesAndSeq() }
+    func testCountsFollowEveryWrite() throws { try checkCountsFollowEveryWrite() }
+    func testCountsUndoneByRollback() throws { try checkCountsUndoneByRollback() }
+    func testReaderReadsWhatTheStoreReads() throws { try checkReaderReadsWhatTheStoreReads() }
     func testDevices() throws { try checkDevices() }
 }
 
@@ -409,6 +540,9 @@ final class SQLiteStoreConformanceTests: StoreConformanceTests {
     func testExpiring() throws { try checkExpiring() }
     func testPruneChangesRaisesFloor() throws { try checkPruneChangesRaisesFloor() }
     func testRollbackUndoesWritesAndSeq() throws { try checkRollbackUndoesWritesAndSeq() }
+    func testCountsFollowEveryWrite() throws { try checkCountsFollowEveryWrite() }
+    func testCountsUndoneByRollback() throws { try checkCountsUndoneByRollback() }
+    func testReaderReadsWhatTheStoreReads() throws { try checkReaderReadsWhatTheStoreReads() }
     func testDevices() throws { try checkDevices() }
 
     override func tearDown() {

@@ -1,0 +1,231 @@
+import HeraldCore
+
+/// Every query of a Herald database that only reads, on one connection: the
+/// store runs them on its own connection, a `SQLiteStoreReader` on its
+/// read-only one, so both read with one implementation.
+struct SQLiteReads {
+    let db: SQLiteDatabase
+
+    func corrupt(_ what: String) -> StoreError {
+        StoreError("sqlite (\(db.path)): unreadable \(what) in the database (damaged?)")
+    }
+
+    // MARK: Feeds and notifications
+
+    func feed(_ user: UserKey) throws(StoreError) -> FeedState {
+        var f = FeedState()
+        try db.query("SELECT head, floor FROM feeds WHERE app = ? AND user = ?", [.text(user.app), .text(user.user)]) { r throws(StoreError) in
+            f = FeedState(head: r.int64(0), floor: r.int64(1))
+            return false
+        }
+        return f
+    }
+
+    private func notifications(_ sql: String, _ args: [SQLiteValue], limit: Int = Int.max) throws(StoreError) -> [Notification] {
+        var out: [Notification] = []
+        var failure: StoreError?
+        try db.query(sql, args) { r throws(StoreError) in
+            guard let n = r.json(0).flatMap(Notification.init(json:)) else { failure = corrupt("notification"); return false }
+            out.append(n)
+            return out.count < limit
+        }
+        if let failure { throw failure }
+        return out
+    }
+
+    func notification(_ user: UserKey, id: String) throws(StoreError) -> Notification? {
+        try notifications("SELECT json FROM notifications WHERE app = ? AND user = ? AND id = ?",
+                          [.text(user.app), .text(user.user), .text(id)], limit: 1).first
+    }
+
+    func notification(_ user: UserKey, appNotificationId: String) throws(StoreError) -> Notification? {
+        try notifications("SELECT json FROM notifications WHERE app = ? AND user = ? AND app_notification_id = ?",
+                          [.text(user.app), .text(user.user), .text(appNotificationId)], limit: 1).first
+    }
+
+    // MARK: The feed, history and counts
+
+    private func presence(_ r: SQLiteRow, _ col: Int32) throws(StoreError) -> Presence? {
+        guard let unread = r.optionalInt64(col) else { return nil }
+        var platforms: [Platform]? = nil
+        if let text = r.text(col + 1) {
+            var list: [Platform] = []
+            for name in text.split(separator: ",", omittingEmptySubsequences: true) {
+                guard let p = Platform(rawValue: String(name)) else { throw corrupt("change targeting") }
+                list.append(p)
+            }
+            platforms = list
+        }
+        var tags: TagExpression? = nil
+        if let source = r.text(col + 2) {
+            do { tags = try TagExpression.parse(source) } catch { throw corrupt("change tag expression") }
+        }
+        return Presence(targeting: Targeting(platforms: platforms, tags: tags), unread: unread != 0)
+    }
+
+    func changes(_ user: UserKey, after: Int64, limit: Int) throws(StoreError) -> [ChangeRecord] {
+        guard limit > 0 else { return [] }
+        var out: [ChangeRecord] = []
+        var failure: StoreError?
+        try db.query(SQLiteStore.changesAfterSQL, [.text(user.app), .text(user.user), .int(after), .int(Int64(limit))]) { r throws(StoreError) in
+            let seq = r.int64(0)
+            guard let change = r.json(2).flatMap(Change.init(stored:)), change.seq == seq else {
+                failure = corrupt("change \(seq) of \(user)")
+                return false
+            }
+            do throws(StoreError) {
+                // The stored bytes are the change's wire form: sent as they are.
+                out.append(ChangeRecord(change: change, before: try presence(r, 3), after: try presence(r, 6), at: r.int64(1),
+                                        encoded: r.bytes(2)))
+            } catch {
+                failure = error
+                return false
+            }
+            return true
+        }
+        if let failure { throw failure }
+        return out
+    }
+
+    func history(_ user: UserKey, after: HistoryKey?, limit: Int) throws(StoreError) -> [Notification] {
+        guard limit > 0 else { return [] }
+        let base: [SQLiteValue] = [.text(user.app), .text(user.user)]
+        guard let after else {
+            return try notifications(SQLiteStore.historyFirstSQL, base + [.int(Int64(limit))])
+        }
+        let at = SQLiteValue.int(after.createdAt)
+        return try notifications(SQLiteStore.historyAfterSQL, base + [at, at, at, .text(after.id), .int(Int64(limit))])
+    }
+
+    func counts(_ user: UserKey) throws(StoreError) -> [TargetingCounts] {
+        var out: [TargetingCounts] = []
+        try db.query(SQLiteStore.countsSQL, [.text(user.app), .text(user.user)]) { r throws(StoreError) in
+            guard let platforms = r.text(0), let tags = r.text(1),
+                  let targeting = TargetingKey(platforms: platforms, tags: tags).targeting
+            else { throw corrupt("counts of \(user)") }
+            out.append(TargetingCounts(targeting: targeting, unread: Int(r.int64(2)), noInteraction: Int(r.int64(3)),
+                                       total: Int(r.int64(4))))
+            return true
+        }
+        return out
+    }
+
+    func expiring(until: Millis, limit: Int) throws(StoreError) -> [(UserKey, Notification)] {
+        guard limit > 0 else { return [] }
+        var out: [(UserKey, Notification)] = []
+        var failure: StoreError?
+        try db.query(SQLiteStore.expiringSQL, [.int(until), .int(Int64(limit))]) { r throws(StoreError) in
+            guard let app = r.text(0), let u = r.text(1), let n = r.json(2).flatMap(Notification.init(json:)) else {
+                failure = corrupt("notification")
+                return false
+            }
+            out.append((UserKey(app: app, user: u), n))
+            return true
+        }
+        if let failure { throw failure }
+        return out
+    }
+
+    // MARK: Devices
+
+    private func device(_ r: SQLiteRow, _ col: Int32) throws(StoreError) -> Device {
+        guard let id = r.text(col), let platform = r.text(col + 1).flatMap(Platform.init(rawValue:)),
+              let tagList = r.json(col + 2)?.arrayValue
+        else { throw corrupt("device") }
+        var tags: [String] = []
+        for t in tagList {
+            guard let s = t.stringValue else { throw corrupt("device tags") }
+            tags.append(s)
+        }
+        return Device(deviceId: id, platform: platform, tags: tags, lastSeenAt: r.int64(col + 3),
+                      viewGeneration: r.int64(col + 4))
+    }
+
+    func devices(_ user: UserKey) throws(StoreError) -> [Device] {
+        var out: [Device] = []
+        try db.query("""
+            SELECT device_id, platform, tags, last_seen_at, view_generation FROM devices WHERE app = ? AND user = ? ORDER BY rowid
+            """, [.text(user.app), .text(user.user)]) { r throws(StoreError) in
+            out.append(try device(r, 0))
+            return true
+        }
+        return out
+    }
+
+    func usersWithDevices(app: String) throws(StoreError) -> [(user: String, devices: [Device])] {
+        var out: [(user: String, devices: [Device])] = []
+        try db.query("""
+            SELECT user, device_id, platform, tags, last_seen_at, view_generation FROM devices WHERE app = ? ORDER BY user, rowid
+            """, [.text(app)]) { r throws(StoreError) in
+            guard let u = r.text(0) else { throw corrupt("device") }
+            let d = try device(r, 1)
+            if out.last?.user == u { out[out.count - 1].devices.append(d) } else { out.append((user: u, devices: [d])) }
+            return true
+        }
+        return out
+    }
+}
+
+/// A read-only second connection to a store's file, for one thread other
+/// than the owner's. Under WAL it reads while the owner writes: it neither
+/// waits for the owner's transactions nor holds them up, and sees only what
+/// they committed.
+final class SQLiteStoreReader: StoreReader {
+    let epoch: String
+    /// Internal for tests (a write must fail).
+    let reads: SQLiteReads
+
+    init(path: String, epoch: String, busyTimeoutMillis: Int) throws(StoreError) {
+        self.epoch = epoch
+        let db = try SQLiteDatabase(path: path, readOnly: true)
+        reads = SQLiteReads(db: db)
+        try db.execute("PRAGMA busy_timeout = \(max(0, busyTimeoutMillis))")
+    }
+
+    func read<T>(_ body: (StoreReading) throws(StoreError) -> T) throws(StoreError) -> T {
+        let db = reads.db
+        // Nested: the outer snapshot serves it.
+        guard db.autocommit else { return try body(self) }
+        try db.execute("BEGIN")
+        do throws(StoreError) {
+            // A deferred BEGIN takes its snapshot at the first read, which
+            // could come after commits made once `read` began: read now.
+            try db.execute("SELECT 1 FROM meta LIMIT 1")
+            let r = try body(self)
+            try db.execute("COMMIT")
+            return r
+        } catch {
+            if !db.autocommit { _ = try? db.execute("ROLLBACK") }
+            throw error
+        }
+    }
+
+    func feed(_ user: UserKey) throws(StoreError) -> FeedState { try reads.feed(user) }
+    func notification(_ user: UserKey, id: String) throws(StoreError) -> Notification? { try reads.notification(user, id: id) }
+    func changes(_ user: UserKey, after: Int64, limit: Int) throws(StoreError) -> [ChangeRecord] {
+        try reads.changes(user, after: after, limit: limit)
+    }
+    func history(_ user: UserKey, after: HistoryKey?, limit: Int) throws(StoreError) -> [Notification] {
+        try reads.history(user, after: after, limit: limit)
+    }
+    func counts(_ user: UserKey) throws(StoreError) -> [TargetingCounts] { try reads.counts(user) }
+    func devices(_ user: UserKey) throws(StoreError) -> [Device] { try reads.devices(user) }
+}
+
+extension Change {
+    /// Reads back the wire form kept in the `changes` table.
+    fileprivate init?(stored json: JSON) {
+        guard let o = json.objectValue, let seq = o["seq"]?.int64Value, let op = o["op"]?.stringValue else { return nil }
+        switch op {
+        case "upsert":
+            guard let n = o["notification"].flatMap(Notification.init(json:)) else { return nil }
+            self.init(seq: seq, op: .upsert(n))
+        case "delete":
+            guard let id = o["id"]?.stringValue, let anid = o["appNotificationId"]?.stringValue,
+                  let reason = o["reason"]?.stringValue.flatMap(DeleteReason.init(rawValue:)) else { return nil }
+            self.init(seq: seq, op: .delete(id: id, appNotificationId: anid, reason: reason))
+        default:
+            return nil
+        }
+    }
+}
