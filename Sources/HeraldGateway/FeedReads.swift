@@ -29,17 +29,20 @@ extension StoreReading {
         var bytes = 0
         var last: HistoryKey? = nil
         var from = after
-        let step = max(limit, 100)
+        var batch = BatchSizer()
         while true {
-            let page = try history(user, after: from, limit: step)
-            for n in page where n.targeting.admits(viewer) && filter.admits(n) {
+            let want = batch.next(itemsLeft: limit - out.count, bytesLeft: maxBytes - bytes)
+            let page = try history(user, after: from, limit: want)
+            for n in page {
+                guard n.targeting.admits(viewer) && filter.admits(n) else { batch.skipped(); continue }
                 if out.count == limit || bytes >= maxBytes { return HistoryPage(notifications: out, next: last) }
                 let b = n.json.encoded
+                batch.took(b.count)
                 bytes += b.count
                 out.append(b)
                 last = HistoryKey(n)
             }
-            guard page.count == step, let end = page.last else { return HistoryPage(notifications: out, next: nil) }
+            guard page.count == want, let end = page.last else { return HistoryPage(notifications: out, next: nil) }
             from = HistoryKey(end)
         }
     }
@@ -75,8 +78,10 @@ extension StoreReading {
         var items: [EncodedChange] = []
         var bytes = 0
         var reached = after
+        var batch = BatchSizer()
         while reached < feed.head {
-            let page = try changes(user, after: reached, limit: 1000)
+            let page = try changes(user, after: reached, limit: batch.next(itemsLeft: bounds.items - items.count,
+                                                                           bytesLeft: bounds.bytes - bytes))
             guard !page.isEmpty else { break }
             for r in page {
                 if let b = r.bytes(for: viewer) {
@@ -85,11 +90,33 @@ extension StoreReading {
                     }
                     items.append(EncodedChange(seq: r.seq, bytes: b))
                     bytes += b.count
+                    batch.took(b.count)
+                } else {
+                    batch.skipped()
                 }
                 reached = r.seq
             }
         }
         return ChangesPage(items: items, reached: max(reached, feed.head), unread: try visibleCounts(user, viewer: viewer).unread)
+    }
+}
+
+/// How many rows to ask the store for next: about what the page still
+/// takes, judged by the sizes of the rows so far. A page of 64 KiB
+/// notifications must not read (and parse) a thousand rows to send eight.
+struct BatchSizer {
+    private var rows = 0
+    private var bytes = 0
+
+    mutating func took(_ size: Int) { rows += 1; bytes += size }
+    mutating func skipped() { rows += 1 }
+
+    /// One more than fits, so the page knows whether more follows.
+    func next(itemsLeft: Int, bytesLeft: Int) -> Int {
+        let byItems = max(itemsLeft, 0) + 1
+        guard rows > 0, bytes > 0 else { return min(byItems, 16) }
+        let bySize = max(bytesLeft, 0) / max(1, bytes / rows) + 1
+        return max(1, min(byItems, bySize, 1000))
     }
 }
 

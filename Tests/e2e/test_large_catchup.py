@@ -15,8 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from herald_helpers import (Closed, assert_strictly_increasing, changes_in, check_welcome, mint_token,
-                            reset_notifications, uid)
+from herald_helpers import (CONFIG, Closed, Gateway, assert_strictly_increasing, changes_in, check_welcome,
+                            mint_token, reset_notifications, uid)
 from test_fallback import Sse
 
 CATCH_UP_WAIT = 120.0   # seconds for a whole catch-up of tens of MB on a loaded 2-core machine
@@ -33,6 +33,16 @@ def publish_many(gw, user: str, n: int, payload_bytes: int) -> list[int]:
 
     with ThreadPoolExecutor(8) as pool:
         return sorted(pool.map(one, range(n)))
+
+
+@pytest.fixture(scope="module")
+def gateway(herald_bin, tmp_path_factory):
+    """On SQLite, the default store: catch-up pages are read by the reader
+    thread on its own connection while the engine commits."""
+    d = tmp_path_factory.mktemp("heavy")
+    gw = Gateway(herald_bin, d, CONFIG, store=f"sqlite:{d}/herald.db", extra_args=["--durability", "off"]).start()
+    yield gw
+    assert gw.terminate(10.0) == 0, gw.stderr_tail()
 
 
 @pytest.fixture(scope="module")
