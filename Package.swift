@@ -33,6 +33,8 @@ let package = Package(
 
         .testTarget(name: "HeraldCoreTests", dependencies: ["HeraldCore"]),
         .testTarget(name: "HeraldStoreTests", dependencies: ["HeraldCore", "HeraldStores"]),
+        // The gateway in-process: inline loop, engine on the test's thread, manual clock.
+        .testTarget(name: "HeraldGatewayTests", dependencies: ["HeraldCore", "HeraldStores", "HeraldGateway"]),
         // Seeded mutation fuzzing of the parsers, bounded in time; corpus in Tests/HeraldFuzzTests/corpus.
         .testTarget(name: "HeraldFuzzTests", dependencies: ["HeraldCore", "HeraldGateway"],
                     resources: [.copy("corpus")]),

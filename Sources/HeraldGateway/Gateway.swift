@@ -10,7 +10,7 @@ public final class Gateway: Sendable {
     public let clock: Clock
     let apps: [String: AppConfig]
     public let engine: Engine
-    let reads: Reads
+    public let reads: Reads
     let startedAt: Millis
     let publishBuckets = Locked<[String: TokenBucket]>([:])
     /// Long-polls held now, across shards.

@@ -5,7 +5,7 @@ import HeraldCore
 /// a reader thread with its own store connection when the store offers one
 /// (SQLite in WAL mode serves readers beside its writer), so long reads
 /// never hold up the engine's writes and deliveries; else on the engine.
-final class Reads: Sendable {
+public final class Reads: Sendable {
     private let engine: Engine
     private let reader: ReaderThread?
 
@@ -16,6 +16,10 @@ final class Reads: Sendable {
 
     func start() { reader?.start() }
     func stop() { reader?.stop() }
+
+    /// Runs the queued reads on the calling thread (tests, whose gateway
+    /// never starts the reader thread).
+    public func runQueued() { reader?.runQueued() }
 
     /// Runs `body` on one snapshot of the store, then `reply` on `shard`'s loop.
     func read<T: Sendable>(on shard: Shard, _ body: @escaping @Sendable (StoreReading) throws(StoreError) -> T,
@@ -66,6 +70,11 @@ private final class ReaderThread: @unchecked Sendable {  // `reader` is touched 
         queue.append(job)
         if queue.count == 1 { cond.signal() }
         cond.unlock()
+    }
+
+    func runQueued() {
+        let jobs = cond.withLock { () -> [(StoreReader) -> Void] in defer { queue.removeAll() }; return queue }
+        for j in jobs { j(reader) }
     }
 
     private func run() {

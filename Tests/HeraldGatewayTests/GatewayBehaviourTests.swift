@@ -1,0 +1,203 @@
+import XCTest
+import HeraldCore
+import HeraldStores
+@testable import HeraldGateway
+
+/// The gateway in-process: what the engine, sessions, polls and streams do
+/// on failures, limits and timers, driven step by step.
+final class GatewayBehaviourTests: XCTestCase {
+    let me = "/v1/me"
+
+    // MARK: Rollback
+
+    /// A failed commit answers 503 to every command of its batch, and
+    /// nothing of them is visible or delivered.
+    func testFailedCommitAnswers503ToTheWholeBatch() {
+        let store = FailingStore()
+        let h = Harness(store: store)
+        let s = h.webSocket()
+        h.hello(s, user: "u")
+        h.settle(); s.read()
+        store.failCommits = 1
+        let answers = (0..<3).map { h.publish("u", "n\($0)") }
+        h.settle(); s.read()
+        XCTAssertEqual(answers.map { $0.response?.status }, [503, 503, 503])
+        XCTAssertEqual(answers.map { $0.json?["error"]?.objectValue?["code"] }, ["unavailable", "unavailable", "unavailable"])
+        XCTAssertEqual(changeSeqs(s.frames), [], "nothing of the batch was delivered")
+        let history = h.request("GET", "/v1/apps/\(Harness.app.id)/users/u/notifications")
+        h.settle()
+        XCTAssertEqual(history.json?["notifications"], [])
+        // The next batch works, and its seq is the first: the failed one left no trace.
+        let ok = h.publish("u", "after")
+        h.settle(); s.read()
+        XCTAssertEqual(ok.response?.status, 201)
+        XCTAssertEqual(changeSeqs(s.frames), [1])
+    }
+
+    /// A subscription whose admission batch failed is refused (1001 on a
+    /// WebSocket) and leaves no follow behind.
+    func testFailedAdmissionClosesAndFollowsNothing() {
+        let store = FailingStore()
+        let h = Harness(store: store)
+        store.failCommits = 1
+        let s = h.webSocket()
+        h.hello(s, user: "u")
+        h.settle(); s.read()
+        XCTAssertEqual(s.session.closeRequest?.code, .goingAway)
+        XCTAssertEqual(s.frames.last?["code"], "unavailable")
+        XCTAssertEqual(h.gateway.engine.registry.followers(of: UserKey(app: Harness.app.id, user: "u")), 0)
+    }
+
+    // MARK: Slow consumers
+
+    /// A live client that reads nothing is cut off with 4008 once more than
+    /// the queue limit is unread, and nothing is queued after that.
+    func testSlowLiveConsumerIsClosedAndNothingFollows() {
+        var limits = GatewayLimits()
+        limits.maxQueuedBytesPerConnection = 1 << 20
+        let h = Harness(limits: limits)
+        let s = h.webSocket()
+        h.hello(s, user: "u")
+        h.settle(); s.read()
+        XCTAssertEqual(s.types, ["reset", "welcome"])
+        for i in 0..<30 { h.publish("u", "big\(i)", payloadBytes: 60_000) }
+        h.settle()
+        XCTAssertEqual(s.session.closeRequest?.code, .policy)
+        XCTAssertEqual(s.session.closeRequest?.reason, "slow consumer")
+        XCTAssertFalse(s.session.hasPendingOutput, "nothing queued once condemned")
+        h.publish("u", "after")
+        h.settle()
+        XCTAssertFalse(s.session.hasPendingOutput)
+        XCTAssertEqual(h.gateway.engine.registry.followers(of: UserKey(app: Harness.app.id, user: "u")), 0, "released")
+    }
+
+    // MARK: Timers
+
+    func testHelloDeadline() {
+        let h = Harness()
+        let s = h.webSocket()
+        h.clock.advance(seconds: 9)
+        h.shard.runTimers()
+        XCTAssertNil(s.session.closeRequest)
+        h.clock.advance(seconds: 1)
+        h.shard.runTimers()
+        XCTAssertEqual(s.session.closeRequest?.code, .unauthenticated)
+    }
+
+    /// tokenExpiring 60 s before exp; at exp without a refresh, 4001. A
+    /// refresh moves both.
+    func testTokenWarningExpiryAndRefresh() {
+        let h = Harness()
+        let s = h.webSocket()
+        h.hello(s, user: "u", ttl: 120)
+        h.settle(); s.read()
+        h.clock.advance(seconds: 59); h.shard.runTimers(); s.read()
+        XCTAssertEqual(s.types, ["reset", "welcome"])
+        h.clock.advance(seconds: 1); h.shard.runTimers(); s.read()
+        XCTAssertEqual(s.types.last, "tokenExpiring")
+        let fresh = h.token("u", ttl: 600)
+        s.session.receive(.text(Array(#"{"type":"refresh","ref":"r","token":"\#(fresh)"}"#.utf8)))
+        s.read()
+        XCTAssertEqual(s.types.last, "ack")
+        h.clock.advance(seconds: 60); h.shard.runTimers()
+        XCTAssertNil(s.session.closeRequest, "the old token's expiry no longer applies")
+        h.clock.advance(seconds: 600); h.shard.runTimers()
+        XCTAssertEqual(s.session.closeRequest?.code, .unauthenticated)
+    }
+
+    /// A held poll answers on the first visible change, or empty at its
+    /// deadline with the cursor moved past what it may not see.
+    func testHeldPollDeadlineAndWakeUp() {
+        let h = Harness()
+        let tok = h.token("u")
+        h.publishSettled("u", count: 1)
+        let held = h.request("GET", me + "/sync", token: tok, query: [("cursor", "1"), ("wait", "5")])
+        h.settle()
+        XCTAssertNil(held.response)
+        h.clock.advance(seconds: 4); h.shard.runTimers(); h.settle()
+        XCTAssertNil(held.response)
+        h.clock.advance(seconds: 1); h.shard.runTimers(); h.settle()
+        XCTAssertEqual(held.json?["changes"], [])
+        XCTAssertEqual(held.json?.int("cursor"), 1)
+
+        let woken = h.request("GET", me + "/sync", token: tok, query: [("cursor", "1"), ("wait", "30")])
+        h.settle()
+        h.publish("u", "wake")
+        h.settle()
+        XCTAssertEqual(woken.json?["changes"]?.arrayValue?.count, 1)
+        XCTAssertEqual(woken.json?.int("cursor"), 2)
+        XCTAssertEqual(h.gateway.heldPolls.load(ordering: .relaxed), 0)
+    }
+
+    // MARK: Limits
+
+    /// The per-user connection limit counts WebSockets, event streams and
+    /// held polls alike; polls answered at once do not count.
+    func testConnectionLimitAppliesToEveryTransport() {
+        var limits = GatewayLimits()
+        limits.maxConnectionsPerUser = 2
+        let h = Harness(limits: limits)
+        let tok = h.token("u")
+        let a = h.webSocket(); h.hello(a, user: "u", device: "a")
+        let poll = h.request("GET", me + "/sync", token: tok, query: [("cursor", "0"), ("wait", "30")])
+        h.settle()
+        XCTAssertNil(poll.response, "held")
+        // Full: a third of any kind is refused.
+        let ws = h.webSocket(); h.hello(ws, user: "u", device: "c")
+        let sse = h.request("GET", me + "/events", token: tok)
+        let poll2 = h.request("GET", me + "/sync", token: tok, query: [("cursor", "0"), ("wait", "30")])
+        let quick = h.request("GET", me + "/sync", token: tok)
+        h.settle(); ws.read()
+        XCTAssertEqual(ws.session.closeRequest?.code, .policy)
+        XCTAssertEqual(ws.frames.last?["code"], "rate_limited")
+        XCTAssertEqual(sse.response?.status, 429)
+        XCTAssertEqual(poll2.response?.status, 429)
+        XCTAssertNotNil(sse.response?.headers.first { $0.0 == "Retry-After" })
+        XCTAssertEqual(quick.response?.status, 200, "a poll that does not wait is no connection")
+        // One leaves: a slot frees up.
+        poll.disconnect()
+        h.settle()
+        let sse2 = h.request("GET", me + "/events", token: tok)
+        h.settle()
+        XCTAssertTrue(sse2.streamStarted)
+    }
+
+    /// An event stream pages its catch-up as the client reads, and a client
+    /// that goes away releases its follow and its listing.
+    func testEventStreamPagesAndReleases() {
+        let h = Harness()
+        h.publishSettled("u", count: 40, payloadBytes: 60_000)
+        let tok = h.token("u")
+        let sse = h.request("GET", me + "/events", token: tok, device: "d", query: [("cursor", "0")])
+        h.settle()
+        XCTAssertLessThan(sse.queuedBytes, Subscription.drainedBelow + 2 * PageBounds.webSocket.bytes)
+        while sse.events.count < 40 { sse.read(); h.settle() }
+        XCTAssertEqual(sse.events.map(\.id), Array(1...40))
+        let listing = h.request("GET", "/v1/apps/\(Harness.app.id)/users/u/devices")
+        h.settle()
+        XCTAssertEqual(listing.json?["devices"]?.arrayValue?.first?.objectValue?["transport"], "sse")
+        sse.disconnect()
+        h.settle()
+        let after = h.request("GET", "/v1/apps/\(Harness.app.id)/users/u/devices")
+        h.settle()
+        XCTAssertEqual(after.json?["devices"]?.arrayValue?.first?.objectValue?["connected"], false)
+        XCTAssertEqual(h.gateway.engine.registry.followers(of: UserKey(app: Harness.app.id, user: "u")), 0)
+    }
+
+    /// Counts come from the stores' per-targeting counts, viewer by viewer.
+    func testCountsFollowStateChanges() {
+        let h = Harness()
+        h.publishSettled("u", count: 5)
+        let tok = h.token("u")
+        let page = h.request("GET", me + "/notifications", token: tok)
+        h.settle()
+        let id = page.json!["notifications"]!.arrayValue![0].objectValue!["id"]!.stringValue!
+        let patch = h.request("PATCH", me + "/notifications/\(id)", token: tok,
+                              body: ["readState": "read", "userActionState": "dismissed"])
+        h.settle()
+        XCTAssertEqual(patch.response?.status, 200)
+        let counts = h.request("GET", me + "/counts", token: tok)
+        h.settle()
+        XCTAssertEqual(counts.json, ["unread": 4, "noInteraction": 4, "total": 5])
+    }
+}

@@ -1,0 +1,257 @@
+import XCTest
+import Synchronization
+import HeraldCore
+import HeraldStores
+@testable import HeraldGateway
+
+/// A clock the test moves.
+final class ManualClock: Clock {
+    private let ms = Atomic<Int64>(1_795_000_000_000)
+    func now() -> Millis { ms.load(ordering: .relaxed) }
+    func advance(seconds: Int64) { ms.add(seconds * 1000, ordering: .relaxed) }
+}
+
+/// A service loop that runs its jobs only when the test drains it, on the test's thread.
+final class InlineLoop: LoopExecutor {
+    typealias Job = @Sendable () -> Void
+    private let jobs = Mutex<[Job]>([])
+    private let captured = Mutex<[Job]?>(nil)
+
+    func post(_ job: @escaping Job) {
+        if captured.withLock({ c in c?.append(job); return c != nil }) { return }
+        jobs.withLock { $0.append(job) }
+    }
+
+    /// What `body` posts, held back: the test posts it later (`post(contentsOf:)`),
+    /// to let something else overtake it.
+    func capture(_ body: () -> Void) -> [Job] {
+        captured.withLock { $0 = [] }
+        body()
+        return captured.withLock { c in defer { c = nil }; return c! }
+    }
+
+    func post(contentsOf held: [Job]) { for j in held { post(j) } }
+
+    /// Runs what is posted (and what that posts); answers how many ran.
+    @discardableResult func drain() -> Int {
+        var ran = 0
+        while true {
+            let batch = jobs.withLock { j in defer { j.removeAll() }; return j }
+            if batch.isEmpty { return ran }
+            for j in batch { j() }
+            ran += batch.count
+        }
+    }
+}
+
+/// MemoryStore whose next commits fail, as a full disk or a lost database would.
+final class FailingStore: NotificationStore {
+    let inner = MemoryStore()
+    var failCommits = 0
+    /// Offers a reader connection (over the same MemoryStore, run by the test).
+    var offersReader = false
+    var epoch: String { inner.epoch }
+    func begin() throws(StoreError) { try inner.begin() }
+    func commit() throws(StoreError) {
+        if failCommits > 0 {
+            failCommits -= 1
+            throw StoreError("disk full (test)")
+        }
+        try inner.commit()
+    }
+    func rollback() { inner.rollback() }
+    func feed(_ u: UserKey) throws(StoreError) -> FeedState { try inner.feed(u) }
+    func notification(_ u: UserKey, id: String) throws(StoreError) -> HeraldCore.Notification? { try inner.notification(u, id: id) }
+    func notification(_ u: UserKey, appNotificationId: String) throws(StoreError) -> HeraldCore.Notification? {
+        try inner.notification(u, appNotificationId: appNotificationId)
+    }
+    func changes(_ u: UserKey, after: Int64, limit: Int) throws(StoreError) -> [ChangeRecord] { try inner.changes(u, after: after, limit: limit) }
+    func history(_ u: UserKey, after: HistoryKey?, limit: Int) throws(StoreError) -> [HeraldCore.Notification] { try inner.history(u, after: after, limit: limit) }
+    func counts(_ u: UserKey) throws(StoreError) -> [TargetingCounts] { try inner.counts(u) }
+    func devices(_ u: UserKey) throws(StoreError) -> [Device] { try inner.devices(u) }
+    func upsert(_ u: UserKey, _ n: HeraldCore.Notification, previous: HeraldCore.Notification?, at: Millis) throws(StoreError) -> ChangeRecord {
+        try inner.upsert(u, n, previous: previous, at: at)
+    }
+    func delete(_ u: UserKey, _ n: HeraldCore.Notification, reason: DeleteReason, at: Millis) throws(StoreError) -> ChangeRecord {
+        try inner.delete(u, n, reason: reason, at: at)
+    }
+    func expiring(until: Millis, limit: Int) throws(StoreError) -> [(UserKey, HeraldCore.Notification)] { try inner.expiring(until: until, limit: limit) }
+    func pruneChanges(before: Millis) throws(StoreError) -> Int { try inner.pruneChanges(before: before) }
+    func saveDevice(_ u: UserKey, _ d: Device) throws(StoreError) { try inner.saveDevice(u, d) }
+    func deleteDevice(_ u: UserKey, id: String) throws(StoreError) -> Bool { try inner.deleteDevice(u, id: id) }
+    func usersWithDevices(app: String) throws(StoreError) -> [(user: String, devices: [Device])] { try inner.usersWithDevices(app: app) }
+    func pruneDevices(lastSeenBefore before: Millis) throws(StoreError) -> Int { try inner.pruneDevices(lastSeenBefore: before) }
+    func makeReader() throws(StoreError) -> StoreReader? { offersReader ? MemoryReader(self) : nil }
+}
+
+/// A reader over a store the test also writes, on the test's thread: each
+/// read sees the store as it is when the test runs it.
+final class MemoryReader: StoreReader {
+    let store: NotificationStore
+    init(_ s: NotificationStore) { store = s }
+    var epoch: String { store.epoch }
+    func read<T>(_ body: (StoreReading) throws(StoreError) -> T) throws(StoreError) -> T { try body(store) }
+    func feed(_ u: UserKey) throws(StoreError) -> FeedState { try store.feed(u) }
+    func notification(_ u: UserKey, id: String) throws(StoreError) -> HeraldCore.Notification? { try store.notification(u, id: id) }
+    func changes(_ u: UserKey, after: Int64, limit: Int) throws(StoreError) -> [ChangeRecord] { try store.changes(u, after: after, limit: limit) }
+    func history(_ u: UserKey, after: HistoryKey?, limit: Int) throws(StoreError) -> [HeraldCore.Notification] { try store.history(u, after: after, limit: limit) }
+    func counts(_ u: UserKey) throws(StoreError) -> [TargetingCounts] { try store.counts(u) }
+    func devices(_ u: UserKey) throws(StoreError) -> [Device] { try store.devices(u) }
+}
+
+/// An HTTP exchange as the gateway sees it, recorded.
+final class RecordingResponder: HTTPResponder, @unchecked Sendable {  // test thread only
+    var response: HTTPResponse?
+    var streamStarted = false
+    var finished = false
+    var unread: [UInt8] = []
+    var received: [UInt8] = []
+    private var closeHook: (() -> Void)?
+    private var drainWaiter: (Int, () -> Void)?
+
+    func respond(_ r: HTTPResponse) { if response == nil, !streamStarted { response = r } }
+    func startStream(contentType: String, headers: [(String, String)]) { streamStarted = true }
+    func send(_ bytes: [UInt8]) { if !finished { unread += bytes } }
+    func finish() { finished = true }
+    var queuedBytes: Int { unread.count }
+    func onClose(_ f: @escaping () -> Void) { closeHook = f }
+    func whenDrained(below bytes: Int, _ f: @escaping () -> Void) {
+        if unread.count < bytes { f() } else { drainWaiter = (bytes, f) }
+    }
+
+    /// The client reads what was sent.
+    func read() {
+        received += unread
+        unread = []
+        if let (below, f) = drainWaiter, unread.count < below {
+            drainWaiter = nil
+            f()
+        }
+    }
+
+    /// The client went away.
+    func disconnect() { closeHook?() }
+
+    var json: JSONObject? { response.flatMap { try? JSONParser.parse($0.body).objectValue } }
+
+    /// Server-Sent Events received so far: (id, event, data).
+    var events: [(id: Int64, name: String, data: JSONObject)] {
+        String(decoding: received, as: UTF8.self).components(separatedBy: "\n\n").compactMap { block in
+            var f: [String: String] = [:]
+            for line in block.split(separator: "\n") where !line.hasPrefix(":") {
+                let kv = line.split(separator: ":", maxSplits: 1)
+                if kv.count == 2 { f[String(kv[0])] = String(kv[1].dropFirst()) }
+            }
+            guard let id = f["id"].flatMap({ Int64($0) }), let name = f["event"], let d = f["data"],
+                  let o = try? JSONParser.parse(Array(d.utf8)).objectValue else { return nil }
+            return (id, name, o)
+        }
+    }
+}
+
+/// The transport side of a WebSocket: the test reads frames when it wants to.
+final class RecordingSocket: WebSocketOutput {
+    var session: WebSocketSession!
+    var frames: [JSONObject] = []
+
+    func requestWrite() {}
+
+    /// The client reads everything queued.
+    func read() {
+        guard session.hasPendingOutput else { return }
+        var out: [UInt8] = []
+        session.writePending(into: &out, limit: .max)
+        var i = 0
+        while i < out.count {
+            XCTAssertEqual(out[i], 0x81, "a final text frame")
+            var len = Int(out[i + 1]), at = i + 2
+            if len == 126 { len = Int(out[i + 2]) << 8 | Int(out[i + 3]); at = i + 4 }
+            else if len == 127 { len = (0..<8).reduce(0) { $0 << 8 | Int(out[i + 2 + $1]) }; at = i + 10 }
+            frames.append(try! JSONParser.parse(Array(out[at..<at + len])).objectValue!)
+            i = at + len
+        }
+    }
+
+    var types: [String] { frames.map { $0["type"]!.stringValue! } }
+}
+
+/// One gateway in-process: one shard on an inline loop, the engine run on
+/// the test's thread, a manual clock. Nothing runs until `settle()`.
+final class Harness {
+    static let app = AppConfig(id: "app.test", serverKey: "sk", tokenSecret: "ts")
+    let clock = ManualClock()
+    let loop = InlineLoop()
+    let gateway: Gateway
+    let shard: Shard
+
+    init(store: NotificationStore = MemoryStore(), limits: GatewayLimits = GatewayLimits()) {
+        gateway = try! Gateway(config: GatewayConfig(apps: [Self.app], limits: limits), store: store, clock: clock)
+        shard = gateway.makeShards([loop])[0]
+        shard.thread.claim()
+    }
+
+    /// Runs engine batches, reads and loop jobs until none has anything left.
+    func settle() {
+        repeat {
+            gateway.engine.runQueued()
+            gateway.reads.runQueued()
+        } while loop.drain() > 0
+    }
+
+    /// The engine's queue runs once, the loop not at all.
+    func runEngine() { gateway.engine.runQueued() }
+
+    func token(_ user: String, ttl: Int64 = 3600) -> String {
+        let now = clock.now() / 1000
+        return DeviceToken.sign(DeviceClaims(app: Self.app.id, user: user, device: nil, issuedAt: now, expiresAt: now + ttl),
+                                secret: Self.app.tokenSecret)
+    }
+
+    func request(_ method: String, _ path: String, token: String? = nil, device: String? = nil, query: [(String, String)] = [],
+                 body: JSON? = nil) -> RecordingResponder {
+        var h: [String: String] = ["authorization": "Bearer " + (token ?? Self.app.serverKey)]
+        if let device { h["herald-device"] = device }
+        let r = RecordingResponder()
+        gateway.handle(HTTPRequest(method: method, path: path, query: query, headers: h, body: body?.encoded ?? []),
+                       shard: shard, responder: r)
+        return r
+    }
+
+    /// Publishes without settling; the answer comes once the engine ran.
+    @discardableResult func publish(_ user: String, _ anid: String, payloadBytes: Int = 10) -> RecordingResponder {
+        request("POST", "/v1/apps/\(Self.app.id)/users/\(user)/notifications",
+                body: ["appNotificationId": .string(anid), "payload": ["body": .string(String(repeating: "x", count: payloadBytes))]])
+    }
+
+    func publishSettled(_ user: String, count: Int, payloadBytes: Int = 10) {
+        for i in 0..<count { publish(user, "n\(i)", payloadBytes: payloadBytes) }
+        settle()
+    }
+
+    func webSocket() -> RecordingSocket {
+        let s = RecordingSocket()
+        s.session = gateway.openWebSocket(shard: shard, transport: s)
+        return s
+    }
+
+    func hello(_ s: RecordingSocket, user: String, device: String = "d1", cursor: Int64? = nil, ttl: Int64 = 3600) {
+        var o: JSONObject = ["type": "hello", "token": .string(token(user, ttl: ttl)), "deviceId": .string(device)]
+        if let cursor { o["cursor"] = .int(cursor) }
+        s.session.receive(.text(JSON.object(o).encoded))
+    }
+}
+
+extension JSONObject {
+    func int(_ k: String) -> Int64? { self[k]?.int64Value }
+}
+
+/// Seqs of the changes in `change`/`changes` frames, in order.
+func changeSeqs(_ frames: [JSONObject]) -> [Int64] {
+    frames.flatMap { f -> [Int64] in
+        switch f["type"]?.stringValue {
+        case "change": return [f["change"]!.objectValue!.int("seq")!]
+        case "changes": return f["changes"]!.arrayValue!.map { $0.objectValue!.int("seq")! }
+        default: return []
+        }
+    }
+}
