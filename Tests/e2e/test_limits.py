@@ -28,10 +28,23 @@ def metric(gw, name: str) -> float:
 
 
 def test_publish_rate_per_app_is_429_with_retry_after(gateway_factory):
-    gw = gateway_factory(limited(publishesPerSecondPerApp=5))
+    # One a second (burst 2): 30 publishes in a row meet a 429 unless they
+    # take 28 s, so a slow machine cannot make the limit look absent.
+    rate = 1
+    gw = gateway_factory(limited(publishesPerSecondPerApp=rate))
     user = uid("user")
-    codes = [gw.publish_raw(user, {"appNotificationId": f"n{i}", "payload": {}}).status_code for i in range(30)]
+    codes = []
+    t0 = time.monotonic()
+    for i in range(30):
+        r = gw.publish_raw(user, {"appNotificationId": f"n{i}", "payload": {}})
+        codes.append(r.status_code)
+        if r.status_code == 429:
+            assert int(r.headers["Retry-After"]) >= 1, r.headers
+            assert r.json()["error"]["code"] == "rate_limited", r.text
+    elapsed = time.monotonic() - t0
     assert 429 in codes and 201 in codes, codes
+    # No more accepted than the bucket holds (2) plus what refilled meanwhile.
+    assert codes.count(201) <= 2 * rate + math.floor((elapsed + 0.002) * rate), (elapsed, codes)
     refused = [i for i, c in enumerate(codes) if c == 429]
     r = gw.publish_raw(user, {"appNotificationId": "again", "payload": {}})
     if r.status_code == 429:
