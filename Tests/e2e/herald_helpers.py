@@ -258,6 +258,7 @@ class Gateway:
         self.proc: subprocess.Popen | None = None
         self.listen_line: str | None = None
         self.extra_stdout: list[str] = []
+        self.stdout_closed = threading.Event()   # set once stdout reached its end
         self.base = ""
         self.ws_url = ""
         self._local = threading.local()
@@ -307,6 +308,7 @@ class Gateway:
             while True:
                 line = lines.get()
                 if line is None:
+                    self.stdout_closed.set()
                     return
                 self.extra_stdout.append(line)
 
