@@ -145,7 +145,7 @@ class Gateway:
 
     def server_get(self, path: str) -> dict:
         req = urllib.request.Request(self.url + path, headers={"Authorization": f"Bearer {SERVER_KEY}"})
-        with urllib.request.urlopen(req, timeout=10) as r:
+        with urllib.request.urlopen(req, timeout=30) as r:
             return json.loads(r.read())
 
     def publish(self, user: str, app_notification_id: str, title: str, **fields) -> dict:
@@ -154,7 +154,7 @@ class Gateway:
             f"{self.url}/v1/apps/demo/users/{user}/notifications", method="POST",
             data=json.dumps(body).encode(),
             headers={"Authorization": f"Bearer {SERVER_KEY}", "Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=10) as r:
+        with urllib.request.urlopen(req, timeout=30) as r:
             return json.loads(r.read())
 
 

@@ -119,7 +119,7 @@ def all_live(state: dict) -> bool:
 
 def server_get(base: str, path: str) -> dict:
     req = urllib.request.Request(base + path, headers={"Authorization": f"Bearer {SERVER_KEY}"})
-    with urllib.request.urlopen(req, timeout=10) as r:
+    with urllib.request.urlopen(req, timeout=30) as r:
         return json.loads(r.read())
 
 

@@ -20,7 +20,7 @@ def limited(**limits) -> dict:
 
 
 def metric(gw, name: str) -> float:
-    text = requests.get(gw.base + "/metrics", timeout=5).text
+    text = requests.get(gw.base + "/metrics", timeout=30).text
     for line in text.splitlines():
         if line.startswith(name + " "):
             return float(line.split()[-1])
