@@ -64,6 +64,20 @@ class Gateway:
         self.runs = 0
 
     def start(self, port: int = 0) -> "Gateway":
+        """Starts it on `port` (0: any free one). A restart on the port it had
+        (to test clients reconnecting) can find the port taken for a moment by
+        another process, which the kernel may have given it since the stop;
+        then it is tried again for up to 30 s."""
+        deadline = time.monotonic() + 30
+        while True:
+            if self._start(port):
+                return self
+            if port == 0 or "Address already in use" not in self.stderr_tail() or time.monotonic() > deadline:
+                pytest.fail(f"gateway did not print `listening on http://HOST:PORT`; stderr:\n{self.stderr_tail()}",
+                            pytrace=False)
+            time.sleep(0.2)
+
+    def _start(self, port: int) -> bool:
         binary = herald_binary()
         if not binary.exists():
             pytest.fail(f"herald binary not found at {binary}: build it (swift build) or set HERALD_BIN", pytrace=False)
@@ -104,10 +118,9 @@ class Gateway:
             self.proc.kill()
             self.proc.wait()
             self.log.close()
-            pytest.fail(f"gateway did not print `listening on http://HOST:PORT`; stderr:\n{self.stderr_tail()}",
-                        pytrace=False)
+            return False
         self.url = url
-        return self
+        return True
 
     @property
     def port(self) -> int:
@@ -132,7 +145,7 @@ class Gateway:
 
     def server_get(self, path: str) -> dict:
         req = urllib.request.Request(self.url + path, headers={"Authorization": f"Bearer {SERVER_KEY}"})
-        with urllib.request.urlopen(req, timeout=10) as r:
+        with urllib.request.urlopen(req, timeout=30) as r:
             return json.loads(r.read())
 
     def publish(self, user: str, app_notification_id: str, title: str, **fields) -> dict:
@@ -141,7 +154,7 @@ class Gateway:
             f"{self.url}/v1/apps/demo/users/{user}/notifications", method="POST",
             data=json.dumps(body).encode(),
             headers={"Authorization": f"Bearer {SERVER_KEY}", "Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=10) as r:
+        with urllib.request.urlopen(req, timeout=30) as r:
             return json.loads(r.read())
 
 

@@ -46,9 +46,15 @@ NOTIFICATION_FIELDS = {
     "updatedAt", "expiresAt", "readState", "userActionState", "version",
 }
 
-FRAME_WAIT = 2.0      # how long to wait for an expected frame
+# Waits for something that must happen are deadlines, not delays: they end as
+# soon as it happens, so they are generous (sanitizer builds on a loaded
+# 2-core machine are 5-10x slower). Waits for something that must not happen
+# stay short: they cannot fail a correct gateway, only miss a late mistake.
+FRAME_WAIT = 10.0     # how long to wait for an expected frame
 SILENCE_WAIT = 0.7    # how long to watch for frames that must not come
-HTTP_TIMEOUT = 10.0
+CLOSE_WAIT = 20.0     # how long to wait for an expected close
+WELCOME_WAIT = 20.0   # how long to wait for the welcome after a hello
+HTTP_TIMEOUT = 30.0
 
 
 def herald_binary() -> Path:
@@ -56,6 +62,19 @@ def herald_binary() -> Path:
     if not p.is_absolute():
         p = REPO_ROOT / p
     return p
+
+
+def wait_until(cond: Callable[[], Any], what: str, timeout: float = 30.0, interval: float = 0.02) -> Any:
+    """Polls `cond` until it answers something truthy (answered) or the deadline
+    passes (AssertionError). For waiting on an event instead of sleeping."""
+    deadline = time.monotonic() + timeout
+    while True:
+        v = cond()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {v!r})")
+        time.sleep(interval)
 
 
 def uid(prefix: str = "u") -> str:
@@ -239,13 +258,14 @@ class Gateway:
         self.proc: subprocess.Popen | None = None
         self.listen_line: str | None = None
         self.extra_stdout: list[str] = []
+        self.stdout_closed = threading.Event()   # set once stdout reached its end
         self.base = ""
         self.ws_url = ""
         self._local = threading.local()
 
     # ---- process
 
-    def start(self, timeout: float = 20.0) -> "Gateway":
+    def start(self, timeout: float = 60.0) -> "Gateway":
         if not self.binary.exists():
             raise AssertionError(f"herald binary not found at {self.binary} (set HERALD_BIN or build it)")
         self._stderr = open(self.stderr_path, "wb")
@@ -260,9 +280,9 @@ class Gateway:
             lines.put(None)
 
         threading.Thread(target=pump, daemon=True).start()
-        deadline = time.time() + timeout
+        deadline = time.monotonic() + timeout
         while True:
-            left = deadline - time.time()
+            left = deadline - time.monotonic()
             if left <= 0:
                 self.kill()
                 raise AssertionError(f"gateway did not print 'listening on ...' within {timeout}s; "
@@ -288,6 +308,7 @@ class Gateway:
             while True:
                 line = lines.get()
                 if line is None:
+                    self.stdout_closed.set()
                     return
                 self.extra_stdout.append(line)
 
@@ -320,6 +341,14 @@ class Gateway:
             return self.stderr_path.read_bytes()[-n:].decode("utf-8", "replace")
         except OSError:
             return ""
+
+    def metric(self, series: str) -> float:
+        """The value of one series of /metrics, e.g. `herald_connections{transport="poll"}`."""
+        text = self.request("GET", "/metrics").text
+        for line in text.splitlines():
+            if line.startswith(series + " "):
+                return float(line.split()[-1])
+        raise AssertionError(f"{series} not in /metrics")
 
     # ---- HTTP
 
@@ -431,7 +460,7 @@ class Closed(Exception):
 
 class WsClient:
     def __init__(self, url: str, **kw):
-        kw.setdefault("open_timeout", 5)
+        kw.setdefault("open_timeout", 20)
         kw.setdefault("close_timeout", 2)
         kw.setdefault("max_size", None)
         kw.setdefault("compression", None)
@@ -474,12 +503,12 @@ class WsClient:
         msg.update({k: v for k, v in fields.items()})
         self.send(msg)
         frames: list[dict] = []
-        deadline = time.time() + 5
+        deadline = time.monotonic() + WELCOME_WAIT
         while True:
             try:
-                f = self.recv(max(0.05, deadline - time.time()))
+                f = self.recv(max(0.05, deadline - time.monotonic()))
             except TimeoutError:
-                raise AssertionError(f"no welcome within 5s; got {frames}")
+                raise AssertionError(f"no welcome within {WELCOME_WAIT}s; got {frames}")
             except Closed as e:
                 raise AssertionError(f"closed ({e.code} {e.reason}) before welcome; got {frames}")
             if f["type"] == "welcome":
@@ -491,9 +520,9 @@ class WsClient:
     def recv_until(self, pred: Callable[[dict], bool], timeout: float = FRAME_WAIT) -> tuple[dict, list[dict]]:
         """Reads until a frame matches; answers it and the frames read before it."""
         skipped: list[dict] = []
-        deadline = time.time() + timeout
+        deadline = time.monotonic() + timeout
         while True:
-            left = deadline - time.time()
+            left = deadline - time.monotonic()
             if left <= 0:
                 raise AssertionError(f"no matching frame within {timeout}s; got {skipped}")
             try:
@@ -510,9 +539,9 @@ class WsClient:
     def expect_changes(self, n: int, timeout: float = FRAME_WAIT) -> tuple[list[dict], list[dict]]:
         """Reads until `n` changes arrived; answers (changes, all frames read)."""
         frames: list[dict] = []
-        deadline = time.time() + timeout
+        deadline = time.monotonic() + timeout
         while len(changes_in(frames)) < n:
-            left = deadline - time.time()
+            left = deadline - time.monotonic()
             if left <= 0:
                 raise AssertionError(f"wanted {n} changes within {timeout}s; got frames {frames}")
             try:
@@ -521,8 +550,35 @@ class WsClient:
                 continue
         return changes_in(frames), frames
 
+    def collect_until(self, cond: Callable[[list[dict]], bool], frames: list[dict] | None = None,
+                      timeout: float = FRAME_WAIT, what: str = "") -> list[dict]:
+        """Reads frames until `cond(frames read so far)` holds, counting the
+        `frames` already read; answers all of them. For waiting on something
+        that may come in any order with other frames (a change and its counts,
+        a broadcast before or after an ack) instead of a quiet period."""
+        out = list(frames or [])
+        deadline = time.monotonic() + timeout
+        while not cond(out):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"no {what or 'expected frames'} within {timeout}s; got {out}")
+            try:
+                out.append(self.recv(left))
+            except TimeoutError:
+                continue
+        return out
+
+    def expect_counts(self, unread: int, frames: list[dict] | None = None,
+                      timeout: float = FRAME_WAIT) -> list[dict]:
+        """Reads until a `counts` frame with this `unread` (among `frames`
+        or after them); answers every frame read, `frames` first."""
+        return self.collect_until(lambda fs: any(f["type"] == "counts" and f.get("unread") == unread for f in fs),
+                                  frames, timeout, f"counts frame with unread {unread}")
+
     def drain(self, quiet: float = SILENCE_WAIT) -> list[dict]:
-        """Every frame until the connection is quiet for `quiet` seconds."""
+        """Every frame until the connection is quiet for `quiet` seconds. Not a
+        wait for an expected frame (a slow gateway would look quiet): wait for
+        those first (expect_*, collect_until), then drain for any extra."""
         out = []
         while True:
             try:
@@ -531,9 +587,9 @@ class WsClient:
                 return out
 
     def assert_silent(self, seconds: float = SILENCE_WAIT, ignore: tuple[str, ...] = ()) -> None:
-        deadline = time.time() + seconds
+        deadline = time.monotonic() + seconds
         while True:
-            left = deadline - time.time()
+            left = deadline - time.monotonic()
             if left <= 0:
                 return
             try:
@@ -542,12 +598,12 @@ class WsClient:
                 return
             assert f["type"] in ignore, f"expected no frames, got {f}"
 
-    def expect_close(self, timeout: float = 5.0) -> tuple[int | None, list[dict]]:
+    def expect_close(self, timeout: float = CLOSE_WAIT) -> tuple[int | None, list[dict]]:
         """Reads until the gateway closes; answers (close code, frames read)."""
         frames: list[dict] = []
-        deadline = time.time() + timeout
+        deadline = time.monotonic() + timeout
         while True:
-            left = deadline - time.time()
+            left = deadline - time.monotonic()
             if left <= 0:
                 raise AssertionError(f"connection still open after {timeout}s; frames {frames}")
             try:

@@ -24,8 +24,10 @@ def test_universal_dismiss(gateway, user):
         assert dismissed["userActionState"] == "dismissed" and dismissed["version"] == 2
         assert dismissed["id"] == n["id"]
         assert ack["seq"] > out["seq"]
+        # The sender's broadcast may come before or after its ack.
+        has_it = lambda fs: any(c["seq"] == ack["seq"] for c in changes_in(fs))
         for w, frames in ((phone, before), (laptop, [])):
-            frames = frames + w.drain()
+            frames = w.collect_until(has_it, frames, what="the dismiss") + w.drain()
             changes = changes_in(frames)
             assert changes == [{"seq": ack["seq"], "op": "upsert", "notification": dismissed}], frames
 
@@ -42,8 +44,9 @@ def test_dismiss_over_http_reaches_every_device(gateway, user):
     stranger, _, _ = gateway.connect(uid("other"), "phone")
     with phone, laptop, stranger:
         n = gateway.publish(user)["notification"]
-        phone.expect_changes(1); laptop.expect_changes(1)
-        phone.drain(0.2); laptop.drain(0.2)
+        for w in (phone, laptop):
+            w.expect_counts(1, w.expect_changes(1)[1])
+            w.drain(0.2)
         r = gateway.me("PATCH", f"/notifications/{n['id']}", mint_token(user), device="tablet",
                        json={"userActionState": "dismissed", "readState": "read"})
         assert r.status_code == 200, r.text
@@ -51,7 +54,7 @@ def test_dismiss_over_http_reaches_every_device(gateway, user):
         for w in (phone, laptop):
             changes, frames = w.expect_changes(1)
             assert changes == [{"seq": r.json()["seq"], "op": "upsert", "notification": m}]
-            rest = frames + w.drain()
+            rest = w.expect_counts(0, frames) + w.drain()
             assert [f["unread"] for f in rest if f["type"] == "counts"][-1:] == [0], rest
         stranger.assert_silent()
 
@@ -64,7 +67,9 @@ def test_delete_on_one_device_reaches_the_others(gateway, user):
         a.expect_changes(1); b.expect_changes(1)
         ack, before = a.request({"type": "delete", "id": n["id"]})
         assert ack["type"] == "ack"
+        has_it = lambda fs: any(c["seq"] == ack["seq"] for c in changes_in(fs))
         for w, frames in ((a, before), (b, [])):
-            ch = [c for c in changes_in(frames + w.drain()) if c["op"] == "delete"]
+            frames = w.collect_until(has_it, frames, what="the delete") + w.drain()
+            ch = [c for c in changes_in(frames) if c["op"] == "delete"]
             assert ch == [{"seq": ack["seq"], "op": "delete", "id": n["id"], "appNotificationId": "x",
                            "reason": "deleted"}]

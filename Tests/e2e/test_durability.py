@@ -10,11 +10,10 @@ import os
 import random
 import signal
 import threading
-import time
 
 import requests
 
-from herald_helpers import CONFIG, Gateway, mint_token, uid
+from herald_helpers import CONFIG, Gateway, mint_token, uid, wait_until
 
 
 def start(herald_bin, workdir, db) -> Gateway:
@@ -31,7 +30,7 @@ def burst(gw: Gateway, user: str, acked: dict, stop: threading.Event, tag: str) 
         try:
             r = s.post(f"{gw.base}/v1/apps/app.one/users/{user}/notifications",
                        json={"appNotificationId": anid, "payload": {"i": i}},
-                       headers={"Authorization": "Bearer sk-one"}, timeout=5)
+                       headers={"Authorization": "Bearer sk-one"}, timeout=30)
         except requests.RequestException:
             return
         if r.status_code in (200, 201):
@@ -62,9 +61,15 @@ def test_kill_9_mid_burst_loses_nothing_acknowledged(herald_bin, tmp_path):
             last_seq = welcome["cursor"]
             stop = threading.Event()
             threads = [threading.Thread(target=burst, args=(gw, user, acked, stop, f"r{rnd}t{t}")) for t in range(4)]
+            # Kill after a random number of acknowledged publishes, not after a
+            # random time: on a loaded machine 0.3 s could see almost none, and
+            # the bursts were then 'too small to mean anything'.
+            target = len(acked) + random.randint(50, 400)
             for t in threads:
                 t.start()
-            time.sleep(random.uniform(0.3, 0.8))
+            wait_until(lambda: len(acked) >= target or not any(t.is_alive() for t in threads),
+                       f"{target} acknowledged publishes", timeout=60, interval=0.005)
+            assert len(acked) >= target, f"round {rnd}: the publishers stopped early ({len(acked)} acked)"
             os.kill(gw.proc.pid, signal.SIGKILL)
             gw.proc.wait(5)
             gw.stopped_by_test = True

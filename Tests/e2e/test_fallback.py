@@ -13,7 +13,8 @@ import threading
 import time
 
 import pytest
-from herald_helpers import (check_error, check_notification, changes_in, mint_token, parse_time, uid)
+from herald_helpers import (FRAME_WAIT, check_error, check_notification, changes_in, mint_token, parse_time, uid,
+                            wait_until)
 
 pytestmark = pytest.mark.fallback
 
@@ -84,23 +85,39 @@ def test_sync_reset_pages_through_history(gateway, user):
     assert got == ["n4", "n3", "n2", "n1", "n0"]
 
 
+HELD = 'herald_connections{transport="poll"}'
+
+
+def _wait_held(gw, before: float, out: dict) -> None:
+    """Waits until the gateway holds one more poll than `before` (or the poll
+    was answered, which the caller then reports)."""
+    wait_until(lambda: gw.metric(HELD) > before or out, "the poll to be held")
+
+
 def test_sync_long_poll_wakes_on_change(gateway, user):
     tok = mint_token(user)
     a = gateway.publish(user)
     out = {}
+    before = gateway.metric(HELD)
 
     def poll():
-        t0 = time.time()
-        out["body"] = _sync(gateway, tok, cursor=a["seq"], wait=10)
-        out["took"] = time.time() - t0
+        body = _sync(gateway, tok, cursor=a["seq"], wait=10)
+        out["answered"] = time.time()
+        out["body"] = body
 
     t = threading.Thread(target=poll)
     t.start()
-    time.sleep(0.7)
+    # Held: the gateway says so and it has not answered. (A fixed sleep
+    # before publishing raced the poll reaching the gateway.)
+    _wait_held(gateway, before, out)
+    assert not out, f"answered before any change: {out}"
+    published = time.time()
     b = gateway.publish(user)
-    t.join(12)
+    t.join(30)
     assert [c["seq"] for c in out["body"]["changes"]] == [b["seq"]]
-    assert 0.5 < out["took"] < 3
+    # Woken by the change, not by its 10 s deadline (the bound as before:
+    # 3 s after the start of the poll, which was 0.7 s before the publish).
+    assert out["answered"] - published < 2.3, out["answered"] - published
 
 
 def test_sync_long_poll_empty_at_deadline(gateway, user):
@@ -188,7 +205,7 @@ class Sse:
             pass
         self.q.put(None)
 
-    def next(self, timeout=3.0):
+    def next(self, timeout=FRAME_WAIT):
         ev = self.q.get(timeout=timeout)
         assert ev is not None, "stream ended"
         return ev
@@ -303,7 +320,10 @@ def test_sigterm_answers_held_polls(fresh_gateway):
 
     t = threading.Thread(target=poll)
     t.start()
-    time.sleep(0.5)
+    # SIGTERM once the poll is held: earlier, the request could meet a
+    # gateway that stopped accepting (a sleep of 0.5 s guessed).
+    _wait_held(gw, 0, out)
+    assert not out, f"answered before SIGTERM: {out}"
     gw.proc.send_signal(signal.SIGTERM)
     gw.stopped_by_test = True
     t.join(10)

@@ -79,7 +79,12 @@ def test_only_one_stdout_line(fresh_gateway):
     w, _, _ = gw.connect(user)
     w.close()
     gw.request("GET", "/v1/nope")
-    time.sleep(0.3)
+    # Everything it ever prints: stop it and read stdout to its end (a sleep
+    # of 0.3 s guessed when stray lines would have arrived).
+    rc = gw.terminate()
+    gw.stopped_by_test = True
+    assert rc == 0, f"exit status {rc} after SIGTERM; stderr: {gw.stderr_tail()}"
+    assert gw.stdout_closed.wait(10), "stdout still open after the gateway exited"
     assert gw.listen_line == f"listening on http://{gw.host}:{gw.port}"
     assert gw.extra_stdout == [], f"stdout must hold only the listening line; also got {gw.extra_stdout[:5]}"
 

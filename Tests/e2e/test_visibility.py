@@ -116,13 +116,14 @@ def test_retarget_away_sends_hidden_delete(gateway, user):
     with ios, web:
         first = gateway.publish(user, "x")
         nid = first["notification"]["id"]
-        ios.expect_changes(1); web.expect_changes(1)
-        ios.drain(0.2); web.drain(0.2)
+        for w in (ios, web):
+            w.expect_counts(1, w.expect_changes(1)[1])
+            w.drain(0.2)
         moved = gateway.publish(user, "x", targetPlatforms=["web"], expect=200)
         changes, frames = ios.expect_changes(1)
         assert changes == [{"seq": moved["seq"], "op": "delete", "id": nid, "appNotificationId": "x",
                             "reason": "hidden"}], frames
-        rest = frames + ios.drain()
+        rest = ios.expect_counts(0, frames) + ios.drain()
         assert [f["unread"] for f in rest if f["type"] == "counts"][-1:] == [0], rest
         changes, _ = web.expect_changes(1)
         assert changes[0]["op"] == "upsert" and changes[0]["seq"] == moved["seq"]
@@ -152,7 +153,9 @@ def test_tag_change_emits_nothing_and_next_catchup_is_reset(gateway, user):
     watcher, _, _ = gateway.connect(user, "watcher", tags=["lang:it", "lang:en"])
     with watcher:
         gateway.publish(user, "it", targetTags="lang:it")
-        watcher.expect_changes(1); watcher.drain(0.2)
+        # Read the change and its counts: a late counts frame would fail the
+        # watcher.assert_silent() below.
+        watcher.expect_counts(1, watcher.expect_changes(1)[1]); watcher.drain(0.2)
         d, _, w1 = gateway.connect(user, "phone", tags=["lang:it"])
         d.close()
         # same cursor, other tags: a reset (showing what it may see now), and no change in the feed
@@ -164,7 +167,7 @@ def test_tag_change_emits_nothing_and_next_catchup_is_reset(gateway, user):
             d.assert_silent()
         watcher.assert_silent()
         gateway.publish(user, "en", targetTags="lang:en")
-        watcher.expect_changes(1); watcher.drain(0.2)
+        watcher.expect_counts(2, watcher.expect_changes(1)[1]); watcher.drain(0.2)
         # unchanged tags: plain changes
         d, frames, w3 = gateway.connect(user, "phone", cursor=w2["cursor"], epoch=w2["epoch"])
         with d:
