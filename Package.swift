@@ -31,12 +31,14 @@ let package = Package(
         .executableTarget(name: "herald",
                           dependencies: ["HeraldCore", "HeraldStores", "HeraldGateway", "HeraldTransport"]),
 
+        // What several test targets share (a reproducible PRNG).
+        .target(name: "HeraldTestSupport", path: "Tests/HeraldTestSupport"),
         .testTarget(name: "HeraldCoreTests", dependencies: ["HeraldCore"]),
-        .testTarget(name: "HeraldStoreTests", dependencies: ["HeraldCore", "HeraldStores"]),
+        .testTarget(name: "HeraldStoreTests", dependencies: ["HeraldCore", "HeraldStores", "HeraldTestSupport"]),
         // The gateway in-process: inline loop, engine on the test's thread, manual clock.
-        .testTarget(name: "HeraldGatewayTests", dependencies: ["HeraldCore", "HeraldStores", "HeraldGateway"]),
+        .testTarget(name: "HeraldGatewayTests", dependencies: ["HeraldCore", "HeraldStores", "HeraldGateway", "HeraldTestSupport"]),
         // Seeded mutation fuzzing of the parsers, bounded in time; corpus in Tests/HeraldFuzzTests/corpus.
-        .testTarget(name: "HeraldFuzzTests", dependencies: ["HeraldCore", "HeraldGateway"],
+        .testTarget(name: "HeraldFuzzTests", dependencies: ["HeraldCore", "HeraldGateway", "HeraldTestSupport"],
                     resources: [.copy("corpus")]),
     ],
     swiftLanguageModes: [.v6]

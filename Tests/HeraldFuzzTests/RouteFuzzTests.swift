@@ -1,4 +1,5 @@
 import XCTest
+import HeraldTestSupport
 import HeraldCore
 @testable import HeraldGateway
 

@@ -1,4 +1,5 @@
 import XCTest
+import HeraldTestSupport
 import HeraldCore
 
 /// `TagExpression.parse` and `matches`, checked against an independent

@@ -1,4 +1,5 @@
 import XCTest
+import HeraldTestSupport
 #if canImport(Glibc)
 import Glibc
 #else

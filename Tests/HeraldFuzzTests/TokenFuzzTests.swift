@@ -1,4 +1,5 @@
 import XCTest
+import HeraldTestSupport
 import Synchronization
 import HeraldCore
 

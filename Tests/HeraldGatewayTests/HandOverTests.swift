@@ -1,4 +1,5 @@
 import XCTest
+import HeraldTestSupport
 import HeraldCore
 import HeraldStores
 @testable import HeraldGateway
@@ -12,7 +13,7 @@ final class HandOverTests: XCTestCase {
     /// seqs 1...head exactly once, in order, across catch-up and live.
     func testCommitsDuringTheCatchUpAreNeitherLostNorRepeated() {
         for seed in 0..<8 {
-            var rng = SystemRandomNumberGenerator.Seeded(seed)
+            var rng = SplitMix64(seed: UInt64(seed))
             let h = Harness()
             h.publishSettled("u", count: 1500 + Int(rng.next() % 500), payloadBytes: 200)
             let s = h.webSocket()
@@ -137,20 +138,5 @@ final class HandOverTests: XCTestCase {
         let all = changeSeqs(s.frames)
         XCTAssertEqual(Array(Set(all)).sorted(), Array(101...701), "the replay, and the change made meanwhile")
         XCTAssertEqual(all.last, 701)
-    }
-}
-
-extension SystemRandomNumberGenerator {
-    /// splitmix64: reproducible interleavings.
-    struct Seeded: RandomNumberGenerator {
-        var state: UInt64
-        init(_ seed: Int) { state = UInt64(seed) &* 0x9E37_79B9_7F4A_7C15 &+ 1 }
-        mutating func next() -> UInt64 {
-            state &+= 0x9E37_79B9_7F4A_7C15
-            var z = state
-            z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-            z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-            return z ^ (z >> 31)
-        }
     }
 }

@@ -1,4 +1,5 @@
 import XCTest
+import HeraldTestSupport
 import HeraldCore
 
 // Counts as the tests expect them, computed apart from the stores' own code.
@@ -49,15 +50,3 @@ func assertCountsMatchHistory(_ store: StoreReading, _ user: UserKey, _ message:
                    "\(user) \(message())", file: file, line: line)
 }
 
-/// SplitMix64: the same sequence on every run, so a failure reproduces.
-struct SeededRandom: RandomNumberGenerator {
-    var state: UInt64
-    init(seed: UInt64) { state = seed }
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
-    }
-}

@@ -1,5 +1,6 @@
 import Foundation
 import XCTest
+import HeraldTestSupport
 import HeraldCore
 @testable import HeraldStores
 
@@ -347,7 +348,7 @@ class StoreConformanceTests: XCTestCase {
     /// deletes over three users, in batches that commit or roll back: after
     /// every write the counts are what a scan of the history gives.
     func checkCountsFollowEveryWrite() throws {
-        var rng = SeededRandom(seed: 0x4865_7261_6C64)
+        var rng = SplitMix64(seed: 0x4865_7261_6C64)
         let users = [alice, bob, aliceInApp2]
         var made = 0
         var inBatch = false
