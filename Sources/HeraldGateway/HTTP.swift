@@ -3,7 +3,8 @@ import HeraldCore
 /// A parsed HTTP request, as the transport hands it over.
 public struct HTTPRequest: Sendable {
     public var method: String
-    /// The path without the query, percent-decoded.
+    /// The path as sent, without the query: still percent-encoded, so an
+    /// encoded `/` stays inside its segment (see `Route.match`).
     public var path: String
     /// Decoded query parameters in order.
     public var query: [(String, String)]

@@ -5,6 +5,8 @@ import HeraldCore
 /// authentication run on the shard thread; store work runs on the engine,
 /// whose answer comes back to the shard to be written.
 extension Gateway {
+    public static let upgradeExpected = HeraldError(.badRequest, "GET /v1/ws expects a WebSocket upgrade")
+
     public func handle(_ req: HTTPRequest, shard: Shard, responder: HTTPResponder) {
         let reply: (HTTPResponse) -> Void = { responder.respond($0) }
         let route: Route
@@ -20,7 +22,7 @@ extension Gateway {
             case .metrics:
                 reply(HTTPResponse(status: 200, contentType: "text/plain; version=0.0.4", body: Array(metrics.prometheusText().utf8)))
             case .webSocket:
-                throw HeraldError(.badRequest, "GET /v1/ws expects a WebSocket upgrade")
+                throw Self.upgradeExpected
             case .staticFile(let name):
                 reply(try staticFile(name))
             case .demoToken:
