@@ -158,6 +158,7 @@ final class HTTPConnection: Flushable {
     /// Queues a whole answer: head and body go out in one write when the
     /// socket takes them.
     private func answer(_ r: HTTPResponse, keepAlive: Bool) {
+        let keepAlive = keepAlive && !loop.shuttingDown
         output = HTTPWire.responseHead(r, length: r.body.count, close: !keepAlive) + r.body
         written = 0
         closeHook = nil
@@ -282,6 +283,12 @@ final class HTTPConnection: Flushable {
     }
 
     // MARK: Closing
+
+    /// Gateway shutdown: a connection that owes no answer closes now; the
+    /// others close after theirs (`Connection: close`).
+    func shutDown() {
+        if !isBusy { kill() }
+    }
 
     private func kill() {
         if case .closed = state { return }

@@ -45,6 +45,8 @@ final class ServiceLoop: LoopExecutor, @unchecked Sendable {
     /// Open connections on this loop, for shutdown.
     var webSockets: [ObjectIdentifier: WebSocketConnection] = [:]
     var httpConnections: [ObjectIdentifier: HTTPConnection] = [:]
+    /// Past `beginShutdown`: answers close their connections.
+    private(set) var shuttingDown = false
     /// True while the inbox is being drained: output then waits for the end
     /// of the drain (`flush`), so a connection writes once per drain, and
     /// directly when its socket has room, without a writable round trip
@@ -250,8 +252,10 @@ final class ServiceLoop: LoopExecutor, @unchecked Sendable {
     // MARK: Shutdown
 
     /// Stops accepting and asks every connection to close (WebSockets 1001,
-    /// held polls answered, event streams ended). Loop thread.
+    /// held polls answered, event streams ended, HTTP connections once they
+    /// owe no answer). Loop thread.
     func beginShutdown() {
+        shuttingDown = true
         for w in [listener, waitWatcher] {
             if let w { lws_set_timeout(w, PENDING_TIMEOUT_CLOSE_SEND, LWS_TO_KILL_ASYNC) }
         }
@@ -263,14 +267,15 @@ final class ServiceLoop: LoopExecutor, @unchecked Sendable {
         waiting = [:]
         shard.shutdownFollowers()
         for ws in webSockets.values { ws.session.shutdown() }
+        for c in httpConnections.values { c.shutDown() }
     }
 
     var openConnections: Int { webSockets.count + httpConnections.values.filter(\.isBusy).count }
 
-    func stop() {
+    func stop(until deadline: DispatchTime) {
         running.store(false, ordering: .relaxed)
         inbox.withLock { box in if let ctx = OpaquePointer(bitPattern: box.context) { lws_cancel_service(ctx) } }
-        if thread != nil { exited.wait() }
+        if thread != nil { _ = exited.wait(timeout: deadline) }
     }
 }
 

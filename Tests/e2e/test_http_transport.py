@@ -1,11 +1,13 @@
 """The HTTP/1.1 transport itself, over raw sockets: pipelined requests,
-paths exactly as sent, and streams whose client goes away.
+paths exactly as sent, streams whose client goes away, and SIGTERM while a
+connection still holds a request.
 
 Each test that can wedge a gateway (it did before these were fixed) starts
 its own, so one failure does not take the module's gateway down with it.
 """
 
 import json
+import signal
 import socket
 import time
 
@@ -72,6 +74,37 @@ def test_request_pipelined_behind_a_held_poll_waits_its_turn(gateway_factory):
     assert [r.status_code for r in rs] == [200, 201, 200], [r.text[:200] for r in rs]
     first = rs[0].json()
     assert first.get("reset") or first["changes"] == [], first
+
+
+# ---------------------------------------------------------------- shutdown
+
+def test_sigterm_with_requests_held_on_a_connection_exits_0(gateway_factory):
+    gw = gateway_factory()
+    user = uid("held")
+    tok = mint_token(user)
+    head = gw.publish(user, "a")
+    held = socket.create_connection(("127.0.0.1", gw.port), timeout=10)
+    half = socket.create_connection(("127.0.0.1", gw.port), timeout=10)
+    try:
+        # A poll held until a change or SIGTERM, with a publish queued behind it ...
+        held.sendall(request("GET", f"/v1/me/sync?cursor={head['seq']}&wait=60&deviceId=d1",
+                             Authorization=f"Bearer {tok}") + publish_request(user, "b"))
+        wait_for("poll held", lambda: gw.devices(user).get("d1", {}).get("transport") == "poll")
+        # ... and a publish whose body never comes in full.
+        whole = publish_request(user, "c")
+        half.sendall(whole[:-5])
+        gw.proc.send_signal(signal.SIGTERM)
+        gw.stopped_by_test = True
+        t0 = time.time()
+        assert gw.proc.wait(10) == 0, gw.stderr_tail()
+        assert time.time() - t0 < 10
+        rs = parse_responses(read_until_eof(held))
+        assert rs and rs[0].status_code == 200 and rs[0].json()["changes"] == [], [r.text[:200] for r in rs]
+        assert len(rs) == 2 or rs[0].headers.get("connection") == "close", \
+            "a request left unanswered needs `Connection: close` on the answer before it"
+    finally:
+        held.close()
+        half.close()
 
 
 # ---------------------------------------------------------------- paths
