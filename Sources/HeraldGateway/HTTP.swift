@@ -61,4 +61,8 @@ public protocol HTTPResponder: AnyObject, Sendable {
     /// `f` runs on the shard thread if the connection closes before the
     /// answer is complete.
     func onClose(_ f: @escaping () -> Void)
+    /// Runs `f` once, on the shard thread, as soon as fewer than `bytes`
+    /// of a started stream are queued unwritten (at once if that is so now).
+    /// Not called if the connection closes (or the stream is finished) first.
+    func whenDrained(below bytes: Int, _ f: @escaping () -> Void)
 }

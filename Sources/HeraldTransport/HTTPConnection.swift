@@ -49,6 +49,7 @@ final class HTTPConnection: Flushable {
     /// lws stopped reading: a request's worth of input waits already.
     private var readingPaused = false
     private var closeHook: (() -> Void)?
+    private var drainWaiters: [(below: Int, run: () -> Void)] = []
     private var flushQueued = false
     /// Inside `pump`, which writes what an answer given meanwhile queues.
     private var pumping = false
@@ -190,6 +191,7 @@ final class HTTPConnection: Flushable {
         guard serial == self.serial, case .streaming(finishing: false) = state else { return }
         output += HTTPWire.lastChunk
         state = .streaming(finishing: true)
+        drainWaiters = []
         requestWrite()
     }
 
@@ -204,6 +206,21 @@ final class HTTPConnection: Flushable {
         case .awaitingAnswer, .streaming: closeHook = f
         default: break
         }
+    }
+
+    func whenDrained(below bytes: Int, _ f: @escaping () -> Void, serial: Int) {
+        guard serial == self.serial, case .streaming(finishing: false) = state else { return }
+        if output.count - written < bytes { f() } else { drainWaiters.append((bytes, f)) }
+    }
+
+    /// Runs the drain waiters whose level is reached; true if any ran.
+    private func runDrainWaiters() -> Bool {
+        let queued = output.count - written
+        let ready = drainWaiters.filter { queued < $0.below }
+        guard !ready.isEmpty else { return false }
+        drainWaiters.removeAll { queued < $0.below }
+        for w in ready { w.run() }
+        return true
     }
 
     // MARK: Output
@@ -240,8 +257,10 @@ final class HTTPConnection: Flushable {
                 state = .idle
                 resumeReading()
             case .streaming(let finishing):
-                guard drain(), finishing else { return }
-                return linger()
+                let done = drain()
+                if done, finishing { return linger() }
+                // Waiters may queue more: write that too, if the socket took all.
+                guard runDrainWaiters(), done else { return }
             case .awaitingAnswer, .lingering, .closed:
                 return
             }
@@ -297,6 +316,7 @@ final class HTTPConnection: Flushable {
 
     func closed() {
         state = .closed
+        drainWaiters = []
         let hook = closeHook
         closeHook = nil
         hook?()
@@ -322,4 +342,5 @@ final class Exchange: HTTPResponder, @unchecked Sendable {
     func finish() { conn?.finish(serial: serial) }
     var queuedBytes: Int { conn?.queuedBytes(serial: serial) ?? 0 }
     func onClose(_ f: @escaping () -> Void) { conn?.onClose(f, serial: serial) }
+    func whenDrained(below bytes: Int, _ f: @escaping () -> Void) { conn?.whenDrained(below: bytes, f, serial: serial) }
 }
