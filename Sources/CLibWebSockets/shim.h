@@ -1,7 +1,8 @@
 // The C side of Herald's transport: libwebsockets plus the few socket calls
-// Swift cannot reach (accept4) or spell (unions, LWS_PRE).
+// Swift cannot reach (accept4) or spell (unions, packed epoll events).
 #include <libwebsockets.h>
 #include <ev.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -10,8 +11,6 @@
 #include <unistd.h>
 #include <errno.h>
 #include <string.h>
-
-static const int herald_lws_pre = LWS_PRE;
 
 // A listening socket that other threads may bind to the same port too
 // (SO_REUSEPORT): the kernel spreads connections over the service loops.
@@ -49,11 +48,46 @@ static inline int herald_accept(int listen_fd) {
     return fd;
 }
 
-// Watches a listening socket for readability through lws (as a raw file).
-static inline struct lws *herald_adopt_listener(struct lws_vhost *vh, int fd, const char *protocol) {
+// Watches a descriptor for readability through lws (as a raw file): lws
+// reads nothing from it.
+static inline struct lws *herald_watch_fd(struct lws_vhost *vh, int fd, const char *protocol) {
     lws_sock_file_fd_type u;
     u.filefd = fd;
     return lws_adopt_descriptor_vhost(vh, LWS_ADOPT_RAW_FILE_DESC, u, protocol, NULL);
+}
+
+// Serves an accepted socket as a raw stream of bytes (no lws HTTP parsing).
+// On failure lws has closed the socket.
+static inline struct lws *herald_adopt_raw_socket(struct lws_vhost *vh, int fd, const char *protocol) {
+    lws_sock_file_fd_type u;
+    u.sockfd = fd;
+    return lws_adopt_descriptor_vhost(vh, LWS_ADOPT_SOCKET, u, protocol, NULL);
+}
+
+// Accepted sockets whose first bytes have not come yet wait in an epoll set
+// of their own, which lws watches like the listener. Edge-triggered: a
+// socket holding too few bytes to tell wakes the loop again only when more
+// arrive. Removed from the set before lws adopts them, so no registration
+// outlives its socket.
+static inline int herald_waitset_create(void) { return epoll_create1(EPOLL_CLOEXEC); }
+
+static inline int herald_waitset_add(int set, int fd) {
+    struct epoll_event e;
+    memset(&e, 0, sizeof e);
+    e.events = EPOLLIN | EPOLLRDHUP | EPOLLET;
+    e.data.fd = fd;
+    return epoll_ctl(set, EPOLL_CTL_ADD, fd, &e);
+}
+
+static inline void herald_waitset_remove(int set, int fd) { epoll_ctl(set, EPOLL_CTL_DEL, fd, NULL); }
+
+// Fills fds with up to max (at most 64) sockets of the set that got bytes
+// or were closed, without waiting; returns how many.
+static inline int herald_waitset_ready(int set, int *fds, int max) {
+    struct epoll_event ev[64];
+    int n = epoll_wait(set, ev, max < 64 ? max : 64, 0);
+    for (int i = 0; i < n; i++) fds[i] = ev[i].data.fd;
+    return n;
 }
 
 // A repeating lws timer that carries a pointer back to its owner.

@@ -3,7 +3,8 @@ import HeraldCore
 /// A parsed HTTP request, as the transport hands it over.
 public struct HTTPRequest: Sendable {
     public var method: String
-    /// The path without the query, percent-decoded.
+    /// The path as sent, without the query: still percent-encoded, so an
+    /// encoded `/` stays inside its segment (see `Route.match`).
     public var path: String
     /// Decoded query parameters in order.
     public var query: [(String, String)]
@@ -57,11 +58,11 @@ public protocol HTTPResponder: AnyObject, Sendable {
     func finish()
     /// Bytes queued for a stream and not yet written.
     var queuedBytes: Int { get }
-    /// Runs `f` once, on the shard thread, as soon as fewer than `bytes`
-    /// of a started stream are queued unwritten (at once if that is so now).
-    /// Not called if the connection closes first.
-    func whenDrained(below bytes: Int, _ f: @escaping () -> Void)
     /// `f` runs on the shard thread if the connection closes before the
     /// answer is complete.
     func onClose(_ f: @escaping () -> Void)
+    /// Runs `f` once, on the shard thread, as soon as fewer than `bytes`
+    /// of a started stream are queued unwritten (at once if that is so now).
+    /// Not called if the connection closes (or the stream is finished) first.
+    func whenDrained(below bytes: Int, _ f: @escaping () -> Void)
 }

@@ -6,6 +6,8 @@ import HeraldCore
 /// reads on the reader, whose answers come back to the loop to be written.
 /// No code here touches the store.
 extension Gateway {
+    public static let upgradeExpected = HeraldError(.badRequest, "GET /v1/ws expects a WebSocket upgrade")
+
     public func handle(_ req: HTTPRequest, shard: Shard, responder: HTTPResponder) {
         shard.thread.assertCurrent()
         let route: Route
@@ -22,7 +24,7 @@ extension Gateway {
             case .metrics:
                 responder.respond(HTTPResponse(status: 200, contentType: "text/plain; version=0.0.4", body: Array(metrics.prometheusText().utf8)))
             case .webSocket:
-                throw HeraldError(.badRequest, "GET /v1/ws expects a WebSocket upgrade")
+                throw Self.upgradeExpected
             case .staticFile(let name):
                 responder.respond(try staticFile(name))
             case .demoToken:

@@ -25,9 +25,19 @@ enum Route: Equatable {
     case staticFile(name: String)
 
     static func match(method: String, path: String, demo: Bool) -> Result<Route, HeraldError> {
-        guard path.hasPrefix("/") else { return .failure(notFound) }
-        let methods = table(path.split(separator: "/", omittingEmptySubsequences: false).dropFirst().map(String.init),
-                            path: path, demo: demo)
+        guard path.utf8.first == UInt8(ascii: "/") else { return .failure(notFound) }
+        // Split before decoding: an encoded `/` belongs to its segment (and
+        // makes a bad id there), and `.` or `..` are ids, not navigation.
+        // Bytes, not Characters: a `/` followed by a combining mark is one
+        // Character, and still a separator.
+        var s: [String] = []
+        for segment in path.utf8.split(separator: UInt8(ascii: "/"), omittingEmptySubsequences: false).dropFirst() {
+            guard let decoded = HTTPWire.percentDecoded(Substring(segment)) else {
+                return .failure(.badRequest("malformed percent-encoding in the path"))
+            }
+            s.append(decoded)
+        }
+        let methods = table(s, path: path, demo: demo)
         guard !methods.isEmpty else { return .failure(notFound) }
         guard let route = methods[method] else {
             let allowed = methods.keys.sorted().joined(separator: ", ")
@@ -83,10 +93,10 @@ enum Route: Equatable {
     /// Demo page files: `/` and plain file names in the web root.
     static func staticName(_ path: String) -> String? {
         if path == "/" { return "index.html" }
-        let name = path.dropFirst()
-        guard !name.isEmpty, name.count <= 64, !name.hasPrefix("."),
-              name.utf8.allSatisfy({ Identifiers.isTag(String(UnicodeScalar($0))) && $0 != UInt8(ascii: ":") })
+        let name = path.utf8.dropFirst()
+        guard !name.isEmpty, name.count <= 64, name.first != UInt8(ascii: "."),
+              name.allSatisfy({ Identifiers.isTag(String(UnicodeScalar($0))) && $0 != UInt8(ascii: ":") })
         else { return nil }
-        return String(name)
+        return String(Substring(name))
     }
 }

@@ -1,296 +1,326 @@
 import CLibWebSockets
+import Glibc
 import HeraldCore
 import HeraldGateway
 
-/// One HTTP/1.1 connection on libwebsockets. Collects each request,
-/// hands it to the gateway, and writes the answer when it comes back:
-/// headers in one writable callback, the body in 64 KiB pieces after.
+/// One HTTP/1.1 connection on an lws raw socket. Herald frames requests
+/// itself (`HTTPWire`): lws 4.1.6's HTTP server rewrites paths (`;` and `&`
+/// end a segment, `%2F` becomes a separator, dot segments collapse), loops
+/// forever on a pipelined request with a body (it feeds the buffered bytes
+/// to the body twice), and reads nothing from a connection while its answer
+/// is pending, so a client leaving a held poll or an event stream went
+/// unnoticed while its readable socket spun the loop.
+///
+/// Requests are answered one at a time, in order: the bytes of pipelined
+/// requests wait in `input` until the answers before them are out.
 final class HTTPConnection: Flushable {
-    private var wsi: OpaquePointer?
+    enum State {
+        /// Reading a request head.
+        case idle
+        /// Reading the body of a request whose head is parsed.
+        case receivingBody(HTTPWire.Head)
+        /// The gateway has the request; its answer comes through `Exchange`.
+        case awaitingAnswer(keepAlive: Bool)
+        /// `output` holds the answer; then the next request, or closing.
+        case writingAnswer(keepAlive: Bool)
+        /// An answer of unknown length (Server-Sent Events) taking chunks
+        /// into `output` until it is `finishing`; the connection then closes.
+        case streaming(finishing: Bool)
+        /// The last answer is out and our side shut: input is read and
+        /// dropped until the client closes, so it reads the answer instead
+        /// of a reset for the unread request bytes.
+        case lingering
+        case closed
+    }
+
+    private let wsi: OpaquePointer
     unowned let loop: ServiceLoop
+    private var state = State.idle
     /// Numbers requests on this connection, so a late answer to an earlier
     /// one is never written into a later exchange.
     private var serial = 0
-    private var request: HTTPRequest?
-    private var expectsBody = false
-    private var response: HTTPResponse?
-    private var headersSent = false
-    private var bodyOffset = 0
-    private var closeAfterResponse = false
-    /// An answer is expected or being written.
-    private(set) var isBusy = false
-    /// A stream (Server-Sent Events): `streamOut` waits to be written.
-    private var streaming = false
-    private var streamOut: [UInt8] = []
-    private var finishing = false
+    /// Bytes read and not yet taken, from `inputStart` on: the request
+    /// being read and any pipelined after it.
+    private var input: [UInt8] = []
+    private var inputStart = 0
+    /// Bytes to write, from `written` on.
+    private var output: [UInt8] = []
+    private var written = 0
+    /// lws stopped reading: a request's worth of input waits already.
+    private var readingPaused = false
     private var closeHook: (() -> Void)?
+    private var drainWaiters: [(below: Int, run: () -> Void)] = []
+    private var flushQueued = false
+    /// Inside `pump`, which writes what an answer given meanwhile queues.
+    private var pumping = false
 
-    static let chunk = 65536
+    static let keepAliveSeconds: UInt32 = 5
+    static let requestSeconds: UInt32 = 20
+    static let lingerSeconds: UInt32 = 2
 
     init(wsi: OpaquePointer, loop: ServiceLoop) {
         self.wsi = wsi
         self.loop = loop
+        lws_set_timeout(wsi, PENDING_TIMEOUT_HTTP_CONTENT, Int32(Self.requestSeconds))
     }
 
-    static func uri(_ wsi: OpaquePointer?) -> String {
-        header(wsi, WSI_TOKEN_GET_URI) ?? ""
+    var isBusy: Bool {
+        switch state {
+        case .awaitingAnswer, .writingAnswer, .streaming: true
+        case .idle, .receivingBody, .lingering, .closed: false
+        }
     }
 
-    static func header(_ wsi: OpaquePointer?, _ token: lws_token_indexes) -> String? {
-        let n = lws_hdr_total_length(wsi, token)
-        guard n > 0, n < 65536 else { return nil }
-        var buf = [CChar](repeating: 0, count: Int(n) + 1)
-        guard lws_hdr_copy(wsi, &buf, Int32(buf.count), token) >= 0 else { return nil }
-        return cString(buf)
+    // MARK: Input
+
+    func receive(_ data: UnsafeRawBufferPointer) {
+        switch state {
+        case .streaming, .lingering, .closed:
+            return // nothing after a stream or a last answer is answered
+        case .idle, .receivingBody:
+            // A request under way must keep coming (slow-client guard).
+            lws_set_timeout(wsi, PENDING_TIMEOUT_HTTP_CONTENT, Int32(Self.requestSeconds))
+        case .awaitingAnswer, .writingAnswer:
+            break
+        }
+        input.append(contentsOf: data)
+        if !readingPaused, input.count - inputStart > HTTPWire.maxHead + loop.gateway.config.limits.maxBodyBytes {
+            readingPaused = true
+            lws_rx_flow_control(wsi, 0)
+        }
+        pump()
     }
 
-    static func customHeader(_ wsi: OpaquePointer?, _ name: String) -> String? {
-        let key = name + ":"
-        let n = key.withCString { lws_hdr_custom_length(wsi, $0, Int32(key.utf8.count)) }
-        guard n > 0, n < 65536 else { return nil }
-        var buf = [CChar](repeating: 0, count: Int(n) + 1)
-        let r = key.withCString { lws_hdr_custom_copy(wsi, &buf, Int32(buf.count), $0, Int32(key.utf8.count)) }
-        guard r >= 0 else { return nil }
-        return cString(buf)
-    }
-
-    func begin(path: String) -> Int32 {
-        guard let wsi else { return -1 }
+    /// Takes the next request from `input` and dispatches it (or answers it
+    /// if it is refused); false while it is incomplete.
+    private func takeRequest() -> Bool {
+        if case .idle = state {
+            switch HTTPWire.parseHead(input[inputStart...]) {
+            case .incomplete:
+                return false
+            case .malformed(let e):
+                answer(.error(e), keepAlive: false)
+                return true
+            case .head(let h, let size):
+                inputStart += size
+                let max = loop.gateway.config.limits.maxBodyBytes
+                guard h.bodyLength <= max else {
+                    answer(.error(HeraldError(.tooLarge, "request body larger than \(max) bytes")), keepAlive: false)
+                    return true
+                }
+                state = .receivingBody(h)
+            }
+        }
+        guard case .receivingBody(var h) = state, input.count - inputStart >= h.bodyLength else { return false }
+        h.request.body = Array(input[inputStart..<inputStart + h.bodyLength])
+        inputStart += h.bodyLength
+        // A HEAD answer would carry a body the client does not expect:
+        // closing after it keeps the next answer from being misread.
+        let keepAlive = h.keepAlive && h.request.method != "HEAD"
+        if let refusal = h.refusal {
+            answer(.error(refusal), keepAlive: keepAlive)
+            return true
+        }
         serial += 1
-        response = nil
-        headersSent = false
-        bodyOffset = 0
-        isBusy = true
-        let methods: [(lws_token_indexes, String)] = [
-            (WSI_TOKEN_GET_URI, "GET"), (WSI_TOKEN_POST_URI, "POST"), (WSI_TOKEN_PUT_URI, "PUT"),
-            (WSI_TOKEN_PATCH_URI, "PATCH"), (WSI_TOKEN_DELETE_URI, "DELETE"), (WSI_TOKEN_OPTIONS_URI, "OPTIONS"),
-            (WSI_TOKEN_HEAD_URI, "HEAD"),
-        ]
-        let found = methods.first(where: { lws_hdr_total_length(wsi, $0.0) > 0 })
-        let method: String = found?.1 ?? "OTHER"
-        var req = HTTPRequest(method: method, path: path)
-        var frag = [CChar](repeating: 0, count: 4096)
-        var i: Int32 = 0
-        while lws_hdr_copy_fragment(wsi, &frag, Int32(frag.count), WSI_TOKEN_HTTP_URI_ARGS, i) > 0 {
-            if let s = cString(frag) {
-                let kv = s.split(separator: "=", maxSplits: 1, omittingEmptySubsequences: false)
-                req.query.append((String(kv[0]), kv.count > 1 ? String(kv[1]) : ""))
-            }
-            i += 1
+        state = .awaitingAnswer(keepAlive: keepAlive)
+        // Answers come back asynchronously (held polls after up to 60 s).
+        lws_set_timeout(wsi, NO_PENDING_TIMEOUT, 0)
+        loop.gateway.handle(h.request, shard: loop.shard, responder: Exchange(conn: self, serial: serial))
+        return true
+    }
+
+    /// Back to reading requests after a kept-alive answer.
+    private func resumeReading() {
+        // Taken input is dropped in bulk: one shift per request would make a
+        // long pipeline quadratic.
+        if inputStart == input.count {
+            input = []
+            inputStart = 0
+        } else if inputStart >= 65536 {
+            input.removeFirst(inputStart)
+            inputStart = 0
         }
-        req.headers["authorization"] = Self.header(wsi, WSI_TOKEN_HTTP_AUTHORIZATION)
-        req.headers["if-match"] = Self.header(wsi, WSI_TOKEN_HTTP_IF_MATCH)
-        req.headers["content-type"] = Self.header(wsi, WSI_TOKEN_HTTP_CONTENT_TYPE)
-        req.headers["herald-device"] = Self.customHeader(wsi, "herald-device")
-        req.headers["last-event-id"] = Self.customHeader(wsi, "last-event-id")
-        request = req
-
-        if Self.header(wsi, WSI_TOKEN_HTTP_TRANSFER_ENCODING) != nil {
-            closeAfterResponse = true
-            return answer(.error(HeraldError.badRequest("chunked request bodies are not supported; send Content-Length")))
+        let waiting = input.count > inputStart
+        lws_set_timeout(wsi, waiting ? PENDING_TIMEOUT_HTTP_CONTENT : PENDING_TIMEOUT_HTTP_KEEPALIVE_IDLE,
+                        Int32(waiting ? Self.requestSeconds : Self.keepAliveSeconds))
+        if readingPaused {
+            readingPaused = false
+            lws_rx_flow_control(wsi, 1)
         }
-        let length: Int?? = Self.header(wsi, WSI_TOKEN_HTTP_CONTENT_LENGTH).map { Int($0) }
-        if let length {
-            guard let n = length, n >= 0 else {
-                closeAfterResponse = true
-                return answer(.error(HeraldError.badRequest("bad Content-Length")))
-            }
-            if n > loop.gateway.config.limits.maxBodyBytes {
-                closeAfterResponse = true
-                return answer(.error(HeraldError(.tooLarge, "request body larger than \(loop.gateway.config.limits.maxBodyBytes) bytes")))
-            }
-            // lws 4.1.6 ends a body with BODY_COMPLETION when it has bytes, and
-            // for POST also when it is empty; other empty bodies get no call.
-            expectsBody = n > 0 || method == "POST"
-            request?.body.reserveCapacity(n)
-        } else {
-            expectsBody = false
-        }
-        if !expectsBody { dispatch() }
-        return 0
     }
 
-    func body(_ data: UnsafeRawBufferPointer) -> Int32 {
-        guard expectsBody, request != nil else { return 0 }
-        request!.body.append(contentsOf: data)
-        return 0
-    }
-
-    func bodyComplete() -> Int32 {
-        if expectsBody { dispatch() }
-        return 0
-    }
-
-    private func dispatch() {
-        guard let req = request else { return }
-        request = nil
-        expectsBody = false
-        // Answers come back asynchronously (held polls after up to 60 s):
-        // lws must not time the parked request out meanwhile.
-        if let wsi { lws_set_timeout(wsi, NO_PENDING_TIMEOUT, 0) }
-        loop.gateway.handle(req, shard: loop.shard, responder: Exchange(conn: self, serial: serial))
-    }
-
-    private func answer(_ r: HTTPResponse) -> Int32 {
-        request = nil
-        expectsBody = false
-        respond(r, serial: serial)
-        return 0
-    }
+    // MARK: Answers (from `Exchange`, on the loop thread)
 
     func respond(_ r: HTTPResponse, serial: Int) {
-        guard wsi != nil, serial == self.serial, response == nil, isBusy else { return }
-        response = r
+        guard serial == self.serial, case .awaitingAnswer(let keepAlive) = state else { return }
+        answer(r, keepAlive: keepAlive)
+    }
+
+    /// Queues a whole answer: head and body go out in one write when the
+    /// socket takes them.
+    private func answer(_ r: HTTPResponse, keepAlive: Bool) {
+        let keepAlive = keepAlive && !loop.shuttingDown
+        output = HTTPWire.responseHead(r, length: r.body.count, close: !keepAlive) + r.body
+        written = 0
+        closeHook = nil
+        state = .writingAnswer(keepAlive: keepAlive)
         requestWrite()
     }
 
-    private var flushQueued = false
-
-    private func requestWrite() {
-        if let wsi { loop.requestWrite(self, wsi: wsi, queued: &flushQueued) }
-    }
-
-    /// End of a drain: answer now if the socket takes it, else on writable.
-    func flush() {
-        flushQueued = false
-        guard let wsi, response != nil else { return }
-        if lws_send_pipe_choked(wsi) != 0 {
-            lws_callback_on_writable(wsi)
-            return
-        }
-        if writable() < 0 { lws_set_timeout(wsi, PENDING_TIMEOUT_CLOSE_SEND, LWS_TO_KILL_ASYNC) }
-    }
-
-    /// Streams go out chunked, so clients that read in blocks still see
-    /// each event as soon as it is written.
+    /// Streams go out chunked and end by closing the connection.
     func startStream(contentType: String, headers: [(String, String)], serial: Int) {
-        guard wsi != nil, serial == self.serial, response == nil, !streaming, isBusy else { return }
-        streaming = true
-        response = HTTPResponse(status: 200, contentType: contentType, headers: headers + [("Transfer-Encoding", "chunked")], body: [])
+        guard serial == self.serial, case .awaitingAnswer = state else { return }
+        output = HTTPWire.responseHead(HTTPResponse(status: 200, contentType: contentType, headers: headers, body: []),
+                                       length: nil, close: true)
+        written = 0
+        state = .streaming(finishing: false)
         requestWrite()
     }
 
     func send(_ bytes: [UInt8], serial: Int) {
-        guard wsi != nil, serial == self.serial, streaming, !finishing, !bytes.isEmpty else { return }
-        streamOut += Array(String(bytes.count, radix: 16).utf8) + [0x0D, 0x0A] + bytes + [0x0D, 0x0A]
+        guard serial == self.serial, case .streaming(finishing: false) = state, !bytes.isEmpty else { return }
+        if written >= 65536 {
+            output.removeFirst(written)
+            written = 0
+        }
+        output += HTTPWire.chunk(bytes)
         requestWrite()
     }
 
     func finish(serial: Int) {
-        guard wsi != nil, serial == self.serial, streaming, !finishing else { return }
-        streamOut += Array("0\r\n\r\n".utf8)
-        finishing = true
+        guard serial == self.serial, case .streaming(finishing: false) = state else { return }
+        output += HTTPWire.lastChunk
+        state = .streaming(finishing: true)
+        drainWaiters = []
         requestWrite()
     }
 
-    func queuedBytes(serial: Int) -> Int { serial == self.serial ? streamOut.count : 0 }
-
-    private var drainWaiter: (below: Int, run: () -> Void)?
-
-    func whenDrained(below bytes: Int, _ f: @escaping () -> Void, serial: Int) {
-        guard serial == self.serial, wsi != nil else { return }
-        if streamOut.count < bytes { return f() }
-        drainWaiter = (bytes, f)
+    func queuedBytes(serial: Int) -> Int {
+        guard serial == self.serial, case .streaming = state else { return 0 }
+        return output.count - written
     }
 
     func onClose(_ f: @escaping () -> Void, serial: Int) {
-        if serial == self.serial, wsi != nil { closeHook = f }
+        guard serial == self.serial else { return }
+        switch state {
+        case .awaitingAnswer, .streaming: closeHook = f
+        default: break
+        }
     }
 
-    /// Headers go out in the same write as the first piece of the body: one
-    /// `send()` for a typical answer (h1 writes are raw; lws keeps no count).
+    func whenDrained(below bytes: Int, _ f: @escaping () -> Void, serial: Int) {
+        guard serial == self.serial, case .streaming(finishing: false) = state else { return }
+        if output.count - written < bytes { f() } else { drainWaiters.append((bytes, f)) }
+    }
+
+    /// Runs the drain waiters whose level is reached; true if any ran.
+    private func runDrainWaiters() -> Bool {
+        let queued = output.count - written
+        let ready = drainWaiters.filter { queued < $0.below }
+        guard !ready.isEmpty else { return false }
+        drainWaiters.removeAll { queued < $0.below }
+        for w in ready { w.run() }
+        return true
+    }
+
+    // MARK: Output
+
+    private func requestWrite() {
+        if !pumping { loop.requestWrite(self, wsi: wsi, queued: &flushQueued) }
+    }
+
+    /// End of a drain: write now what the socket takes.
+    func flush() {
+        flushQueued = false
+        pump()
+    }
+
+    /// lws sent what it held for us, or the socket has room.
     func writable() -> Int32 {
-        guard let wsi, let r = response else { return 0 }
-        if streaming { return writeStream(wsi, r) }
-        var out: [UInt8] = []
-        if !headersSent {
-            headersSent = true
-            guard let h = headerBytes(wsi, r, length: lws_filepos_t(r.body.count)) else { return -1 }
-            out = h
-        }
-        let end = min(r.body.count, bodyOffset + Self.chunk)
-        let final = end == r.body.count
-        out += r.body[bodyOffset..<end]
-        if write(wsi, out, 0..<out.count, final ? LWS_WRITE_HTTP_FINAL : LWS_WRITE_HTTP) < 0 { return -1 }
-        bodyOffset = end
-        if !final {
-            lws_callback_on_writable(wsi)
-            return 0
-        }
-        response = nil
-        isBusy = false
-        closeHook = nil
-        if closeAfterResponse { return -1 }
-        return lws_http_transaction_completed(wsi) != 0 ? -1 : 0
-    }
-
-    private func writeStream(_ wsi: OpaquePointer, _ r: HTTPResponse) -> Int32 {
-        var out: [UInt8] = []
-        if !headersSent {
-            headersSent = true
-            // No length (LWS_ILLEGAL_HTTP_CONTENT_LEN): chunked, ends by closing.
-            guard let h = headerBytes(wsi, r, length: lws_filepos_t.max) else { return -1 }
-            out = h
-        }
-        let count = min(streamOut.count, Self.chunk)
-        out += streamOut[0..<count]
-        if !out.isEmpty {
-            if write(wsi, out, 0..<out.count, LWS_WRITE_HTTP) < 0 { return -1 }
-            streamOut.removeFirst(count)
-            if let w = drainWaiter, streamOut.count < w.below {
-                drainWaiter = nil
-                w.run()
-            }
-        } else if finishing {
-            return -1
-        }
-        if !streamOut.isEmpty || finishing { lws_callback_on_writable(wsi) }
+        pump()
         return 0
     }
 
-    /// Writes `bytes[range]` through the loop's scratch buffer (LWS_PRE headroom).
-    private func write(_ wsi: OpaquePointer, _ bytes: [UInt8], _ range: Range<Int>, _ kind: lws_write_protocol) -> Int32 {
-        let pre = Int(herald_lws_pre)
-        if loop.scratch.count < pre + range.count { loop.scratch = [UInt8](repeating: 0, count: pre + range.count) }
-        return loop.scratch.withUnsafeMutableBufferPointer { buf -> Int32 in
-            bytes.withUnsafeBufferPointer { b in
-                if !range.isEmpty { (buf.baseAddress! + pre).update(from: b.baseAddress! + range.lowerBound, count: range.count) }
+    /// Moves the connection on as far as it can go now: writes what is
+    /// queued, then takes the next request waiting in `input`.
+    private func pump() {
+        guard !pumping else { return }
+        pumping = true
+        defer { pumping = false }
+        while true {
+            switch state {
+            case .idle, .receivingBody:
+                guard takeRequest() else { return }
+            case .writingAnswer(let keepAlive):
+                guard drain() else { return }
+                guard keepAlive else { return linger() }
+                state = .idle
+                resumeReading()
+            case .streaming(let finishing):
+                let done = drain()
+                if done, finishing { return linger() }
+                // Waiters may queue more: write that too, if the socket took all.
+                guard runDrainWaiters(), done else { return }
+            case .awaitingAnswer, .lingering, .closed:
+                return
             }
-            return lws_write(wsi, buf.baseAddress! + pre, range.count, kind)
         }
     }
 
-    /// The status line and headers, ready to write.
-    private func headerBytes(_ wsi: OpaquePointer, _ r: HTTPResponse, length: lws_filepos_t) -> [UInt8]? {
-        var buf = [UInt8](repeating: 0, count: 2048)
-        let n = buf.withUnsafeMutableBufferPointer { b -> Int in
-            let start = b.baseAddress!
-            var p: UnsafeMutablePointer<UInt8>? = start
-            let end = start + b.count - 1
-            if lws_add_http_common_headers(wsi, UInt32(r.status), r.contentType, length, &p, end) != 0 { return -1 }
-            for (name, value) in r.headers {
-                let key = name.lowercased() + ":"
-                if lws_add_http_header_by_name(wsi, key, value, Int32(value.utf8.count), &p, end) != 0 { return -1 }
+    /// Writes `output` until all of it is sent (true) or the socket is full;
+    /// lws then holds the unsent part of the last piece and calls
+    /// `writable` once that is sent too.
+    private func drain() -> Bool {
+        while written < output.count, lws_partial_buffered(wsi) == 0 {
+            let n = min(output.count - written, ServiceLoop.outputLimit)
+            // On a raw socket lws_write is lws_issue_raw: the bytes as they are.
+            let from = written
+            let r = output.withUnsafeMutableBufferPointer { lws_write(wsi, $0.baseAddress! + from, n, LWS_WRITE_HTTP) }
+            guard r >= 0 else {
+                kill()
+                return false
             }
-            if lws_finalize_http_header(wsi, &p, end) != 0 { return -1 }
-            return p! - start
+            written += n
         }
-        return n < 0 ? nil : Array(buf[0..<n])
+        guard written == output.count, lws_partial_buffered(wsi) == 0 else { return false }
+        output.removeAll()
+        written = 0
+        return true
+    }
+
+    /// After the last answer: shut our side, read until the client closes.
+    private func linger() {
+        state = .lingering
+        input = []
+        inputStart = 0
+        _ = Glibc.shutdown(lws_get_socket_fd(wsi), Int32(SHUT_WR))
+        lws_set_timeout(wsi, PENDING_TIMEOUT_CLOSE_SEND, Int32(Self.lingerSeconds))
+        if readingPaused {
+            readingPaused = false
+            lws_rx_flow_control(wsi, 1)
+        }
+    }
+
+    // MARK: Closing
+
+    /// Gateway shutdown: a connection that owes no answer closes now; the
+    /// others close after theirs (`Connection: close`).
+    func shutDown() {
+        if !isBusy { kill() }
+    }
+
+    private func kill() {
+        if case .closed = state { return }
+        lws_set_timeout(wsi, PENDING_TIMEOUT_CLOSE_SEND, LWS_TO_KILL_ASYNC)
     }
 
     func closed() {
-        wsi = nil
-        drainWaiter = nil
-        isBusy = false
+        state = .closed
+        drainWaiters = []
         let hook = closeHook
         closeHook = nil
         hook?()
     }
-}
-
-/// A NUL-terminated buffer as a String, or nil if it is not UTF-8.
-func cString(_ buf: [CChar]) -> String? {
-    String(validating: buf.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
 }
 
 /// One request's way back to its connection.

@@ -1,4 +1,5 @@
 import CLibWebSockets
+import Glibc
 import HeraldCore
 import HeraldGateway
 
@@ -7,12 +8,14 @@ import HeraldGateway
 enum Protocols {
     nonisolated(unsafe) static let name = strdup("herald")!
     nonisolated(unsafe) static let listenName = strdup("herald-listen")!
+    nonisolated(unsafe) static let httpName = strdup("herald-http")!
 
     /// Protocol table and idle policy: allocated once, they must outlive
     /// every context.
     nonisolated(unsafe) static let table: UnsafeMutablePointer<lws_protocols> = {
-        let p = UnsafeMutablePointer<lws_protocols>.allocate(capacity: 3)
-        p.initialize(repeating: lws_protocols(), count: 3)
+        let p = UnsafeMutablePointer<lws_protocols>.allocate(capacity: 4)
+        p.initialize(repeating: lws_protocols(), count: 4)
+        // WebSockets: lws's HTTP server takes the upgrade, then frames.
         p[0].name = UnsafePointer(name)
         p[0].callback = heraldCallback
         p[0].per_session_data_size = MemoryLayout<UnsafeMutableRawPointer>.size
@@ -24,8 +27,14 @@ enum Protocols {
         // Without this lws sends at most rx_buffer_size bytes per writable
         // event: a 100 KB answer would take 200 round trips through epoll.
         p[0].tx_packet_size = ServiceLoop.outputLimit
+        // The listener and the set of sockets not yet sorted (raw files).
         p[1].name = UnsafePointer(listenName)
         p[1].callback = heraldCallback
+        // Plain HTTP, read and written by HTTPConnection (raw sockets).
+        p[2].name = UnsafePointer(httpName)
+        p[2].callback = heraldCallback
+        p[2].per_session_data_size = MemoryLayout<UnsafeMutableRawPointer>.size
+        p[2].tx_packet_size = ServiceLoop.outputLimit
         return p
     }()
 
@@ -93,36 +102,33 @@ func heraldCallback(wsi: OpaquePointer?, reason: lws_callback_reasons, user: Uns
         return 0
 
     case LWS_CALLBACK_RAW_RX_FILE:
-        loopOf(wsi).acceptAll()
+        loopOf(wsi).readable(lws_get_socket_fd(wsi))
         return 0
 
-    case LWS_CALLBACK_FILTER_PROTOCOL_CONNECTION:
-        // Only /v1/ws upgrades; anything else is dropped.
-        return HTTPConnection.uri(wsi) == "/v1/ws" ? 0 : 1
-
     case LWS_CALLBACK_HTTP:
+        // Only `GET /v1/ws` reaches lws's HTTP server (ServiceLoop.sort);
+        // without an upgrade it is refused like on any other connection.
+        let r = HTTPResponse.error(Gateway.upgradeExpected)
+        let out = HTTPWire.responseHead(r, length: r.body.count, close: true) + r.body
+        // A fresh connection's socket buffer takes it whole.
+        _ = send(lws_get_socket_fd(wsi), out, out.count, Int32(MSG_NOSIGNAL | MSG_DONTWAIT))
+        return -1
+
+    case LWS_CALLBACK_RAW_ADOPT:
         let loop = loopOf(wsi)
-        let conn = attached(user, HTTPConnection.self) ?? {
-            let c = HTTPConnection(wsi: wsi!, loop: loop)
-            attach(user, c)
-            loop.httpConnections[ObjectIdentifier(c)] = c
-            return c
-        }()
-        let path = input.map { String(cString: $0.assumingMemoryBound(to: CChar.self)) } ?? "/"
-        return conn.begin(path: path)
+        let c = HTTPConnection(wsi: wsi!, loop: loop)
+        attach(user, c)
+        loop.httpConnections[ObjectIdentifier(c)] = c
+        return 0
 
-    case LWS_CALLBACK_HTTP_BODY:
-        // An empty body (Content-Length: 0) arrives as one call with no bytes.
-        guard let conn = attached(user, HTTPConnection.self) else { return -1 }
-        return conn.body(UnsafeRawBufferPointer(start: input, count: input == nil ? 0 : len))
+    case LWS_CALLBACK_RAW_RX:
+        attached(user, HTTPConnection.self)?.receive(UnsafeRawBufferPointer(start: input, count: len))
+        return 0
 
-    case LWS_CALLBACK_HTTP_BODY_COMPLETION:
-        return attached(user, HTTPConnection.self)?.bodyComplete() ?? -1
-
-    case LWS_CALLBACK_HTTP_WRITEABLE:
+    case LWS_CALLBACK_RAW_WRITEABLE:
         return attached(user, HTTPConnection.self)?.writable() ?? 0
 
-    case LWS_CALLBACK_HTTP_DROP_PROTOCOL, LWS_CALLBACK_CLOSED_HTTP:
+    case LWS_CALLBACK_RAW_CLOSE:
         if let c = detach(user) as? HTTPConnection {
             c.closed()
             loopOf(wsi).httpConnections[ObjectIdentifier(c)] = nil

@@ -31,22 +31,24 @@ public final class Server: @unchecked Sendable {
 
     /// SPEC section 6: stop accepting, answer held polls, end event streams,
     /// close WebSockets with 1001, flush the store, all within 10 s.
+    /// No wait here is open-ended: a loop that does not answer counts as
+    /// busy, and one that does not stop is left to the process exit.
     public func shutdown(deadline seconds: Double = 8) {
         for l in loops { l.post { l.beginShutdown() } }
-        let until = Date(timeIntervalSinceNow: seconds / 2)
-        while Date() < until {
-            let open = loops.map { l in
+        let drained = DispatchTime.now() + seconds / 2
+        while DispatchTime.now() < drained {
+            let open = loops.reduce(0) { sum, l in
                 let box = OpenCount()
                 let done = DispatchSemaphore(value: 0)
                 l.post { box.value = l.openConnections; done.signal() }
-                done.wait()
-                return box.value
-            }.reduce(0, +)
+                return sum + (done.wait(timeout: drained) == .success ? box.value : 1)
+            }
             if open == 0 { break }
             Thread.sleep(forTimeInterval: 0.02)
         }
         gateway.stop()
-        for l in loops { l.stop() }
+        let stopped = DispatchTime.now() + seconds / 2
+        for l in loops { l.stop(until: stopped) }
     }
 }
 

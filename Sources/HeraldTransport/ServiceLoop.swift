@@ -30,6 +30,11 @@ final class ServiceLoop: LoopExecutor, @unchecked Sendable {
     private var evLoop: OpaquePointer?
     private var listenFd: Int32 = -1
     private var listener: OpaquePointer?
+    /// Accepted sockets waiting for the first bytes that tell what they are
+    /// (see `sort`), with their deadlines, and the epoll set that holds them.
+    private var waiting: [Int32: Millis] = [:]
+    private var waitSet: Int32 = -1
+    private var waitWatcher: OpaquePointer?
     private var tick: UnsafeMutablePointer<herald_tick>?
     private var thread: Thread?
     private let ready = DispatchSemaphore(value: 0)
@@ -40,6 +45,8 @@ final class ServiceLoop: LoopExecutor, @unchecked Sendable {
     /// Open connections on this loop, for shutdown.
     var webSockets: [ObjectIdentifier: WebSocketConnection] = [:]
     var httpConnections: [ObjectIdentifier: HTTPConnection] = [:]
+    /// Past `beginShutdown`: answers close their connections.
+    private(set) var shuttingDown = false
     /// True while the inbox is being drained: output then waits for the end
     /// of the drain (`flush`), so a connection writes once per drain, and
     /// directly when its socket has room, without a writable round trip
@@ -59,8 +66,6 @@ final class ServiceLoop: LoopExecutor, @unchecked Sendable {
             lws_callback_on_writable(wsi)
         }
     }
-    /// Reused for every outgoing HTTP write: LWS_PRE bytes of headroom + payload.
-    var scratch = [UInt8](repeating: 0, count: 65536)
     /// Reused for WebSocket output: framed messages, up to about `outputLimit`
     /// bytes per `send()`.
     var output: [UInt8] = []
@@ -114,8 +119,10 @@ final class ServiceLoop: LoopExecutor, @unchecked Sendable {
         }
         context = ctx
         let vh = lws_get_vhost_by_name(ctx, "default")
-        listener = herald_adopt_listener(vh, listenFd, Protocols.listenName)
-        guard listener != nil else {
+        listener = herald_watch_fd(vh, listenFd, Protocols.listenName)
+        waitSet = herald_waitset_create()
+        waitWatcher = waitSet < 0 ? nil : herald_watch_fd(vh, waitSet, Protocols.listenName)
+        guard listener != nil, waitWatcher != nil else {
             startError = "libwebsockets could not watch the listening socket"
             lws_context_destroy(ctx)
             ready.signal()
@@ -168,14 +175,56 @@ final class ServiceLoop: LoopExecutor, @unchecked Sendable {
         for c in flush { c.flush() }
     }
 
-    /// The listener is readable: accept everything waiting.
-    func acceptAll() {
-        guard listenFd >= 0, let context, let vh = lws_get_vhost_by_name(context, "default") else { return }
-        while true {
-            let fd = herald_accept(listenFd)
-            if fd < 0 { return }
-            if lws_adopt_socket_vhost(vh, fd) == nil { close(fd) }
+    /// The listener or the waiting set is readable.
+    func readable(_ fd: Int32) {
+        if fd == listenFd {
+            while case let c = herald_accept(listenFd), c >= 0 { sort(c) }
+        } else if fd == waitSet {
+            var ready = [Int32](repeating: 0, count: 64)
+            while case let n = herald_waitset_ready(waitSet, &ready, 64), n > 0 {
+                for c in ready[0..<Int(n)] { sort(c) }
+                if n < 64 { break }
+            }
         }
+    }
+
+    static let webSocketRequest = Array("GET /v1/ws".utf8)
+
+    /// Hands a new connection to lws once its first bytes tell what it is.
+    /// `GET /v1/ws` goes to lws's HTTP server, which takes the WebSocket
+    /// upgrade; anything else is HTTP that Herald reads itself from a raw
+    /// socket (see HTTPConnection). Until then the socket waits in
+    /// `waitSet`; lws cannot take it back from a raw socket later.
+    private func sort(_ fd: Int32) {
+        let ws = Self.webSocketRequest
+        var first = [UInt8](repeating: 0, count: ws.count + 1)
+        let n = recv(fd, &first, first.count, Int32(MSG_PEEK | MSG_DONTWAIT))
+        let pending = n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)
+        if pending || (n > 0 && n <= ws.count && first[0..<n].elementsEqual(ws[0..<n])) {
+            if waiting[fd] == nil {
+                guard herald_waitset_add(waitSet, fd) == 0 else { return drop(fd) }
+                waiting[fd] = WallClock.now() + Millis(HTTPConnection.requestSeconds) * 1000
+            }
+            return
+        }
+        if waiting.removeValue(forKey: fd) != nil { herald_waitset_remove(waitSet, fd) }
+        guard n > 0, let context, let vh = lws_get_vhost_by_name(context, "default") else { return drop(fd) }
+        // On failure lws closes the socket itself.
+        if first.starts(with: ws), first[ws.count] == UInt8(ascii: " ") || first[ws.count] == UInt8(ascii: "?") {
+            _ = lws_adopt_socket_vhost(vh, fd)
+        } else {
+            _ = herald_adopt_raw_socket(vh, fd, Protocols.httpName)
+        }
+    }
+
+    private func drop(_ fd: Int32) {
+        if waiting.removeValue(forKey: fd) != nil { herald_waitset_remove(waitSet, fd) }
+        close(fd)
+    }
+
+    /// Closes waiting sockets that said too little in time.
+    func expireWaiting(now: Millis) {
+        for (fd, deadline) in waiting where deadline <= now { drop(fd) }
     }
 
     private func scheduleTick() {
@@ -193,7 +242,9 @@ final class ServiceLoop: LoopExecutor, @unchecked Sendable {
                 guard let sul else { return }
                 let owner = sul.withMemoryRebound(to: herald_tick.self, capacity: 1) { $0.pointee.owner }
                 let loop = Unmanaged<ServiceLoop>.fromOpaque(owner!).takeUnretainedValue()
+                let now = WallClock.now()
                 loop.shard.runTimers()
+                loop.expireWaiting(now: now)
                 loop.armTick()
             }, 100_000)
         }
@@ -202,23 +253,30 @@ final class ServiceLoop: LoopExecutor, @unchecked Sendable {
     // MARK: Shutdown
 
     /// Stops accepting and asks every connection to close (WebSockets 1001,
-    /// held polls answered, event streams ended). Loop thread.
+    /// held polls answered, event streams ended, HTTP connections once they
+    /// owe no answer). Loop thread.
     func beginShutdown() {
-        if let listener {
-            lws_set_timeout(listener, PENDING_TIMEOUT_CLOSE_SEND, LWS_TO_KILL_ASYNC)
-            self.listener = nil
-            listenFd = -1
+        shuttingDown = true
+        for w in [listener, waitWatcher] {
+            if let w { lws_set_timeout(w, PENDING_TIMEOUT_CLOSE_SEND, LWS_TO_KILL_ASYNC) }
         }
+        listener = nil
+        waitWatcher = nil
+        listenFd = -1
+        waitSet = -1
+        for fd in waiting.keys { close(fd) }
+        waiting = [:]
         shard.shutdownSubscriptions()
         for ws in webSockets.values { ws.session.shutdown() }
+        for c in httpConnections.values { c.shutDown() }
     }
 
     var openConnections: Int { webSockets.count + httpConnections.values.filter(\.isBusy).count }
 
-    func stop() {
+    func stop(until deadline: DispatchTime) {
         running.store(false, ordering: .relaxed)
         inbox.withLock { box in if let ctx = OpaquePointer(bitPattern: box.context) { lws_cancel_service(ctx) } }
-        if thread != nil { exited.wait() }
+        if thread != nil { _ = exited.wait(timeout: deadline) }
     }
 }
 

@@ -677,6 +677,61 @@ class RawResponse:
         return json.loads(self.content)
 
 
+def parse_response(data: bytes) -> tuple[RawResponse, bytes] | None:
+    """The first complete HTTP response in `data` and the bytes after it,
+    or None while it is incomplete (framed by Content-Length or chunked)."""
+    head_b, sep, rest = data.partition(b"\r\n\r\n")
+    if not sep:
+        return None
+    lines = head_b.decode("latin-1").split("\r\n")
+    status = int(lines[0].split()[1])
+    hdrs = {}
+    for line in lines[1:]:
+        k, _, v = line.partition(":")
+        hdrs[k.strip().lower()] = v.strip()
+    if "chunked" in hdrs.get("transfer-encoding", "").lower():
+        body, buf = b"", rest
+        while True:
+            size_line, sep, buf = buf.partition(b"\r\n")
+            if not sep:
+                return None
+            size = int(size_line.split(b";")[0] or b"0", 16)
+            if size == 0:
+                return RawResponse(status, hdrs, body), buf.partition(b"\r\n")[2]
+            if len(buf) < size + 2:
+                return None
+            body, buf = body + buf[:size], buf[size + 2:]
+    length = int(hdrs.get("content-length", "0"))
+    if len(rest) < length:
+        return None
+    return RawResponse(status, hdrs, rest[:length]), rest[length:]
+
+
+def parse_responses(data: bytes) -> list[RawResponse]:
+    """Every complete response in `data`, in order."""
+    out = []
+    while (parsed := parse_response(data)) is not None:
+        r, data = parsed
+        out.append(r)
+    return out
+
+
+def read_until_eof(s, timeout: float = 10.0) -> bytes:
+    """Everything a socket receives until the peer closes it; fails if it
+    stays open `timeout` seconds without sending."""
+    import socket
+    s.settimeout(timeout)
+    data = b""
+    try:
+        while chunk := s.recv(65536):
+            data += chunk
+    except ConnectionResetError:
+        pass
+    except socket.timeout:
+        raise AssertionError(f"connection still open after {timeout}s of silence; got {data[:500]!r}")
+    return data
+
+
 def raw_http(gw: "Gateway", method: str, path: str, headers: dict | None = None, body: bytes = b"",
              timeout: float = 10.0) -> RawResponse:
     """Sends one request over a plain socket, tolerating the gateway closing
@@ -697,39 +752,15 @@ def raw_http(gw: "Gateway", method: str, path: str, headers: dict | None = None,
             pass
         data = b""
         try:
-            while True:
-                chunk = s.recv(65536)
-                if not chunk:
-                    break
+            while (chunk := s.recv(65536)) and parse_response(data + chunk) is None:
                 data += chunk
-                if b"\r\n\r\n" in data:
-                    head_b, _, rest = data.partition(b"\r\n\r\n")
-                    m = re.search(rb"(?im)^content-length:\s*(\d+)", head_b)
-                    if m and len(rest) >= int(m.group(1)):
-                        break
+            data += chunk
         except ConnectionResetError:
             pass
-        if b"\r\n\r\n" not in data:
+        parsed = parse_response(data)
+        if parsed is None:
             raise AssertionError(f"no HTTP response to {method} {path} (got {data[:200]!r})")
-        head_b, _, rest = data.partition(b"\r\n\r\n")
-        lines = head_b.decode("latin-1").split("\r\n")
-        status = int(lines[0].split()[1])
-        hdrs = {}
-        for line in lines[1:]:
-            k, _, v = line.partition(":")
-            hdrs[k.strip().lower()] = v.strip()
-        if "content-length" in hdrs:
-            rest = rest[:int(hdrs["content-length"])]
-        elif "chunked" in hdrs.get("transfer-encoding", "").lower():
-            out, buf = b"", rest
-            while buf:
-                size_line, _, buf = buf.partition(b"\r\n")
-                size = int(size_line.split(b";")[0] or b"0", 16)
-                if size == 0:
-                    break
-                out, buf = out + buf[:size], buf[size + 2:]
-            rest = out
-        return RawResponse(status, hdrs, rest)
+        return parsed[0]
     finally:
         s.close()
 

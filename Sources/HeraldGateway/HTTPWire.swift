@@ -1,0 +1,181 @@
+import HeraldCore
+
+/// HTTP/1.1 framing (RFC 9112) for a transport that reads and writes the
+/// bytes itself: request heads in, response heads and chunks out. No I/O.
+public enum HTTPWire {
+    /// The longest request head (request line and header fields) taken.
+    public static let maxHead = 8192
+
+    /// A request head: the request without its body, the body's length and
+    /// whether the connection may carry another request after the answer.
+    public struct Head: Sendable {
+        public var request: HTTPRequest
+        public var bodyLength: Int
+        public var keepAlive: Bool
+        /// A well-framed request the gateway must not see (a malformed
+        /// query): answered with this, the connection kept.
+        public var refusal: HeraldError?
+    }
+
+    public enum Parsed: Sendable {
+        case incomplete
+        /// A head, and how many bytes it took.
+        case head(Head, size: Int)
+        /// Not a request this server takes. Answer it and close: where the
+        /// next request would start is unknown.
+        case malformed(HeraldError)
+    }
+
+    public static func parseHead(_ bytes: ArraySlice<UInt8>) -> Parsed {
+        // RFC 9112 2.2: empty lines before a request line are ignored; LF
+        // alone ends a line as well as CRLF.
+        var start = bytes.startIndex
+        while start < bytes.endIndex, bytes[start] == cr || bytes[start] == lf { start += 1 }
+        var lines: [ArraySlice<UInt8>] = []
+        var lineStart = start
+        var end: Int?
+        for i in start..<min(bytes.endIndex, start + maxHead) where bytes[i] == lf {
+            let line = bytes[lineStart..<i].last == cr ? bytes[lineStart..<i - 1] : bytes[lineStart..<i]
+            lineStart = i + 1
+            if line.isEmpty {
+                end = lineStart
+                break
+            }
+            lines.append(line)
+        }
+        guard let end else {
+            return bytes.endIndex - start < maxHead ? .incomplete : .malformed(HeraldError(.tooLarge, "request head larger than \(maxHead) bytes"))
+        }
+        switch head(lines) {
+        case .success(let h): return .head(h, size: end - bytes.startIndex)
+        case .failure(let e): return .malformed(e)
+        }
+    }
+
+    private static func head(_ lines: [ArraySlice<UInt8>]) -> Result<Head, HeraldError> {
+        let parts = lines[0].split(separator: space, omittingEmptySubsequences: false)
+        guard parts.count == 3, !parts[0].isEmpty, parts[0].allSatisfy(isTokenChar),
+              !parts[1].isEmpty, parts[1].allSatisfy({ $0 > space && $0 < 0x7F })
+        else { return .failure(.badRequest("malformed request line")) }
+        let version = String(decoding: parts[2], as: UTF8.self)
+        guard version == "HTTP/1.1" || version == "HTTP/1.0" else { return .failure(.badRequest("HTTP/1.1 or HTTP/1.0 only")) }
+        let target = String(decoding: parts[1], as: UTF8.self)
+        let (path, query) = target.firstIndex(of: "?").map { (target[..<$0], target[target.index(after: $0)...]) } ?? (target[...], "")
+        var request = HTTPRequest(method: String(decoding: parts[0], as: UTF8.self), path: String(path))
+        var length: Int?
+        var connection: [Substring] = []
+        for line in lines.dropFirst() {
+            guard let colon = line.firstIndex(of: UInt8(ascii: ":")), colon > line.startIndex,
+                  line[..<colon].allSatisfy(isTokenChar)
+            else { return .failure(.badRequest("malformed header field")) }
+            let name = String(decoding: line[..<colon], as: UTF8.self).lowercased()
+            var v = line[(colon + 1)...]
+            while let c = v.first, c == space || c == tab { v = v.dropFirst() }
+            while let c = v.last, c == space || c == tab { v = v.dropLast() }
+            let value = String(decoding: v, as: UTF8.self)
+            switch name {
+            case "content-length":
+                guard !value.isEmpty, value.count <= 18, value.utf8.allSatisfy({ $0 >= 0x30 && $0 <= 0x39 }), let n = Int(value),
+                      length == nil || length == n
+                else { return .failure(.badRequest("bad Content-Length")) }
+                length = n
+            case "transfer-encoding":
+                return .failure(.badRequest("chunked request bodies are not supported; send Content-Length"))
+            case "connection":
+                connection += value.lowercased().split(separator: ",").map(\.trimmingSpaces)
+            default:
+                if HTTPRequest.headerNames.contains(name) {
+                    request.headers[name] = request.headers[name].map { $0 + "," + value } ?? value
+                }
+            }
+        }
+        var h = Head(request: request, bodyLength: length ?? 0,
+                     keepAlive: version == "HTTP/1.1" ? !connection.contains("close") : connection.contains("keep-alive"))
+        for pair in query.split(separator: "&") {
+            let kv = pair.split(separator: "=", maxSplits: 1, omittingEmptySubsequences: false)
+            guard let k = percentDecoded(kv[0], plusIsSpace: true), let v = percentDecoded(kv.count > 1 ? kv[1] : "", plusIsSpace: true) else {
+                h.refusal = .badRequest("malformed percent-encoding in the query")
+                break
+            }
+            h.request.query.append((k, v))
+        }
+        return .success(h)
+    }
+
+    /// `s` with its %XX escapes decoded (and `+` as a space if asked), or
+    /// nil if an escape is malformed or the result is not UTF-8.
+    public static func percentDecoded(_ s: Substring, plusIsSpace: Bool = false) -> String? {
+        var out: [UInt8] = []
+        var it = s.utf8.makeIterator()
+        while let c = it.next() {
+            switch c {
+            case UInt8(ascii: "%"):
+                guard let h = it.next().flatMap(hexValue), let l = it.next().flatMap(hexValue) else { return nil }
+                out.append(h << 4 | l)
+            case UInt8(ascii: "+") where plusIsSpace: out.append(space)
+            default: out.append(c)
+            }
+        }
+        return String(validating: out, as: UTF8.self)
+    }
+
+    /// The status line and header fields of an answer; without a `length`
+    /// the body follows as chunks.
+    public static func responseHead(_ r: HTTPResponse, length: Int?, close: Bool) -> [UInt8] {
+        var s = "HTTP/1.1 \(r.status) \(reason(r.status))\r\n"
+        if r.status != 204 {
+            s += "Content-Type: \(r.contentType)\r\n"
+            s += length.map { "Content-Length: \($0)\r\n" } ?? "Transfer-Encoding: chunked\r\n"
+        }
+        for (name, value) in r.headers { s += "\(name): \(value)\r\n" }
+        if close { s += "Connection: close\r\n" }
+        return Array((s + "\r\n").utf8)
+    }
+
+    /// One piece of a chunked body (never empty: an empty chunk ends it).
+    public static func chunk(_ bytes: [UInt8]) -> [UInt8] {
+        Array(String(bytes.count, radix: 16).utf8) + [cr, lf] + bytes + [cr, lf]
+    }
+
+    public static let lastChunk: [UInt8] = Array("0\r\n\r\n".utf8)
+
+    static func reason(_ status: Int) -> String {
+        switch status {
+        case 200: "OK"
+        case 201: "Created"
+        case 202: "Accepted"
+        case 204: "No Content"
+        case 400: "Bad Request"
+        case 401: "Unauthorized"
+        case 403: "Forbidden"
+        case 404: "Not Found"
+        case 405: "Method Not Allowed"
+        case 412: "Precondition Failed"
+        case 413: "Content Too Large"
+        case 429: "Too Many Requests"
+        case 503: "Service Unavailable"
+        default: "Status"
+        }
+    }
+
+    static let cr = UInt8(ascii: "\r"), lf = UInt8(ascii: "\n"), space = UInt8(ascii: " "), tab = UInt8(ascii: "\t")
+
+    /// RFC 9110 5.6.2 `tchar`: what methods and field names are made of.
+    static func isTokenChar(_ c: UInt8) -> Bool {
+        switch c {
+        case UInt8(ascii: "0")...UInt8(ascii: "9"), UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "A")...UInt8(ascii: "Z"),
+             UInt8(ascii: "!"), UInt8(ascii: "#")...UInt8(ascii: "'"), UInt8(ascii: "*"), UInt8(ascii: "+"), UInt8(ascii: "-"),
+             UInt8(ascii: "."), UInt8(ascii: "^")...UInt8(ascii: "`"), UInt8(ascii: "|"), UInt8(ascii: "~"): true
+        default: false
+        }
+    }
+
+    static func hexValue(_ c: UInt8) -> UInt8? {
+        switch c {
+        case UInt8(ascii: "0")...UInt8(ascii: "9"): c - UInt8(ascii: "0")
+        case UInt8(ascii: "a")...UInt8(ascii: "f"): c - UInt8(ascii: "a") + 10
+        case UInt8(ascii: "A")...UInt8(ascii: "F"): c - UInt8(ascii: "A") + 10
+        default: nil
+        }
+    }
+}

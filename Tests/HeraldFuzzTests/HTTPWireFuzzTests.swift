@@ -1,0 +1,82 @@
+import XCTest
+import HeraldTestSupport
+import HeraldCore
+import HeraldGateway
+
+/// `HTTPWire.parseHead`, which reads request heads straight off client
+/// sockets: never traps; a head ends where its empty line does, and neither
+/// a head nor a refusal depends on the bytes after it (pipelined requests);
+/// an incomplete head is incomplete on its prefixes too; the method and the
+/// path are the request line's, as sent.
+final class HTTPWireFuzzTests: XCTestCase {
+
+    static let target = FuzzTarget(
+        name: "http",
+        dictionary: ["\r\n", "\n", "\r\n\r\n", " ", ":", "GET ", "POST ", " HTTP/1.1", " HTTP/1.0", "Content-Length: ", "0", "65536",
+                     "Transfer-Encoding: chunked", "Connection: close", "Connection: keep-alive", "Authorization: Bearer x",
+                     "/v1/me/sync", "?", "&", "=", "%", "%2F", "%zz", "+", ";"],
+        maxLength: 3 * HTTPWire.maxHead,
+        generate: { rng in Array(generate(&rng).utf8) },
+        check: { bytes in check(bytes) })
+
+    func testFuzzRequestHeads() { FuzzRunner.run(Self.target, test: self) }
+
+    static let trailer = Array("GET /next HTTP/1.1\r\n\r\n".utf8)
+
+    static func describe(_ p: HTTPWire.Parsed) -> String {
+        switch p {
+        case .incomplete: "incomplete"
+        case .malformed(let e): "malformed \(e)"
+        case .head(let h, let size):
+            "head \(size) \(h.request.method) \(h.request.path) \(h.request.query) \(h.request.headers.sorted { $0.key < $1.key }) "
+                + "\(h.bodyLength) \(h.keepAlive) \(String(describing: h.refusal))"
+        }
+    }
+
+    static func check(_ bytes: [UInt8]) -> Outcome {
+        let parsed = HTTPWire.parseHead(bytes[...])
+        switch parsed {
+        case .incomplete:
+            for cut in [0, bytes.count / 2, max(0, bytes.count - 1)] {
+                guard case .incomplete = HTTPWire.parseHead(bytes[..<cut]) else { return .failed("its \(cut)-byte prefix is not incomplete") }
+            }
+            return .rejected
+        case .malformed(let e):
+            guard e.code == .badRequest || e.code == .tooLarge else { return .failed("refused with \(e.code)") }
+            guard describe(HTTPWire.parseHead((bytes + trailer)[...])) == describe(parsed) else {
+                return .failed("bytes after a refused head change the answer")
+            }
+            return .rejected
+        case .head(let h, let size):
+            guard size > 0, size <= bytes.count, bytes[size - 1] == UInt8(ascii: "\n") else { return .failed("size \(size) does not end a line") }
+            guard describe(HTTPWire.parseHead(bytes[..<size])) == describe(parsed),
+                  describe(HTTPWire.parseHead((bytes + trailer)[...])) == describe(parsed)
+            else { return .failed("the head depends on the bytes after it") }
+            // The request line, read apart from the parser.
+            let line = bytes[..<size].drop { $0 == UInt8(ascii: "\r") || $0 == UInt8(ascii: "\n") }.prefix { $0 != UInt8(ascii: "\n") }
+            let parts = line.split(separator: UInt8(ascii: " "), omittingEmptySubsequences: false)
+            guard parts.count == 3, h.request.method == String(decoding: parts[0], as: UTF8.self),
+                  h.request.path == String(decoding: parts[1].prefix { $0 != UInt8(ascii: "?") }, as: UTF8.self)
+            else { return .failed("method or path differ from the request line: \(describe(parsed))") }
+            guard h.bodyLength >= 0, h.request.body.isEmpty else { return .failed("bad body: \(describe(parsed))") }
+            return .accepted
+        }
+    }
+
+    static func generate(_ rng: inout SplitMix64) -> String {
+        let eol = rng.oneIn(4) ? "\n" : "\r\n"
+        let chars = Array("abcXYZ019._@:-;,!+%~".utf8)
+        let segments = (0..<rng.range(1, 6)).map { _ in
+            rng.oneIn(5) ? "%" + String(rng.below(256), radix: 16) : String(decoding: (0..<rng.range(0, 10)).map { _ in rng.pick(chars) }, as: UTF8.self)
+        }
+        var target = "/" + segments.joined(separator: "/")
+        if rng.oneIn(2) { target += "?token=a%2Bb&deviceId=d+1&cursor=" + String(rng.range(0, 99)) }
+        var lines = [rng.pick(["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD"]) + " " + target + " " + rng.pick(["HTTP/1.1", "HTTP/1.0"])]
+        let fields = ["Host: x", "Content-Length: \(rng.range(0, 2_000_000))", "Connection: close", "Connection: keep-alive",
+                      "Authorization: Bearer t", "Herald-Device: d", "If-Match: \"3\"", "Last-Event-ID: 7", "X-Other:  v ",
+                      "Content-Type: application/json"]
+        for _ in 0..<rng.range(0, 6) { lines.append(rng.pick(fields)) }
+        let head = (rng.oneIn(8) ? eol : "") + lines.joined(separator: eol) + eol + eol
+        return rng.oneIn(3) ? head + "{\"x\":1}" : head
+    }
+}

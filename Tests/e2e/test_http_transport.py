@@ -1,0 +1,174 @@
+"""The HTTP/1.1 transport itself, over raw sockets: pipelined requests,
+paths exactly as sent, streams whose client goes away, and SIGTERM while a
+connection still holds a request.
+
+Each test that can wedge a gateway (it did before these were fixed) starts
+its own, so one failure does not take the module's gateway down with it.
+"""
+
+import json
+import signal
+import socket
+import time
+
+import pytest
+from herald_helpers import APPS, check_raw_error, mint_token, parse_responses, raw_http, read_until_eof, uid
+
+KEY = APPS["app.one"]["serverKey"]
+
+
+def request(method: str, path: str, body: bytes = b"", **headers) -> bytes:
+    h = {"Host": "x", "Content-Length": str(len(body)), **headers}
+    return (f"{method} {path} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in h.items()) + "\r\n").encode() + body
+
+
+def publish_request(user: str, anid: str, **headers) -> bytes:
+    body = json.dumps({"appNotificationId": anid, "payload": {"n": anid}}).encode()
+    return request("POST", f"/v1/apps/app.one/users/{user}/notifications", body,
+                   Authorization=f"Bearer {KEY}", **{"Content-Type": "application/json", **headers})
+
+
+def pipeline(gw, data: bytes) -> list:
+    """Writes `data` (requests, the last with `Connection: close`) in one
+    send and answers the responses read until the gateway closes."""
+    with socket.create_connection(("127.0.0.1", gw.port), timeout=10) as s:
+        s.sendall(data)
+        return parse_responses(read_until_eof(s))
+
+
+def wait_for(what: str, cond, timeout: float = 5.0):
+    deadline = time.time() + timeout
+    while not (v := cond()):
+        assert time.time() < deadline, f"{what}: not within {timeout}s"
+        time.sleep(0.05)
+    return v
+
+
+# ---------------------------------------------------------------- pipelining
+
+def test_pipelined_publishes_are_answered_in_order_and_stored(gateway_factory):
+    gw = gateway_factory()
+    user = uid("pipe")
+    rs = pipeline(gw, publish_request(user, "a") + publish_request(user, "b", Connection="close"))
+    assert [r.status_code for r in rs] == [201, 201], [r.text[:200] for r in rs]
+    assert [r.json()["notification"]["appNotificationId"] for r in rs] == ["a", "b"]
+    assert rs[0].json()["seq"] < rs[1].json()["seq"]
+    assert {n["appNotificationId"] for n in gw.list_all(user)} == {"a", "b"}
+
+
+def test_pipelined_healthz_then_publish(gateway_factory):
+    gw = gateway_factory()
+    user = uid("pipe")
+    rs = pipeline(gw, request("GET", "/healthz") + publish_request(user, "a", Connection="close"))
+    assert [r.status_code for r in rs] == [200, 201], [r.text[:200] for r in rs]
+    assert rs[0].json()["status"] == "ok"
+    assert [n["appNotificationId"] for n in gw.list_all(user)] == ["a"]
+
+
+def test_request_pipelined_behind_a_held_poll_waits_its_turn(gateway_factory):
+    gw = gateway_factory()
+    user = uid("pipe")
+    tok = mint_token(user)
+    rs = pipeline(gw, request("GET", "/v1/me/sync?cursor=0&wait=1", Authorization=f"Bearer {tok}")
+                  + publish_request(user, "a") + request("GET", "/healthz", Connection="close"))
+    assert [r.status_code for r in rs] == [200, 201, 200], [r.text[:200] for r in rs]
+    first = rs[0].json()
+    assert first.get("reset") or first["changes"] == [], first
+
+
+# ---------------------------------------------------------------- shutdown
+
+def test_sigterm_with_requests_held_on_a_connection_exits_0(gateway_factory):
+    gw = gateway_factory()
+    user = uid("held")
+    tok = mint_token(user)
+    head = gw.publish(user, "a")
+    held = socket.create_connection(("127.0.0.1", gw.port), timeout=10)
+    half = socket.create_connection(("127.0.0.1", gw.port), timeout=10)
+    try:
+        # A poll held until a change or SIGTERM, with a publish queued behind it ...
+        held.sendall(request("GET", f"/v1/me/sync?cursor={head['seq']}&wait=60&deviceId=d1",
+                             Authorization=f"Bearer {tok}") + publish_request(user, "b"))
+        wait_for("poll held", lambda: gw.devices(user).get("d1", {}).get("transport") == "poll")
+        # ... and a publish whose body never comes in full.
+        whole = publish_request(user, "c")
+        half.sendall(whole[:-5])
+        gw.proc.send_signal(signal.SIGTERM)
+        gw.stopped_by_test = True
+        t0 = time.time()
+        assert gw.proc.wait(10) == 0, gw.stderr_tail()
+        assert time.time() - t0 < 10
+        rs = parse_responses(read_until_eof(held))
+        assert rs and rs[0].status_code == 200 and rs[0].json()["changes"] == [], [r.text[:200] for r in rs]
+        assert len(rs) == 2 or rs[0].headers.get("connection") == "close", \
+            "a request left unanswered needs `Connection: close` on the answer before it"
+    finally:
+        held.close()
+        half.close()
+
+
+# ---------------------------------------------------------------- paths
+
+BAD_IDS = ["semi;colon", "semi%3Bcolon", "a%2Fb", "a%20b", "a&b", "a,b", "a+b", "a%25b", "caf%C3%A9", "a%00b",
+           "a!b", "a%3Fb"]
+
+
+def server_routes(user: str):
+    body = json.dumps({"appNotificationId": "x", "payload": {}}).encode()
+    return [("POST", f"/v1/apps/app.one/users/{user}/notifications", body),
+            ("GET", f"/v1/apps/app.one/users/{user}/notifications", b""),
+            ("GET", f"/v1/apps/app.one/users/{user}/devices", b""),
+            ("GET", f"/v1/apps/app.one/users/{user}/notifications/n_x", b"")]
+
+
+@pytest.mark.parametrize("bad", BAD_IDS)
+def test_user_id_outside_the_allowed_set_is_400_on_every_route(gateway, bad):
+    for method, path, body in server_routes(bad):
+        r = raw_http(gateway, method, path, {"Authorization": f"Bearer {KEY}"}, body)
+        check_raw_error(r, 400, "bad_request")
+
+
+@pytest.mark.parametrize("bad", BAD_IDS)
+def test_device_id_outside_the_allowed_set_is_400(gateway, bad):
+    tok = mint_token(uid("dev"))
+    routes = [("PUT", f"/v1/me/devices/{bad}", b"{}"), ("DELETE", f"/v1/me/devices/{bad}", b"")]
+    if "&" not in bad:  # in a query `&` separates parameters
+        routes.append(("GET", f"/v1/me/sync?deviceId={bad}", b""))
+    for method, path, body in routes:
+        r = raw_http(gateway, method, path, {"Authorization": f"Bearer {tok}"}, body)
+        check_raw_error(r, 400, "bad_request")
+
+
+def test_ids_are_taken_as_sent_not_as_file_paths(gateway):
+    """`.` and `..` are valid ids (SPEC 1), and an allowed character may come
+    percent-encoded: neither is navigation."""
+    for user, sent in (("..", ".."), (".", "."), (uid("enc"), None)):
+        sent = sent or "%" + format(ord(user[0]), "02X") + user[1:]
+        r = raw_http(gateway, "POST", f"/v1/apps/app.one/users/{sent}/notifications",
+                     {"Authorization": f"Bearer {KEY}"}, json.dumps({"appNotificationId": "x", "payload": {}}).encode())
+        assert r.status_code in (200, 201), r.text[:300]
+        assert r.json()["notification"]["userId"] == user
+        r = raw_http(gateway, "GET", f"/v1/apps/app.one/users/{sent}/notifications", {"Authorization": f"Bearer {KEY}"})
+        assert [n["userId"] for n in r.json()["notifications"]] == [user]
+
+
+# ---------------------------------------------------------------- event streams
+
+def test_event_stream_closed_by_its_client_is_released(gateway):
+    user = uid("sse")
+    tok = mint_token(user)
+    s = socket.create_connection(("127.0.0.1", gateway.port), timeout=10)
+    try:
+        s.sendall(request("GET", f"/v1/me/events?token={tok}&deviceId=d1"))
+        got = b""
+        while b"event: reset" not in got:
+            chunk = s.recv(65536)
+            assert chunk, f"stream ended early: {got!r}"
+            got += chunk
+        assert got.startswith(b"HTTP/1.1 200"), got[:200]
+        d = gateway.devices(user)["d1"]
+        assert d["connected"] is True and d["transport"] == "sse", d
+    finally:
+        s.close()
+    d = wait_for("stream released", lambda: (d := gateway.devices(user)["d1"])["connected"] is False and d)
+    assert d["transport"] is None, d
