@@ -31,13 +31,13 @@ def test_full_disk_is_503_and_the_gateway_recovers(herald_bin, tmp_path, tiny_di
     try:
         user = uid("user")
         first = gw.publish(user, "before")
-        # Fill the disk with a file we can remove later.
+        # Fill the disk with a file we can remove later. Unbuffered, so
+        # closing it has nothing left to flush into the full disk.
         filler = tiny_disk / "filler"
-        with open(filler, "wb") as f:
+        with open(filler, "wb", buffering=0) as f:
             try:
                 while True:
                     f.write(b"\0" * 65536)
-                    f.flush()
             except OSError:
                 pass
         big = {"blob": "x" * 60000}
