@@ -4,7 +4,7 @@ import Foundation
 /// Synchronization.Mutex because ThreadSanitizer sees through pthread locks
 /// but not through the futex calls Mutex makes, and would report races that
 /// are not there.
-public final class Locked<Value>: @unchecked Sendable {
+public final class Locked<Value>: @unchecked Sendable {  // every access holds `lock`
     private let lock = NSLock()
     private var value: Value
 

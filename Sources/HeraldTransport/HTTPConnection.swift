@@ -324,8 +324,7 @@ final class HTTPConnection: Flushable {
 }
 
 /// One request's way back to its connection.
-final class Exchange: HTTPResponder, @unchecked Sendable {
-    // Touched on the connection's loop thread only.
+final class Exchange: HTTPResponder, @unchecked Sendable {  // crosses threads inside LoopBound replies; used on its loop only
     private weak var conn: HTTPConnection?
     private let serial: Int
 

@@ -2,9 +2,10 @@ import CLibWebSockets
 import Foundation
 import HeraldCore
 import HeraldGateway
+import Synchronization
 
 /// Serves a gateway on `threads` libwebsockets loops sharing one port.
-public final class Server: @unchecked Sendable {
+public final class Server: @unchecked Sendable {  // started and stopped from the main thread only; loops are reached by `post`
     let gateway: Gateway
     private var loops: [ServiceLoop] = []
     public private(set) var port: Int
@@ -40,8 +41,8 @@ public final class Server: @unchecked Sendable {
             let open = loops.reduce(0) { sum, l in
                 let box = OpenCount()
                 let done = DispatchSemaphore(value: 0)
-                l.post { box.value = l.openConnections; done.signal() }
-                return sum + (done.wait(timeout: drained) == .success ? box.value : 1)
+                l.post { box.value.store(l.openConnections, ordering: .relaxed); done.signal() }
+                return sum + (done.wait(timeout: drained) == .success ? box.value.load(ordering: .relaxed) : 1)
             }
             if open == 0 { break }
             Thread.sleep(forTimeInterval: 0.02)
@@ -52,4 +53,4 @@ public final class Server: @unchecked Sendable {
     }
 }
 
-private final class OpenCount: @unchecked Sendable { var value = 0 }
+private final class OpenCount: Sendable { let value = Atomic<Int>(0) }

@@ -12,7 +12,7 @@ import Synchronization
 /// `lws_cancel_service`, the one lws call that is safe from other threads.
 /// The context pointer is read under the inbox lock, so a wake-up never races
 /// `lws_context_destroy`.
-final class ServiceLoop: LoopExecutor, @unchecked Sendable {
+final class ServiceLoop: LoopExecutor, @unchecked Sendable {  // loop-thread state, checked through its shard; `post` takes the inbox lock
     struct Inbox {
         var jobs: [@Sendable () -> Void] = []
         /// The context's address (0 when none): an integer, so it is Sendable.
