@@ -30,8 +30,11 @@ public struct HeraldError: Error, Sendable, Equatable, CustomStringConvertible {
     public let message: String
     /// For `rate_limited`: when to try again.
     public var retryAfterSeconds: Int?
-    public init(_ code: ErrorCode, _ message: String, retryAfterSeconds: Int? = nil) {
+    /// For `method_not_allowed`: the methods the resource takes (the `Allow` header).
+    public var allowedMethods: [String]?
+    public init(_ code: ErrorCode, _ message: String, retryAfterSeconds: Int? = nil, allowedMethods: [String]? = nil) {
         self.code = code; self.message = message; self.retryAfterSeconds = retryAfterSeconds
+        self.allowedMethods = allowedMethods
     }
     public var description: String { "\(code.rawValue): \(message)" }
 

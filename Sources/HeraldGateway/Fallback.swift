@@ -7,10 +7,16 @@ extension Gateway {
     static let keepAliveMillis: Millis = 15_000
 
     func fallback(_ route: Route, _ req: HTTPRequest, _ d: DeviceContext, shard: Shard, responder: HTTPResponder) throws(HeraldError) {
-        var position = FeedPosition(cursor: nil, epoch: req.queryValue("epoch"))
-        if let c = req.queryValue("cursor") { position.cursor = try Self.cursor(c, "cursor") }
+        let epoch = req.queryValue("epoch")
+        if let epoch, epoch.utf8.count > 128 { throw HeraldError.badRequest("epoch is longer than 128 bytes") }
+        var position = FeedPosition(cursor: nil, epoch: epoch)
+        // An event stream's Last-Event-ID (EventSource resuming) wins over ?cursor=.
+        if route == .events, let last = req.headers["last-event-id"], !last.isEmpty {
+            position.cursor = try Self.cursor(last, "Last-Event-ID")
+        } else if let c = req.queryValue("cursor") {
+            position.cursor = try Self.cursor(c, "cursor")
+        }
         if route == .events {
-            if let last = req.headers["last-event-id"], !last.isEmpty { position.cursor = try Self.cursor(last, "Last-Event-ID") }
             var r = Subscription.Request(user: d.user, deviceId: d.deviceId, position: position, transport: .sse)
             r.wholeReset = false
             return EventStream(gateway: self, shard: shard, responder: responder, tokenExpiresAt: d.claims.expiresAt * 1000).start(r)

@@ -29,7 +29,9 @@ extension Gateway {
                 responder.respond(try staticFile(name))
             case .demoToken:
                 let t = try TokenRequest(bytes: req.body)
-                responder.respond(.json(200, issueToken(config.demoApp, t, extra: ["appId": .string(config.demoApp.id)])))
+                // A configured app named `demo` is the demo app (allApps keeps it).
+                let demo = apps[config.demoApp.id] ?? config.demoApp
+                responder.respond(.json(200, issueToken(demo, t, extra: ["appId": .string(demo.id)])))
             case .issueToken(let appId):
                 let app = try serverAuth(req, appId)
                 responder.respond(.json(200, issueToken(app, try TokenRequest(bytes: req.body))))

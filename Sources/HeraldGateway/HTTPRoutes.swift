@@ -40,8 +40,9 @@ enum Route: Equatable {
         let methods = table(s, path: path, demo: demo)
         guard !methods.isEmpty else { return .failure(notFound) }
         guard let route = methods[method] else {
-            let allowed = methods.keys.sorted().joined(separator: ", ")
-            return .failure(HeraldError(.methodNotAllowed, "\(method) is not allowed here; use \(allowed)"))
+            let allowed = methods.keys.sorted()
+            return .failure(HeraldError(.methodNotAllowed, "\(method) is not allowed here; use \(allowed.joined(separator: ", "))",
+                                        allowedMethods: allowed))
         }
         return .success(route)
     }

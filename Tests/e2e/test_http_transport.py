@@ -12,7 +12,8 @@ import socket
 import time
 
 import pytest
-from herald_helpers import APPS, check_raw_error, mint_token, parse_responses, raw_http, read_until_eof, uid
+from herald_helpers import APPS, check_error, check_raw_error, mint_token, parse_responses, raw_http, read_until_eof, uid
+from test_fallback import Sse
 
 KEY = APPS["app.one"]["serverKey"]
 
@@ -172,3 +173,48 @@ def test_event_stream_closed_by_its_client_is_released(gateway):
         s.close()
     d = wait_for("stream released", lambda: (d := gateway.devices(user)["d1"])["connected"] is False and d)
     assert d["transport"] is None, d
+
+
+# ---------------------------------------------------------------- found by the OpenAPI review
+
+@pytest.mark.parametrize("method,path,allowed", [
+    ("DELETE", "/healthz", "GET"),
+    ("GET", "/v1/me/notifications/read-all", "POST"),
+    ("POST", "/v1/apps/app.one/users/u/devices", "GET"),
+    ("PUT", "/v1/apps/app.one/users/u/notifications", "GET, POST"),
+])
+def test_405_names_the_allowed_methods(gateway, method, path, allowed):
+    """RFC 9110 15.5.6: a 405 carries Allow."""
+    r = gateway.request(method, path)
+    check_error(r, 405)
+    assert r.headers.get("Allow") == allowed, r.headers
+
+
+@pytest.mark.fallback
+def test_last_event_id_wins_over_a_bad_cursor_query(gateway, user):
+    tok = mint_token(user)
+    a = gateway.publish(user, "a")
+    b = gateway.publish(user, "b")
+    s = Sse(gateway, tok, headers={"Last-Event-ID": str(a["seq"])}, cursor="not-a-number")
+    try:
+        assert s.status_code == 200
+        assert int(s.next(10)["id"]) == b["seq"]
+    finally:
+        s.close()
+
+
+@pytest.mark.fallback
+def test_overlong_epoch_query_is_400(gateway, user):
+    tok = mint_token(user)
+    for path in ("/sync", "/events"):
+        check_error(gateway.me("GET", path, tok, params={"cursor": 0, "epoch": "e" * 129}), 400)
+
+
+def test_configured_app_named_demo_is_the_demo_app(gateway_factory):
+    cfg = {"apps": [{"id": "demo", "serverKey": "configured-key", "tokenSecret": "configured-secret"}]}
+    gw = gateway_factory(cfg, ["--demo"])
+    r = gw.request("POST", "/v1/demo/token", json={"userId": "alice"})
+    assert r.status_code == 200, r.text
+    token = r.json()["token"]
+    assert gw.me("GET", "/counts", token).status_code == 200, "the demo token verifies"
+    assert gw.server("GET", "/users/alice/notifications", app="demo", key="configured-key").status_code == 200
