@@ -135,7 +135,14 @@ func heraldCallback(wsi: OpaquePointer?, reason: lws_callback_reasons, user: Uns
         }
         return 0
 
+    case LWS_CALLBACK_FILTER_PROTOCOL_CONNECTION:
+        // lws binds an upgrade to whichever protocol its Sec-WebSocket-Protocol
+        // names: refuse the listener's and raw HTTP's, which keep no state per
+        // connection (the connection object would outlive its wsi).
+        return lws_get_protocol(wsi) == UnsafePointer(Protocols.table) ? 0 : 1
+
     case LWS_CALLBACK_ESTABLISHED:
+        guard user != nil, lws_get_protocol(wsi) == UnsafePointer(Protocols.table) else { return -1 }
         let loop = loopOf(wsi)
         let c = WebSocketConnection(wsi: wsi!, loop: loop)
         attach(user, c)

@@ -537,3 +537,28 @@ def test_gateway_survives_protocol_abuse(gateway, user):
         w.ping()
     assert gateway.get_notification(user, n["id"]) == n
     assert gateway.request("GET", "/healthz").status_code == 200
+
+
+@pytest.mark.parametrize("subprotocol", ["herald-listen", "herald-http"])
+def test_upgrade_naming_an_internal_protocol_is_refused(fresh_gateway, subprotocol):
+    """lws binds an upgrade to the protocol Sec-WebSocket-Protocol names; the
+    gateway's internal ones keep no per-connection state, and a WebSocket
+    bound to one outlived its connection (freed, then used by the hello
+    timer). Such an upgrade is refused, and nothing stays open."""
+    from websockets.exceptions import ConnectionClosed, InvalidHandshake
+    from websockets.sync.client import connect
+    gw = fresh_gateway
+    try:
+        c = connect(gw.ws_url, subprotocols=[subprotocol], open_timeout=10)
+    except (InvalidHandshake, OSError):
+        pass
+    else:
+        with c:
+            with pytest.raises(ConnectionClosed):
+                c.send(json.dumps({"type": "ping"}))
+                c.recv(timeout=10)
+    deadline = time.monotonic() + 10
+    while gw.metric('herald_connections{transport="websocket"}') != 0:
+        assert time.monotonic() < deadline, "a refused upgrade is still counted as an open WebSocket"
+        time.sleep(0.05)
+    assert gw.request("GET", "/healthz").status_code == 200
