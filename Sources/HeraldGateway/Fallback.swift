@@ -156,7 +156,9 @@ final class HeldPoll: SubscriptionOutput {
     func ended(_ why: SubscriptionEnd) {
         switch why {
         case .refused(let e), .failed(let e): answer(.error(e))
-        case .slowConsumer, .deviceDeleted, .shutdown: answerEmpty()
+        case .slowConsumer, .deviceDeleted, .shutdown:
+            // A held poll is answered empty; one still catching up is told to retry.
+            held ? answerEmpty() : answer(.error(HeraldError(.unavailable, "the gateway is shutting down")))
         }
     }
 }
@@ -246,6 +248,9 @@ final class EventStream: SubscriptionOutput {
         case .refused(let e) where !streaming, .failed(let e) where !streaming:
             done = true
             responder.respond(.error(e))
+        case .shutdown where !streaming:
+            done = true
+            responder.respond(.error(HeraldError(.unavailable, "the gateway is shutting down")))
         case .slowConsumer:
             gateway.metrics.dropped(.slowConsumer)
             finish()

@@ -54,10 +54,15 @@ public final class Shard: @unchecked Sendable {  // loop-thread state, checked b
         for s in subscriptions[user]?.values ?? [:].values where s.deviceId == deviceId { s.end(.deviceDeleted) }
     }
 
+    /// Past `shutdownSubscriptions`: admissions completing now end at once.
+    private(set) var isShuttingDown = false
+
     /// Gateway shutdown: every subscription ends (WebSockets 1001, held
-    /// polls answered empty, event streams closed).
+    /// polls answered empty, event streams closed), also those whose
+    /// admission is still on its way.
     public func shutdownSubscriptions() {
         thread.assertCurrent()
+        isShuttingDown = true
         for m in subscriptions.values { for s in m.values { s.end(.shutdown) } }
     }
 

@@ -141,6 +141,8 @@ final class Subscription {
     private func admitted(viewer v: Viewer, epoch e: String) {
         following = request.follows
         guard phase == .admitting else { return release() }
+        // Admitted after shutdown began: nothing may start now.
+        guard !shard.isShuttingDown else { return end(.shutdown) }
         viewer = v
         epoch = e
         if following { shard.add(self) }
@@ -214,13 +216,16 @@ final class Subscription {
         let was = unread
         unread = u
         phase = .live
-        output?.caughtUp(purpose, cursor: cursor, epoch: epoch, unread: u)
-        guard following else { return }  // a poll answered at once: nothing live follows
-        if case .sync = purpose, u != was, phase == .live { output?.live([], cursor: cursor, unread: u) }
         let pending = buffered
         buffered = []
         bufferedBytes = 0
-        if phase == .live, !pending.isEmpty { deliverLive(pending) }
+        output?.caughtUp(purpose, cursor: cursor, epoch: epoch, unread: u)
+        guard following else { return }  // a poll answered at once: nothing live follows
+        // A sync held back until welcome may have started a new catch-up:
+        // then the changes still wait for it.
+        guard phase == .live else { return buffer(pending) }
+        if case .sync = purpose, u != was { output?.live([], cursor: cursor, unread: u) }
+        if !pending.isEmpty { deliverLive(pending, judged: false) }
         if phase == .live, !queuedSyncs.isEmpty {
             let next = queuedSyncs.removeFirst()
             resync(ref: next.ref, position: next.position)
@@ -259,7 +264,9 @@ final class Subscription {
         }
     }
 
-    private func deliverLive(_ records: [ChangeRecord]) {
+    /// `judged`: whether the slow-consumer limit applies (not to what the
+    /// catch-up buffered, which the client could not have read yet).
+    private func deliverLive(_ records: [ChangeRecord], judged: Bool = true) {
         var items: [EncodedChange] = []
         var delta = 0
         for r in records where r.seq > cursor {
@@ -271,7 +278,7 @@ final class Subscription {
         unread += delta
         if !items.isEmpty { gateway.metrics.deliveries.add(items.count, ordering: .relaxed) }
         output.live(items, cursor: cursor, unread: delta != 0 ? unread : nil)
-        if phase == .live, output.backlog > gateway.config.limits.maxQueuedBytesPerConnection { end(.slowConsumer) }
+        if judged, phase == .live, output.backlog > gateway.config.limits.maxQueuedBytesPerConnection { end(.slowConsumer) }
     }
 
     func viewerChanged(_ v: Viewer) { viewer = v }
@@ -288,14 +295,13 @@ final class Subscription {
 
     private func finish() -> SubscriptionOutput? {
         guard phase != .ended else { return nil }
-        let admitted = phase != .admitting
         phase = .ended
         buffered = []
         queuedSyncs = []
         let o = output
         output = nil
         // Still admitting: the admission's reply releases what it registered.
-        if admitted { release() }
+        release()
         return o
     }
 

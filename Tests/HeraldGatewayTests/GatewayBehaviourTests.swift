@@ -201,3 +201,24 @@ final class GatewayBehaviourTests: XCTestCase {
         XCTAssertEqual(counts.json, ["unread": 4, "noInteraction": 4, "total": 5])
     }
 }
+
+extension GatewayBehaviourTests {
+    /// Shutdown reaches subscriptions whose admission is still on the
+    /// engine: the WebSocket closes 1001, a poll or stream not yet started
+    /// is told to retry (503), and no follow is left behind.
+    func testShutdownEndsSubscriptionsStillBeingAdmitted() {
+        let h = Harness()
+        let tok = h.token("u")
+        let s = h.webSocket()
+        h.hello(s, user: "u")
+        let poll = h.request("GET", me + "/sync", token: tok, query: [("cursor", "0"), ("wait", "30")])
+        let sse = h.request("GET", me + "/events", token: tok)
+        h.shard.shutdownSubscriptions()
+        h.settle(); s.read()
+        XCTAssertEqual(s.session.closeRequest?.code, .goingAway)
+        XCTAssertEqual(poll.response?.status, 503)
+        XCTAssertEqual(sse.response?.status, 503)
+        XCTAssertFalse(sse.streamStarted)
+        XCTAssertEqual(h.gateway.engine.registry.followers(of: UserKey(app: Harness.app.id, user: "u")), 0)
+    }
+}
