@@ -16,6 +16,13 @@ public struct Heap<T: Comparable> {
         }
     }
 
+    /// Drops every element `remove` says to (then restores the heap order).
+    public mutating func removeAll(where remove: (T) -> Bool) {
+        let kept = items.filter { !remove($0) }
+        items = []
+        for x in kept { push(x) }
+    }
+
     public mutating func pop() -> T? {
         guard !items.isEmpty else { return nil }
         items.swapAt(0, items.count - 1)

@@ -84,6 +84,7 @@ final class HeldPoll: SubscriptionOutput {
     private var epoch = ""
     private var held = false
     private var answered = false
+    private var deadline: Shard.TimerID?
 
     init(gateway: Gateway, shard: Shard, responder: HTTPResponder, limit: Int, waitSeconds: Int) {
         self.gateway = gateway; self.shard = shard; self.responder = responder; self.limit = limit; self.waitSeconds = waitSeconds
@@ -109,6 +110,7 @@ final class HeldPoll: SubscriptionOutput {
     private func finish() {
         guard !answered else { return }
         answered = true
+        shard.cancel(deadline)
         if held {
             gateway.heldPolls.subtract(1, ordering: .relaxed)
             gateway.metrics.connectionClosed(.poll)
@@ -134,7 +136,7 @@ final class HeldPoll: SubscriptionOutput {
         held = true
         gateway.heldPolls.add(1, ordering: .relaxed)
         gateway.metrics.connectionOpened(.poll)
-        shard.schedule(at: gateway.clock.now() + Millis(waitSeconds) * 1000) { [weak self] in self?.answerEmpty() }
+        deadline = shard.schedule(at: gateway.clock.now() + Millis(waitSeconds) * 1000) { [weak self] in self?.answerEmpty() }
     }
 
     private func answerEmpty() {
@@ -173,6 +175,8 @@ final class EventStream: SubscriptionOutput {
     private var subscription: Subscription?
     private var streaming = false
     private var done = false
+    private var expiry: Shard.TimerID?
+    private var nextKeepAlive: Shard.TimerID?
 
     init(gateway: Gateway, shard: Shard, responder: HTTPResponder, tokenExpiresAt: Millis) {
         self.gateway = gateway; self.shard = shard; self.responder = responder; self.tokenExpiresAt = tokenExpiresAt
@@ -193,6 +197,8 @@ final class EventStream: SubscriptionOutput {
     private func finish(closing: Bool = true) {
         guard !done else { return }
         done = true
+        shard.cancel(expiry)
+        shard.cancel(nextKeepAlive)
         if streaming {
             if closing { responder.finish() }
             gateway.metrics.connectionClosed(.sse)
@@ -206,7 +212,7 @@ final class EventStream: SubscriptionOutput {
         responder.startStream(contentType: "text/event-stream", headers: [("Cache-Control", "no-cache"), ("X-Accel-Buffering", "no")])
         // The stream ends when its token expires; EventSource then
         // reconnects, with a fresh token in its URL.
-        shard.schedule(at: tokenExpiresAt) { [weak self] in
+        expiry = shard.schedule(at: tokenExpiresAt) { [weak self] in
             guard let self, !self.done else { return }
             self.gateway.metrics.dropped(.authExpired)
             self.finish()
@@ -215,7 +221,7 @@ final class EventStream: SubscriptionOutput {
     }
 
     private func keepAlive() {
-        shard.schedule(at: gateway.clock.now() + Gateway.keepAliveMillis) { [weak self] in
+        nextKeepAlive = shard.schedule(at: gateway.clock.now() + Gateway.keepAliveMillis) { [weak self] in
             guard let self, !self.done else { return }
             self.responder.send(Array(": keep-alive\n\n".utf8))
             self.keepAlive()

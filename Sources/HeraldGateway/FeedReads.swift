@@ -107,16 +107,18 @@ extension StoreReading {
 struct BatchSizer {
     private var rows = 0
     private var bytes = 0
+    /// Rows the viewer may not see since the last one taken: they take no
+    /// room in the page, so a run of them is read in growing batches.
+    private var skippedRun = 0
 
-    mutating func took(_ size: Int) { rows += 1; bytes += size }
-    mutating func skipped() { rows += 1 }
+    mutating func took(_ size: Int) { rows += 1; bytes += size; skippedRun = 0 }
+    mutating func skipped() { rows += 1; skippedRun += 1 }
 
     /// One more than fits, so the page knows whether more follows.
     func next(itemsLeft: Int, bytesLeft: Int) -> Int {
         let byItems = max(itemsLeft, 0) + 1
-        guard rows > 0, bytes > 0 else { return min(byItems, 16) }
-        let bySize = max(bytesLeft, 0) / max(1, bytes / rows) + 1
-        return max(1, min(byItems, bySize, 1000))
+        let fits = rows > 0 && bytes > 0 ? min(byItems, max(bytesLeft, 0) / max(1, bytes / rows) + 1) : min(byItems, 16)
+        return max(1, min(max(fits, skippedRun), 1000))
     }
 }
 

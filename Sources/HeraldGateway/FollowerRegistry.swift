@@ -54,7 +54,18 @@ final class FollowerRegistry {
 
     func connections(_ user: UserKey, device: String) -> DeviceConnections? { devices[user]?[device] }
 
-    func clearSeenDirty() { seenDirty.removeAll() }
+    /// After a flush of lastSeenAt to the store: forgets the devices with
+    /// nothing open and no poll within the listing's minute, so the map
+    /// holds connected devices, not every device ever seen.
+    func flushed(now: Millis) {
+        seenDirty.removeAll()
+        for (user, m) in devices {
+            let kept = m.filter { $0.value.transport(now: now) != nil }
+            devices[user] = kept.isEmpty ? nil : kept
+        }
+    }
+
+    var knownDevices: Int { devices.values.reduce(0) { $0 + $1.count } }
 }
 
 /// A device's open connections, as the devices listing shows them.

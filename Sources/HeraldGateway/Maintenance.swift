@@ -16,7 +16,7 @@ struct Maintenance {
         }
         if now >= nextSeenFlush || force {
             nextSeenFlush = now + 30_000
-            e.transaction("lastSeen flush") { () throws(StoreError) in try Self.flushSeen(e) }
+            e.transaction("lastSeen flush") { () throws(StoreError) in try Self.flushSeen(e, now: now) }
         }
         if now >= nextPrune {
             nextPrune = now + 600_000
@@ -38,7 +38,7 @@ struct Maintenance {
         }
     }
 
-    private static func flushSeen(_ e: Engine) throws(StoreError) {
+    private static func flushSeen(_ e: Engine, now: Millis) throws(StoreError) {
         for (user, ids) in e.registry.seenDirty {
             for var d in try e.store.devices(user) where ids.contains(d.deviceId) {
                 if let seen = e.registry.connections(user, device: d.deviceId)?.lastSeenAt, seen > d.lastSeenAt {
@@ -47,6 +47,6 @@ struct Maintenance {
                 }
             }
         }
-        e.registry.clearSeenDirty()
+        e.registry.flushed(now: now)
     }
 }

@@ -16,6 +16,10 @@ public final class Shard: @unchecked Sendable {  // loop-thread state, checked b
     private var subscriptions: [UserKey: [ObjectIdentifier: Subscription]] = [:]
     private var timers = Heap<TimerEntry>()
     private var timerSerial: UInt64 = 0
+    /// Timers cancelled but still in the heap (dropped when due, or all at
+    /// once when they are half of it: a closed connection's token timer may
+    /// be weeks away).
+    private var cancelled = Set<UInt64>()
 
     init(index: Int, gateway: Gateway, executor: LoopExecutor) {
         self.index = index; self.gateway = gateway; self.executor = executor
@@ -76,13 +80,28 @@ public final class Shard: @unchecked Sendable {  // loop-thread state, checked b
         static func == (a: Self, b: Self) -> Bool { a.serial == b.serial }
     }
 
-    /// Runs `fire` on this thread at `at` (checked by `runTimers`). Callers
-    /// guard against firing after they closed.
-    func schedule(at: Millis, _ fire: @escaping () -> Void) {
+    /// Runs `fire` on this thread at `at` (checked by `runTimers`), unless
+    /// cancelled first.
+    @discardableResult func schedule(at: Millis, _ fire: @escaping () -> Void) -> TimerID {
         thread.assertCurrent()
         timerSerial += 1
         timers.push(TimerEntry(at: at, serial: timerSerial, fire: fire))
+        return TimerID(serial: timerSerial)
     }
+
+    func cancel(_ id: TimerID?) {
+        thread.assertCurrent()
+        guard let id, id.serial <= timerSerial else { return }
+        cancelled.insert(id.serial)
+        if cancelled.count > 64, cancelled.count * 2 > timers.count {
+            timers.removeAll { cancelled.contains($0.serial) }
+            cancelled.removeAll()
+        }
+    }
+
+    struct TimerID { fileprivate let serial: UInt64 }
+
+    var pendingTimers: Int { timers.count - cancelled.count }
 
     /// Fires the timers that are due. The transport calls it several times a
     /// second; tests call it after moving their clock.
@@ -91,7 +110,7 @@ public final class Shard: @unchecked Sendable {  // loop-thread state, checked b
         let now = gateway.clock.now()
         while let t = timers.peek, t.at <= now {
             _ = timers.pop()
-            t.fire()
+            if cancelled.remove(t.serial) == nil { t.fire() }
         }
     }
 }

@@ -30,8 +30,9 @@ public final class WebSocketSession {
     private var drainWaiter: (below: Int, run: () -> Void)?
     /// Requests that came before `welcome`, answered after it.
     private var waitingForLive: [[UInt8]] = []
-    /// Bumped by `refresh` so timers of the old token do nothing.
-    private var tokenGeneration = 0
+    /// The hello deadline, then the token's warning or expiry: one pending
+    /// timer at a time, cancelled when the connection closes.
+    private var timer: Shard.TimerID?
     public private(set) var closeRequest: (code: CloseCode, reason: String)?
     private var messageBudget: TokenBucket
 
@@ -46,7 +47,7 @@ public final class WebSocketSession {
         let rate = Double(limits.messagesPerSecondPerConnection)
         messageBudget = TokenBucket(rate: rate, burst: 2 * rate, now: now)
         gateway.metrics.connectionOpened(.websocket)
-        shard.schedule(at: now + limits.helloTimeoutSeconds * 1000) { [weak self] in
+        timer = shard.schedule(at: now + limits.helloTimeoutSeconds * 1000) { [weak self] in
             guard let self, self.state == .awaitingHello else { return }
             self.fail(.unauthenticated, HeraldError(.unauthorized, "no hello within \(limits.helloTimeoutSeconds) s"))
         }
@@ -164,23 +165,22 @@ public final class WebSocketSession {
                 return send(ServerFrame.error(ref: ref, HeraldError(.forbidden, "the token is for another app, user or device")))
             }
             claims = c
-            tokenGeneration += 1
             scheduleTokenTimers()
             send(ServerFrame.ack(ref: ref, extra: ["expiresAt": .string(RFC3339.format(c.expiresAt * 1000))]))
         }
     }
 
+    /// The token's warning, which arms its expiry: one pending timer per
+    /// connection, replaced by a refresh.
     private func scheduleTokenTimers() {
         guard let claims else { return }
-        let gen = tokenGeneration
         let exp = claims.expiresAt * 1000
-        // The expiry timer is armed by the warning one: one pending timer per
-        // idle connection instead of two (about 100 bytes each).
-        shard.schedule(at: exp - 60_000) { [weak self] in
-            guard let self, self.tokenGeneration == gen, self.state == .live else { return }
+        shard.cancel(timer)
+        timer = shard.schedule(at: exp - 60_000) { [weak self] in
+            guard let self, self.state == .live else { return }
             self.send(ServerFrame.tokenExpiring(exp))
-            self.shard.schedule(at: exp) { [weak self] in
-                guard let self, self.tokenGeneration == gen, self.state == .live else { return }
+            self.timer = self.shard.schedule(at: exp) { [weak self] in
+                guard let self, self.state == .live else { return }
                 self.close(.unauthenticated, "token expired", drop: .authExpired)
             }
         }
@@ -229,6 +229,7 @@ public final class WebSocketSession {
     /// The transport closed the connection (either side).
     public func transportClosed() {
         state = .closed
+        shard.cancel(timer)
         outbox.removeAll()
         drainWaiter = nil
         gateway.metrics.connectionClosed(.websocket)

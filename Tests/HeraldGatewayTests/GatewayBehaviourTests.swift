@@ -222,3 +222,51 @@ extension GatewayBehaviourTests {
         XCTAssertEqual(h.gateway.engine.registry.followers(of: UserKey(app: Harness.app.id, user: "u")), 0)
     }
 }
+
+extension GatewayBehaviourTests {
+    /// Timers of closed connections and of replaced tokens do not pile up
+    /// until they are due (a token timer may be weeks away).
+    func testTimersOfClosedConnectionsAndRefreshesAreDropped() {
+        let h = Harness()
+        for i in 0..<300 {
+            let s = h.webSocket()
+            h.hello(s, user: "u\(i % 10)", device: "d\(i)", ttl: 20 * 86_400)
+            h.settle(); s.read()
+            s.session.transportClosed()
+        }
+        h.settle()
+        XCTAssertLessThan(h.shard.pendingTimers, 70, "closed connections leave no timers behind")
+        let s = h.webSocket()
+        h.hello(s, user: "u", ttl: 20 * 86_400)
+        h.settle(); s.read()
+        let before = h.shard.pendingTimers
+        for i in 0..<50 {
+            let t = h.token("u", ttl: 20 * 86_400 + Int64(i))
+            s.session.receive(.text(Array(#"{"type":"refresh","ref":"r\#(i)","token":"\#(t)"}"#.utf8)))
+            h.clock.advance(seconds: 1)
+        }
+        s.read()
+        XCTAssertEqual(s.frames.filter { $0["type"] == "ack" }.count, 50)
+        XCTAssertEqual(h.shard.pendingTimers, before, "a refresh replaces the token timer")
+    }
+}
+
+extension GatewayBehaviourTests {
+    /// The registry forgets devices that went away once their lastSeenAt is
+    /// in the store; the listing still shows it.
+    func testRegistryForgetsDevicesThatLeft() {
+        let h = Harness()
+        let tok = h.token("u")
+        for i in 0..<20 { _ = h.request("GET", me + "/sync", token: tok, device: "d\(i)") }
+        h.settle()
+        XCTAssertEqual(h.gateway.engine.registry.knownDevices, 20)
+        h.clock.advance(seconds: 61)
+        h.gateway.engine.runMaintenance(force: true)
+        XCTAssertEqual(h.gateway.engine.registry.knownDevices, 0)
+        let listing = h.request("GET", "/v1/apps/\(Harness.app.id)/users/u/devices")
+        h.settle()
+        let devices = listing.json?["devices"]?.arrayValue ?? []
+        XCTAssertEqual(devices.count, 20)
+        XCTAssertTrue(devices.allSatisfy { $0.objectValue?["connected"] == false && $0.objectValue?["lastSeenAt"] != nil })
+    }
+}
