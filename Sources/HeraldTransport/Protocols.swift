@@ -40,6 +40,13 @@ enum Protocols {
 
     nonisolated(unsafe) static var retry = lws_retry_bo_t()
 
+    /// Whether lws bound `wsi` to Herald's WebSocket protocol (by name: lws
+    /// keeps its own copy of the table per vhost).
+    static func isWebSocket(_ wsi: OpaquePointer?) -> Bool {
+        guard let p = lws_get_protocol(wsi), let n = p.pointee.name else { return false }
+        return strcmp(n, name) == 0
+    }
+
     /// `foreignLoop`: the libev loop this context joins (libev only).
     static func createContext(owner: ServiceLoop, gateway: Gateway, eventLoop: EventLoopKind,
                               foreignLoop: UnsafeMutablePointer<UnsafeMutableRawPointer?>?) -> OpaquePointer? {
@@ -139,10 +146,10 @@ func heraldCallback(wsi: OpaquePointer?, reason: lws_callback_reasons, user: Uns
         // lws binds an upgrade to whichever protocol its Sec-WebSocket-Protocol
         // names: refuse the listener's and raw HTTP's, which keep no state per
         // connection (the connection object would outlive its wsi).
-        return lws_get_protocol(wsi) == UnsafePointer(Protocols.table) ? 0 : 1
+        return Protocols.isWebSocket(wsi) ? 0 : 1
 
     case LWS_CALLBACK_ESTABLISHED:
-        guard user != nil, lws_get_protocol(wsi) == UnsafePointer(Protocols.table) else { return -1 }
+        guard user != nil, Protocols.isWebSocket(wsi) else { return -1 }
         let loop = loopOf(wsi)
         let c = WebSocketConnection(wsi: wsi!, loop: loop)
         attach(user, c)
