@@ -496,19 +496,21 @@ class WsClient:
         self.log.append(obj)
         return obj
 
-    def hello(self, token: str, device_id: str | None, **fields) -> tuple[list[dict], dict]:
+    def hello(self, token: str, device_id: str | None, timeout: float = WELCOME_WAIT,
+              **fields) -> tuple[list[dict], dict]:
+        """Says hello; answers (catch-up frames, welcome). `timeout` bounds the whole catch-up."""
         msg: dict[str, Any] = {"type": "hello", "token": token}
         if device_id is not None:
             msg["deviceId"] = device_id
         msg.update({k: v for k, v in fields.items()})
         self.send(msg)
         frames: list[dict] = []
-        deadline = time.monotonic() + WELCOME_WAIT
+        deadline = time.monotonic() + timeout
         while True:
             try:
                 f = self.recv(max(0.05, deadline - time.monotonic()))
             except TimeoutError:
-                raise AssertionError(f"no welcome within {WELCOME_WAIT}s; got {frames}")
+                raise AssertionError(f"no welcome within {timeout}s; got {len(frames)} frames: {frames[:3]}")
             except Closed as e:
                 raise AssertionError(f"closed ({e.code} {e.reason}) before welcome; got {frames}")
             if f["type"] == "welcome":

@@ -15,8 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from herald_helpers import (CONFIG, Closed, Gateway, assert_strictly_increasing, changes_in, check_welcome,
-                            mint_token, reset_notifications, uid)
+from herald_helpers import (CONFIG, Gateway, assert_strictly_increasing, changes_in, mint_token,
+                            reset_notifications, uid)
 from test_fallback import Sse
 
 CATCH_UP_WAIT = 120.0   # seconds for a whole catch-up of tens of MB on a loaded 2-core machine
@@ -59,20 +59,8 @@ def ws_catch_up(gw, user: str, **hello) -> tuple[object, list[dict], dict]:
     """Says hello and reads until `welcome`, however long the catch-up is;
     answers (client, catch-up frames, welcome). Fails on a close."""
     c = gw.ws()
-    c.send({"type": "hello", "token": mint_token(user), "deviceId": uid("d"), **hello})
-    frames: list[dict] = []
-    deadline = time.time() + CATCH_UP_WAIT
-    while True:
-        try:
-            f = c.recv(max(0.1, deadline - time.time()))
-        except TimeoutError:
-            raise AssertionError(f"no welcome within {CATCH_UP_WAIT}s after {len(frames)} frames")
-        except Closed as e:
-            raise AssertionError(f"closed {e.code} {e.reason!r} during the catch-up, after {len(frames)} frames")
-        if f["type"] == "welcome":
-            return c, frames, check_welcome(f)
-        assert f["type"] in ("reset", "changes"), f"before welcome only catch-up frames may come: {f['type']}"
-        frames.append(f)
+    frames, welcome = c.hello(mint_token(user), uid("d"), timeout=CATCH_UP_WAIT, **hello)
+    return c, frames, welcome
 
 
 def assert_frames_bounded(frames: list[dict]) -> None:
