@@ -43,6 +43,10 @@ final class HTTPConnection: Flushable {
     /// being read and any pipelined after it.
     private var input: [UInt8] = []
     private var inputStart = 0
+    /// How far past `inputStart` the search for the end of the request head
+    /// got (`HTTPWire.parseHead`): a head arriving in many pieces is not
+    /// searched again from its start on every read.
+    private var headScanned = 0
     /// Bytes to write, from `written` on.
     private var output: [UInt8] = []
     private var written = 0
@@ -95,7 +99,7 @@ final class HTTPConnection: Flushable {
     /// if it is refused); false while it is incomplete.
     private func takeRequest() -> Bool {
         if case .idle = state {
-            switch HTTPWire.parseHead(input[inputStart...]) {
+            switch HTTPWire.parseHead(input[inputStart...], scanned: &headScanned) {
             case .incomplete:
                 return false
             case .malformed(let e):
@@ -103,6 +107,7 @@ final class HTTPConnection: Flushable {
                 return true
             case .head(let h, let size):
                 inputStart += size
+                headScanned = 0
                 let max = loop.gateway.config.limits.maxBodyBytes
                 guard h.bodyLength <= max else {
                     answer(.error(HeraldError(.tooLarge, "request body larger than \(max) bytes")), keepAlive: false)

@@ -1,4 +1,5 @@
 import XCTest
+import Foundation
 import HeraldTestSupport
 import HeraldCore
 import HeraldGateway
@@ -6,8 +7,10 @@ import HeraldGateway
 /// `HTTPWire.parseHead`, which reads request heads straight off client
 /// sockets: never traps; a head ends where its empty line does, and neither
 /// a head nor a refusal depends on the bytes after it (pipelined requests);
-/// an incomplete head is incomplete on its prefixes too; the method and the
-/// path are the request line's, as sent.
+/// an incomplete head is incomplete on its prefixes too; a head read in
+/// pieces (`scanned` carried from piece to piece, as a connection does) is
+/// read the same as in one; the method and the path are the request line's,
+/// as sent.
 final class HTTPWireFuzzTests: XCTestCase {
 
     static let target = FuzzTarget(
@@ -35,6 +38,7 @@ final class HTTPWireFuzzTests: XCTestCase {
 
     static func check(_ bytes: [UInt8]) -> Outcome {
         let parsed = HTTPWire.parseHead(bytes[...])
+        if let e = inPieces(bytes, parsed) { return .failed(e) }
         switch parsed {
         case .incomplete:
             for cut in [0, bytes.count / 2, max(0, bytes.count - 1)] {
@@ -60,6 +64,64 @@ final class HTTPWireFuzzTests: XCTestCase {
             else { return .failed("method or path differ from the request line: \(describe(parsed))") }
             guard h.bodyLength >= 0, h.request.body.isEmpty else { return .failed("bad body: \(describe(parsed))") }
             return .accepted
+        }
+    }
+
+    /// The bytes as a connection reads them, in pieces, the search for the
+    /// head's end carried over: the first answer that is not `incomplete`
+    /// (or the last) must be the answer on the whole.
+    static func inPieces(_ bytes: [UInt8], _ whole: HTTPWire.Parsed) -> String? {
+        var scanned = 0
+        let cuts = [1, 2, bytes.count / 3, bytes.count / 2, bytes.count - 1, bytes.count].filter { $0 >= 0 && $0 <= bytes.count }
+        for cut in cuts.sorted() {
+            let p = HTTPWire.parseHead(bytes[..<cut], scanned: &scanned)
+            if case .incomplete = p, cut < bytes.count { continue }
+            return describe(p) == describe(whole) ? nil : "read in pieces up to \(cut) it is \(describe(p)), at once \(describe(whole))"
+        }
+        return nil
+    }
+
+    /// A head arriving one byte per read costs time linear in its size
+    /// (searching it again from its start on every read was quadratic).
+    func testHeadReadByteByByteTakesLinearTime() {
+        func head(_ n: Int) -> [UInt8] {
+            var h = Array("GET /v1/me/sync HTTP/1.1\r\n".utf8)
+            while h.count < n - 40 { h += Array("X-Padding: \(String(repeating: "p", count: 50))\r\n".utf8) }
+            return h + Array("Host: x\r\n\r\n".utf8)
+        }
+        func bestTime(_ bytes: [UInt8]) -> Double {
+            var best = Double.infinity
+            for _ in 0..<3 {
+                let s = DispatchTime.now().uptimeNanoseconds
+                var scanned = 0
+                for cut in 1...bytes.count {
+                    if case .incomplete = HTTPWire.parseHead(bytes[..<cut], scanned: &scanned) { continue }
+                    XCTAssertEqual(cut, bytes.count, "the head ends at its empty line")
+                    break
+                }
+                best = min(best, Double(DispatchTime.now().uptimeNanoseconds - s) / 1e9)
+            }
+            return best
+        }
+        let a = head(HTTPWire.maxHead / 16), b = head(HTTPWire.maxHead)
+        let ta = bestTime(a), tb = bestTime(b)
+        let sizeRatio = Double(b.count) / Double(a.count)
+        print(String(format: "[fuzz] linear: http head byte by byte %d B %.2f ms → %d B %.2f ms (x%.1f)",
+                     a.count, ta * 1000, b.count, tb * 1000, tb / max(ta, 1e-6)))
+        XCTAssertLessThan(tb / max(ta, 1e-6), 4 * sizeRatio, "\(a.count) B took \(ta) s but \(b.count) B took \(tb) s — not linear")
+    }
+
+    /// A stream of empty lines is refused within a few bytes, however it is cut.
+    func testEmptyLinesBeforeTheRequestLineAreCapped() {
+        for eol in ["\r\n", "\n"] {
+            var ok = Array(String(repeating: eol, count: HTTPWire.maxPreamble / 2).utf8) + Array("GET / HTTP/1.1\r\n\r\n".utf8)
+            guard case .head = HTTPWire.parseHead(ok[...]) else { return XCTFail("\(HTTPWire.maxPreamble / 2) empty lines are taken") }
+            ok = Array(String(repeating: eol, count: HTTPWire.maxPreamble + 1).utf8) + Array("GET / HTTP/1.1\r\n\r\n".utf8)
+            guard case .malformed(let e) = HTTPWire.parseHead(ok[...]), e.code == .badRequest else {
+                return XCTFail("\(HTTPWire.maxPreamble + 1) empty lines are refused")
+            }
+            let flood = Array(repeating: UInt8(ascii: "\n"), count: HTTPWire.maxPreamble + 1)
+            guard case .malformed = HTTPWire.parseHead(flood[...]) else { return XCTFail("a flood of empty lines is refused at once") }
         }
     }
 

@@ -9,10 +9,12 @@ its own, so one failure does not take the module's gateway down with it.
 import json
 import signal
 import socket
+import threading
 import time
 
 import pytest
-from herald_helpers import APPS, check_error, check_raw_error, mint_token, parse_responses, raw_http, read_until_eof, uid
+from herald_helpers import (APPS, check_error, check_raw_error, mint_token, parse_response, parse_responses, raw_http,
+                            read_until_eof, uid)
 from test_fallback import Sse
 
 KEY = APPS["app.one"]["serverKey"]
@@ -35,6 +37,23 @@ def pipeline(gw, data: bytes) -> list:
     with socket.create_connection(("127.0.0.1", gw.port), timeout=10) as s:
         s.sendall(data)
         return parse_responses(read_until_eof(s))
+
+
+def read_response(s, timeout: float = 10.0):
+    """The first whole response read from `s`, within `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    data = b""
+    while (parsed := parse_response(data)) is None:
+        left = deadline - time.monotonic()
+        assert left > 0, f"no whole response within {timeout}s; got {data[:300]!r}"
+        s.settimeout(left)
+        try:
+            chunk = s.recv(65536)
+        except socket.timeout:
+            continue
+        assert chunk, f"connection closed before a whole response; got {data[:300]!r}"
+        data += chunk
+    return parsed[0]
 
 
 def wait_for(what: str, cond, timeout: float = 5.0):
@@ -218,3 +237,36 @@ def test_configured_app_named_demo_is_the_demo_app(gateway_factory):
     token = r.json()["token"]
     assert gw.me("GET", "/counts", token).status_code == 200, "the demo token verifies"
     assert gw.server("GET", "/users/alice/notifications", app="demo", key="configured-key").status_code == 200
+
+
+# ---------------------------------------------------------------- hardening
+
+def test_empty_lines_before_a_request_are_ignored(gateway):
+    """RFC 9112 2.2: a server ignores at least one empty line before a request line."""
+    with socket.create_connection(("127.0.0.1", gateway.port), timeout=10) as s:
+        s.sendall(b"\r\n\n\r\n" + request("GET", "/healthz", Connection="close"))
+        rs = parse_responses(read_until_eof(s))
+    assert [r.status_code for r in rs] == [200], [r.text[:200] for r in rs]
+
+
+def test_a_flood_of_empty_lines_is_refused_at_once(gateway_factory):
+    """A client streaming CRLFs was read for ever, every read searching all
+    of them again for a request line: a few empty lines are taken, then 400."""
+    gw = gateway_factory()
+    s = socket.create_connection(("127.0.0.1", gw.port), timeout=10)
+
+    def flood():
+        try:
+            for _ in range(256):  # 1 MiB in all
+                s.sendall(b"\r\n" * 2048)
+        except OSError:
+            pass  # the gateway closed: it answered
+
+    sender = threading.Thread(target=flood, daemon=True)
+    try:
+        sender.start()
+        check_raw_error(read_response(s), 400, "bad_request")
+    finally:
+        s.close()
+        sender.join(10)
+    assert gw.request("GET", "/healthz").status_code == 200
