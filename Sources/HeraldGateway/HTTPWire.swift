@@ -99,6 +99,9 @@ public enum HTTPWire {
             else { return .failure(.badRequest("malformed header field")) }
             let name = String(decoding: line[..<colon], as: UTF8.self).lowercased()
             var v = line[(colon + 1)...]
+            // RFC 9112 2.2 and RFC 9110 5.5: a bare CR or a NUL in a field
+            // value is rejected (or replaced; Herald rejects).
+            guard !v.contains(where: { $0 == cr || $0 == 0 }) else { return .failure(.badRequest("bare CR or NUL in a header field")) }
             while let c = v.first, c == space || c == tab { v = v.dropFirst() }
             while let c = v.last, c == space || c == tab { v = v.dropLast() }
             let value = String(decoding: v, as: UTF8.self)

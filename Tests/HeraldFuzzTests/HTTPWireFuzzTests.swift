@@ -17,7 +17,7 @@ final class HTTPWireFuzzTests: XCTestCase {
         name: "http",
         dictionary: ["\r\n", "\n", "\r\n\r\n", " ", ":", "GET ", "POST ", " HTTP/1.1", " HTTP/1.0", "Content-Length: ", "0", "65536",
                      "Transfer-Encoding: chunked", "Connection: close", "Connection: keep-alive", "Authorization: Bearer x",
-                     "/v1/me/sync", "?", "&", "=", "%", "%2F", "%zz", "+", ";"],
+                     "/v1/me/sync", "?", "&", "=", "%", "%2F", "%zz", "+", ";", "\r", "\u{0}"],
         maxLength: 3 * HTTPWire.maxHead,
         generate: { rng in Array(generate(&rng).utf8) },
         check: { bytes in check(bytes) })
@@ -63,6 +63,11 @@ final class HTTPWireFuzzTests: XCTestCase {
                   h.request.path == String(decoding: parts[1].prefix { $0 != UInt8(ascii: "?") }, as: UTF8.self)
             else { return .failed("method or path differ from the request line: \(describe(parsed))") }
             guard h.bodyLength >= 0, h.request.body.isEmpty else { return .failed("bad body: \(describe(parsed))") }
+            // Past the empty lines before it, every CR of a head ends a line, and no NUL is in it.
+            let text = bytes[..<size].drop { $0 == UInt8(ascii: "\r") || $0 == UInt8(ascii: "\n") }
+            for i in text.indices where text[i] == 0 || (text[i] == UInt8(ascii: "\r") && (i + 1 == size || text[i + 1] != UInt8(ascii: "\n"))) {
+                return .failed("a bare CR or a NUL at \(i) was taken: \(describe(parsed))")
+            }
             return .accepted
         }
     }
@@ -125,6 +130,20 @@ final class HTTPWireFuzzTests: XCTestCase {
         }
     }
 
+    /// RFC 9112 2.2: a bare CR in a field value is refused, not kept; so is
+    /// a NUL (RFC 9110 5.5).
+    func testBareCRAndNULInAFieldValueAreRefused() {
+        for value in ["a\rb", "a\r", "\rb", "a\u{0}b", "a\r\r"] {
+            let bytes = Array("GET / HTTP/1.1\r\nX-Other: \(value)\r\nHost: x\r\n\r\n".utf8)
+            guard case .malformed(let e) = HTTPWire.parseHead(bytes[...]), e.code == .badRequest else {
+                return XCTFail("\(value.debugDescription) in a field value: \(Self.describe(HTTPWire.parseHead(bytes[...])))")
+            }
+        }
+        guard case .head = HTTPWire.parseHead(Array("GET / HTTP/1.1\nX-Other: a\r\nHost: x\r\n\n".utf8)[...]) else {
+            return XCTFail("CRLF and LF line ends are taken")
+        }
+    }
+
     static func generate(_ rng: inout SplitMix64) -> String {
         let eol = rng.oneIn(4) ? "\n" : "\r\n"
         let chars = Array("abcXYZ019._@:-;,!+%~".utf8)
@@ -135,7 +154,8 @@ final class HTTPWireFuzzTests: XCTestCase {
         if rng.oneIn(2) { target += "?token=a%2Bb&deviceId=d+1&cursor=" + String(rng.range(0, 99)) }
         var lines = [rng.pick(["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD"]) + " " + target + " " + rng.pick(["HTTP/1.1", "HTTP/1.0"])]
         let fields = ["Host: x", "Content-Length: \(rng.range(0, 2_000_000))", "Connection: close", "Connection: keep-alive",
-                      "Authorization: Bearer t", "Herald-Device: d", "If-Match: \"3\"", "Last-Event-ID: 7", "X-Other:  v ",
+                      "Authorization: Bearer t", "Herald-Device: d", "If-Match: \"3\"", "Last-Event-ID: 7", "X-Other:  v ", "X-Other: a\rb",
+                      "X-Other: a\u{0}", "X-Other: v\r",
                       "Content-Type: application/json"]
         for _ in 0..<rng.range(0, 6) { lines.append(rng.pick(fields)) }
         let head = (rng.oneIn(8) ? eol : "") + lines.joined(separator: eol) + eol + eol

@@ -270,3 +270,13 @@ def test_a_flood_of_empty_lines_is_refused_at_once(gateway_factory):
         s.close()
         sender.join(10)
     assert gw.request("GET", "/healthz").status_code == 200
+
+
+@pytest.mark.parametrize("value", [b"a\rb", b"a\r", b"a\x00b"])
+def test_bare_cr_or_nul_in_a_header_value_is_400(gateway, value):
+    """RFC 9112 2.2 / RFC 9110 5.5: reject (or replace with SP); it was kept."""
+    with socket.create_connection(("127.0.0.1", gateway.port), timeout=10) as s:
+        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Other: " + value + b"\r\nConnection: close\r\n\r\n")
+        rs = parse_responses(read_until_eof(s))
+    assert len(rs) == 1, [r.text[:200] for r in rs]
+    check_raw_error(rs[0], 400, "bad_request")
