@@ -47,6 +47,8 @@ final class HTTPConnection: Flushable {
     /// got (`HTTPWire.parseHead`): a head arriving in many pieces is not
     /// searched again from its start on every read.
     private var headScanned = 0
+    /// The request being answered is a HEAD: its answer is the head alone.
+    private var answeringHead = false
     /// Bytes to write, from `written` on.
     private var output: [UInt8] = []
     private var written = 0
@@ -103,11 +105,13 @@ final class HTTPConnection: Flushable {
             case .incomplete:
                 return false
             case .malformed(let e):
+                answeringHead = false
                 answer(.error(e), keepAlive: false)
                 return true
             case .head(let h, let size):
                 inputStart += size
                 headScanned = 0
+                answeringHead = h.request.method == "HEAD"
                 let max = loop.gateway.config.limits.maxBodyBytes
                 guard h.bodyLength <= max else {
                     answer(.error(HeraldError(.tooLarge, "request body larger than \(max) bytes")), keepAlive: false)
@@ -119,15 +123,12 @@ final class HTTPConnection: Flushable {
         guard case .receivingBody(var h) = state, input.count - inputStart >= h.bodyLength else { return false }
         h.request.body = Array(input[inputStart..<inputStart + h.bodyLength])
         inputStart += h.bodyLength
-        // A HEAD answer would carry a body the client does not expect:
-        // closing after it keeps the next answer from being misread.
-        let keepAlive = h.keepAlive && h.request.method != "HEAD"
         if let refusal = h.refusal {
-            answer(.error(refusal), keepAlive: keepAlive)
+            answer(.error(refusal), keepAlive: h.keepAlive)
             return true
         }
         serial += 1
-        state = .awaitingAnswer(keepAlive: keepAlive)
+        state = .awaitingAnswer(keepAlive: h.keepAlive)
         // Answers come back asynchronously (held polls after up to 60 s).
         lws_set_timeout(wsi, NO_PENDING_TIMEOUT, 0)
         loop.gateway.handle(h.request, shard: loop.shard, responder: Exchange(conn: self, serial: serial))
@@ -162,10 +163,11 @@ final class HTTPConnection: Flushable {
     }
 
     /// Queues a whole answer: head and body go out in one write when the
-    /// socket takes them.
+    /// socket takes them. An answer to HEAD is its head alone (RFC 9110
+    /// 9.3.2), with the body's Content-Length.
     private func answer(_ r: HTTPResponse, keepAlive: Bool) {
         let keepAlive = keepAlive && !loop.shuttingDown
-        output = HTTPWire.responseHead(r, length: r.body.count, close: !keepAlive) + r.body
+        output = HTTPWire.responseHead(r, length: r.body.count, close: !keepAlive) + (answeringHead ? [] : r.body)
         written = 0
         closeHook = nil
         state = .writingAnswer(keepAlive: keepAlive)
@@ -178,7 +180,8 @@ final class HTTPConnection: Flushable {
         output = HTTPWire.responseHead(HTTPResponse(status: 200, contentType: contentType, headers: headers, body: []),
                                        length: nil, close: true)
         written = 0
-        state = .streaming(finishing: false)
+        // (No route streams to HEAD; if one did, the head alone goes out.)
+        state = .streaming(finishing: answeringHead)
         requestWrite()
     }
 

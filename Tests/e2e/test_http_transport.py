@@ -280,3 +280,24 @@ def test_bare_cr_or_nul_in_a_header_value_is_400(gateway, value):
         rs = parse_responses(read_until_eof(s))
     assert len(rs) == 1, [r.text[:200] for r in rs]
     check_raw_error(rs[0], 400, "bad_request")
+
+
+@pytest.mark.parametrize("path,status", [("/healthz", 405), ("/v1/nothing-here", 404), ("/healthz?a=%zz", 400)])
+def test_answer_to_head_has_no_body_and_the_connection_goes_on(gateway, path, status):
+    """RFC 9110 9.3.2: an answer to HEAD is its head alone, Content-Length
+    included; the next request on the connection is answered after it."""
+    with socket.create_connection(("127.0.0.1", gateway.port), timeout=10) as s:
+        s.sendall(request("HEAD", path) + request("GET", "/healthz", Connection="close"))
+        data = read_until_eof(s)
+    head, sep, rest = data.partition(b"\r\n\r\n")
+    assert sep, data[:300]
+    lines = head.decode("latin-1").split("\r\n")
+    assert lines[0].split()[1] == str(status), lines
+    fields = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+    assert int(fields["content-length"]) > 0, fields
+    assert "connection" not in fields, fields
+    if status == 405:
+        assert fields.get("allow") == "GET", fields
+    assert rest.startswith(b"HTTP/1.1 200 "), f"a body followed the answer to HEAD: {rest[:200]!r}"
+    rs = parse_responses(rest)
+    assert [r.status_code for r in rs] == [200] and rs[0].json()["status"] == "ok", rest[:300]
