@@ -59,15 +59,18 @@ final class HTTPConnection: Flushable {
     private var flushQueued = false
     /// Inside `pump`, which writes what an answer given meanwhile queues.
     private var pumping = false
+    /// The request being read has its deadline: `requestTimeoutSeconds`
+    /// from its first byte to its last, however slowly they come.
+    private var requestTimed = false
 
     static let keepAliveSeconds: UInt32 = 5
-    static let requestSeconds: UInt32 = 20
     static let lingerSeconds: UInt32 = 2
 
     init(wsi: OpaquePointer, loop: ServiceLoop) {
         self.wsi = wsi
         self.loop = loop
-        lws_set_timeout(wsi, PENDING_TIMEOUT_HTTP_CONTENT, Int32(Self.requestSeconds))
+        // The first request's bytes are here already (`ServiceLoop.sort`).
+        timeRequest()
     }
 
     var isBusy: Bool {
@@ -84,8 +87,10 @@ final class HTTPConnection: Flushable {
         case .streaming, .lingering, .closed:
             return // nothing after a stream or a last answer is answered
         case .idle, .receivingBody:
-            // A request under way must keep coming (slow-client guard).
-            lws_set_timeout(wsi, PENDING_TIMEOUT_HTTP_CONTENT, Int32(Self.requestSeconds))
+            // The first byte of a request starts its deadline; later bytes
+            // do not move it (a byte every few seconds would hold the
+            // connection for ever).
+            if !requestTimed { timeRequest() }
         case .awaitingAnswer, .writingAnswer:
             break
         }
@@ -130,7 +135,7 @@ final class HTTPConnection: Flushable {
         serial += 1
         state = .awaitingAnswer(keepAlive: h.keepAlive)
         // Answers come back asynchronously (held polls after up to 60 s).
-        lws_set_timeout(wsi, NO_PENDING_TIMEOUT, 0)
+        stopRequestTimer()
         loop.gateway.handle(h.request, shard: loop.shard, responder: Exchange(conn: self, serial: serial))
         return true
     }
@@ -146,13 +151,26 @@ final class HTTPConnection: Flushable {
             input.removeFirst(inputStart)
             inputStart = 0
         }
-        let waiting = input.count > inputStart
-        lws_set_timeout(wsi, waiting ? PENDING_TIMEOUT_HTTP_CONTENT : PENDING_TIMEOUT_HTTP_KEEPALIVE_IDLE,
-                        Int32(waiting ? Self.requestSeconds : Self.keepAliveSeconds))
+        if input.count > inputStart {
+            timeRequest() // a pipelined request: its deadline starts now
+        } else {
+            requestTimed = false
+            lws_set_timeout(wsi, PENDING_TIMEOUT_HTTP_KEEPALIVE_IDLE, Int32(Self.keepAliveSeconds))
+        }
         if readingPaused {
             readingPaused = false
             lws_rx_flow_control(wsi, 1)
         }
+    }
+
+    private func timeRequest() {
+        requestTimed = true
+        lws_set_timeout(wsi, PENDING_TIMEOUT_HTTP_CONTENT, Int32(loop.gateway.config.limits.requestTimeoutSeconds))
+    }
+
+    private func stopRequestTimer() {
+        requestTimed = false
+        lws_set_timeout(wsi, NO_PENDING_TIMEOUT, 0)
     }
 
     // MARK: Answers (from `Exchange`, on the loop thread)

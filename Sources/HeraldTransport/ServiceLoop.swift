@@ -203,7 +203,7 @@ final class ServiceLoop: LoopExecutor, @unchecked Sendable {  // loop-thread sta
         if pending || (n > 0 && n <= ws.count && first[0..<n].elementsEqual(ws[0..<n])) {
             if waiting[fd] == nil {
                 guard herald_waitset_add(waitSet, fd) == 0 else { return drop(fd) }
-                waiting[fd] = WallClock.now() + Millis(HTTPConnection.requestSeconds) * 1000
+                waiting[fd] = WallClock.now() + Millis(gateway.config.limits.requestTimeoutSeconds) * 1000
             }
             return
         }

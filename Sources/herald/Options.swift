@@ -107,6 +107,7 @@ struct ConfigFile {
         ("maxBodyBytes", \.maxBodyBytes),
         ("pingIntervalSeconds", \.pingIntervalSeconds),
         ("idleHangupSeconds", \.idleHangupSeconds),
+        ("requestTimeoutSeconds", \.requestTimeoutSeconds),
     ]
     nonisolated(unsafe) static let limitSecondsKeys: [(String, WritableKeyPath<GatewayLimits, Int64>)] = [
         ("helloTimeoutSeconds", \.helloTimeoutSeconds),

@@ -13,8 +13,8 @@ import threading
 import time
 
 import pytest
-from herald_helpers import (APPS, check_error, check_raw_error, mint_token, parse_response, parse_responses, raw_http,
-                            read_until_eof, uid)
+from herald_helpers import (APPS, CONFIG, check_error, check_raw_error, mint_token, parse_response, parse_responses,
+                            raw_http, read_until_eof, uid)
 from test_fallback import Sse
 
 KEY = APPS["app.one"]["serverKey"]
@@ -301,3 +301,59 @@ def test_answer_to_head_has_no_body_and_the_connection_goes_on(gateway, path, st
     assert rest.startswith(b"HTTP/1.1 200 "), f"a body followed the answer to HEAD: {rest[:200]!r}"
     rs = parse_responses(rest)
     assert [r.status_code for r in rs] == [200] and rs[0].json()["status"] == "ok", rest[:300]
+
+
+
+# ---------------------------------------------------------------- timeouts
+
+def timeouts_config(**limits) -> dict:
+    return {**CONFIG, "limits": limits}
+
+
+def closed_by_gateway(s) -> bool:
+    """Whether the gateway closed `s` (EOF or reset), within the socket's timeout."""
+    try:
+        return s.recv(65536) == b""
+    except (ConnectionResetError, BrokenPipeError):
+        return True
+    except socket.timeout:
+        return False
+
+
+def trickle(s, pieces: list[bytes], interval: float) -> float:
+    """Sends `pieces` one every `interval` s (the pace is the test's, not a
+    wait for the gateway) until the gateway closes the connection; answers
+    the seconds from the first piece to that close, or fails if all were sent."""
+    t0 = time.monotonic()
+    for piece in pieces:
+        try:
+            s.sendall(piece)
+        except (ConnectionResetError, BrokenPipeError):
+            return time.monotonic() - t0
+        s.settimeout(interval)
+        if closed_by_gateway(s):
+            return time.monotonic() - t0
+    raise AssertionError(f"the connection was still open after {time.monotonic() - t0:.1f}s of trickling")
+
+
+SLOW_REQUESTS = {
+    "head": [b"GET /healthz HTTP/1.1\r\n"] + [b"X-Slow: %d\r\n" % i for i in range(40)],
+    "body": [request("POST", f"/v1/apps/app.one/users/{uid('slow')}/notifications", b"x" * 100,
+                     Authorization=f"Bearer {KEY}")[:-100]] + [b"x"] * 40,
+}
+
+
+@pytest.mark.parametrize("what", list(SLOW_REQUESTS))
+@pytest.mark.parametrize("after_an_answer", [False, True])
+def test_a_request_trickling_in_is_cut_off_at_its_deadline(gateway_factory, what, after_an_answer):
+    """Slow-loris: the request timeout runs from a request's first byte to
+    its last. It used to restart on every read, so a byte every few seconds
+    held a request head or body for ever."""
+    gw = gateway_factory(timeouts_config(requestTimeoutSeconds=1))
+    with socket.create_connection(("127.0.0.1", gw.port), timeout=10) as s:
+        if after_an_answer:  # the next request on a kept-alive connection
+            s.sendall(request("GET", "/healthz"))
+            assert read_response(s).status_code == 200
+        took = trickle(s, SLOW_REQUESTS[what], interval=0.25)
+    assert took >= 0.5, took
+    assert gw.request("GET", "/healthz").status_code == 200
