@@ -38,6 +38,9 @@ public struct GatewayLimits: Sendable {
     /// seconds of its first byte, and a new connection's first bytes within
     /// this many seconds of its accept; else the connection is closed.
     public var requestTimeoutSeconds = 20
+    /// HTTP output (an answer, an event stream) waiting for a socket that
+    /// takes none of it for this many seconds closes the connection.
+    public var writeTimeoutSeconds = 30
     public init() {}
 }
 

@@ -62,6 +62,10 @@ final class HTTPConnection: Flushable {
     /// The request being read has its deadline: `requestTimeoutSeconds`
     /// from its first byte to its last, however slowly they come.
     private var requestTimed = false
+    /// While output waits for the socket: when the socket must have taken
+    /// some of it (`writeTimeoutSeconds` after it last did, or after the
+    /// output was queued). The loop closes the connection past it.
+    private(set) var writeDeadline: Millis?
 
     static let keepAliveSeconds: UInt32 = 5
     static let lingerSeconds: UInt32 = 2
@@ -185,6 +189,8 @@ final class HTTPConnection: Flushable {
     /// 9.3.2), with the body's Content-Length.
     private func answer(_ r: HTTPResponse, keepAlive: Bool) {
         let keepAlive = keepAlive && !loop.shuttingDown
+        // A refusal while reading: from here on the write timeout rules.
+        if requestTimed { stopRequestTimer() }
         output = HTTPWire.responseHead(r, length: r.body.count, close: !keepAlive) + (answeringHead ? [] : r.body)
         written = 0
         closeHook = nil
@@ -252,7 +258,32 @@ final class HTTPConnection: Flushable {
     // MARK: Output
 
     private func requestWrite() {
-        if !pumping { loop.requestWrite(self, wsi: wsi, queued: &flushQueued) }
+        guard !pumping else { return } // `pump` writes it, or watches it
+        // Output is queued now: the socket must take some of it in time,
+        // even if it never says it has room.
+        if writeDeadline == nil { watchWrite() }
+        loop.requestWrite(self, wsi: wsi, queued: &flushQueued)
+    }
+
+    private func watchWrite() {
+        writeDeadline = ServiceLoop.monotonicMillis() + Millis(loop.gateway.config.limits.writeTimeoutSeconds) * 1000
+        loop.watchWrite(self, deadline: writeDeadline!)
+    }
+
+    private func unwatchWrite() {
+        guard writeDeadline != nil else { return }
+        writeDeadline = nil
+        loop.unwatchWrite(self)
+    }
+
+    /// The socket took none of the output for `writeTimeoutSeconds`: the
+    /// client is not reading (its answer, or its event stream).
+    func writeTimedOut() {
+        unwatchWrite()
+        // A stream the gateway ended (slow consumer, expired token) was
+        // counted when it was ended.
+        if case .streaming(finishing: true) = state {} else { loop.gateway.metrics.dropped(.slowConsumer) }
+        kill()
     }
 
     /// End of a drain: write now what the socket takes.
@@ -293,24 +324,40 @@ final class HTTPConnection: Flushable {
         }
     }
 
-    /// Writes `output` until all of it is sent (true) or the socket is full;
-    /// lws then holds the unsent part of the last piece and calls
-    /// `writable` once that is sent too.
+    /// Writes `output` until all of it is sent (true) or the socket takes no
+    /// more; `writable` comes when it has room again. The bytes go to the
+    /// socket directly, not through lws_write (which on a raw socket is a
+    /// plain send, but holds what the socket did not take where Herald
+    /// cannot see it go): so every byte the socket takes is progress that
+    /// moves `writeDeadline` on.
     private func drain() -> Bool {
-        while written < output.count, lws_partial_buffered(wsi) == 0 {
+        let fd = lws_get_socket_fd(wsi)
+        var moved = false
+        while written < output.count {
             let n = min(output.count - written, ServiceLoop.outputLimit)
-            // On a raw socket lws_write is lws_issue_raw: the bytes as they are.
             let from = written
-            let r = output.withUnsafeMutableBufferPointer { lws_write(wsi, $0.baseAddress! + from, n, LWS_WRITE_HTTP) }
-            guard r >= 0 else {
+            let r = output.withUnsafeBytes { Glibc.send(fd, $0.baseAddress! + from, n, Int32(MSG_NOSIGNAL | MSG_DONTWAIT)) }
+            if r > 0 {
+                written += r
+                moved = true
+                if r < n { break } // the socket is full
+            } else if r < 0, errno == EINTR {
+                continue
+            } else if r < 0, errno == EAGAIN || errno == EWOULDBLOCK {
+                break
+            } else {
                 kill()
                 return false
             }
-            written += n
         }
-        guard written == output.count, lws_partial_buffered(wsi) == 0 else { return false }
+        guard written == output.count else {
+            lws_callback_on_writable(wsi)
+            if moved || writeDeadline == nil { watchWrite() }
+            return false
+        }
         output.removeAll()
         written = 0
+        unwatchWrite()
         return true
     }
 
@@ -342,6 +389,7 @@ final class HTTPConnection: Flushable {
 
     func closed() {
         state = .closed
+        unwatchWrite()
         drainWaiters = []
         let hook = closeHook
         closeHook = nil

@@ -108,6 +108,7 @@ struct ConfigFile {
         ("pingIntervalSeconds", \.pingIntervalSeconds),
         ("idleHangupSeconds", \.idleHangupSeconds),
         ("requestTimeoutSeconds", \.requestTimeoutSeconds),
+        ("writeTimeoutSeconds", \.writeTimeoutSeconds),
     ]
     nonisolated(unsafe) static let limitSecondsKeys: [(String, WritableKeyPath<GatewayLimits, Int64>)] = [
         ("helloTimeoutSeconds", \.helloTimeoutSeconds),

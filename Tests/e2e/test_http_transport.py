@@ -7,6 +7,7 @@ its own, so one failure does not take the module's gateway down with it.
 """
 
 import json
+import os
 import signal
 import socket
 import threading
@@ -14,7 +15,7 @@ import time
 
 import pytest
 from herald_helpers import (APPS, CONFIG, check_error, check_raw_error, mint_token, parse_response, parse_responses,
-                            raw_http, read_until_eof, uid)
+                            raw_http, read_until_eof, uid, wait_until)
 from test_fallback import Sse
 
 KEY = APPS["app.one"]["serverKey"]
@@ -357,3 +358,127 @@ def test_a_request_trickling_in_is_cut_off_at_its_deadline(gateway_factory, what
         took = trickle(s, SLOW_REQUESTS[what], interval=0.25)
     assert took >= 0.5, took
     assert gw.request("GET", "/healthz").status_code == 200
+
+
+def gateway_holds(gw, client) -> bool:
+    """Whether the gateway process still has its end of `client`'s
+    connection open (Linux: /proc/net/tcp and the process's descriptors)."""
+    port = client.getsockname()[1]
+    inodes = set()
+    with open("/proc/net/tcp") as f:
+        next(f)
+        for line in f:
+            fields = line.split()
+            local, remote, inode = fields[1], fields[2], fields[9]
+            if int(local.split(":")[1], 16) == gw.port and int(remote.split(":")[1], 16) == port and inode != "0":
+                inodes.add(f"socket:[{inode}]")
+    fds = set()
+    for fd in os.listdir(f"/proc/{gw.proc.pid}/fd"):
+        try:
+            fds.add(os.readlink(f"/proc/{gw.proc.pid}/fd/{fd}"))
+        except OSError:
+            pass
+    return bool(inodes & fds)
+
+
+def non_reading_client(gw) -> socket.socket:
+    """A socket with a small receive buffer, so that output the client does
+    not read stays with the gateway."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.settimeout(10)
+    s.connect(("127.0.0.1", gw.port))
+    return s
+
+
+def slow_consumer_drops(gw) -> float:
+    return gw.metric('herald_dropped_connections_total{reason="slow_consumer"}')
+
+
+def test_a_client_that_does_not_read_its_answers_is_cut_off(gateway_factory):
+    """Slow-read: answers to pipelined requests that the client never reads
+    stayed queued, with the rest of the pipeline, for ever."""
+    gw = gateway_factory(timeouts_config(writeTimeoutSeconds=1))
+    s = non_reading_client(gw)
+    try:
+        # About 500 KiB of requests (the gateway reads up to ~1 MiB ahead),
+        # and far more answers than the socket buffers hold.
+        s.sendall(request("GET", "/metrics") * 20000)
+        assert gateway_holds(gw, s)
+        wait_until(lambda: not gateway_holds(gw, s), "the gateway closes the connection", timeout=20)
+        assert slow_consumer_drops(gw) == 1
+    finally:
+        s.close()
+    assert gw.request("GET", "/healthz").status_code == 200
+
+
+def open_stream(gw, s, user: str):
+    s.sendall(request("GET", f"/v1/me/events?token={mint_token(user)}&deviceId=d1"))
+    got = b""
+    while b"event: reset" not in got:
+        chunk = s.recv(65536)
+        assert chunk, f"stream ended early: {got!r}"
+        got += chunk
+    assert got.startswith(b"HTTP/1.1 200"), got[:200]
+    assert gw.devices(user)["d1"]["transport"] == "sse"
+
+
+def fill(gw, user: str, mib: int):
+    """Publishes about `mib` MiB of notifications to `user`."""
+    blob = "p" * 60000
+    for i in range(mib * 1024 * 1024 // 60000 + 1):
+        gw.publish(user, f"big{i}", payload={"blob": blob})
+
+
+@pytest.mark.fallback
+def test_an_event_stream_its_client_stopped_reading_is_cut_off(gateway_factory):
+    """An event stream whose client stopped reading, with nothing new to
+    send, was never cut off; now it is once the socket took nothing of its
+    queued events for `writeTimeoutSeconds`, and its device is released."""
+    gw = gateway_factory(timeouts_config(writeTimeoutSeconds=1, maxQueuedBytesPerConnection=256 << 20))
+    user = uid("sse")
+    s = non_reading_client(gw)
+    try:
+        open_stream(gw, s, user)
+        fill(gw, user, 8)  # more than the socket buffers take
+        wait_until(lambda: gw.devices(user)["d1"]["connected"] is False, "the stream's device is released", timeout=20)
+        wait_until(lambda: not gateway_holds(gw, s), "the gateway closes the connection", timeout=20)
+        assert slow_consumer_drops(gw) == 1
+    finally:
+        s.close()
+
+
+@pytest.mark.fallback
+def test_an_event_stream_ended_while_its_client_is_not_reading_is_closed(gateway_factory):
+    """A stream the gateway ends (here the slow-consumer limit; token expiry
+    ends it the same way) queues its last chunk; if the socket never takes
+    it, the connection used to stay open for ever."""
+    gw = gateway_factory(timeouts_config(writeTimeoutSeconds=1))
+    user = uid("sse")
+    s = non_reading_client(gw)
+    try:
+        open_stream(gw, s, user)
+        fill(gw, user, 9)  # 4 MiB queued past the socket buffers: the limit ends it
+        wait_until(lambda: slow_consumer_drops(gw) == 1, "the slow-consumer limit ends the stream", timeout=20)
+        wait_until(lambda: not gateway_holds(gw, s), "the gateway closes the connection", timeout=20)
+        assert slow_consumer_drops(gw) == 1, "counted once"
+    finally:
+        s.close()
+
+
+@pytest.mark.fallback
+def test_an_idle_event_stream_outlives_the_write_timeout(gateway_factory):
+    """Nothing queued, nothing to time out: an idle stream stays open."""
+    gw = gateway_factory(timeouts_config(writeTimeoutSeconds=1))
+    user = uid("sse")
+    with socket.create_connection(("127.0.0.1", gw.port), timeout=10) as s:
+        open_stream(gw, s, user)
+        s.settimeout(3)  # three write timeouts of quiet: nothing may come, the stream must not end
+        assert not closed_by_gateway(s)
+        gw.publish(user, "late")
+        s.settimeout(10)
+        got = b""
+        while b"event: change" not in got:
+            chunk = s.recv(65536)
+            assert chunk, f"stream ended: {got!r}"
+            got += chunk
