@@ -34,6 +34,13 @@ public struct GatewayLimits: Sendable {
     public var publishesPerSecondPerApp = 50_000
     /// Long-polls held at once by the whole gateway; past it `429`.
     public var maxHeldPolls = 10_000
+    /// An HTTP request must arrive whole (head and body) within this many
+    /// seconds of its first byte, and a new connection's first bytes within
+    /// this many seconds of its accept; else the connection is closed.
+    public var requestTimeoutSeconds = 20
+    /// HTTP output (an answer, an event stream) waiting for a socket that
+    /// takes none of it for this many seconds closes the connection.
+    public var writeTimeoutSeconds = 30
     public init() {}
 }
 

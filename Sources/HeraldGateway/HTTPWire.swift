@@ -26,28 +26,57 @@ public enum HTTPWire {
         case malformed(HeraldError)
     }
 
+    /// Bytes of empty lines (CR and LF) taken before a request line. RFC
+    /// 9112 2.2 asks to ignore at least one empty line there; a client
+    /// sending more is not sending HTTP. They count toward `maxHead`.
+    public static let maxPreamble = 8
+
     public static func parseHead(_ bytes: ArraySlice<UInt8>) -> Parsed {
-        // RFC 9112 2.2: empty lines before a request line are ignored; LF
-        // alone ends a line as well as CRLF.
-        var start = bytes.startIndex
-        while start < bytes.endIndex, bytes[start] == cr || bytes[start] == lf { start += 1 }
-        var lines: [ArraySlice<UInt8>] = []
-        var lineStart = start
+        var scanned = 0
+        return parseHead(bytes, scanned: &scanned)
+    }
+
+    /// `parseHead` for a head that arrives in pieces: `scanned` (0 for a
+    /// new head) is how far from `bytes.startIndex` earlier calls looked
+    /// for the head's end; this call looks on from there and moves it on,
+    /// so each byte is looked at a bounded number of times however the
+    /// head is cut. The answer is the same as `parseHead`'s.
+    public static func parseHead(_ bytes: ArraySlice<UInt8>, scanned: inout Int) -> Parsed {
+        let base = bytes.startIndex
+        // RFC 9112 2.2: empty lines before a request line are ignored (a
+        // few of them); LF alone ends a line as well as CRLF.
+        var start = base
+        while start < bytes.endIndex, bytes[start] == cr || bytes[start] == lf {
+            guard start - base < maxPreamble else { return .malformed(.badRequest("too many empty lines before the request line")) }
+            start += 1
+        }
+        // The head ends with its first empty line. `start` is neither CR nor
+        // LF, so an LF ends an empty line exactly when LF or LF CR precedes it.
+        let limit = min(bytes.endIndex, base + maxHead)
+        var i = max(start, base + scanned)
         var end: Int?
-        for i in start..<min(bytes.endIndex, start + maxHead) where bytes[i] == lf {
-            let line = bytes[lineStart..<i].last == cr ? bytes[lineStart..<i - 1] : bytes[lineStart..<i]
-            lineStart = i + 1
-            if line.isEmpty {
-                end = lineStart
+        while i < limit {
+            if bytes[i] == lf, i > start, bytes[i - 1] == lf || (bytes[i - 1] == cr && i - 2 >= start && bytes[i - 2] == lf) {
+                end = i + 1
                 break
             }
-            lines.append(line)
+            i += 1
         }
         guard let end else {
-            return bytes.endIndex - start < maxHead ? .incomplete : .malformed(HeraldError(.tooLarge, "request head larger than \(maxHead) bytes"))
+            scanned = limit - base
+            return bytes.endIndex - base < maxHead ? .incomplete : .malformed(HeraldError(.tooLarge, "request head larger than \(maxHead) bytes"))
+        }
+        scanned = end - base
+        var lines: [ArraySlice<UInt8>] = []
+        var lineStart = start
+        for i in start..<end where bytes[i] == lf {
+            let line = bytes[lineStart..<i].last == cr ? bytes[lineStart..<i - 1] : bytes[lineStart..<i]
+            lineStart = i + 1
+            if line.isEmpty { break }
+            lines.append(line)
         }
         switch head(lines) {
-        case .success(let h): return .head(h, size: end - bytes.startIndex)
+        case .success(let h): return .head(h, size: end - base)
         case .failure(let e): return .malformed(e)
         }
     }
@@ -70,6 +99,9 @@ public enum HTTPWire {
             else { return .failure(.badRequest("malformed header field")) }
             let name = String(decoding: line[..<colon], as: UTF8.self).lowercased()
             var v = line[(colon + 1)...]
+            // RFC 9112 2.2 and RFC 9110 5.5: a bare CR or a NUL in a field
+            // value is rejected (or replaced; Herald rejects).
+            guard !v.contains(where: { $0 == cr || $0 == 0 }) else { return .failure(.badRequest("bare CR or NUL in a header field")) }
             while let c = v.first, c == space || c == tab { v = v.dropFirst() }
             while let c = v.last, c == space || c == tab { v = v.dropLast() }
             let value = String(decoding: v, as: UTF8.self)

@@ -43,6 +43,12 @@ final class HTTPConnection: Flushable {
     /// being read and any pipelined after it.
     private var input: [UInt8] = []
     private var inputStart = 0
+    /// How far past `inputStart` the search for the end of the request head
+    /// got (`HTTPWire.parseHead`): a head arriving in many pieces is not
+    /// searched again from its start on every read.
+    private var headScanned = 0
+    /// The request being answered is a HEAD: its answer is the head alone.
+    private var answeringHead = false
     /// Bytes to write, from `written` on.
     private var output: [UInt8] = []
     private var written = 0
@@ -53,15 +59,22 @@ final class HTTPConnection: Flushable {
     private var flushQueued = false
     /// Inside `pump`, which writes what an answer given meanwhile queues.
     private var pumping = false
+    /// The request being read has its deadline: `requestTimeoutSeconds`
+    /// from its first byte to its last, however slowly they come.
+    private var requestTimed = false
+    /// While output waits for the socket: when the socket must have taken
+    /// some of it (`writeTimeoutSeconds` after it last did, or after the
+    /// output was queued). The loop closes the connection past it.
+    private(set) var writeDeadline: Millis?
 
     static let keepAliveSeconds: UInt32 = 5
-    static let requestSeconds: UInt32 = 20
     static let lingerSeconds: UInt32 = 2
 
     init(wsi: OpaquePointer, loop: ServiceLoop) {
         self.wsi = wsi
         self.loop = loop
-        lws_set_timeout(wsi, PENDING_TIMEOUT_HTTP_CONTENT, Int32(Self.requestSeconds))
+        // The first request's bytes are here already (`ServiceLoop.sort`).
+        timeRequest()
     }
 
     var isBusy: Bool {
@@ -78,8 +91,10 @@ final class HTTPConnection: Flushable {
         case .streaming, .lingering, .closed:
             return // nothing after a stream or a last answer is answered
         case .idle, .receivingBody:
-            // A request under way must keep coming (slow-client guard).
-            lws_set_timeout(wsi, PENDING_TIMEOUT_HTTP_CONTENT, Int32(Self.requestSeconds))
+            // The first byte of a request starts its deadline; later bytes
+            // do not move it (a byte every few seconds would hold the
+            // connection for ever).
+            if !requestTimed { timeRequest() }
         case .awaitingAnswer, .writingAnswer:
             break
         }
@@ -95,14 +110,17 @@ final class HTTPConnection: Flushable {
     /// if it is refused); false while it is incomplete.
     private func takeRequest() -> Bool {
         if case .idle = state {
-            switch HTTPWire.parseHead(input[inputStart...]) {
+            switch HTTPWire.parseHead(input[inputStart...], scanned: &headScanned) {
             case .incomplete:
                 return false
             case .malformed(let e):
+                answeringHead = false
                 answer(.error(e), keepAlive: false)
                 return true
             case .head(let h, let size):
                 inputStart += size
+                headScanned = 0
+                answeringHead = h.request.method == "HEAD"
                 let max = loop.gateway.config.limits.maxBodyBytes
                 guard h.bodyLength <= max else {
                     answer(.error(HeraldError(.tooLarge, "request body larger than \(max) bytes")), keepAlive: false)
@@ -114,17 +132,14 @@ final class HTTPConnection: Flushable {
         guard case .receivingBody(var h) = state, input.count - inputStart >= h.bodyLength else { return false }
         h.request.body = Array(input[inputStart..<inputStart + h.bodyLength])
         inputStart += h.bodyLength
-        // A HEAD answer would carry a body the client does not expect:
-        // closing after it keeps the next answer from being misread.
-        let keepAlive = h.keepAlive && h.request.method != "HEAD"
         if let refusal = h.refusal {
-            answer(.error(refusal), keepAlive: keepAlive)
+            answer(.error(refusal), keepAlive: h.keepAlive)
             return true
         }
         serial += 1
-        state = .awaitingAnswer(keepAlive: keepAlive)
+        state = .awaitingAnswer(keepAlive: h.keepAlive)
         // Answers come back asynchronously (held polls after up to 60 s).
-        lws_set_timeout(wsi, NO_PENDING_TIMEOUT, 0)
+        stopRequestTimer()
         loop.gateway.handle(h.request, shard: loop.shard, responder: Exchange(conn: self, serial: serial))
         return true
     }
@@ -140,13 +155,26 @@ final class HTTPConnection: Flushable {
             input.removeFirst(inputStart)
             inputStart = 0
         }
-        let waiting = input.count > inputStart
-        lws_set_timeout(wsi, waiting ? PENDING_TIMEOUT_HTTP_CONTENT : PENDING_TIMEOUT_HTTP_KEEPALIVE_IDLE,
-                        Int32(waiting ? Self.requestSeconds : Self.keepAliveSeconds))
+        if input.count > inputStart {
+            timeRequest() // a pipelined request: its deadline starts now
+        } else {
+            requestTimed = false
+            lws_set_timeout(wsi, PENDING_TIMEOUT_HTTP_KEEPALIVE_IDLE, Int32(Self.keepAliveSeconds))
+        }
         if readingPaused {
             readingPaused = false
             lws_rx_flow_control(wsi, 1)
         }
+    }
+
+    private func timeRequest() {
+        requestTimed = true
+        lws_set_timeout(wsi, PENDING_TIMEOUT_HTTP_CONTENT, Int32(loop.gateway.config.limits.requestTimeoutSeconds))
+    }
+
+    private func stopRequestTimer() {
+        requestTimed = false
+        lws_set_timeout(wsi, NO_PENDING_TIMEOUT, 0)
     }
 
     // MARK: Answers (from `Exchange`, on the loop thread)
@@ -157,10 +185,13 @@ final class HTTPConnection: Flushable {
     }
 
     /// Queues a whole answer: head and body go out in one write when the
-    /// socket takes them.
+    /// socket takes them. An answer to HEAD is its head alone (RFC 9110
+    /// 9.3.2), with the body's Content-Length.
     private func answer(_ r: HTTPResponse, keepAlive: Bool) {
         let keepAlive = keepAlive && !loop.shuttingDown
-        output = HTTPWire.responseHead(r, length: r.body.count, close: !keepAlive) + r.body
+        // A refusal while reading: from here on the write timeout rules.
+        if requestTimed { stopRequestTimer() }
+        output = HTTPWire.responseHead(r, length: r.body.count, close: !keepAlive) + (answeringHead ? [] : r.body)
         written = 0
         closeHook = nil
         state = .writingAnswer(keepAlive: keepAlive)
@@ -173,7 +204,8 @@ final class HTTPConnection: Flushable {
         output = HTTPWire.responseHead(HTTPResponse(status: 200, contentType: contentType, headers: headers, body: []),
                                        length: nil, close: true)
         written = 0
-        state = .streaming(finishing: false)
+        // (No route streams to HEAD; if one did, the head alone goes out.)
+        state = .streaming(finishing: answeringHead)
         requestWrite()
     }
 
@@ -226,7 +258,32 @@ final class HTTPConnection: Flushable {
     // MARK: Output
 
     private func requestWrite() {
-        if !pumping { loop.requestWrite(self, wsi: wsi, queued: &flushQueued) }
+        guard !pumping else { return } // `pump` writes it, or watches it
+        // Output is queued now: the socket must take some of it in time,
+        // even if it never says it has room.
+        if writeDeadline == nil { watchWrite() }
+        loop.requestWrite(self, wsi: wsi, queued: &flushQueued)
+    }
+
+    private func watchWrite() {
+        writeDeadline = ServiceLoop.monotonicMillis() + Millis(loop.gateway.config.limits.writeTimeoutSeconds) * 1000
+        loop.watchWrite(self, deadline: writeDeadline!)
+    }
+
+    private func unwatchWrite() {
+        guard writeDeadline != nil else { return }
+        writeDeadline = nil
+        loop.unwatchWrite(self)
+    }
+
+    /// The socket took none of the output for `writeTimeoutSeconds`: the
+    /// client is not reading (its answer, or its event stream).
+    func writeTimedOut() {
+        unwatchWrite()
+        // A stream the gateway ended (slow consumer, expired token) was
+        // counted when it was ended.
+        if case .streaming(finishing: true) = state {} else { loop.gateway.metrics.dropped(.slowConsumer) }
+        kill()
     }
 
     /// End of a drain: write now what the socket takes.
@@ -267,24 +324,40 @@ final class HTTPConnection: Flushable {
         }
     }
 
-    /// Writes `output` until all of it is sent (true) or the socket is full;
-    /// lws then holds the unsent part of the last piece and calls
-    /// `writable` once that is sent too.
+    /// Writes `output` until all of it is sent (true) or the socket takes no
+    /// more; `writable` comes when it has room again. The bytes go to the
+    /// socket directly, not through lws_write (which on a raw socket is a
+    /// plain send, but holds what the socket did not take where Herald
+    /// cannot see it go): so every byte the socket takes is progress that
+    /// moves `writeDeadline` on.
     private func drain() -> Bool {
-        while written < output.count, lws_partial_buffered(wsi) == 0 {
+        let fd = lws_get_socket_fd(wsi)
+        var moved = false
+        while written < output.count {
             let n = min(output.count - written, ServiceLoop.outputLimit)
-            // On a raw socket lws_write is lws_issue_raw: the bytes as they are.
             let from = written
-            let r = output.withUnsafeMutableBufferPointer { lws_write(wsi, $0.baseAddress! + from, n, LWS_WRITE_HTTP) }
-            guard r >= 0 else {
+            let r = output.withUnsafeBytes { Glibc.send(fd, $0.baseAddress! + from, n, Int32(MSG_NOSIGNAL | MSG_DONTWAIT)) }
+            if r > 0 {
+                written += r
+                moved = true
+                if r < n { break } // the socket is full
+            } else if r < 0, errno == EINTR {
+                continue
+            } else if r < 0, errno == EAGAIN || errno == EWOULDBLOCK {
+                break
+            } else {
                 kill()
                 return false
             }
-            written += n
         }
-        guard written == output.count, lws_partial_buffered(wsi) == 0 else { return false }
+        guard written == output.count else {
+            lws_callback_on_writable(wsi)
+            if moved || writeDeadline == nil { watchWrite() }
+            return false
+        }
         output.removeAll()
         written = 0
+        unwatchWrite()
         return true
     }
 
@@ -316,6 +389,7 @@ final class HTTPConnection: Flushable {
 
     func closed() {
         state = .closed
+        unwatchWrite()
         drainWaiters = []
         let hook = closeHook
         closeHook = nil

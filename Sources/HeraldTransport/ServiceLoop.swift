@@ -53,6 +53,10 @@ final class ServiceLoop: LoopExecutor, @unchecked Sendable {  // loop-thread sta
     /// (two epoll_ctl calls).
     private var draining = false
     private var flushAfterDrain: [Flushable] = []
+    /// HTTP connections whose output waits for their socket (each with its
+    /// `writeDeadline`), and the earliest time one of those may have passed.
+    private var writesWaiting: [ObjectIdentifier: HTTPConnection] = [:]
+    private var nextWriteCheck = Millis.max
 
     /// Asks for `c` to write: at the end of the drain (once), or, outside a
     /// drain, from lws's writable callback.
@@ -203,7 +207,7 @@ final class ServiceLoop: LoopExecutor, @unchecked Sendable {  // loop-thread sta
         if pending || (n > 0 && n <= ws.count && first[0..<n].elementsEqual(ws[0..<n])) {
             if waiting[fd] == nil {
                 guard herald_waitset_add(waitSet, fd) == 0 else { return drop(fd) }
-                waiting[fd] = WallClock.now() + Millis(HTTPConnection.requestSeconds) * 1000
+                waiting[fd] = WallClock.now() + Millis(gateway.config.limits.requestTimeoutSeconds) * 1000
             }
             return
         }
@@ -227,6 +231,35 @@ final class ServiceLoop: LoopExecutor, @unchecked Sendable {  // loop-thread sta
         for (fd, deadline) in waiting where deadline <= now { drop(fd) }
     }
 
+    func watchWrite(_ c: HTTPConnection, deadline: Millis) {
+        writesWaiting[ObjectIdentifier(c)] = c
+        nextWriteCheck = min(nextWriteCheck, deadline)
+    }
+
+    func unwatchWrite(_ c: HTTPConnection) {
+        writesWaiting[ObjectIdentifier(c)] = nil
+    }
+
+    /// Closes HTTP connections whose socket took none of their output in
+    /// time (`now` from `monotonicMillis`).
+    func expireWrites(now: Millis) {
+        guard now >= nextWriteCheck else { return }
+        nextWriteCheck = .max
+        var late: [HTTPConnection] = []
+        for c in writesWaiting.values {
+            guard let d = c.writeDeadline else { continue }
+            if d <= now { late.append(c) } else { nextWriteCheck = min(nextWriteCheck, d) }
+        }
+        for c in late { c.writeTimedOut() }
+    }
+
+    /// Milliseconds of a clock that never jumps, for deadlines.
+    static func monotonicMillis() -> Millis {
+        var ts = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &ts)
+        return Millis(ts.tv_sec) * 1000 + Millis(ts.tv_nsec / 1_000_000)
+    }
+
     private func scheduleTick() {
         let t = UnsafeMutablePointer<herald_tick>.allocate(capacity: 1)
         t.initialize(to: herald_tick())
@@ -245,6 +278,7 @@ final class ServiceLoop: LoopExecutor, @unchecked Sendable {  // loop-thread sta
                 let now = WallClock.now()
                 loop.shard.runTimers()
                 loop.expireWaiting(now: now)
+                loop.expireWrites(now: ServiceLoop.monotonicMillis())
                 loop.armTick()
             }, 100_000)
         }

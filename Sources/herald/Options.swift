@@ -107,6 +107,8 @@ struct ConfigFile {
         ("maxBodyBytes", \.maxBodyBytes),
         ("pingIntervalSeconds", \.pingIntervalSeconds),
         ("idleHangupSeconds", \.idleHangupSeconds),
+        ("requestTimeoutSeconds", \.requestTimeoutSeconds),
+        ("writeTimeoutSeconds", \.writeTimeoutSeconds),
     ]
     nonisolated(unsafe) static let limitSecondsKeys: [(String, WritableKeyPath<GatewayLimits, Int64>)] = [
         ("helloTimeoutSeconds", \.helloTimeoutSeconds),

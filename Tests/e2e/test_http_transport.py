@@ -7,12 +7,15 @@ its own, so one failure does not take the module's gateway down with it.
 """
 
 import json
+import os
 import signal
 import socket
+import threading
 import time
 
 import pytest
-from herald_helpers import APPS, check_error, check_raw_error, mint_token, parse_responses, raw_http, read_until_eof, uid
+from herald_helpers import (APPS, CONFIG, check_error, check_raw_error, mint_token, parse_response, parse_responses,
+                            raw_http, read_until_eof, uid, wait_until)
 from test_fallback import Sse
 
 KEY = APPS["app.one"]["serverKey"]
@@ -35,6 +38,23 @@ def pipeline(gw, data: bytes) -> list:
     with socket.create_connection(("127.0.0.1", gw.port), timeout=10) as s:
         s.sendall(data)
         return parse_responses(read_until_eof(s))
+
+
+def read_response(s, timeout: float = 10.0):
+    """The first whole response read from `s`, within `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    data = b""
+    while (parsed := parse_response(data)) is None:
+        left = deadline - time.monotonic()
+        assert left > 0, f"no whole response within {timeout}s; got {data[:300]!r}"
+        s.settimeout(left)
+        try:
+            chunk = s.recv(65536)
+        except socket.timeout:
+            continue
+        assert chunk, f"connection closed before a whole response; got {data[:300]!r}"
+        data += chunk
+    return parsed[0]
 
 
 def wait_for(what: str, cond, timeout: float = 5.0):
@@ -218,3 +238,247 @@ def test_configured_app_named_demo_is_the_demo_app(gateway_factory):
     token = r.json()["token"]
     assert gw.me("GET", "/counts", token).status_code == 200, "the demo token verifies"
     assert gw.server("GET", "/users/alice/notifications", app="demo", key="configured-key").status_code == 200
+
+
+# ---------------------------------------------------------------- hardening
+
+def test_empty_lines_before_a_request_are_ignored(gateway):
+    """RFC 9112 2.2: a server ignores at least one empty line before a request line."""
+    with socket.create_connection(("127.0.0.1", gateway.port), timeout=10) as s:
+        s.sendall(b"\r\n\n\r\n" + request("GET", "/healthz", Connection="close"))
+        rs = parse_responses(read_until_eof(s))
+    assert [r.status_code for r in rs] == [200], [r.text[:200] for r in rs]
+
+
+def test_a_flood_of_empty_lines_is_refused_at_once(gateway_factory):
+    """A client streaming CRLFs was read for ever, every read searching all
+    of them again for a request line: a few empty lines are taken, then 400."""
+    gw = gateway_factory()
+    s = socket.create_connection(("127.0.0.1", gw.port), timeout=10)
+
+    def flood():
+        try:
+            for _ in range(256):  # 1 MiB in all
+                s.sendall(b"\r\n" * 2048)
+        except OSError:
+            pass  # the gateway closed: it answered
+
+    sender = threading.Thread(target=flood, daemon=True)
+    try:
+        sender.start()
+        check_raw_error(read_response(s), 400, "bad_request")
+    finally:
+        s.close()
+        sender.join(10)
+    assert gw.request("GET", "/healthz").status_code == 200
+
+
+@pytest.mark.parametrize("value", [b"a\rb", b"a\r", b"a\x00b"])
+def test_bare_cr_or_nul_in_a_header_value_is_400(gateway, value):
+    """RFC 9112 2.2 / RFC 9110 5.5: reject (or replace with SP); it was kept."""
+    with socket.create_connection(("127.0.0.1", gateway.port), timeout=10) as s:
+        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Other: " + value + b"\r\nConnection: close\r\n\r\n")
+        rs = parse_responses(read_until_eof(s))
+    assert len(rs) == 1, [r.text[:200] for r in rs]
+    check_raw_error(rs[0], 400, "bad_request")
+
+
+@pytest.mark.parametrize("path,status", [("/healthz", 405), ("/v1/nothing-here", 404), ("/healthz?a=%zz", 400)])
+def test_answer_to_head_has_no_body_and_the_connection_goes_on(gateway, path, status):
+    """RFC 9110 9.3.2: an answer to HEAD is its head alone, Content-Length
+    included; the next request on the connection is answered after it."""
+    with socket.create_connection(("127.0.0.1", gateway.port), timeout=10) as s:
+        s.sendall(request("HEAD", path) + request("GET", "/healthz", Connection="close"))
+        data = read_until_eof(s)
+    head, sep, rest = data.partition(b"\r\n\r\n")
+    assert sep, data[:300]
+    lines = head.decode("latin-1").split("\r\n")
+    assert lines[0].split()[1] == str(status), lines
+    fields = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+    assert int(fields["content-length"]) > 0, fields
+    assert "connection" not in fields, fields
+    if status == 405:
+        assert fields.get("allow") == "GET", fields
+    assert rest.startswith(b"HTTP/1.1 200 "), f"a body followed the answer to HEAD: {rest[:200]!r}"
+    rs = parse_responses(rest)
+    assert [r.status_code for r in rs] == [200] and rs[0].json()["status"] == "ok", rest[:300]
+
+
+
+# ---------------------------------------------------------------- timeouts
+
+def timeouts_config(**limits) -> dict:
+    return {**CONFIG, "limits": limits}
+
+
+def closed_by_gateway(s) -> bool:
+    """Whether the gateway closed `s` (EOF or reset), within the socket's timeout."""
+    try:
+        return s.recv(65536) == b""
+    except (ConnectionResetError, BrokenPipeError):
+        return True
+    except socket.timeout:
+        return False
+
+
+def trickle(s, pieces: list[bytes], interval: float) -> float:
+    """Sends `pieces` one every `interval` s (the pace is the test's, not a
+    wait for the gateway) until the gateway closes the connection; answers
+    the seconds from the first piece to that close, or fails if all were sent."""
+    t0 = time.monotonic()
+    for piece in pieces:
+        try:
+            s.sendall(piece)
+        except (ConnectionResetError, BrokenPipeError):
+            return time.monotonic() - t0
+        s.settimeout(interval)
+        if closed_by_gateway(s):
+            return time.monotonic() - t0
+    raise AssertionError(f"the connection was still open after {time.monotonic() - t0:.1f}s of trickling")
+
+
+SLOW_REQUESTS = {
+    "head": [b"GET /healthz HTTP/1.1\r\n"] + [b"X-Slow: %d\r\n" % i for i in range(40)],
+    "body": [request("POST", f"/v1/apps/app.one/users/{uid('slow')}/notifications", b"x" * 100,
+                     Authorization=f"Bearer {KEY}")[:-100]] + [b"x"] * 40,
+}
+
+
+@pytest.mark.parametrize("what", list(SLOW_REQUESTS))
+@pytest.mark.parametrize("after_an_answer", [False, True])
+def test_a_request_trickling_in_is_cut_off_at_its_deadline(gateway_factory, what, after_an_answer):
+    """Slow-loris: the request timeout runs from a request's first byte to
+    its last. It used to restart on every read, so a byte every few seconds
+    held a request head or body for ever."""
+    gw = gateway_factory(timeouts_config(requestTimeoutSeconds=1))
+    with socket.create_connection(("127.0.0.1", gw.port), timeout=10) as s:
+        if after_an_answer:  # the next request on a kept-alive connection
+            s.sendall(request("GET", "/healthz"))
+            assert read_response(s).status_code == 200
+        took = trickle(s, SLOW_REQUESTS[what], interval=0.25)
+    assert took >= 0.5, took
+    assert gw.request("GET", "/healthz").status_code == 200
+
+
+def gateway_holds(gw, client) -> bool:
+    """Whether the gateway process still has its end of `client`'s
+    connection open (Linux: /proc/net/tcp and the process's descriptors)."""
+    port = client.getsockname()[1]
+    inodes = set()
+    with open("/proc/net/tcp") as f:
+        next(f)
+        for line in f:
+            fields = line.split()
+            local, remote, inode = fields[1], fields[2], fields[9]
+            if int(local.split(":")[1], 16) == gw.port and int(remote.split(":")[1], 16) == port and inode != "0":
+                inodes.add(f"socket:[{inode}]")
+    fds = set()
+    for fd in os.listdir(f"/proc/{gw.proc.pid}/fd"):
+        try:
+            fds.add(os.readlink(f"/proc/{gw.proc.pid}/fd/{fd}"))
+        except OSError:
+            pass
+    return bool(inodes & fds)
+
+
+def non_reading_client(gw) -> socket.socket:
+    """A socket with a small receive buffer, so that output the client does
+    not read stays with the gateway."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.settimeout(10)
+    s.connect(("127.0.0.1", gw.port))
+    return s
+
+
+def slow_consumer_drops(gw) -> float:
+    return gw.metric('herald_dropped_connections_total{reason="slow_consumer"}')
+
+
+def test_a_client_that_does_not_read_its_answers_is_cut_off(gateway_factory):
+    """Slow-read: answers to pipelined requests that the client never reads
+    stayed queued, with the rest of the pipeline, for ever."""
+    gw = gateway_factory(timeouts_config(writeTimeoutSeconds=1))
+    s = non_reading_client(gw)
+    try:
+        # About 500 KiB of requests (the gateway reads up to ~1 MiB ahead),
+        # and far more answers than the socket buffers hold.
+        s.sendall(request("GET", "/metrics") * 20000)
+        assert gateway_holds(gw, s)
+        wait_until(lambda: not gateway_holds(gw, s), "the gateway closes the connection", timeout=20)
+        assert slow_consumer_drops(gw) == 1
+    finally:
+        s.close()
+    assert gw.request("GET", "/healthz").status_code == 200
+
+
+def open_stream(gw, s, user: str):
+    s.sendall(request("GET", f"/v1/me/events?token={mint_token(user)}&deviceId=d1"))
+    got = b""
+    while b"event: reset" not in got:
+        chunk = s.recv(65536)
+        assert chunk, f"stream ended early: {got!r}"
+        got += chunk
+    assert got.startswith(b"HTTP/1.1 200"), got[:200]
+    assert gw.devices(user)["d1"]["transport"] == "sse"
+
+
+def fill(gw, user: str, mib: int):
+    """Publishes about `mib` MiB of notifications to `user`."""
+    blob = "p" * 60000
+    for i in range(mib * 1024 * 1024 // 60000 + 1):
+        gw.publish(user, f"big{i}", payload={"blob": blob})
+
+
+@pytest.mark.fallback
+def test_an_event_stream_its_client_stopped_reading_is_cut_off(gateway_factory):
+    """An event stream whose client stopped reading, with nothing new to
+    send, was never cut off; now it is once the socket took nothing of its
+    queued events for `writeTimeoutSeconds`, and its device is released."""
+    gw = gateway_factory(timeouts_config(writeTimeoutSeconds=1, maxQueuedBytesPerConnection=256 << 20))
+    user = uid("sse")
+    s = non_reading_client(gw)
+    try:
+        open_stream(gw, s, user)
+        fill(gw, user, 8)  # more than the socket buffers take
+        wait_until(lambda: gw.devices(user)["d1"]["connected"] is False, "the stream's device is released", timeout=20)
+        wait_until(lambda: not gateway_holds(gw, s), "the gateway closes the connection", timeout=20)
+        assert slow_consumer_drops(gw) == 1
+    finally:
+        s.close()
+
+
+@pytest.mark.fallback
+def test_an_event_stream_ended_while_its_client_is_not_reading_is_closed(gateway_factory):
+    """A stream the gateway ends (here the slow-consumer limit; token expiry
+    ends it the same way) queues its last chunk; if the socket never takes
+    it, the connection used to stay open for ever."""
+    gw = gateway_factory(timeouts_config(writeTimeoutSeconds=1))
+    user = uid("sse")
+    s = non_reading_client(gw)
+    try:
+        open_stream(gw, s, user)
+        fill(gw, user, 9)  # 4 MiB queued past the socket buffers: the limit ends it
+        wait_until(lambda: slow_consumer_drops(gw) == 1, "the slow-consumer limit ends the stream", timeout=20)
+        wait_until(lambda: not gateway_holds(gw, s), "the gateway closes the connection", timeout=20)
+        assert slow_consumer_drops(gw) == 1, "counted once"
+    finally:
+        s.close()
+
+
+@pytest.mark.fallback
+def test_an_idle_event_stream_outlives_the_write_timeout(gateway_factory):
+    """Nothing queued, nothing to time out: an idle stream stays open."""
+    gw = gateway_factory(timeouts_config(writeTimeoutSeconds=1))
+    user = uid("sse")
+    with socket.create_connection(("127.0.0.1", gw.port), timeout=10) as s:
+        open_stream(gw, s, user)
+        s.settimeout(3)  # three write timeouts of quiet: nothing may come, the stream must not end
+        assert not closed_by_gateway(s)
+        gw.publish(user, "late")
+        s.settimeout(10)
+        got = b""
+        while b"event: change" not in got:
+            chunk = s.recv(65536)
+            assert chunk, f"stream ended: {got!r}"
+            got += chunk
