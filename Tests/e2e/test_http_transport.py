@@ -401,10 +401,12 @@ def test_a_client_that_does_not_read_its_answers_is_cut_off(gateway_factory):
     gw = gateway_factory(timeouts_config(writeTimeoutSeconds=1))
     s = non_reading_client(gw)
     try:
-        # About 500 KiB of requests (the gateway reads up to ~1 MiB ahead),
-        # and far more answers than the socket buffers hold.
-        s.sendall(request("GET", "/metrics") * 20000)
+        s.sendall(request("GET", "/healthz"))
+        assert read_response(s).status_code == 200
         assert gateway_holds(gw, s)
+        # About 800 KiB of requests (the gateway reads up to 1 MiB ahead),
+        # and about 40 MiB of answers, far more than the socket buffers hold.
+        s.sendall(request("GET", "/metrics") * 15000)
         wait_until(lambda: not gateway_holds(gw, s), "the gateway closes the connection", timeout=20)
         assert slow_consumer_drops(gw) == 1
     finally:
@@ -440,6 +442,7 @@ def test_an_event_stream_its_client_stopped_reading_is_cut_off(gateway_factory):
     s = non_reading_client(gw)
     try:
         open_stream(gw, s, user)
+        assert gateway_holds(gw, s)
         fill(gw, user, 8)  # more than the socket buffers take
         wait_until(lambda: gw.devices(user)["d1"]["connected"] is False, "the stream's device is released", timeout=20)
         wait_until(lambda: not gateway_holds(gw, s), "the gateway closes the connection", timeout=20)
@@ -453,12 +456,13 @@ def test_an_event_stream_ended_while_its_client_is_not_reading_is_closed(gateway
     """A stream the gateway ends (here the slow-consumer limit; token expiry
     ends it the same way) queues its last chunk; if the socket never takes
     it, the connection used to stay open for ever."""
-    gw = gateway_factory(timeouts_config(writeTimeoutSeconds=1))
+    gw = gateway_factory(timeouts_config(writeTimeoutSeconds=1, maxQueuedBytesPerConnection=64 * 1024))
     user = uid("sse")
     s = non_reading_client(gw)
     try:
         open_stream(gw, s, user)
-        fill(gw, user, 9)  # 4 MiB queued past the socket buffers: the limit ends it
+        assert gateway_holds(gw, s)
+        fill(gw, user, 5)  # 64 KiB queued past the socket buffers: the limit ends it
         wait_until(lambda: slow_consumer_drops(gw) == 1, "the slow-consumer limit ends the stream", timeout=20)
         wait_until(lambda: not gateway_holds(gw, s), "the gateway closes the connection", timeout=20)
         assert slow_consumer_drops(gw) == 1, "counted once"
