@@ -1,9 +1,9 @@
-"""LATER ISSUE — HTTP fallback transports and device registration over HTTP
-(SPEC 4: GET /v1/me/sync, GET /v1/me/events, PUT /v1/me/devices/{id}).
+"""HTTP fallback transports and device registration over HTTP (long-poll
+`GET /v1/me/sync`, Server-Sent Events `GET /v1/me/events`,
+`PUT /v1/me/devices/{id}`; docs/PROTOCOL.md sections 7-8).
 
-Every test here is marked `fallback` and skipped by default; run them with
-`python3 -m pytest Tests/e2e --run-fallback` (or HERALD_E2E_FALLBACK=1) once
-those routes exist.
+These tests are marked `fallback`; scripts/test runs them (it sets
+HERALD_E2E_FALLBACK=1). By hand: `python3 -m pytest Tests/e2e --run-fallback`.
 """
 
 import json
