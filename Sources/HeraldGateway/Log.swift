@@ -1,15 +1,32 @@
 import Foundation
 import HeraldCore
+import Synchronization
 
-/// Log lines go to stderr (stdout carries only the `listening on` line).
+/// Log lines go to stderr (stdout carries only the `listening on` line), as
+/// text (`TIME LEVEL MESSAGE`) or, for log shippers, as one JSON object per
+/// line with the same fields (`time`, `level`, `message`).
 /// Nothing secret is ever passed here: no keys, no token secrets, no tokens.
 public enum Log {
+    public enum Format: String, Sendable, CaseIterable { case text, json }
+
+    private static let json = Atomic<Bool>(false)
+
+    /// Set once at start, before any thread logs.
+    public static func use(_ f: Format) { json.store(f == .json, ordering: .relaxed) }
+
     public static func info(_ m: @autoclosure () -> String) { write("info", m()) }
     public static func warning(_ m: @autoclosure () -> String) { write("warning", m()) }
     public static func error(_ m: @autoclosure () -> String) { write("error", m()) }
 
     static func write(_ level: String, _ m: String) {
-        let line = "\(RFC3339.format(WallClock.now())) \(level) \(m)\n"
-        FileHandle.standardError.write(line.data(using: .utf8)!)
+        let time = RFC3339.format(WallClock.now())
+        var line: [UInt8]
+        if json.load(ordering: .relaxed) {
+            line = JSON.object(["time": .string(time), "level": .string(level), "message": .string(m)]).encoded
+        } else {
+            line = Array("\(time) \(level) \(m)".utf8)
+        }
+        line.append(0x0A)
+        FileHandle.standardError.write(Data(line))
     }
 }

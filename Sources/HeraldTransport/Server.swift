@@ -4,6 +4,9 @@ import HeraldCore
 import HeraldGateway
 import Synchronization
 
+/// The libwebsockets this binary runs on, as it reports itself.
+public var libwebsocketsVersion: String { String(cString: lws_get_library_version()) }
+
 /// Serves a gateway on `threads` libwebsockets loops sharing one port.
 public final class Server: @unchecked Sendable {  // started and stopped from the main thread only; loops are reached by `post`
     let gateway: Gateway

@@ -4,11 +4,15 @@ import HeraldGateway
 import HeraldStores
 import HeraldTransport
 
+/// The one place the version is written.
+let version = "0.10.0"
+
 let usage = """
 usage: herald serve [--host 127.0.0.1] [--port 8080] [--config herald.json] [--store sqlite:herald.db | memory]
                     [--app ID --server-key KEY --token-secret SECRET] [--demo] [--threads N] [--web-root DIR]
-                    [--durability full|normal|off] [--event-loop libev|poll]
+                    [--durability full|normal|off] [--event-loop libev|poll] [--log-format text|json]
        herald token --app ID --user USER [--ttl 3600] [--device ID] [--config herald.json | --token-secret SECRET]
+       herald --version
 """
 
 func fail(_ m: String) -> Never {
@@ -18,7 +22,11 @@ func fail(_ m: String) -> Never {
 
 func serve(_ args: ArraySlice<String>) throws(UsageError) -> Never {
     let f = try Flags(args, valued: ["host", "port", "config", "store", "bus", "app", "server-key", "token-secret",
-                                     "threads", "web-root", "durability", "event-loop"], switches: ["demo"])
+                                     "threads", "web-root", "durability", "event-loop", "log-format"], switches: ["demo"])
+    if let l = f["log-format"] {
+        guard let format = Log.Format(rawValue: l) else { throw UsageError("--log-format must be text or json") }
+        Log.use(format)
+    }
     var file = ConfigFile()
     if let path = f["config"] { file = try ConfigFile(path: path) }
     var apps = file.apps
@@ -139,6 +147,9 @@ do throws(UsageError) {
     switch argv.count > 1 ? argv[1] : "" {
     case "serve": try serve(argv.dropFirst(2))
     case "token": try token(argv.dropFirst(2))
+    case "--version", "version":
+        print("herald \(version) (libwebsockets \(libwebsocketsVersion))")
+        exit(0)
     case "-h", "--help", "help":
         print(usage)
         exit(0)

@@ -2,13 +2,14 @@
 (exit 2 with one stderr line), `--port 0`, config values and flag overrides."""
 
 import json
+import re
 import socket
 import subprocess
 import time
 
 import pytest
 
-from herald_helpers import CONFIG, Gateway, mint_token, uid, verify_jwt
+from herald_helpers import CONFIG, Gateway, mint_token, parse_time, uid, verify_jwt
 
 
 def run(herald_bin, *args, timeout=30):
@@ -101,6 +102,7 @@ def _bad_configs(tmp_path):
 BAD_INVOCATIONS = {
     "unknown-command": ["frobnicate"],
     "serve-unknown-flag": ["serve", "--bogus"],
+    "serve-bad-log-format": ["serve", "--store", "memory", "--port", "0", "--log-format", "xml"],
     "serve-port-missing-value": ["serve", "--store", "memory", "--port"],
     "serve-port-70000": ["serve", "--store", "memory", "--port", "70000"],
     "serve-port-65536": ["serve", "--store", "memory", "--port", "65536"],
@@ -224,3 +226,27 @@ def test_serve_with_only_app_flags(gateway_factory):
     r = gw.request("GET", "/v1/apps/solo/users/x/notifications", key="k")
     assert r.status_code == 200, r.text
     assert gw.request("GET", "/v1/apps/app.one/users/x/notifications", key="sk-one").status_code == 401
+
+
+# ---------------------------------------------------------------- version and log format
+
+def test_version(herald_bin):
+    r = run(herald_bin, "--version")
+    assert r.returncode == 0, r.stderr
+    line = r.stdout.decode()
+    assert re.fullmatch(r"herald \d+\.\d+\.\d+ \(libwebsockets \d+\.\d+[^)]*\)\n", line), line
+    assert r.stderr == b""
+
+
+def test_log_format_json_is_one_object_per_line(gateway_factory):
+    gw = gateway_factory(extra_args=["--log-format", "json", "--demo"])
+    gw.stopped_by_test = True
+    assert gw.terminate(10.0) == 0
+    lines = [l for l in gw.stderr_path.read_text().splitlines() if l]
+    records = [json.loads(l) for l in lines]
+    assert records and all(set(r) == {"time", "level", "message"} for r in records), lines
+    for r in records:
+        parse_time(r["time"])
+        assert r["level"] in ("info", "warning", "error")
+    assert any(r["level"] == "warning" and "demo" in r["message"] for r in records)
+    assert any(r["message"] == "shutting down" for r in records)
