@@ -177,16 +177,9 @@ def test_ids_are_taken_as_sent_not_as_file_paths(gateway):
 
 def test_event_stream_closed_by_its_client_is_released(gateway):
     user = uid("sse")
-    tok = mint_token(user)
     s = socket.create_connection(("127.0.0.1", gateway.port), timeout=10)
     try:
-        s.sendall(request("GET", f"/v1/me/events?token={tok}&deviceId=d1"))
-        got = b""
-        while b"event: reset" not in got:
-            chunk = s.recv(65536)
-            assert chunk, f"stream ended early: {got!r}"
-            got += chunk
-        assert got.startswith(b"HTTP/1.1 200"), got[:200]
+        open_stream(gateway, s, user)
         d = gateway.devices(user)["d1"]
         assert d["connected"] is True and d["transport"] == "sse", d
     finally:
