@@ -122,8 +122,6 @@ final class Subscription {
         step = .begin(request.position)
     }
 
-    var isLive: Bool { phase == .live }
-
     // MARK: Admission
 
     func start() {
