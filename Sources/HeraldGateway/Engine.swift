@@ -115,7 +115,7 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
             if queue.count == 1 { cond.signal() }
         }
         cond.unlock()
-        if !accepted { c.failed(HeraldError(.unavailable, "the gateway is shutting down")) }
+        if !accepted { c.failed(HeraldError.shuttingDown) }
     }
 
     // MARK: Effects (engine thread)
@@ -248,4 +248,9 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
         }
         flush()
     }
+}
+
+extension HeraldError {
+    /// Work that came too late to run before the gateway stops: retry elsewhere.
+    static let shuttingDown = HeraldError(.unavailable, "the gateway is shutting down")
 }

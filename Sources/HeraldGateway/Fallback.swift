@@ -160,7 +160,7 @@ final class HeldPoll: SubscriptionOutput {
         case .refused(let e), .failed(let e): answer(.error(e))
         case .slowConsumer, .deviceDeleted, .shutdown:
             // A held poll is answered empty; one still catching up is told to retry.
-            held ? answerEmpty() : answer(.error(HeraldError(.unavailable, "the gateway is shutting down")))
+            held ? answerEmpty() : answer(.error(HeraldError.shuttingDown))
         }
     }
 }
@@ -256,7 +256,7 @@ final class EventStream: SubscriptionOutput {
             responder.respond(.error(e))
         case .shutdown where !streaming:
             done = true
-            responder.respond(.error(HeraldError(.unavailable, "the gateway is shutting down")))
+            responder.respond(.error(HeraldError.shuttingDown))
         case .slowConsumer:
             gateway.metrics.dropped(.slowConsumer)
             finish()
