@@ -1,8 +1,9 @@
 // The C side of Herald's transport: libwebsockets plus the few socket calls
-// Swift cannot reach (accept4) or spell (unions, packed epoll events).
+// Swift cannot reach (accept4) or spell (unions, OpenSSL's macros).
 #include <libwebsockets.h>
+#include <openssl/ssl.h>
+#include <openssl/err.h>
 #include <ev.h>
-#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -56,38 +57,52 @@ static inline struct lws *herald_watch_fd(struct lws_vhost *vh, int fd, const ch
     return lws_adopt_descriptor_vhost(vh, LWS_ADOPT_RAW_FILE_DESC, u, protocol, NULL);
 }
 
-// Serves an accepted socket as a raw stream of bytes (no lws HTTP parsing).
+// Serves an accepted socket as a raw stream of bytes (no lws HTTP parsing),
+// through a TLS session when `tls` (lws does the handshake and reads).
 // On failure lws has closed the socket.
-static inline struct lws *herald_adopt_raw_socket(struct lws_vhost *vh, int fd, const char *protocol) {
+static inline struct lws *herald_adopt_raw_socket(struct lws_vhost *vh, int fd, const char *protocol, int tls) {
     lws_sock_file_fd_type u;
     u.sockfd = fd;
-    return lws_adopt_descriptor_vhost(vh, LWS_ADOPT_SOCKET, u, protocol, NULL);
+    return lws_adopt_descriptor_vhost(vh, LWS_ADOPT_SOCKET | (tls ? LWS_ADOPT_ALLOW_SSL : 0), u, protocol, NULL);
 }
 
-// Accepted sockets whose first bytes have not come yet wait in an epoll set
-// of their own, which lws watches like the listener. Edge-triggered: a
-// socket holding too few bytes to tell wakes the loop again only when more
-// arrive. Removed from the set before lws adopts them, so no registration
-// outlives its socket.
-static inline int herald_waitset_create(void) { return epoll_create1(EPOLL_CLOEXEC); }
-
-static inline int herald_waitset_add(int set, int fd) {
-    struct epoll_event e;
-    memset(&e, 0, sizeof e);
-    e.events = EPOLLIN | EPOLLRDHUP | EPOLLET;
-    e.data.fd = fd;
-    return epoll_ctl(set, EPOLL_CTL_ADD, fd, &e);
+// Herald writes TLS records itself (SSL_write), one call per drain like
+// send(): partial writes let it see what the socket took, and a retry may
+// come from another buffer (lws's, for a tail it holds).
+static inline void herald_tls_prepare(SSL_CTX *ctx) {
+    SSL_CTX_set_mode(ctx, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
 }
 
-static inline void herald_waitset_remove(int set, int fd) { epoll_ctl(set, EPOLL_CTL_DEL, fd, NULL); }
+// Loads a certificate chain and its key into ctx; 0 on success, else the
+// OpenSSL error text in `error`.
+static inline int herald_tls_load(SSL_CTX *ctx, const char *cert, const char *key, char *error, size_t size) {
+    ERR_clear_error();
+    if (SSL_CTX_use_certificate_chain_file(ctx, cert) == 1 &&
+        SSL_CTX_use_PrivateKey_file(ctx, key, SSL_FILETYPE_PEM) == 1 &&
+        SSL_CTX_check_private_key(ctx) == 1) return 0;
+    ERR_error_string_n(ERR_get_error(), error, size);
+    return -1;
+}
 
-// Fills fds with up to max (at most 64) sockets of the set that got bytes
-// or were closed, without waiting; returns how many.
-static inline int herald_waitset_ready(int set, int *fds, int max) {
-    struct epoll_event ev[64];
-    int n = epoll_wait(set, ev, max < 64 ? max : 64, 0);
-    for (int i = 0; i < n; i++) fds[i] = ev[i].data.fd;
-    return n;
+// Puts src's certificate, chain and key in dst (both loaded by
+// herald_tls_load): a reload reads the files once, then every loop takes
+// the same objects.
+static inline int herald_tls_copy(SSL_CTX *dst, SSL_CTX *src) {
+    STACK_OF(X509) *chain = NULL;
+    SSL_CTX_get0_chain_certs(src, &chain);
+    return SSL_CTX_use_certificate(dst, SSL_CTX_get0_certificate(src)) == 1 &&
+           SSL_CTX_use_PrivateKey(dst, SSL_CTX_get0_privatekey(src)) == 1 &&
+           SSL_CTX_set1_chain(dst, chain) == 1 ? 0 : -1;
+}
+
+// Writes up to n bytes to a TLS session: the count written, 0 when the
+// socket is full (retry when writable), -1 when the session failed.
+static inline int herald_tls_write(SSL *ssl, const void *bytes, int n) {
+    ERR_clear_error();
+    int r = SSL_write(ssl, bytes, n);
+    if (r > 0) return r;
+    int e = SSL_get_error(ssl, r);
+    return e == SSL_ERROR_WANT_WRITE || e == SSL_ERROR_WANT_READ ? 0 : -1;
 }
 
 // A repeating lws timer that carries a pointer back to its owner.

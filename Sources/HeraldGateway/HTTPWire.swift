@@ -12,6 +12,8 @@ public enum HTTPWire {
         public var request: HTTPRequest
         public var bodyLength: Int
         public var keepAlive: Bool
+        /// `Connection: upgrade` was sent (a WebSocket handshake, with `Upgrade`).
+        public var connectionUpgrade = false
         /// A well-framed request the gateway must not see (a malformed
         /// query): answered with this, the connection kept.
         public var refusal: HeraldError?
@@ -123,6 +125,7 @@ public enum HTTPWire {
         }
         var h = Head(request: request, bodyLength: length ?? 0,
                      keepAlive: version == "HTTP/1.1" ? !connection.contains("close") : connection.contains("keep-alive"))
+        h.connectionUpgrade = connection.contains("upgrade")
         for pair in query.split(separator: "&") {
             let kv = pair.split(separator: "=", maxSplits: 1, omittingEmptySubsequences: false)
             guard let k = percentDecoded(kv[0], plusIsSpace: true), let v = percentDecoded(kv.count > 1 ? kv[1] : "", plusIsSpace: true) else {

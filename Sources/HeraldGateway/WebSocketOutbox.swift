@@ -1,17 +1,19 @@
 import HeraldCore
 
-/// A WebSocket's queued outgoing messages and their framing (RFC 6455),
+/// A WebSocket's queued outgoing frames and their framing (RFC 6455),
 /// written by the transport straight to the socket: every queued message of
 /// a connection goes out in one `send()` per drain (docs/ARCHITECTURE.md).
-struct WebSocketOutbox {
+public struct WebSocketOutbox {
     private enum Item {
         case frame([UInt8])
+        /// A ping or pong, written between messages.
+        case control(opcode: UInt8, [UInt8])
         /// A live change, merged with its neighbours into one `changes` frame.
         case change(EncodedChange)
 
         var size: Int {
             switch self {
-            case .frame(let b): b.count
+            case .frame(let b), .control(_, let b): b.count
             case .change(let c): c.bytes.count
             }
         }
@@ -27,6 +29,8 @@ struct WebSocketOutbox {
     mutating func append(_ frame: [UInt8]) { push(.frame(frame)) }
 
     mutating func append(live c: EncodedChange) { push(.change(c)) }
+
+    mutating func append(control opcode: UInt8, _ payload: [UInt8]) { push(.control(opcode: opcode, payload)) }
 
     private mutating func push(_ i: Item) {
         items.append(i)
@@ -52,6 +56,9 @@ struct WebSocketOutbox {
             case .frame(let b):
                 Self.header(&out, b.count)
                 out.append(contentsOf: b)
+            case .control(let opcode, let b):
+                Self.header(&out, b.count, opcode: opcode)
+                out.append(contentsOf: b)
             case .change(let c):
                 var batch = [c.bytes]
                 var last = c.seq
@@ -64,7 +71,7 @@ struct WebSocketOutbox {
                     head += 1
                     bytes -= next.bytes.count
                 }
-                ServerFrame.appendLive(batch[...], cursor: last, to: &out, header: Self.header)
+                ServerFrame.appendLive(batch[...], cursor: last, to: &out, header: { Self.header(&$0, $1) })
             }
         }
         if head == items.count || head > 1024 {
@@ -73,9 +80,20 @@ struct WebSocketOutbox {
         }
     }
 
-    /// The header of an unmasked, final text frame (RFC 6455 section 5.2).
-    static func header(_ out: inout [UInt8], _ length: Int) {
-        out.append(0x81)
+    static let text: UInt8 = 1, close: UInt8 = 8, ping: UInt8 = 9, pong: UInt8 = 10
+
+    /// A close frame (RFC 6455 5.5.1): the code, then the reason (which
+    /// `WebSocketSession.close` keeps within the 123 bytes allowed).
+    public static func appendClose(code: UInt16, reason: String, to out: inout [UInt8]) {
+        header(&out, 2 + reason.utf8.count, opcode: close)
+        out.append(UInt8(code >> 8))
+        out.append(UInt8(code & 0xff))
+        out.append(contentsOf: reason.utf8)
+    }
+
+    /// The header of an unmasked, final frame (RFC 6455 section 5.2).
+    static func header(_ out: inout [UInt8], _ length: Int, opcode: UInt8 = text) {
+        out.append(0x80 | opcode)
         if length < 126 {
             out.append(UInt8(length))
         } else if length < 65536 {

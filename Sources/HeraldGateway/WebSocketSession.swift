@@ -5,11 +5,13 @@ public protocol WebSocketOutput: AnyObject {
     /// Asks the transport to write: it calls `writePending` when the socket
     /// can take more, and once nothing is left honours `closeRequest`.
     func requestWrite()
+    /// Drops the connection without a close frame (a peer that went silent).
+    func hangUp()
 }
 
 /// WebSocket close codes of SPEC section 5.
 public enum CloseCode: UInt16, Sendable {
-    case goingAway = 1001, policyViolation = 1008, unsupportedData = 1003, invalidPayload = 1007, tooBig = 1009
+    case normal = 1000, goingAway = 1001, protocolError = 1002, policyViolation = 1008, unsupportedData = 1003, invalidPayload = 1007, tooBig = 1009
     case unauthenticated = 4001, forbiddenDevice = 4003, policy = 4008
 }
 
@@ -33,6 +35,11 @@ public final class WebSocketSession {
     /// The hello deadline, then the token's warning or expiry: one pending
     /// timer at a time, cancelled when the connection closes.
     private var timer: Shard.TimerID?
+    /// When the client last sent anything, and the timer that pings it
+    /// after `pingIntervalSeconds` of silence and hangs up after
+    /// `idleHangupSeconds`.
+    private var lastHeard: Millis
+    private var keepalive: Shard.TimerID?
     public private(set) var closeRequest: (code: CloseCode, reason: String)?
     private var messageBudget: TokenBucket
 
@@ -46,20 +53,39 @@ public final class WebSocketSession {
         let now = gateway.clock.now(), limits = gateway.config.limits
         let rate = Double(limits.messagesPerSecondPerConnection)
         messageBudget = TokenBucket(rate: rate, burst: 2 * rate, now: now)
+        lastHeard = now
         gateway.metrics.connectionOpened(.websocket)
         timer = shard.schedule(at: now + limits.helloTimeoutSeconds * 1000) { [weak self] in
             guard let self, self.state == .awaitingHello else { return }
             self.fail(.unauthenticated, HeraldError(.unauthorized, "no hello within \(limits.helloTimeoutSeconds) s"))
         }
+        scheduleKeepalive(at: now + Millis(limits.pingIntervalSeconds) * 1000)
     }
 
     // MARK: Input
 
-    public enum Incoming { case text([UInt8]), binary, tooBig }
+    public enum Incoming {
+        case text([UInt8]), binary, tooBig
+        /// The client's close frame: answered with ours.
+        case close
+        case protocolError(String)
+    }
+
+    /// The transport read bytes from the client.
+    public func heard() { lastHeard = gateway.clock.now() }
+
+    /// Answers a ping with its payload (RFC 6455 5.5.3).
+    public func ping(_ payload: [UInt8]) {
+        guard state != .closed, closeRequest == nil else { return }
+        outbox.append(control: WebSocketOutbox.pong, payload)
+        transport.requestWrite()
+    }
 
     public func receive(_ m: Incoming) {
         guard state != .closed, closeRequest == nil else { return }
         switch m {
+        case .close: return close(.normal, "", drop: nil)
+        case .protocolError(let why): return close(.protocolError, why, drop: .protocolError)
         case .binary: return close(.unsupportedData, "binary frames are not supported", drop: .protocolError)
         case .tooBig: return close(.tooBig, "message larger than \(gateway.config.limits.maxMessageBytes) bytes", drop: .protocolError)
         case .text(let bytes):
@@ -223,6 +249,28 @@ public final class WebSocketSession {
         transport.requestWrite()
     }
 
+    private func scheduleKeepalive(at due: Millis) {
+        keepalive = shard.schedule(at: due) { [weak self] in self?.keepaliveDue() }
+    }
+
+    private func keepaliveDue() {
+        guard state != .closed else { return }
+        let limits = gateway.config.limits
+        let silent = gateway.clock.now() - lastHeard
+        if silent >= Millis(limits.idleHangupSeconds) * 1000 {
+            gateway.metrics.dropped(.idle)
+            return transport.hangUp()
+        }
+        if silent >= Millis(limits.pingIntervalSeconds) * 1000 {
+            if closeRequest == nil {
+                outbox.append(control: WebSocketOutbox.ping, [])
+                transport.requestWrite()
+            }
+            return scheduleKeepalive(at: lastHeard + Millis(limits.idleHangupSeconds) * 1000)
+        }
+        scheduleKeepalive(at: lastHeard + Millis(limits.pingIntervalSeconds) * 1000)
+    }
+
     /// Gateway shutdown: 1001 to everyone, also those not subscribed yet.
     public func shutdown() { close(.goingAway, "gateway shutting down", drop: nil) }
 
@@ -230,6 +278,7 @@ public final class WebSocketSession {
     public func transportClosed() {
         state = .closed
         shard.cancel(timer)
+        shard.cancel(keepalive)
         outbox.removeAll()
         drainWaiter = nil
         gateway.metrics.connectionClosed(.websocket)

@@ -13,7 +13,7 @@ import HeraldGateway
 ///
 /// Requests are answered one at a time, in order: the bytes of pipelined
 /// requests wait in `input` until the answers before them are out.
-final class HTTPConnection: Flushable {
+final class HTTPConnection: Flushable, RawConnection {
     enum State {
         /// Reading a request head.
         case idle
@@ -73,7 +73,7 @@ final class HTTPConnection: Flushable {
     init(wsi: OpaquePointer, loop: ServiceLoop) {
         self.wsi = wsi
         self.loop = loop
-        // The first request's bytes are here already (`ServiceLoop.sort`).
+        // The first request is due within the request timeout of the accept.
         timeRequest()
     }
 
@@ -136,12 +136,38 @@ final class HTTPConnection: Flushable {
             answer(.error(refusal), keepAlive: h.keepAlive)
             return true
         }
+        switch WebSocketHandshake.answer(h) {
+        case .refuse(let r)?:
+            answer(r, keepAlive: false)
+            return true
+        case .upgrade(let head)? where !loop.shuttingDown:
+            upgrade(head)
+            return false
+        case .upgrade?:
+            answer(.error(HeraldError(.unavailable, "the gateway is shutting down")), keepAlive: false)
+            return true
+        case nil:
+            break
+        }
         serial += 1
         state = .awaitingAnswer(keepAlive: h.keepAlive)
         // Answers come back asynchronously (held polls after up to 60 s).
         stopRequestTimer()
         loop.gateway.handle(h.request, shard: loop.shard, responder: Exchange(conn: self, serial: serial))
         return true
+    }
+
+    /// Hands the socket to a WebSocket, with the frames that came behind the
+    /// handshake. This connection is done.
+    private func upgrade(_ head: [UInt8]) {
+        stopRequestTimer()
+        if readingPaused { lws_rx_flow_control(wsi, 1) }
+        let early = Array(input[inputStart...])
+        state = .closed
+        input = []
+        let ws = WebSocketConnection(wsi: wsi, loop: loop, handshake: head)
+        loop.upgraded(self, to: ws, wsi: wsi)
+        if !early.isEmpty { early.withUnsafeBytes { ws.receive($0) } }
     }
 
     /// Back to reading requests after a kept-alive answer.
@@ -325,25 +351,19 @@ final class HTTPConnection: Flushable {
     }
 
     /// Writes `output` until all of it is sent (true) or the socket takes no
-    /// more; `writable` comes when it has room again. The bytes go to the
-    /// socket directly, not through lws_write (which on a raw socket is a
-    /// plain send, but holds what the socket did not take where Herald
-    /// cannot see it go): so every byte the socket takes is progress that
-    /// moves `writeDeadline` on.
+    /// more; `writable` comes when it has room again. Every byte the socket
+    /// takes is progress that moves `writeDeadline` on.
     private func drain() -> Bool {
-        let fd = lws_get_socket_fd(wsi)
         var moved = false
         while written < output.count {
             let n = min(output.count - written, ServiceLoop.outputLimit)
             let from = written
-            let r = output.withUnsafeBytes { Glibc.send(fd, $0.baseAddress! + from, n, Int32(MSG_NOSIGNAL | MSG_DONTWAIT)) }
-            if r > 0 {
-                written += r
+            let r = output.withUnsafeBytes { writeSocket(wsi, UnsafeRawBufferPointer(rebasing: $0[from..<from + n])) }
+            if case .wrote(let sent) = r {
+                written += sent
                 moved = true
-                if r < n { break } // the socket is full
-            } else if r < 0, errno == EINTR {
-                continue
-            } else if r < 0, errno == EAGAIN || errno == EWOULDBLOCK {
+                if sent < n { break } // the socket is full
+            } else if case .full = r {
                 break
             } else {
                 kill()
@@ -362,11 +382,12 @@ final class HTTPConnection: Flushable {
     }
 
     /// After the last answer: shut our side, read until the client closes.
+    /// (Under TLS the socket is not shut: lws ends the session at close.)
     private func linger() {
         state = .lingering
         input = []
         inputStart = 0
-        _ = Glibc.shutdown(lws_get_socket_fd(wsi), Int32(SHUT_WR))
+        if lws_get_ssl(wsi) == nil { _ = Glibc.shutdown(lws_get_socket_fd(wsi), Int32(SHUT_WR)) }
         lws_set_timeout(wsi, PENDING_TIMEOUT_CLOSE_SEND, Int32(Self.lingerSeconds))
         if readingPaused {
             readingPaused = false
@@ -384,7 +405,7 @@ final class HTTPConnection: Flushable {
 
     private func kill() {
         if case .closed = state { return }
-        lws_set_timeout(wsi, PENDING_TIMEOUT_CLOSE_SEND, LWS_TO_KILL_ASYNC)
+        closeSoon(wsi)
     }
 
     func closed() {

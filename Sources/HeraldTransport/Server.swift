@@ -7,17 +7,41 @@ import Synchronization
 /// The libwebsockets this binary runs on, as it reports itself.
 public var libwebsocketsVersion: String { String(cString: lws_get_library_version()) }
 
+/// A certificate chain and its private key, PEM files.
+public struct TLSFiles: Sendable {
+    public let certificate: String
+    public let key: String
+    public init(certificate: String, key: String) { self.certificate = certificate; self.key = key }
+
+    /// Whether the files make a usable pair; if not, OpenSSL's reason.
+    public func validate() throws(ServerError) { SSL_CTX_free(try load()) }
+
+    /// Loads both into a fresh TLS context: the files' own error if they do
+    /// not make a usable pair.
+    func load() throws(ServerError) -> OpaquePointer {
+        let ctx = SSL_CTX_new(TLS_server_method())!
+        var error = [CChar](repeating: 0, count: 256)
+        guard herald_tls_load(ctx, certificate, key, &error, error.count) == 0 else {
+            SSL_CTX_free(ctx)
+            throw ServerError("cannot use TLS certificate \(certificate) with key \(key): \(error.withUnsafeBufferPointer { String(cString: $0.baseAddress!) })")
+        }
+        return ctx
+    }
+}
+
 /// Serves a gateway on `threads` libwebsockets loops sharing one port.
 public final class Server: @unchecked Sendable {  // started and stopped from the main thread only; loops are reached by `post`
     let gateway: Gateway
     private var loops: [ServiceLoop] = []
     public private(set) var port: Int
+    let tls: TLSFiles?
 
-    public init(gateway: Gateway, host: String, port: Int, threads: Int, eventLoop: EventLoopKind = .default) {
+    public init(gateway: Gateway, host: String, port: Int, threads: Int, eventLoop: EventLoopKind = .default, tls: TLSFiles? = nil) {
         self.gateway = gateway
         self.port = port
+        self.tls = tls
         lws_set_log_level(ProcessInfo.processInfo.environment["HERALD_LWS_LOG"].flatMap { Int32($0) } ?? (LLL_ERR | LLL_WARN), nil)
-        loops = (0..<max(1, threads)).map { ServiceLoop(index: $0, host: host, port: port, gateway: gateway, eventLoop: eventLoop) }
+        loops = (0..<max(1, threads)).map { ServiceLoop(index: $0, host: host, port: port, gateway: gateway, eventLoop: eventLoop, tls: tls) }
     }
 
     /// Starts the engine and every loop. The first loop binds the port
@@ -31,6 +55,28 @@ public final class Server: @unchecked Sendable {  // started and stopped from th
             try l.start()
             port = l.port
         }
+    }
+
+    /// Reads the certificate and key again (SIGHUP) and gives them to every
+    /// loop, on its thread: new TLS sessions use them, open ones keep
+    /// theirs. Files that do not load change nothing.
+    public func reloadTLS() throws(ServerError) {
+        guard let tls else { return }
+        let fresh = try tls.load()
+        let source = UInt(bitPattern: Int(bitPattern: UnsafeRawPointer(fresh)))
+        let done = DispatchSemaphore(value: 0)
+        let failed = Atomic<Int>(0)
+        for l in loops {
+            l.post {
+                if let ctx = l.tlsContext, herald_tls_copy(ctx, OpaquePointer(bitPattern: source)) == 0 {} else {
+                    failed.add(1, ordering: .relaxed)
+                }
+                done.signal()
+            }
+        }
+        for _ in loops { done.wait() }
+        SSL_CTX_free(fresh)
+        if failed.load(ordering: .relaxed) > 0 { throw ServerError("a service loop could not take the new TLS certificate") }
     }
 
     /// SPEC section 6: stop accepting, answer held polls, end event streams,

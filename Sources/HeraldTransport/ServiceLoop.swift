@@ -28,13 +28,11 @@ final class ServiceLoop: LoopExecutor, @unchecked Sendable {  // loop-thread sta
     private let inbox = Locked(Inbox())
     private var context: OpaquePointer?
     private var evLoop: OpaquePointer?
+    let tls: TLSFiles?
+    /// The TLS context of this loop's vhost (lws made it), while TLS is on.
+    var tlsContext: OpaquePointer?
     private var listenFd: Int32 = -1
     private var listener: OpaquePointer?
-    /// Accepted sockets waiting for the first bytes that tell what they are
-    /// (see `sort`), with their deadlines, and the epoll set that holds them.
-    private var waiting: [Int32: Millis] = [:]
-    private var waitSet: Int32 = -1
-    private var waitWatcher: OpaquePointer?
     private var tick: UnsafeMutablePointer<herald_tick>?
     private var thread: Thread?
     private let ready = DispatchSemaphore(value: 0)
@@ -75,8 +73,9 @@ final class ServiceLoop: LoopExecutor, @unchecked Sendable {  // loop-thread sta
     var output: [UInt8] = []
     static let outputLimit = 256 * 1024
 
-    init(index: Int, host: String, port: Int, gateway: Gateway, eventLoop: EventLoopKind) {
+    init(index: Int, host: String, port: Int, gateway: Gateway, eventLoop: EventLoopKind, tls: TLSFiles?) {
         self.index = index; self.host = host; self.port = port; self.gateway = gateway; self.eventLoop = eventLoop
+        self.tls = tls
     }
 
     func post(_ job: @escaping @Sendable () -> Void) {
@@ -116,17 +115,16 @@ final class ServiceLoop: LoopExecutor, @unchecked Sendable {  // loop-thread sta
         }
         self.evLoop = evLoop
         guard let ctx = Protocols.createContext(owner: self, gateway: gateway, eventLoop: eventLoop,
-                                                foreignLoop: evLoop == nil ? nil : foreign) else {
-            startError = "libwebsockets could not create a context"
+                                                foreignLoop: evLoop == nil ? nil : foreign, tls: tls) else {
+            startError = tls == nil ? "libwebsockets could not create a context"
+                : "libwebsockets could not create a TLS context (check --tls-cert and --tls-key)"
             ready.signal()
             return
         }
         context = ctx
         let vh = lws_get_vhost_by_name(ctx, "default")
         listener = herald_watch_fd(vh, listenFd, Protocols.listenName)
-        waitSet = herald_waitset_create()
-        waitWatcher = waitSet < 0 ? nil : herald_watch_fd(vh, waitSet, Protocols.listenName)
-        guard listener != nil, waitWatcher != nil else {
+        guard listener != nil else {
             startError = "libwebsockets could not watch the listening socket"
             lws_context_destroy(ctx)
             ready.signal()
@@ -179,56 +177,26 @@ final class ServiceLoop: LoopExecutor, @unchecked Sendable {  // loop-thread sta
         for c in flush { c.flush() }
     }
 
-    /// The listener or the waiting set is readable.
+    /// The listener is readable: every waiting connection becomes an lws
+    /// raw socket, read and written by Herald (HTTPConnection, then maybe
+    /// WebSocketConnection), through TLS when it is on.
     func readable(_ fd: Int32) {
-        if fd == listenFd {
-            while case let c = herald_accept(listenFd), c >= 0 { sort(c) }
-        } else if fd == waitSet {
-            var ready = [Int32](repeating: 0, count: 64)
-            while case let n = herald_waitset_ready(waitSet, &ready, 64), n > 0 {
-                for c in ready[0..<Int(n)] { sort(c) }
-                if n < 64 { break }
-            }
-        }
-    }
-
-    static let webSocketRequest = Array("GET /v1/ws".utf8)
-
-    /// Hands a new connection to lws once its first bytes tell what it is.
-    /// `GET /v1/ws` goes to lws's HTTP server, which takes the WebSocket
-    /// upgrade; anything else is HTTP that Herald reads itself from a raw
-    /// socket (see HTTPConnection). Until then the socket waits in
-    /// `waitSet`; lws cannot take it back from a raw socket later.
-    private func sort(_ fd: Int32) {
-        let ws = Self.webSocketRequest
-        var first = [UInt8](repeating: 0, count: ws.count + 1)
-        let n = recv(fd, &first, first.count, Int32(MSG_PEEK | MSG_DONTWAIT))
-        let pending = n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)
-        if pending || (n > 0 && n <= ws.count && first[0..<n].elementsEqual(ws[0..<n])) {
-            if waiting[fd] == nil {
-                guard herald_waitset_add(waitSet, fd) == 0 else { return drop(fd) }
-                waiting[fd] = WallClock.now() + Millis(gateway.config.limits.requestTimeoutSeconds) * 1000
-            }
-            return
-        }
-        if waiting.removeValue(forKey: fd) != nil { herald_waitset_remove(waitSet, fd) }
-        guard n > 0, let context, let vh = lws_get_vhost_by_name(context, "default") else { return drop(fd) }
+        guard fd == listenFd, let context, let vh = lws_get_vhost_by_name(context, "default") else { return }
         // On failure lws closes the socket itself.
-        if first.starts(with: ws), first[ws.count] == UInt8(ascii: " ") || first[ws.count] == UInt8(ascii: "?") {
-            _ = lws_adopt_socket_vhost(vh, fd)
-        } else {
-            _ = herald_adopt_raw_socket(vh, fd, Protocols.httpName)
-        }
+        while case let c = herald_accept(listenFd), c >= 0 { _ = herald_adopt_raw_socket(vh, c, Protocols.httpName, tls == nil ? 0 : 1) }
     }
 
-    private func drop(_ fd: Int32) {
-        if waiting.removeValue(forKey: fd) != nil { herald_waitset_remove(waitSet, fd) }
-        close(fd)
+    /// A connection closed.
+    func forget(_ c: RawConnection) {
+        httpConnections[ObjectIdentifier(c)] = nil
+        webSockets[ObjectIdentifier(c)] = nil
     }
 
-    /// Closes waiting sockets that said too little in time.
-    func expireWaiting(now: Millis) {
-        for (fd, deadline) in waiting where deadline <= now { drop(fd) }
+    /// An HTTP connection became a WebSocket: the socket's object changes.
+    func upgraded(_ http: HTTPConnection, to ws: WebSocketConnection, wsi: OpaquePointer) {
+        Protocols.replaceAttached(wsi, with: ws)
+        httpConnections[ObjectIdentifier(http)] = nil
+        webSockets[ObjectIdentifier(ws)] = ws
     }
 
     func watchWrite(_ c: HTTPConnection, deadline: Millis) {
@@ -275,9 +243,7 @@ final class ServiceLoop: LoopExecutor, @unchecked Sendable {  // loop-thread sta
                 guard let sul else { return }
                 let owner = sul.withMemoryRebound(to: herald_tick.self, capacity: 1) { $0.pointee.owner }
                 let loop = Unmanaged<ServiceLoop>.fromOpaque(owner!).takeUnretainedValue()
-                let now = WallClock.now()
                 loop.shard.runTimers()
-                loop.expireWaiting(now: now)
                 loop.expireWrites(now: ServiceLoop.monotonicMillis())
                 loop.armTick()
             }, 100_000)
@@ -291,15 +257,9 @@ final class ServiceLoop: LoopExecutor, @unchecked Sendable {  // loop-thread sta
     /// owe no answer). Loop thread.
     func beginShutdown() {
         shuttingDown = true
-        for w in [listener, waitWatcher] {
-            if let w { lws_set_timeout(w, PENDING_TIMEOUT_CLOSE_SEND, LWS_TO_KILL_ASYNC) }
-        }
+        if let listener { closeSoon(listener) }
         listener = nil
-        waitWatcher = nil
         listenFd = -1
-        waitSet = -1
-        for fd in waiting.keys { close(fd) }
-        waiting = [:]
         shard.shutdownSubscriptions()
         for ws in webSockets.values { ws.session.shutdown() }
         for c in httpConnections.values { c.shutDown() }
@@ -319,7 +279,7 @@ protocol Flushable: AnyObject {
     func flush()
 }
 
-struct ServerError: Error, CustomStringConvertible {
-    let description: String
+public struct ServerError: Error, CustomStringConvertible {
+    public let description: String
     init(_ d: String) { description = d }
 }

@@ -50,13 +50,15 @@ struct Flags {
     }
 }
 
-/// `herald.json`: `{"apps": [{"id", "serverKey", "tokenSecret"}], "host", "port", "store", "bus"}`.
+/// `herald.json`: `{"apps": [{"id", "serverKey", "tokenSecret"}], "host", "port", "store", "bus", "tlsCert", "tlsKey"}`.
 struct ConfigFile {
     var apps: [AppConfig] = []
     var host: String?
     var port: Int?
     var store: String?
     var bus: String?
+    var tlsCert: String?
+    var tlsKey: String?
     var limits = GatewayLimits()
 
     init() {}
@@ -66,7 +68,7 @@ struct ConfigFile {
         let json: JSON
         do { json = try JSONParser.parse(Array(data)) } catch { throw UsageError("config file \(path): \(error.message)") }
         guard let o = json.objectValue else { throw UsageError("config file \(path): must be a JSON object") }
-        for k in o.keys where !["apps", "host", "port", "store", "bus", "limits"].contains(k) {
+        for k in o.keys where !["apps", "host", "port", "store", "bus", "limits", "tlsCert", "tlsKey"].contains(k) {
             throw UsageError("config file \(path): unknown key \"\(k)\"")
         }
         if let a = o["apps"] {
@@ -87,6 +89,8 @@ struct ConfigFile {
         host = try string("host")
         store = try string("store")
         bus = try string("bus")
+        tlsCert = try string("tlsCert")
+        tlsKey = try string("tlsKey")
         if let l = o["limits"] {
             guard let lo = l.objectValue else { throw UsageError("config file \(path): limits must be an object") }
             limits = try Self.limits(lo, path: path)

@@ -11,6 +11,7 @@ let usage = """
 usage: herald serve [--host 127.0.0.1] [--port 8080] [--config herald.json] [--store sqlite:herald.db | memory]
                     [--app ID --server-key KEY --token-secret SECRET] [--demo] [--threads N] [--web-root DIR]
                     [--durability full|normal|off] [--event-loop libev|poll] [--log-format text|json]
+                    [--tls-cert FILE --tls-key FILE]
        herald token --app ID --user USER [--ttl 3600] [--device ID] [--config herald.json | --token-secret SECRET]
        herald --version
 """
@@ -22,7 +23,8 @@ func fail(_ m: String) -> Never {
 
 func serve(_ args: ArraySlice<String>) throws(UsageError) -> Never {
     let f = try Flags(args, valued: ["host", "port", "config", "store", "bus", "app", "server-key", "token-secret",
-                                     "threads", "web-root", "durability", "event-loop", "log-format"], switches: ["demo"])
+                                     "threads", "web-root", "durability", "event-loop", "log-format", "tls-cert", "tls-key"],
+                      switches: ["demo"])
     if let l = f["log-format"] {
         guard let format = Log.Format(rawValue: l) else { throw UsageError("--log-format must be text or json") }
         Log.use(format)
@@ -52,6 +54,14 @@ func serve(_ args: ArraySlice<String>) throws(UsageError) -> Never {
         eventLoop = k
     }
     if let bus = f["bus"] ?? file.bus { throw UsageError("--bus \(bus): the Redis bus is not available in this build") }
+    let tls: TLSFiles?
+    switch (f["tls-cert"] ?? file.tlsCert, f["tls-key"] ?? file.tlsKey) {
+    case (nil, nil): tls = nil
+    case (.some(let cert), .some(let key)):
+        tls = TLSFiles(certificate: cert, key: key)
+        do { try tls?.validate() } catch { throw UsageError(error.description) }
+    default: throw UsageError("--tls-cert and --tls-key go together")
+    }
     let store = try openStore(f["store"] ?? file.store ?? "sqlite:herald.db", durability: f["durability"])
 
     var config = GatewayConfig(apps: apps, demo: demo, limits: file.limits)
@@ -62,24 +72,23 @@ func serve(_ args: ArraySlice<String>) throws(UsageError) -> Never {
         FileHandle.standardError.write("herald: \(error)\n".data(using: .utf8)!)
         exit(1)
     }
-    let server = Server(gateway: gateway, host: host, port: port, threads: threads, eventLoop: eventLoop)
-    // SIGTERM and SIGINT stay blocked in every thread (the mask is inherited)
-    // and are taken with sigwait below, so one that arrives the instant we
-    // start is kept pending instead of lost.
-    var stopSignals = sigset_t()
-    sigemptyset(&stopSignals)
-    sigaddset(&stopSignals, SIGTERM)
-    sigaddset(&stopSignals, SIGINT)
-    pthread_sigmask(SIG_BLOCK, &stopSignals, nil)
+    let server = Server(gateway: gateway, host: host, port: port, threads: threads, eventLoop: eventLoop, tls: tls)
+    // SIGTERM, SIGINT and SIGHUP stay blocked in every thread (the mask is
+    // inherited) and are taken with sigwait below, so one that arrives the
+    // instant we start is kept pending instead of lost.
+    var signals = sigset_t()
+    sigemptyset(&signals)
+    for s in [SIGTERM, SIGINT, SIGHUP] { sigaddset(&signals, s) }
+    pthread_sigmask(SIG_BLOCK, &signals, nil)
     signal(SIGPIPE, SIG_IGN)
     do { try server.start() } catch {
         FileHandle.standardError.write("herald: \(error)\n".data(using: .utf8)!)
         exit(1)
     }
     Log.info("herald \(threads) \(eventLoop.rawValue) loop(s), store \(storeName(store)), apps: \(config.allApps.map(\.id).joined(separator: ", "))")
-    FileHandle.standardOutput.write("listening on http://\(host):\(server.port)\n".data(using: .utf8)!)
+    FileHandle.standardOutput.write("listening on \(tls == nil ? "http" : "https")://\(host):\(server.port)\n".data(using: .utf8)!)
     var received: Int32 = 0
-    sigwait(&stopSignals, &received)
+    while sigwait(&signals, &received) == 0, received == SIGHUP { reload(server) }
     Log.info("shutting down")
     server.shutdown()
     Log.info("stopped")
@@ -89,6 +98,16 @@ func serve(_ args: ArraySlice<String>) throws(UsageError) -> Never {
     // or an ASan double-free, at the very end of a clean shutdown).
     fflush(nil)
     _exit(0)
+}
+
+/// SIGHUP: what can change without a restart is read again.
+func reload(_ server: Server) {
+    do {
+        try server.reloadTLS()
+        Log.info("reloaded the TLS certificate")
+    } catch {
+        Log.error("reload refused, the running TLS certificate stays: \(error)")
+    }
 }
 
 func openStore(_ spec: String, durability: String?) throws(UsageError) -> NotificationStore {

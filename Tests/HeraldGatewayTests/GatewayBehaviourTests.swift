@@ -84,6 +84,47 @@ final class GatewayBehaviourTests: XCTestCase {
         XCTAssertEqual(s.session.closeRequest?.code, .unauthenticated)
     }
 
+    /// A silent client is pinged after `pingIntervalSeconds` and dropped
+    /// (counted as idle) after `idleHangupSeconds`; anything it sends, a pong
+    /// included, starts the count again.
+    func testSilentClientsArePingedThenDropped() {
+        let h = Harness()
+        let s = h.webSocket()
+        h.hello(s, user: "u")
+        h.settle(); s.read()
+        h.clock.advance(seconds: 29); h.shard.runTimers(); s.read()
+        XCTAssertEqual(s.controls, [])
+        h.clock.advance(seconds: 1); h.shard.runTimers(); s.read()
+        XCTAssertEqual(s.controls, [9], "a ping after 30 s of silence")
+        h.clock.advance(seconds: 10)
+        s.session.heard() // the pong
+        h.clock.advance(seconds: 10); h.shard.runTimers(); s.read()
+        XCTAssertFalse(s.hungUp)
+        XCTAssertEqual(s.controls, [9])
+        h.clock.advance(seconds: 20); h.shard.runTimers(); s.read()
+        XCTAssertEqual(s.controls, [9, 9], "30 s after the pong, the next ping")
+        h.clock.advance(seconds: 14); h.shard.runTimers()
+        XCTAssertFalse(s.hungUp)
+        h.clock.advance(seconds: 1); h.shard.runTimers()
+        XCTAssertTrue(s.hungUp, "45 s of silence")
+        XCTAssertTrue(h.gateway.metrics.prometheusText().contains(#"herald_dropped_connections_total{reason="idle"} 1"#))
+    }
+
+    /// Pings are answered with their payload; a client's close frame is
+    /// answered with ours (1000), a protocol error with 1002.
+    func testPingsAndClosesFromTheClient() {
+        let h = Harness()
+        let s = h.webSocket()
+        s.session.ping([1, 2, 3])
+        s.read()
+        XCTAssertEqual(s.controls, [10])
+        s.session.receive(.close)
+        XCTAssertEqual(s.session.closeRequest?.code, .normal)
+        let t = h.webSocket()
+        t.session.receive(.protocolError("client frames must be masked"))
+        XCTAssertEqual(t.session.closeRequest?.code, .protocolError)
+    }
+
     /// tokenExpiring 60 s before exp; at exp without a refresh, 4001. A
     /// refresh moves both.
     func testTokenWarningExpiryAndRefresh() {

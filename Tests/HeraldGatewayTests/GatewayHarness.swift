@@ -153,8 +153,12 @@ final class RecordingResponder: HTTPResponder, @unchecked Sendable {  // test th
 final class RecordingSocket: WebSocketOutput {
     var session: WebSocketSession!
     var frames: [JSONObject] = []
+    /// Opcodes of the control frames read (ping 9, pong 10), in order.
+    var controls: [UInt8] = []
+    var hungUp = false
 
     func requestWrite() {}
+    func hangUp() { hungUp = true }
 
     /// The client reads everything queued.
     func read() {
@@ -163,11 +167,15 @@ final class RecordingSocket: WebSocketOutput {
         session.writePending(into: &out, limit: .max)
         var i = 0
         while i < out.count {
-            XCTAssertEqual(out[i], 0x81, "a final text frame")
+            XCTAssertEqual(out[i] & 0x80, 0x80, "a final frame")
             var len = Int(out[i + 1]), at = i + 2
             if len == 126 { len = Int(out[i + 2]) << 8 | Int(out[i + 3]); at = i + 4 }
             else if len == 127 { len = (0..<8).reduce(0) { $0 << 8 | Int(out[i + 2 + $1]) }; at = i + 10 }
-            frames.append(try! JSONParser.parse(Array(out[at..<at + len])).objectValue!)
+            if out[i] == 0x81 {
+                frames.append(try! JSONParser.parse(Array(out[at..<at + len])).objectValue!)
+            } else {
+                controls.append(out[i] & 0x0f)
+            }
             i = at + len
         }
     }

@@ -38,7 +38,7 @@ CONFIG = {"apps": [{"id": k, **v} for k, v in APPS.items()]}
 
 # SPEC: "Every time on the wire is RFC 3339 UTC with milliseconds and `Z`".
 TIME_RE = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$")
-LISTEN_RE = re.compile(r"^listening on http://(?P<host>[^\s:]+):(?P<port>\d+)$")
+LISTEN_RE = re.compile(r"^listening on (?P<scheme>https?)://(?P<host>[^\s:]+):(?P<port>\d+)$")
 
 NOTIFICATION_FIELDS = {
     "id", "appNotificationId", "userId", "payload", "priority", "groupName",
@@ -244,8 +244,10 @@ class Gateway:
     """One `herald serve` process with helpers for its HTTP and WS APIs."""
 
     def __init__(self, binary: Path, workdir: Path, config: dict | None = CONFIG,
-                 extra_args: list[str] | None = None, store: str = "memory"):
+                 extra_args: list[str] | None = None, store: str = "memory", ca: Path | None = None):
+        """`ca`: the certificates (PEM) a TLS gateway's must verify against."""
         self.binary = binary
+        self.ca = ca
         self.workdir = workdir
         workdir.mkdir(parents=True, exist_ok=True)
         self.args = [str(binary), "serve", "--host", "127.0.0.1", "--port", "0", "--store", store]
@@ -301,8 +303,10 @@ class Gateway:
             self.extra_stdout.append(line)
         self.host, self.port = m.group("host"), int(m.group("port"))
         assert self.port != 0, line
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.ws_url = f"ws://127.0.0.1:{self.port}/v1/ws"
+        tls = m.group("scheme") == "https"
+        assert tls == (self.ca is not None), f"{line}: a TLS gateway needs `ca`, a plain one none"
+        self.base = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
+        self.ws_url = f"{'wss' if tls else 'ws'}://127.0.0.1:{self.port}/v1/ws"
 
         def drain():
             while True:
@@ -369,6 +373,9 @@ class Gateway:
         if device is not None:
             h["Herald-Device"] = device
         kw.setdefault("timeout", HTTP_TIMEOUT)
+        if self.ca is not None:
+            # Per request: REQUESTS_CA_BUNDLE in the environment would win over the session's.
+            kw.setdefault("verify", str(self.ca))
         return self.http.request(method, self.base + path, headers=h, **kw)
 
     def server(self, method: str, path: str, app: str = "app.one", key: str | None = None, **kw) -> requests.Response:
@@ -441,6 +448,9 @@ class Gateway:
     # ---- WebSocket
 
     def ws(self, **kw) -> "WsClient":
+        if self.ca is not None:
+            import ssl
+            kw.setdefault("ssl", ssl.create_default_context(cafile=str(self.ca)))
         return WsClient(self.ws_url, **kw)
 
     def connect(self, user: str, device: str | None = None, app: str = "app.one", token: str | None = None,

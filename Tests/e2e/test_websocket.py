@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from herald_helpers import (CLOSE_WAIT, FRAME_WAIT, assert_strictly_increasing, changes_in, check_error,
+from herald_helpers import (CLOSE_WAIT, check_raw_error, mint_token, raw_http, FRAME_WAIT, assert_strictly_increasing, changes_in, check_error,
                             check_notification, epoch_seconds, mint_token, reset_notifications, sign_jwt, uid)
 
 
@@ -539,26 +539,46 @@ def test_gateway_survives_protocol_abuse(gateway, user):
     assert gateway.request("GET", "/healthz").status_code == 200
 
 
-@pytest.mark.parametrize("subprotocol", ["herald-listen", "herald-http"])
-def test_upgrade_naming_an_internal_protocol_is_refused(fresh_gateway, subprotocol):
-    """lws binds an upgrade to the protocol Sec-WebSocket-Protocol names; the
-    gateway's internal ones keep no per-connection state, and a WebSocket
-    bound to one outlived its connection (freed, then used by the hello
-    timer). Such an upgrade is refused, and nothing stays open."""
-    from websockets.exceptions import ConnectionClosed, InvalidHandshake
+@pytest.mark.parametrize("subprotocol", ["herald-listen", "herald-http", "chat"])
+def test_upgrade_naming_a_subprotocol_gets_none(fresh_gateway, subprotocol, user):
+    """Herald speaks no subprotocol: an upgrade that asks for one (under lws,
+    the names of its internal protocols once bound the connection to them)
+    is an ordinary Herald WebSocket, with no Sec-WebSocket-Protocol chosen."""
     from websockets.sync.client import connect
-    gw = fresh_gateway
+    from websockets.exceptions import InvalidHandshake
     try:
-        c = connect(gw.ws_url, subprotocols=[subprotocol], open_timeout=10)
-    except (InvalidHandshake, OSError):
-        pass
-    else:
-        with c:
-            with pytest.raises(ConnectionClosed):
-                c.send(json.dumps({"type": "ping"}))
-                c.recv(timeout=10)
-    deadline = time.monotonic() + 10
-    while gw.metric('herald_connections{transport="websocket"}') != 0:
-        assert time.monotonic() < deadline, "a refused upgrade is still counted as an open WebSocket"
-        time.sleep(0.05)
-    assert gw.request("GET", "/healthz").status_code == 200
+        c = connect(fresh_gateway.ws_url, subprotocols=[subprotocol], open_timeout=10)
+    except InvalidHandshake:
+        # Clients may refuse a server that chose none of the offered ones.
+        return
+    with c:
+        assert c.subprotocol is None
+        c.send(json.dumps({"type": "hello", "token": mint_token(user), "deviceId": "d1"}))
+        assert [json.loads(c.recv(timeout=10))["type"] for _ in range(2)] == ["reset", "welcome"]
+
+
+@pytest.mark.parametrize("headers, why", [
+    ({"Upgrade": "websocket", "Connection": "keep-alive", "Sec-WebSocket-Version": "13",
+      "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="}, "Connection: Upgrade"),
+    ({"Upgrade": "websocket", "Connection": "Upgrade", "Sec-WebSocket-Version": "8",
+      "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="}, "version"),
+    ({"Upgrade": "websocket", "Connection": "Upgrade", "Sec-WebSocket-Version": "13",
+      "Sec-WebSocket-Key": "c2hvcnQ="}, "Sec-WebSocket-Key"),
+    ({"Upgrade": "websocket", "Connection": "Upgrade", "Sec-WebSocket-Version": "13"}, "Sec-WebSocket-Key"),
+])
+def test_bad_handshake_is_400(gateway, headers, why):
+    r = raw_http(gateway, "GET", "/v1/ws", headers=headers)
+    body = check_raw_error(r, 400, "bad_request")
+    assert why in body["error"]["message"]
+    if why == "version":
+        assert r.headers.get("sec-websocket-version") == "13"
+
+
+def test_handshake_answer_follows_rfc6455(gateway):
+    """The RFC's own example key and accept value (section 1.3)."""
+    r = raw_http(gateway, "GET", "/v1/ws?x=1", headers={
+        "Upgrade": "WebSocket", "Connection": "keep-alive, Upgrade", "Sec-WebSocket-Version": "13",
+        "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="})
+    assert r.status_code == 101
+    assert r.headers["sec-websocket-accept"] == "s3pPLMBiTxaQ9kYGzzhZRbK+xOo="
+    assert r.headers["upgrade"].lower() == "websocket"
