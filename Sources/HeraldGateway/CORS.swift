@@ -58,6 +58,15 @@ extension Gateway {
                                                    ("Access-Control-Max-Age", String(CORS.maxAgeSeconds))], body: [])
     }
 
+    /// Whether a WebSocket whose upgrade came from `origin` may say hello
+    /// for `app`. WebSockets are outside CORS: an app with no list takes any
+    /// origin (as before lists existed; the demo page is same-origin), an
+    /// app with one takes its origins and clients that send no `Origin`.
+    func allowsWebSocket(origin: String?, app: String) -> Bool {
+        guard let origin, let a = apps[app], !a.allowedOrigins.isEmpty else { return true }
+        return a.allows(origin: origin)
+    }
+
     private func anyAppAllows(_ origin: String) -> Bool { apps.values.contains { $0.allows(origin: origin) } }
 
     /// The app `req`'s credentials prove, checked: a server path's app with

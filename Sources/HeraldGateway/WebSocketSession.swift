@@ -22,6 +22,8 @@ public final class WebSocketSession {
     let gateway: Gateway
     let shard: Shard
     unowned let transport: WebSocketOutput
+    /// The upgrade's `Origin`; only the token says which app's list applies.
+    let origin: String?
     public let connectionId: String
     private var state = State.awaitingHello
     private var subscription: Subscription?
@@ -38,9 +40,9 @@ public final class WebSocketSession {
 
     static let maxQueuedSyncs = 8
 
-    init(gateway: Gateway, shard: Shard, transport: WebSocketOutput) {
+    init(gateway: Gateway, shard: Shard, transport: WebSocketOutput, origin: String?) {
         shard.thread.assertCurrent()
-        self.gateway = gateway; self.shard = shard; self.transport = transport
+        self.gateway = gateway; self.shard = shard; self.transport = transport; self.origin = origin
         // 14 characters: a Swift small string, no allocation per connection.
         connectionId = "c_" + Random.hex(6)
         let now = gateway.clock.now(), limits = gateway.config.limits
@@ -110,6 +112,9 @@ public final class WebSocketSession {
         }
         if let bound = c.device, bound != deviceId {
             return fail(.forbiddenDevice, HeraldError(.forbidden, "the token is bound to another device"))
+        }
+        guard gateway.allowsWebSocket(origin: origin, app: c.app) else {
+            return fail(.forbiddenDevice, HeraldError(.forbidden, "the app does not allow pages of this origin"))
         }
         claims = c
         state = .subscribing

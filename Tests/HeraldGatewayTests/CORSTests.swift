@@ -3,7 +3,7 @@ import HeraldCore
 @testable import HeraldGateway
 
 /// Browser pages on other origins: preflights, the CORS headers of answers
-/// (decided by the app the credentials prove).
+/// (decided by the app the credentials prove), and the WebSocket origin check.
 final class CORSTests: XCTestCase {
     static let page = "https://app.example.com"
     /// Allows `page`; `other` allows nothing; `open` allows every origin.
@@ -100,6 +100,24 @@ final class CORSTests: XCTestCase {
         let r = try XCTUnwrap(preflight(h, "/v1/me/notifications/n1", origin: Self.page).response)
         XCTAssertEqual(r.status, 405)
         XCTAssertTrue(r.headers.allSatisfy { $0.0 == "Allow" }, "\(r.headers)")
+    }
+
+    /// An app with a list takes WebSockets from its origins and from clients
+    /// that send none; an app without one takes any (WebSockets are outside CORS).
+    func testWebSocketHelloChecksTheOriginAgainstTheTokensApp() {
+        let h = harness()
+        for (origin, app, welcomed) in [(Self.page, Self.listed, true), (nil, Self.listed, true),
+                                        ("https://evil.example", Self.listed, false), ("https://evil.example", Self.other, true)] {
+            let s = h.webSocket(origin: origin)
+            h.hello(s, user: "u", app: app)
+            h.settle(); s.read()
+            if welcomed {
+                XCTAssertEqual(s.types.last, "welcome", "\(String(describing: origin)) for \(app.id)")
+            } else {
+                XCTAssertEqual(s.session.closeRequest?.code, .forbiddenDevice)
+                XCTAssertEqual(s.frames.last?["code"], "forbidden")
+            }
+        }
     }
 
     func testOriginsAreWrittenAsBrowsersSendThem() {

@@ -230,14 +230,15 @@ final class Harness {
         settle()
     }
 
-    func webSocket() -> RecordingSocket {
+    func webSocket(origin: String? = nil) -> RecordingSocket {
         let s = RecordingSocket()
-        s.session = gateway.openWebSocket(shard: shard, transport: s)
+        s.session = gateway.openWebSocket(shard: shard, transport: s, origin: origin)
         return s
     }
 
-    func hello(_ s: RecordingSocket, user: String, device: String = "d1", cursor: Int64? = nil, ttl: Int64 = 3600) {
-        var o: JSONObject = ["type": "hello", "token": .string(token(user, ttl: ttl)), "deviceId": .string(device)]
+    func hello(_ s: RecordingSocket, user: String, device: String = "d1", cursor: Int64? = nil, ttl: Int64 = 3600,
+               app: AppConfig = Harness.app) {
+        var o: JSONObject = ["type": "hello", "token": .string(token(user, ttl: ttl, app: app)), "deviceId": .string(device)]
         if let cursor { o["cursor"] = .int(cursor) }
         s.session.receive(.text(JSON.object(o).encoded))
     }
