@@ -27,44 +27,50 @@ public enum CORS {
 
 extension AppConfig {
     func allows(origin: String) -> Bool { allowedOrigins.contains(origin) || allowedOrigins.contains("*") }
+
+    /// Whether a request or WebSocket that sent `origin` (nil: none, not a
+    /// browser) may act for this app. One that lists origins takes no
+    /// others, so nothing of it changes from a page it does not allow, even
+    /// one another app's list let through a preflight. One with no list
+    /// takes any: same-origin pages (the demo's) send their origin too, and
+    /// WebSockets across origins worked before lists existed.
+    func admits(origin: String?) -> Bool { origin.map { allowedOrigins.isEmpty || allows(origin: $0) } ?? true }
 }
 
 extension Gateway {
+    static let originRefused = HeraldError(.forbidden, "the app takes no requests from this origin")
+
     /// `responder`, adding to every answer to `req` the CORS headers its
-    /// `Origin` gets: none unless some app allows an origin. Which app's list
-    /// decides is the one whose credentials `req` carries; a request that
-    /// proves no app (a preflight, a refused token, `/healthz`) is let read by
-    /// any allowed origin, which tells nothing of any app.
-    func crossOrigin(_ req: HTTPRequest, _ route: Route?, _ responder: HTTPResponder) -> HTTPResponder {
-        guard apps.values.contains(where: { !$0.allowedOrigins.isEmpty }) else { return responder }
+    /// `Origin` gets (none unless some app allows an origin), and whether
+    /// the app `req` proves admits that origin. Which app's list decides is
+    /// the one whose credentials `req` carries; a request that proves no app
+    /// (a preflight, a refused token, `/healthz`) is let read by any allowed
+    /// origin, which tells nothing of any app.
+    func crossOrigin(_ req: HTTPRequest, _ route: Route?, _ responder: HTTPResponder) -> (HTTPResponder, admitted: Bool) {
+        guard apps.values.contains(where: { !$0.allowedOrigins.isEmpty }) else { return (responder, true) }
         var headers = [("Vary", "Origin")]
-        if let origin = req.headers["origin"],
-           route.flatMap({ provenApp($0, req) })?.allows(origin: origin) ?? anyAppAllows(origin) {
-            headers += [("Access-Control-Allow-Origin", origin), ("Access-Control-Expose-Headers", CORS.exposedHeaders)]
+        var admitted = true
+        if let origin = req.headers["origin"] {
+            let app = route.flatMap { provenApp($0, req) }
+            if app?.allows(origin: origin) ?? anyAppAllows(origin) {
+                headers += [("Access-Control-Allow-Origin", origin), ("Access-Control-Expose-Headers", CORS.exposedHeaders)]
+            }
+            admitted = app?.admits(origin: origin) ?? true
         }
-        return HeaderAddingResponder(inner: responder, headers: headers)
+        return (HeaderAddingResponder(inner: responder, headers: headers), admitted)
     }
 
     /// The answer to a CORS preflight on a path whose methods are `methods`,
     /// or nil when `req` is no preflight from an allowed origin (an OPTIONS
     /// that stays `405`). A preflight carries no credentials, so any app's
-    /// list lets it through; the request that follows is then read only if
-    /// its own app allows the origin.
+    /// list lets it through; the request that follows is judged by its own
+    /// app (`crossOrigin`).
     func preflight(_ req: HTTPRequest, methods: [String]) -> HTTPResponse? {
         guard req.method == "OPTIONS", req.headers["access-control-request-method"] != nil,
               let origin = req.headers["origin"], anyAppAllows(origin) else { return nil }
         return HTTPResponse(status: 204, headers: [("Access-Control-Allow-Methods", methods.joined(separator: ", ")),
                                                    ("Access-Control-Allow-Headers", CORS.allowedHeaders),
                                                    ("Access-Control-Max-Age", String(CORS.maxAgeSeconds))], body: [])
-    }
-
-    /// Whether a WebSocket whose upgrade came from `origin` may say hello
-    /// for `app`. WebSockets are outside CORS: an app with no list takes any
-    /// origin (as before lists existed; the demo page is same-origin), an
-    /// app with one takes its origins and clients that send no `Origin`.
-    func allowsWebSocket(origin: String?, app: String) -> Bool {
-        guard let origin, let a = apps[app], !a.allowedOrigins.isEmpty else { return true }
-        return a.allows(origin: origin)
     }
 
     private func anyAppAllows(_ origin: String) -> Bool { apps.values.contains { $0.allows(origin: origin) } }

@@ -11,7 +11,8 @@ extension Gateway {
     public func handle(_ req: HTTPRequest, shard: Shard, responder: HTTPResponder) {
         shard.thread.assertCurrent()
         let matched = Route.match(method: req.method, path: req.path, demo: config.demo)
-        let responder = crossOrigin(req, try? matched.get(), responder)
+        let (responder, admitted) = crossOrigin(req, try? matched.get(), responder)
+        guard admitted else { return responder.respond(.error(Self.originRefused)) }
         let route: Route
         switch matched {
         case .failure(let e):

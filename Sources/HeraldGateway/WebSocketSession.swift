@@ -22,7 +22,7 @@ public final class WebSocketSession {
     let gateway: Gateway
     let shard: Shard
     unowned let transport: WebSocketOutput
-    /// The upgrade's `Origin`; only the token says which app's list applies.
+    /// The upgrade's `Origin`, checked at hello: only the token names the app.
     let origin: String?
     public let connectionId: String
     private var state = State.awaitingHello
@@ -113,9 +113,7 @@ public final class WebSocketSession {
         if let bound = c.device, bound != deviceId {
             return fail(.forbiddenDevice, HeraldError(.forbidden, "the token is bound to another device"))
         }
-        guard gateway.allowsWebSocket(origin: origin, app: c.app) else {
-            return fail(.forbiddenDevice, HeraldError(.forbidden, "the app does not allow pages of this origin"))
-        }
+        if let app = gateway.apps[c.app], !app.admits(origin: origin) { return fail(.forbiddenDevice, Gateway.originRefused) }
         claims = c
         state = .subscribing
         let s = Subscription(Subscription.Request(user: c.userKey, deviceId: deviceId, registration: registration,

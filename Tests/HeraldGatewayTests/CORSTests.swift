@@ -49,7 +49,8 @@ final class CORSTests: XCTestCase {
         XCTAssertEqual(plain.status, 405)
         XCTAssertEqual(plain.header("Access-Control-Allow-Origin"), Self.page)
         XCTAssertEqual(preflight(h, "/v1/nowhere", origin: Self.page).response?.status, 404)
-        let counts = try XCTUnwrap(h.request("GET", "/v1/me/counts", token: h.token("u", app: Self.listed),
+        // An app with no list acts (a page of the gateway's own origin sends it too), unread by other origins.
+        let counts = try XCTUnwrap(h.request("GET", "/v1/me/counts", token: h.token("u", app: Self.other),
                                              headers: ["origin": "https://evil.example"]).settled(h).response)
         XCTAssertEqual(counts.status, 200)
         XCTAssertNil(counts.header("Access-Control-Allow-Origin"))
@@ -66,6 +67,7 @@ final class CORSTests: XCTestCase {
         XCTAssertEqual(acao("GET", "/v1/me/counts", token: h.token("u", app: Self.listed), origin: "http://localhost:5173"),
                        "http://localhost:5173")
         XCTAssertNil(acao("GET", "/v1/me/counts", token: h.token("u", app: Self.other)), "its app allows no origin")
+        XCTAssertNil(acao("GET", "/v1/me/counts", token: h.token("u", app: Self.listed), origin: "https://evil.example"))
         XCTAssertEqual(acao("GET", "/v1/me/counts", token: h.token("u", app: Self.open), origin: "https://any.example"),
                        "https://any.example", "* echoes the origin")
         XCTAssertEqual(acao("GET", "/v1/apps/listed/users/u/devices", token: "sk-l"), Self.page)
@@ -74,6 +76,32 @@ final class CORSTests: XCTestCase {
         XCTAssertEqual(acao("GET", "/v1/me/counts", token: "forged"), Self.page)
         XCTAssertEqual(acao("GET", "/v1/apps/other/users/u/devices", token: "sk-l"), Self.page)
         XCTAssertEqual(acao("GET", "/healthz", token: "none"), Self.page)
+    }
+
+    /// An app that lists origins refuses requests from others before doing
+    /// anything, even when another app's `*` let their preflight through.
+    func testAnAppWithAListRefusesRequestsFromOtherOrigins() throws {
+        let h = harness([Self.listed, Self.open])
+        let published = h.request("POST", "/v1/apps/listed/users/u/notifications", token: "sk-l",
+                                  body: ["appNotificationId": "a", "payload": ["title": "t"]]).settled(h)
+        let id = try XCTUnwrap(published.json?["notification"]?.objectValue?["id"]?.stringValue)
+        let evil = "https://evil.example"
+        XCTAssertEqual(preflight(h, "/v1/me/notifications/\(id)", origin: evil).response?.status, 204, "open allows *")
+        for r in [h.request("PATCH", "/v1/me/notifications/\(id)", token: h.token("u", app: Self.listed),
+                            body: ["userActionState": "dismissed"], headers: ["origin": evil]),
+                  h.request("DELETE", "/v1/apps/listed/users/u/notifications/\(id)", token: "sk-l", headers: ["origin": evil])] {
+            let a = try XCTUnwrap(r.settled(h).response)
+            XCTAssertEqual(a.status, 403)
+            XCTAssertEqual(r.json?["error"]?.objectValue?["code"], "forbidden")
+            XCTAssertNil(a.header("Access-Control-Allow-Origin"))
+        }
+        let now = h.request("GET", "/v1/apps/listed/users/u/notifications/\(id)", token: "sk-l").settled(h)
+        XCTAssertEqual(now.json?["notification"]?.objectValue?["version"], 1, "nothing changed")
+        // Without an Origin (not a browser) and from a listed one it acts.
+        XCTAssertEqual(h.request("PATCH", "/v1/me/notifications/\(id)", token: h.token("u", app: Self.listed),
+                                 body: ["readState": "read"]).settled(h).response?.status, 200)
+        XCTAssertEqual(h.request("PATCH", "/v1/me/notifications/\(id)", token: h.token("u", app: Self.listed),
+                                 body: ["readState": "unread"], headers: ["origin": Self.page]).settled(h).response?.status, 200)
     }
 
     /// `?token=` (EventSource) proves the app too; streamed and held answers carry the headers.
@@ -102,8 +130,8 @@ final class CORSTests: XCTestCase {
         XCTAssertTrue(r.headers.allSatisfy { $0.0 == "Allow" }, "\(r.headers)")
     }
 
-    /// An app with a list takes WebSockets from its origins and from clients
-    /// that send none; an app without one takes any (WebSockets are outside CORS).
+    /// The same at hello: an app with a list takes WebSockets from its
+    /// origins and from clients that send none; an app without one takes any.
     func testWebSocketHelloChecksTheOriginAgainstTheTokensApp() {
         let h = harness()
         for (origin, app, welcomed) in [(Self.page, Self.listed, true), (nil, Self.listed, true),

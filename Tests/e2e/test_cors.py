@@ -1,11 +1,12 @@
 """Browser pages on other origins (CORS, docs/PROTOCOL.md 7.1) over the wire:
 origins from the config file and from `--allowed-origins`, preflights, the
 headers of answers by the app the credentials prove, event streams and
-polls with `?token=`, and no CORS headers for an origin no app allows.
+polls with `?token=`, no CORS headers for an origin no app allows, and
+requests refused from origins an app that lists some does not list.
 The browser's side of it is Tests/browser/test_cors.py."""
 
 import pytest
-from herald_helpers import APPS, CONFIG, mint_token, uid
+from herald_helpers import CONFIG, mint_token, uid
 
 PAGE = "https://app.example.com"
 DEV = "http://localhost:5173"
@@ -43,15 +44,22 @@ def test_an_origin_no_app_allows_gets_no_cors_headers(gateway_factory):
     assert r.status_code == 405 and r.headers["Allow"] == "DELETE, GET, PATCH", r.headers
     assert not [h for h in r.headers if h.lower().startswith("access-control-")], r.headers
     assert r.headers["Vary"] == "Origin"
-    r = g.me("GET", "/counts", mint_token(uid("u"), "app.one"), headers={"Origin": EVIL})
+    # app.one lists origins: it refuses others before doing anything
+    user = uid("u")
+    n = g.publish(user)["notification"]
+    r = g.me("PATCH", f"/notifications/{n['id']}", mint_token(user, "app.one"), json={"readState": "read"},
+             headers={"Origin": EVIL})
+    assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden", r.text
+    assert "Access-Control-Allow-Origin" not in r.headers
+    assert g.get_notification(user, n["id"])["version"] == 1
+    # app.two lists none: it acts (a page of the gateway's own origin sends Origin too), unread by the page
+    r = g.me("GET", "/counts", mint_token(user, "app.two"), headers={"Origin": EVIL})
     assert r.status_code == 200 and "Access-Control-Allow-Origin" not in r.headers, r.headers
 
 
 def test_answers_carry_the_headers_of_the_app_the_credentials_prove(gw):
     user = uid("u")
-    one, two, flag = (mint_token(user, a, secret=s) for a, s in
-                      (("app.one", APPS["app.one"]["tokenSecret"]), ("app.two", APPS["app.two"]["tokenSecret"]),
-                       ("flag.app", "ts-flag")))
+    one, two, flag = mint_token(user, "app.one"), mint_token(user, "app.two"), mint_token(user, "flag.app", secret="ts-flag")
     r = gw.me("GET", "/counts", one, headers={"Origin": PAGE})
     assert r.status_code == 200 and r.headers["Access-Control-Allow-Origin"] == PAGE, r.headers
     assert r.headers["Access-Control-Expose-Headers"] == "Retry-After" and r.headers["Vary"] == "Origin"
