@@ -4,8 +4,11 @@ public struct AppConfig: Sendable, Equatable {
     public let id: String
     public let serverKey: String
     public let tokenSecret: String
-    public init(id: String, serverKey: String, tokenSecret: String) {
-        self.id = id; self.serverKey = serverKey; self.tokenSecret = tokenSecret
+    /// Origins (`scheme://host[:port]`, or `*` for any) whose browser pages
+    /// may read this app's answers (CORS.swift); none by default.
+    public let allowedOrigins: [String]
+    public init(id: String, serverKey: String, tokenSecret: String, allowedOrigins: [String] = []) {
+        self.id = id; self.serverKey = serverKey; self.tokenSecret = tokenSecret; self.allowedOrigins = allowedOrigins
     }
 }
 

@@ -54,7 +54,8 @@ public final class Gateway: Sendable {
             }
     }
 
-    public func openWebSocket(shard: Shard, transport: WebSocketOutput) -> WebSocketSession {
-        WebSocketSession(gateway: self, shard: shard, transport: transport)
+    /// `origin`: the upgrade's `Origin` header, checked at `hello` (`AppConfig.admits`).
+    public func openWebSocket(shard: Shard, transport: WebSocketOutput, origin: String? = nil) -> WebSocketSession {
+        WebSocketSession(gateway: self, shard: shard, transport: transport, origin: origin)
     }
 }

@@ -18,7 +18,8 @@ public struct HTTPRequest: Sendable {
 
     /// The header names the transport must copy into `headers`.
     public static let headerNames = ["authorization", "herald-device", "if-match", "last-event-id", "content-type",
-                                     "upgrade", "sec-websocket-key", "sec-websocket-version"]
+                                     "upgrade", "sec-websocket-key", "sec-websocket-version",
+                                     "origin", "access-control-request-method"]
 
     public func queryValue(_ name: String) -> String? { query.first { $0.0 == name }?.1 }
 }

@@ -10,9 +10,14 @@ extension Gateway {
 
     public func handle(_ req: HTTPRequest, shard: Shard, responder: HTTPResponder) {
         shard.thread.assertCurrent()
+        let matched = Route.match(method: req.method, path: req.path, demo: config.demo)
+        let (responder, admitted) = crossOrigin(req, try? matched.get(), responder)
+        guard admitted else { return responder.respond(.error(Self.originRefused)) }
         let route: Route
-        switch Route.match(method: req.method, path: req.path, demo: config.demo) {
-        case .failure(let e): return responder.respond(.error(e))
+        switch matched {
+        case .failure(let e):
+            if let methods = e.allowedMethods, let answer = preflight(req, methods: methods) { return responder.respond(answer) }
+            return responder.respond(.error(e))
         case .success(let r): route = r
         }
         let x = Exchange(gateway: self, shard: shard, responder: responder)
@@ -235,10 +240,12 @@ extension Gateway {
         let deviceId: String?
     }
 
+    func deviceToken(_ req: HTTPRequest, inQuery: Bool) -> String? {
+        bearer(req) ?? (inQuery ? req.queryValue("token") : nil)
+    }
+
     func deviceAuth(_ req: HTTPRequest, tokenInQuery: Bool = false, namesDevice: Bool = true) throws(HeraldError) -> DeviceContext {
-        guard let token = bearer(req) ?? (tokenInQuery ? req.queryValue("token") : nil) else {
-            throw HeraldError(.unauthorized, "missing device token")
-        }
+        guard let token = deviceToken(req, inQuery: tokenInQuery) else { throw HeraldError(.unauthorized, "missing device token") }
         let claims = try verify(token: token).get()
         var device: String? = nil
         if namesDevice {

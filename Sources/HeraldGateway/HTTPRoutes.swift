@@ -89,6 +89,19 @@ enum Route: Equatable {
         }
     }
 
+    /// The app a server route names (its server key is that app's).
+    var serverApp: String? {
+        switch self {
+        case .issueToken(let app), .bulkSend(let app), .publish(let app, _), .listDevices(let app, _): app
+        case .history(.server(let app, _)), .getNotification(.server(let app, _), _), .updateNotification(.server(let app, _), _),
+             .deleteNotification(.server(let app, _), _): app
+        default: nil
+        }
+    }
+
+    /// EventSource cannot set headers: these routes also take `?token=`.
+    var takesTokenInQuery: Bool { self == .sync || self == .events }
+
     static let notFound = HeraldError(.notFound, "no such resource")
 
     /// Demo page files: `/` and plain file names in the web root.

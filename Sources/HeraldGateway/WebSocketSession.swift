@@ -24,6 +24,8 @@ public final class WebSocketSession {
     let gateway: Gateway
     let shard: Shard
     unowned let transport: WebSocketOutput
+    /// The upgrade's `Origin`, checked at hello: only the token names the app.
+    let origin: String?
     public let connectionId: String
     private var state = State.awaitingHello
     private var subscription: Subscription?
@@ -45,9 +47,9 @@ public final class WebSocketSession {
 
     static let maxQueuedSyncs = 8
 
-    init(gateway: Gateway, shard: Shard, transport: WebSocketOutput) {
+    init(gateway: Gateway, shard: Shard, transport: WebSocketOutput, origin: String?) {
         shard.thread.assertCurrent()
-        self.gateway = gateway; self.shard = shard; self.transport = transport
+        self.gateway = gateway; self.shard = shard; self.transport = transport; self.origin = origin
         // 14 characters: a Swift small string, no allocation per connection.
         connectionId = "c_" + Random.hex(6)
         let now = gateway.clock.now(), limits = gateway.config.limits
@@ -137,6 +139,7 @@ public final class WebSocketSession {
         if let bound = c.device, bound != deviceId {
             return fail(.forbiddenDevice, HeraldError(.forbidden, "the token is bound to another device"))
         }
+        if let app = gateway.apps[c.app], !app.admits(origin: origin) { return fail(.forbiddenDevice, Gateway.originRefused) }
         claims = c
         state = .subscribing
         let s = Subscription(Subscription.Request(user: c.userKey, deviceId: deviceId, registration: registration,

@@ -141,7 +141,7 @@ final class HTTPConnection: Flushable, RawConnection {
             answer(r, keepAlive: false)
             return true
         case .upgrade(let head)? where !loop.shuttingDown:
-            upgrade(head)
+            upgrade(head, origin: h.request.headers["origin"])
             return false
         case .upgrade?:
             answer(.error(HeraldError(.unavailable, "the gateway is shutting down")), keepAlive: false)
@@ -159,13 +159,13 @@ final class HTTPConnection: Flushable, RawConnection {
 
     /// Hands the socket to a WebSocket, with the frames that came behind the
     /// handshake. This connection is done.
-    private func upgrade(_ head: [UInt8]) {
+    private func upgrade(_ head: [UInt8], origin: String?) {
         stopRequestTimer()
         if readingPaused { lws_rx_flow_control(wsi, 1) }
         let early = Array(input[inputStart...])
         state = .closed
         input = []
-        let ws = WebSocketConnection(wsi: wsi, loop: loop, handshake: head)
+        let ws = WebSocketConnection(wsi: wsi, loop: loop, handshake: head, origin: origin)
         loop.upgraded(self, to: ws, wsi: wsi)
         if !early.isEmpty { early.withUnsafeBytes { ws.receive($0) } }
     }

@@ -20,12 +20,13 @@ final class WebSocketConnection: WebSocketOutput, Flushable, RawConnection {
     /// How long the client has to answer our close frame with its own.
     static let closeAckSeconds: Int32 = 5
 
-    /// `handshake`: the `101` head, written first.
-    init(wsi: OpaquePointer, loop: ServiceLoop, handshake: [UInt8]) {
+    /// `handshake`: the `101` head, written first; `origin`: the upgrade's
+    /// `Origin`, which the session checks against the token's app.
+    init(wsi: OpaquePointer, loop: ServiceLoop, handshake: [UInt8], origin: String?) {
         self.wsi = wsi
         self.loop = loop
         reader = WebSocketFrameReader(maxMessage: loop.gateway.config.limits.maxMessageBytes)
-        session = loop.gateway.openWebSocket(shard: loop.shard, transport: self)
+        session = loop.gateway.openWebSocket(shard: loop.shard, transport: self, origin: origin)
         if !handshake.withUnsafeBytes({ write($0, wsi) }) { closeSoon(wsi) }
     }
 

@@ -50,7 +50,8 @@ struct Flags {
     }
 }
 
-/// `herald.json`: `{"apps": [{"id", "serverKey", "tokenSecret"}], "host", "port", "store", "bus", "tlsCert", "tlsKey"}`.
+/// `herald.json`: `{"apps": [{"id", "serverKey", "tokenSecret", "allowedOrigins"?}], "host", "port", "store", "bus",
+/// "tlsCert", "tlsKey"}`.
 struct ConfigFile {
     var apps: [AppConfig] = []
     var host: String?
@@ -75,10 +76,17 @@ struct ConfigFile {
             guard let arr = a.arrayValue else { throw UsageError("config file \(path): apps must be an array") }
             for (i, e) in arr.enumerated() {
                 guard let app = e.objectValue, let id = app["id"]?.stringValue, let key = app["serverKey"]?.stringValue,
-                      let secret = app["tokenSecret"]?.stringValue, app.count == 3
-                else { throw UsageError("config file \(path): apps[\(i)] needs exactly id, serverKey and tokenSecret strings") }
+                      let secret = app["tokenSecret"]?.stringValue, app.keys.allSatisfy(["id", "serverKey", "tokenSecret", "allowedOrigins"].contains)
+                else { throw UsageError("config file \(path): apps[\(i)] needs id, serverKey and tokenSecret strings (and may have allowedOrigins), nothing else") }
                 guard !apps.contains(where: { $0.id == id }) else { throw UsageError("config file \(path): app '\(id)' appears twice") }
-                apps.append(try Self.app(id: id, key: key, secret: secret))
+                var origins: [String] = []
+                if let v = app["allowedOrigins"] {
+                    guard let list = v.arrayValue, list.allSatisfy({ $0.stringValue != nil }) else {
+                        throw UsageError("config file \(path): apps[\(i)].allowedOrigins must be an array of strings")
+                    }
+                    origins = list.map { $0.stringValue! }
+                }
+                apps.append(try Self.app(id: id, key: key, secret: secret, origins: origins))
             }
         }
         func string(_ k: String) throws(UsageError) -> String? {
@@ -137,9 +145,14 @@ struct ConfigFile {
         return l
     }
 
-    static func app(id: String, key: String, secret: String) throws(UsageError) -> AppConfig {
+    static func app(id: String, key: String, secret: String, origins: [String]) throws(UsageError) -> AppConfig {
         guard Identifiers.isAppId(id) else { throw UsageError("app id '\(id)' must be 1-64 characters of A-Z a-z 0-9 . _ -") }
         guard !key.isEmpty, !secret.isEmpty else { throw UsageError("app \(id): serverKey and tokenSecret must not be empty") }
-        return AppConfig(id: id, serverKey: key, tokenSecret: secret)
+        // Compared byte for byte with what browsers send, so only that form can ever match.
+        for o in origins where o != "*" && !CORS.isOrigin(o) {
+            throw UsageError("app \(id): allowed origin '\(o)' must be * or scheme://host[:port] as browsers send it"
+                             + " (lower case, no path or trailing slash, no default port)")
+        }
+        return AppConfig(id: id, serverKey: key, tokenSecret: secret, allowedOrigins: origins)
     }
 }

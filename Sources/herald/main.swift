@@ -9,7 +9,8 @@ let version = "0.10.0"
 
 let usage = """
 usage: herald serve [--host 127.0.0.1] [--port 8080] [--config herald.json] [--store sqlite:herald.db | memory]
-                    [--app ID --server-key KEY --token-secret SECRET] [--demo] [--threads N] [--web-root DIR]
+                    [--app ID --server-key KEY --token-secret SECRET [--allowed-origins ORIGIN,...]]
+                    [--demo] [--threads N] [--web-root DIR]
                     [--durability full|normal|off] [--event-loop libev|poll] [--log-format text|json]
                     [--tls-cert FILE --tls-key FILE]
        herald token --app ID --user USER [--ttl 3600] [--device ID] [--config herald.json | --token-secret SECRET]
@@ -22,7 +23,7 @@ func fail(_ m: String) -> Never {
 }
 
 func serve(_ args: ArraySlice<String>) throws(UsageError) -> Never {
-    let f = try Flags(args, valued: ["host", "port", "config", "store", "bus", "app", "server-key", "token-secret",
+    let f = try Flags(args, valued: ["host", "port", "config", "store", "bus", "app", "server-key", "token-secret", "allowed-origins",
                                      "threads", "web-root", "durability", "event-loop", "log-format", "tls-cert", "tls-key"],
                       switches: ["demo"])
     if let l = f["log-format"] {
@@ -37,8 +38,12 @@ func serve(_ args: ArraySlice<String>) throws(UsageError) -> Never {
         guard let id = single[0], let key = single[1], let secret = single[2] else {
             throw UsageError("--app, --server-key and --token-secret go together")
         }
+        // Origins hold no commas, so one comma-separated value lists them all.
+        let origins = f["allowed-origins"].map { $0.split(separator: ",", omittingEmptySubsequences: false).map { String($0.trimmingSpaces) } }
         apps.removeAll { $0.id == id }
-        apps.append(try ConfigFile.app(id: id, key: key, secret: secret))
+        apps.append(try ConfigFile.app(id: id, key: key, secret: secret, origins: origins ?? []))
+    } else if f["allowed-origins"] != nil {
+        throw UsageError("--allowed-origins goes with --app")
     }
     let demo = f.switches.contains("demo")
     guard !apps.isEmpty || demo else { throw UsageError("no app configured: give --config, --app ... or --demo") }

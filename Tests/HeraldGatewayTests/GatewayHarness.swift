@@ -103,6 +103,7 @@ final class MemoryReader: StoreReader {
 final class RecordingResponder: HTTPResponder, @unchecked Sendable {  // test thread only
     var response: HTTPResponse?
     var streamStarted = false
+    var streamHeaders: [(String, String)] = []
     var finished = false
     var unread: [UInt8] = []
     var received: [UInt8] = []
@@ -110,7 +111,7 @@ final class RecordingResponder: HTTPResponder, @unchecked Sendable {  // test th
     private var drainWaiter: (Int, () -> Void)?
 
     func respond(_ r: HTTPResponse) { if response == nil, !streamStarted { response = r } }
-    func startStream(contentType: String, headers: [(String, String)]) { streamStarted = true }
+    func startStream(contentType: String, headers: [(String, String)]) { streamStarted = true; streamHeaders = headers }
     func send(_ bytes: [UInt8]) { if !finished { unread += bytes } }
     func finish() { finished = true }
     var queuedBytes: Int { unread.count }
@@ -192,8 +193,8 @@ final class Harness {
     let gateway: Gateway
     let shard: Shard
 
-    init(store: NotificationStore = MemoryStore(), limits: GatewayLimits = GatewayLimits()) {
-        gateway = try! Gateway(config: GatewayConfig(apps: [Self.app], limits: limits), store: store, clock: clock)
+    init(store: NotificationStore = MemoryStore(), limits: GatewayLimits = GatewayLimits(), apps: [AppConfig] = [Harness.app]) {
+        gateway = try! Gateway(config: GatewayConfig(apps: apps, limits: limits), store: store, clock: clock)
         shard = gateway.makeShards([loop])[0]
         shard.thread.claim()
     }
@@ -209,16 +210,17 @@ final class Harness {
     /// The engine's queue runs once, the loop not at all.
     func runEngine() { gateway.engine.runQueued() }
 
-    func token(_ user: String, ttl: Int64 = 3600) -> String {
+    func token(_ user: String, ttl: Int64 = 3600, app: AppConfig = Harness.app) -> String {
         let now = clock.now() / 1000
-        return DeviceToken.sign(DeviceClaims(app: Self.app.id, user: user, device: nil, issuedAt: now, expiresAt: now + ttl),
-                                secret: Self.app.tokenSecret)
+        return DeviceToken.sign(DeviceClaims(app: app.id, user: user, device: nil, issuedAt: now, expiresAt: now + ttl),
+                                secret: app.tokenSecret)
     }
 
     func request(_ method: String, _ path: String, token: String? = nil, device: String? = nil, query: [(String, String)] = [],
-                 body: JSON? = nil) -> RecordingResponder {
+                 body: JSON? = nil, headers: [String: String] = [:]) -> RecordingResponder {
         var h: [String: String] = ["authorization": "Bearer " + (token ?? Self.app.serverKey)]
         if let device { h["herald-device"] = device }
+        h.merge(headers) { $1 }
         let r = RecordingResponder()
         gateway.handle(HTTPRequest(method: method, path: path, query: query, headers: h, body: body?.encoded ?? []),
                        shard: shard, responder: r)
@@ -236,14 +238,15 @@ final class Harness {
         settle()
     }
 
-    func webSocket() -> RecordingSocket {
+    func webSocket(origin: String? = nil) -> RecordingSocket {
         let s = RecordingSocket()
-        s.session = gateway.openWebSocket(shard: shard, transport: s)
+        s.session = gateway.openWebSocket(shard: shard, transport: s, origin: origin)
         return s
     }
 
-    func hello(_ s: RecordingSocket, user: String, device: String = "d1", cursor: Int64? = nil, ttl: Int64 = 3600) {
-        var o: JSONObject = ["type": "hello", "token": .string(token(user, ttl: ttl)), "deviceId": .string(device)]
+    func hello(_ s: RecordingSocket, user: String, device: String = "d1", cursor: Int64? = nil, ttl: Int64 = 3600,
+               app: AppConfig = Harness.app) {
+        var o: JSONObject = ["type": "hello", "token": .string(token(user, ttl: ttl, app: app)), "deviceId": .string(device)]
         if let cursor { o["cursor"] = .int(cursor) }
         s.session.receive(.text(JSON.object(o).encoded))
     }

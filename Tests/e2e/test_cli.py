@@ -92,6 +92,11 @@ def _bad_configs(tmp_path):
         "port-out-of-range": json.dumps({"apps": CONFIG["apps"], "port": 99999}),
         "port-string": json.dumps({"apps": CONFIG["apps"], "port": "eighty"}),
         "duplicate-app": json.dumps({"apps": CONFIG["apps"] + CONFIG["apps"][:1]}),
+        "origins-not-list": json.dumps({"apps": [{**CONFIG["apps"][0], "allowedOrigins": "*"}]}),
+        "origin-with-path": json.dumps({"apps": [{**CONFIG["apps"][0], "allowedOrigins": ["https://a.example/app"]}]}),
+        "origin-upper-case": json.dumps({"apps": [{**CONFIG["apps"][0], "allowedOrigins": ["https://A.example"]}]}),
+        "origin-default-port": json.dumps({"apps": [{**CONFIG["apps"][0], "allowedOrigins": ["https://a.example:443"]}]}),
+        "app-unknown-key": json.dumps({"apps": [{**CONFIG["apps"][0], "allowedOrigin": ["*"]}]}),
     }.items():
         p = tmp_path / f"{name}.json"
         p.write_text(content)
@@ -113,6 +118,9 @@ BAD_INVOCATIONS = {
     "serve-app-without-keys": ["serve", "--port", "0", "--store", "memory", "--app", "x.y"],
     "serve-bad-app-flag": ["serve", "--port", "0", "--store", "memory", "--app", "bad app!",
                            "--server-key", "k", "--token-secret", "s"],
+    "serve-origins-without-app": ["serve", "--port", "0", "--store", "memory", "--demo", "--allowed-origins", "*"],
+    "serve-bad-origin-flag": ["serve", "--port", "0", "--store", "memory", "--app", "x.y", "--server-key", "k",
+                              "--token-secret", "s", "--allowed-origins", "https://a.example,"],
     "token-neither-secret": ["token", "--app", "app.one", "--user", "alice"],
     "token-both-secrets": ["token", "--app", "app.one", "--user", "alice", "--token-secret", "s", "--config", "@CONFIG"],
     "token-no-app": ["token", "--user", "alice", "--token-secret", "s"],
@@ -128,7 +136,8 @@ BAD_INVOCATIONS = {
 
 
 @pytest.mark.parametrize("name", list(BAD_INVOCATIONS) + [f"serve-config-{c}" for c in (
-    "not-json", "apps-not-list", "bad-app-id", "missing-secret", "port-out-of-range", "port-string", "duplicate-app")])
+    "not-json", "apps-not-list", "bad-app-id", "missing-secret", "port-out-of-range", "port-string", "duplicate-app",
+    "origins-not-list", "origin-with-path", "origin-upper-case", "origin-default-port", "app-unknown-key")])
 def test_bad_invocation_exits_2_with_one_stderr_line(herald_bin, tmp_path, config_path, name):
     if name.startswith("serve-config-"):
         cfg = _bad_configs(tmp_path)[name[len("serve-config-"):]]
