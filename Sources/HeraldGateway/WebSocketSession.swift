@@ -73,8 +73,13 @@ public final class WebSocketSession {
         case protocolError(String)
     }
 
-    /// The transport read bytes from the client.
-    public func heard() { lastHeard = gateway.clock.now() }
+    /// The transport read bytes from the client. Once a close is asked for,
+    /// only the client's close frame counts: a client that sends but never
+    /// reads (our close frame waits behind what it left unread) is hung up
+    /// on after `idleHangupSeconds` like a silent one.
+    public func heard() {
+        if closeRequest == nil { lastHeard = gateway.clock.now() }
+    }
 
     /// Answers a ping with its payload (RFC 6455 5.5.3).
     public func ping(_ payload: [UInt8]) {

@@ -110,6 +110,22 @@ final class GatewayBehaviourTests: XCTestCase {
         XCTAssertTrue(h.gateway.metrics.prometheusText().contains(#"herald_dropped_connections_total{reason="idle"} 1"#))
     }
 
+    /// A connection being closed is hung up on after `idleHangupSeconds`
+    /// even if the client keeps sending: only its close frame ends it sooner.
+    func testClosingConnectionsAreHungUpOnEvenIfTheClientTalks() {
+        let h = Harness()
+        let s = h.webSocket()
+        h.hello(s, user: "u")
+        h.settle()
+        s.session.shutdown()
+        for _ in 0..<9 {
+            h.clock.advance(seconds: 5)
+            s.session.heard()
+            h.shard.runTimers()
+        }
+        XCTAssertTrue(s.hungUp)
+    }
+
     /// Pings are answered with their payload; a client's close frame is
     /// answered with ours (1000), a protocol error with 1002.
     func testPingsAndClosesFromTheClient() {
