@@ -13,9 +13,11 @@
 #include <errno.h>
 #include <string.h>
 
-// A listening socket that other threads may bind to the same port too
-// (SO_REUSEPORT): the kernel spreads connections over the service loops.
-// Returns the fd, or -errno. *bound receives the port actually bound.
+// The gateway's one listening socket, which every service loop watches and
+// accepts from. No SO_REUSEPORT: a second gateway on the port fails with
+// EADDRINUSE instead of silently sharing it (the kernel would split
+// connections between two unrelated gateways). Returns the fd, or -errno.
+// *bound receives the port actually bound.
 static inline int herald_listen(const char *host, int port, int *bound) {
     struct sockaddr_in sa;
     memset(&sa, 0, sizeof sa);
@@ -26,7 +28,6 @@ static inline int herald_listen(const char *host, int port, int *bound) {
     if (fd < 0) return -errno;
     int one = 1;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one);
     if (bind(fd, (struct sockaddr *)&sa, sizeof sa) < 0 || listen(fd, 4096) < 0) {
         int e = errno;
         close(fd);

@@ -28,6 +28,10 @@ public struct GatewayLimits: Sendable {
     /// Sends WebSocket pings after this much silence; drops after `idleHangupSeconds`.
     public var pingIntervalSeconds = 30
     public var idleHangupSeconds = 45
+    /// Open connections (HTTP and WebSocket) per process; past it a request
+    /// or upgrade is answered `503` with `Retry-After`. 0: the process's
+    /// descriptor limit less a reserve (`Server.connectionCap`).
+    public var maxConnections = 0
     /// Open WebSocket and SSE connections per user; one more is refused.
     public var maxConnectionsPerUser = 50
     /// WebSocket messages a connection may send per second (burst: twice

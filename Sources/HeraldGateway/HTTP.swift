@@ -40,7 +40,9 @@ public struct HTTPResponse: Sendable {
 
     public static func error(_ e: HeraldError) -> HTTPResponse {
         var r = json(e.code.httpStatus, e.json)
-        if e.code == .rateLimited { r.headers.append(("Retry-After", String(max(1, e.retryAfterSeconds ?? 1)))) }
+        if e.code == .rateLimited || e.retryAfterSeconds != nil {
+            r.headers.append(("Retry-After", String(max(1, e.retryAfterSeconds ?? 1))))
+        }
         if let allowed = e.allowedMethods { r.headers.append(("Allow", allowed.joined(separator: ", "))) }
         if e.code == .unauthorized { r.headers.append(("WWW-Authenticate", "Bearer")) }
         return r

@@ -9,8 +9,17 @@ public final class Metrics: Sendable {
              authExpired = "auth_expired"
     }
 
+    /// Why a connection was turned away at accept.
+    public enum RefusalReason: String, CaseIterable, Sendable {
+        /// Past `maxConnections`: answered 503 with Retry-After.
+        case capacity
+        /// The process ran out of descriptors (EMFILE): closed unanswered.
+        case descriptors
+    }
+
     let connections = Locked([Int](repeating: 0, count: TransportKind.allCases.count))
     let drops = Locked([Int](repeating: 0, count: DropReason.allCases.count))
+    let refusals = Locked([Int](repeating: 0, count: RefusalReason.allCases.count))
     public let publishes = Atomic<Int>(0)
     public let deliveries = Atomic<Int>(0)
     public let deliveryLatency = Histogram()
@@ -21,6 +30,7 @@ public final class Metrics: Sendable {
     public func connectionOpened(_ t: TransportKind) { connections.withLock { $0[index(t)] += 1 } }
     public func connectionClosed(_ t: TransportKind) { connections.withLock { $0[index(t)] -= 1 } }
     public func dropped(_ r: DropReason) { drops.withLock { $0[DropReason.allCases.firstIndex(of: r)!] += 1 } }
+    public func refused(_ r: RefusalReason) { refusals.withLock { $0[RefusalReason.allCases.firstIndex(of: r)!] += 1 } }
 
     private func index(_ t: TransportKind) -> Int { TransportKind.allCases.firstIndex(of: t)! }
 
@@ -40,6 +50,11 @@ public final class Metrics: Sendable {
         let dropped = drops.withLock { $0 }
         for (i, r) in DropReason.allCases.enumerated() {
             s += "herald_dropped_connections_total{reason=\"\(r.rawValue)\"} \(dropped[i])\n"
+        }
+        s += "# HELP herald_refused_connections_total Connections turned away at accept.\n# TYPE herald_refused_connections_total counter\n"
+        let refused = refusals.withLock { $0 }
+        for (i, r) in RefusalReason.allCases.enumerated() {
+            s += "herald_refused_connections_total{reason=\"\(r.rawValue)\"} \(refused[i])\n"
         }
         return s
     }

@@ -70,9 +70,14 @@ final class HTTPConnection: Flushable, RawConnection {
     static let keepAliveSeconds: UInt32 = 5
     static let lingerSeconds: UInt32 = 2
 
-    init(wsi: OpaquePointer, loop: ServiceLoop) {
+    /// Accepted past the process's connection cap: every request is
+    /// answered 503 and the connection closed.
+    private let overCapacity: Bool
+
+    init(wsi: OpaquePointer, loop: ServiceLoop, overCapacity: Bool) {
         self.wsi = wsi
         self.loop = loop
+        self.overCapacity = overCapacity
         // The first request is due within the request timeout of the accept.
         timeRequest()
     }
@@ -134,6 +139,12 @@ final class HTTPConnection: Flushable, RawConnection {
         inputStart += h.bodyLength
         if let refusal = h.refusal {
             answer(.error(refusal), keepAlive: h.keepAlive)
+            return true
+        }
+        if overCapacity {
+            // A load balancer or client moves on to another process or node.
+            answer(.error(HeraldError(.unavailable, "this gateway process is at its connection limit", retryAfterSeconds: 5)),
+                   keepAlive: false)
             return true
         }
         switch WebSocketHandshake.answer(h) {

@@ -119,7 +119,9 @@ func heraldCallback(wsi: OpaquePointer?, reason: lws_callback_reasons, user: Uns
 
     case LWS_CALLBACK_RAW_ADOPT:
         let loop = loopOf(wsi)
-        let c = HTTPConnection(wsi: wsi!, loop: loop)
+        let admitted = loop.admission.admit()
+        if !admitted { loop.refused(.capacity) }
+        let c = HTTPConnection(wsi: wsi!, loop: loop, overCapacity: !admitted)
         attach(user, c)
         loop.httpConnections[ObjectIdentifier(c)] = c
         return 0
@@ -134,7 +136,9 @@ func heraldCallback(wsi: OpaquePointer?, reason: lws_callback_reasons, user: Uns
     case LWS_CALLBACK_RAW_CLOSE:
         if let c = detach(user) as? RawConnection {
             c.closed()
-            loopOf(wsi).forget(c)
+            let loop = loopOf(wsi)
+            loop.forget(c)
+            loop.admission.release()
         }
         return 0
 

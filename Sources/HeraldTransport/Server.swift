@@ -29,32 +29,75 @@ public struct TLSFiles: Sendable {
     }
 }
 
+/// How many connections the process has open, against its cap. Shared by
+/// the loops: counted at adoption and release on loop threads.
+final class Admission: Sendable {
+    let cap: Int
+    private let open = Atomic<Int>(0)
+
+    init(cap: Int) { self.cap = cap }
+
+    /// Counts a new connection; false when it is past the cap (it is to be
+    /// answered 503, and is counted until it closes all the same).
+    func admit() -> Bool { open.add(1, ordering: .relaxed).newValue <= cap }
+    func release() { open.subtract(1, ordering: .relaxed) }
+}
+
 /// Serves a gateway on `threads` libwebsockets loops sharing one port.
 public final class Server: @unchecked Sendable {  // started and stopped from the main thread only; loops are reached by `post`
     let gateway: Gateway
     private var loops: [ServiceLoop] = []
     public private(set) var port: Int
+    let host: String
+    let threads: Int
+    let eventLoop: EventLoopKind
     let tls: TLSFiles?
+    let admission: Admission
 
     public init(gateway: Gateway, host: String, port: Int, threads: Int, eventLoop: EventLoopKind = .default, tls: TLSFiles? = nil) {
         self.gateway = gateway
         self.port = port
+        self.host = host
+        self.threads = max(1, threads)
+        self.eventLoop = eventLoop
         self.tls = tls
+        let limit = gateway.config.limits.maxConnections
+        admission = Admission(cap: limit > 0 ? limit : Self.connectionCap(descriptors: Self.descriptorLimit()))
         lws_set_log_level(ProcessInfo.processInfo.environment["HERALD_LWS_LOG"].flatMap { Int32($0) } ?? (LLL_ERR | LLL_WARN), nil)
-        loops = (0..<max(1, threads)).map { ServiceLoop(index: $0, host: host, port: port, gateway: gateway, eventLoop: eventLoop, tls: tls) }
     }
 
-    /// Starts the engine and every loop. The first loop binds the port
-    /// (resolving port 0); the others bind the same one.
+    /// The process's open-file limit (soft).
+    static func descriptorLimit() -> Int {
+        var r = rlimit()
+        getrlimit(Int32(RLIMIT_NOFILE.rawValue), &r)
+        return Int(clamping: min(r.rlim_cur, rlim_t(Int32.max)))
+    }
+
+    /// Connections one process may hold with `descriptors` open files: the
+    /// rest (5 %, at least 64) stays for the store, the loops, logs and the
+    /// connections being refused.
+    static func connectionCap(descriptors: Int) -> Int {
+        max(1, descriptors - max(64, descriptors / 20))
+    }
+
+    /// Binds the port (resolving port 0), then starts the engine and every
+    /// loop, each watching its own duplicate of the listening socket (so
+    /// each closes its own at shutdown). A port in use throws `addressInUse`.
     public func start() throws {
+        var bound: Int32 = 0
+        let fd = herald_listen(host, Int32(port), &bound)
+        guard fd >= 0 else {
+            throw ServerError("cannot listen on \(host):\(port): \(String(cString: strerror(-fd)))", addressInUse: -fd == EADDRINUSE)
+        }
+        port = Int(bound)
+        defer { close(fd) }
+        loops = (0..<threads).map {
+            ServiceLoop(index: $0, listenFd: dup(fd), gateway: gateway, admission: admission, eventLoop: eventLoop, tls: tls)
+        }
         let shards = gateway.makeShards(loops)
         for (l, s) in zip(loops, shards) { l.shard = s }
         gateway.start()
-        for l in loops {
-            l.port = port
-            try l.start()
-            port = l.port
-        }
+        for l in loops { try l.start() }
     }
 
     /// Reads the certificate and key again (SIGHUP) and gives them to every

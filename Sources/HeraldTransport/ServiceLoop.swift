@@ -4,8 +4,9 @@ import HeraldCore
 import HeraldGateway
 import Synchronization
 
-/// One libwebsockets context on its own thread, with its own SO_REUSEPORT
-/// listening socket: the kernel spreads connections over the loops.
+/// One libwebsockets context on its own thread. Every loop watches the
+/// gateway's one listening socket and accepts from it: whichever loop is
+/// free takes the next connection.
 ///
 /// Threads: everything but `post` runs on the loop's thread. `post` may be
 /// called from any thread; it appends to the inbox and wakes the loop with
@@ -20,9 +21,8 @@ final class ServiceLoop: LoopExecutor, @unchecked Sendable {  // loop-thread sta
     }
 
     let index: Int
-    let host: String
-    var port: Int
     let gateway: Gateway
+    let admission: Admission
     let eventLoop: EventLoopKind
     var shard: Shard!
     private let inbox = Locked(Inbox())
@@ -31,8 +31,13 @@ final class ServiceLoop: LoopExecutor, @unchecked Sendable {  // loop-thread sta
     let tls: TLSFiles?
     /// The TLS context of this loop's vhost (lws made it), while TLS is on.
     var tlsContext: OpaquePointer?
-    private var listenFd: Int32 = -1
+    private var listenFd: Int32
     private var listener: OpaquePointer?
+    /// Held open so that when the process runs out of descriptors one can
+    /// be freed to accept and close a connection: left in the backlog it
+    /// would keep the listener readable, and the loop spinning.
+    private var spare: Int32 = -1
+    private var lastRefusalLog: Millis = 0
     private var tick: UnsafeMutablePointer<herald_tick>?
     private var thread: Thread?
     private let ready = DispatchSemaphore(value: 0)
@@ -73,9 +78,9 @@ final class ServiceLoop: LoopExecutor, @unchecked Sendable {  // loop-thread sta
     var output: [UInt8] = []
     static let outputLimit = 256 * 1024
 
-    init(index: Int, host: String, port: Int, gateway: Gateway, eventLoop: EventLoopKind, tls: TLSFiles?) {
-        self.index = index; self.host = host; self.port = port; self.gateway = gateway; self.eventLoop = eventLoop
-        self.tls = tls
+    init(index: Int, listenFd: Int32, gateway: Gateway, admission: Admission, eventLoop: EventLoopKind, tls: TLSFiles?) {
+        self.index = index; self.listenFd = listenFd; self.gateway = gateway; self.admission = admission
+        self.eventLoop = eventLoop; self.tls = tls
     }
 
     func post(_ job: @escaping @Sendable () -> Void) {
@@ -85,17 +90,10 @@ final class ServiceLoop: LoopExecutor, @unchecked Sendable {  // loop-thread sta
         }
     }
 
-    /// Binds the port, creates the context and starts the thread; throws
-    /// with the reason if any of that failed.
+    /// Creates the context and starts the thread; throws with the reason if
+    /// that failed.
     func start() throws {
-        let fd = host.withCString { h in
-            var bound: Int32 = 0
-            let r = herald_listen(h, Int32(port), &bound)
-            if r >= 0 { port = Int(bound) }
-            return r
-        }
-        guard fd >= 0 else { throw ServerError("cannot listen on \(host):\(port): \(String(cString: strerror(-fd)))") }
-        listenFd = fd
+        spare = open("/dev/null", O_RDONLY | O_CLOEXEC)
         let t = Thread { [self] in run() }
         t.name = "herald-loop-\(index)"
         thread = t
@@ -179,11 +177,40 @@ final class ServiceLoop: LoopExecutor, @unchecked Sendable {  // loop-thread sta
 
     /// The listener is readable: every waiting connection becomes an lws
     /// raw socket, read and written by Herald (HTTPConnection, then maybe
-    /// WebSocketConnection), through TLS when it is on.
+    /// WebSocketConnection), through TLS when it is on. Another loop may
+    /// have taken them already.
     func readable(_ fd: Int32) {
         guard fd == listenFd, let context, let vh = lws_get_vhost_by_name(context, "default") else { return }
-        // On failure lws closes the socket itself.
-        while case let c = herald_accept(listenFd), c >= 0 { _ = herald_adopt_raw_socket(vh, c, Protocols.httpName, tls == nil ? 0 : 1) }
+        while true {
+            let c = herald_accept(listenFd)
+            guard c >= 0 else {
+                if errno == EMFILE || errno == ENFILE { refuseWithoutDescriptors() }
+                return
+            }
+            // On failure lws closes the socket itself.
+            _ = herald_adopt_raw_socket(vh, c, Protocols.httpName, tls == nil ? 0 : 1)
+        }
+    }
+
+    /// Out of descriptors: frees the spare to accept one connection and
+    /// close it unanswered, so the backlog drains instead of spinning.
+    private func refuseWithoutDescriptors() {
+        if spare >= 0 { close(spare) }
+        let c = herald_accept(listenFd)
+        if c >= 0 { close(c) }
+        spare = open("/dev/null", O_RDONLY | O_CLOEXEC)
+        if c >= 0 { refused(.descriptors) }
+    }
+
+    /// Counts a refusal; logs at most one line per 10 s per loop.
+    func refused(_ reason: Metrics.RefusalReason) {
+        gateway.metrics.refused(reason)
+        let now = WallClock.now()
+        guard now - lastRefusalLog >= 10_000 else { return }
+        lastRefusalLog = now
+        Log.warning(reason == .capacity
+            ? "at the connection limit (\(admission.cap)): new connections are answered 503 (maxConnections)"
+            : "out of file descriptors: new connections are closed unanswered (raise the descriptor limit or lower maxConnections)")
     }
 
     /// A connection closed.
@@ -257,6 +284,8 @@ final class ServiceLoop: LoopExecutor, @unchecked Sendable {  // loop-thread sta
     /// owe no answer). Loop thread.
     func beginShutdown() {
         shuttingDown = true
+        // lws closes the listening socket with its watcher (in every loop:
+        // closing an fd twice is harmless only while no new one took it).
         if let listener { closeSoon(listener) }
         listener = nil
         listenFd = -1
@@ -281,5 +310,7 @@ protocol Flushable: AnyObject {
 
 public struct ServerError: Error, CustomStringConvertible {
     public let description: String
-    init(_ d: String) { description = d }
+    /// Another process listens on the port: a usage error (exit status 2).
+    public let addressInUse: Bool
+    init(_ d: String, addressInUse: Bool = false) { description = d; self.addressInUse = addressInUse }
 }

@@ -111,6 +111,7 @@ struct ConfigFile {
 
     /// The tunable limits (docs/OPERATIONS.md), each a positive integer.
     nonisolated(unsafe) static let limitKeys: [(String, WritableKeyPath<GatewayLimits, Int>)] = [
+        ("maxConnections", \.maxConnections),
         ("maxConnectionsPerUser", \.maxConnectionsPerUser),
         ("messagesPerSecondPerConnection", \.messagesPerSecondPerConnection),
         ("publishesPerSecondPerApp", \.publishesPerSecondPerApp),

@@ -88,7 +88,7 @@ func serve(_ args: ArraySlice<String>) throws(UsageError) -> Never {
     signal(SIGPIPE, SIG_IGN)
     do { try server.start() } catch {
         FileHandle.standardError.write("herald: \(error)\n".data(using: .utf8)!)
-        exit(1)
+        exit((error as? ServerError)?.addressInUse == true ? 2 : 1)
     }
     Log.info("herald \(threads) \(eventLoop.rawValue) loop(s), store \(storeName(store)), apps: \(config.allApps.map(\.id).joined(separator: ", "))")
     FileHandle.standardOutput.write("listening on \(tls == nil ? "http" : "https")://\(host):\(server.port)\n".data(using: .utf8)!)

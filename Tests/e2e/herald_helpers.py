@@ -244,10 +244,13 @@ class Gateway:
     """One `herald serve` process with helpers for its HTTP and WS APIs."""
 
     def __init__(self, binary: Path, workdir: Path, config: dict | None = CONFIG,
-                 extra_args: list[str] | None = None, store: str = "memory", ca: Path | None = None):
-        """`ca`: the certificates (PEM) a TLS gateway's must verify against."""
+                 extra_args: list[str] | None = None, store: str = "memory", ca: Path | None = None,
+                 preexec_fn: Callable[[], None] | None = None):
+        """`ca`: the certificates (PEM) a TLS gateway's must verify against;
+        `preexec_fn`: run in the child before exec (resource limits)."""
         self.binary = binary
         self.ca = ca
+        self.preexec_fn = preexec_fn
         self.workdir = workdir
         workdir.mkdir(parents=True, exist_ok=True)
         self.args = [str(binary), "serve", "--host", "127.0.0.1", "--port", "0", "--store", store]
@@ -271,7 +274,7 @@ class Gateway:
         if not self.binary.exists():
             raise AssertionError(f"herald binary not found at {self.binary} (set HERALD_BIN or build it)")
         self._stderr = open(self.stderr_path, "wb")
-        self.proc = subprocess.Popen(self.args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        self.proc = subprocess.Popen(self.args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, preexec_fn=self.preexec_fn,
                                      stderr=self._stderr, cwd=self.workdir)
         lines: queue.Queue = queue.Queue()
 
