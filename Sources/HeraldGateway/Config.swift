@@ -1,12 +1,25 @@
 import HeraldCore
 
+/// An app and its credentials. Several keys and secrets live side by side
+/// while they are rotated (docs/OPERATIONS.md, "Rotating keys").
 public struct AppConfig: Sendable, Equatable {
     public let id: String
-    public let serverKey: String
-    public let tokenSecret: String
-    public init(id: String, serverKey: String, tokenSecret: String) {
-        self.id = id; self.serverKey = serverKey; self.tokenSecret = tokenSecret
+    /// Each is accepted.
+    public let serverKeys: [String]
+    /// Newest first: the first signs the tokens Herald issues; all verify.
+    public let tokenSecrets: [TokenSecret]
+
+    public init(id: String, serverKeys: [String], tokenSecrets: [TokenSecret]) {
+        precondition(!serverKeys.isEmpty && !tokenSecrets.isEmpty, "app \(id) needs a server key and a token secret")
+        self.id = id; self.serverKeys = serverKeys; self.tokenSecrets = tokenSecrets
     }
+
+    /// One key and one secret without kid: the form without rotation.
+    public init(id: String, serverKey: String, tokenSecret: String) {
+        self.init(id: id, serverKeys: [serverKey], tokenSecrets: [TokenSecret(secret: tokenSecret)])
+    }
+
+    public var signingSecret: TokenSecret { tokenSecrets[0] }
 }
 
 /// Tunables, each documented in docs/OPERATIONS.md.

@@ -48,7 +48,7 @@ public final class Gateway: Sendable {
     }
 
     func verify(token: String) -> Result<DeviceClaims, HeraldError> {
-        DeviceToken.verify(token, now: clock.now()) { apps[$0].map { [TokenSecret(secret: $0.tokenSecret)] } }
+        DeviceToken.verify(token, now: clock.now()) { apps[$0]?.tokenSecrets }
             .map(\.claims)
             .mapError { f in
                 switch f { case .invalid(let m): HeraldError(.unauthorized, m) }

@@ -50,7 +50,9 @@ struct Flags {
     }
 }
 
-/// `herald.json`: `{"apps": [{"id", "serverKey", "tokenSecret"}], "host", "port", "store", "bus"}`.
+/// `herald.json`: `{"apps": [...], "host", "port", "store", "bus", "limits"}`;
+/// an app is `{"id", "serverKey" or "serverKeys", "tokenSecret" or "tokenSecrets"}`
+/// (docs/OPERATIONS.md).
 struct ConfigFile {
     var apps: [AppConfig] = []
     var host: String?
@@ -72,11 +74,10 @@ struct ConfigFile {
         if let a = o["apps"] {
             guard let arr = a.arrayValue else { throw UsageError("config file \(path): apps must be an array") }
             for (i, e) in arr.enumerated() {
-                guard let app = e.objectValue, let id = app["id"]?.stringValue, let key = app["serverKey"]?.stringValue,
-                      let secret = app["tokenSecret"]?.stringValue, app.count == 3
-                else { throw UsageError("config file \(path): apps[\(i)] needs exactly id, serverKey and tokenSecret strings") }
-                guard !apps.contains(where: { $0.id == id }) else { throw UsageError("config file \(path): app '\(id)' appears twice") }
-                apps.append(try Self.app(id: id, key: key, secret: secret))
+                let app: AppConfig
+                do { app = try Self.app(e) } catch { throw UsageError("config file \(path): apps[\(i)]: \(error.message)") }
+                guard !apps.contains(where: { $0.id == app.id }) else { throw UsageError("config file \(path): app '\(app.id)' appears twice") }
+                apps.append(app)
             }
         }
         func string(_ k: String) throws(UsageError) -> String? {
@@ -133,9 +134,60 @@ struct ConfigFile {
         return l
     }
 
-    static func app(id: String, key: String, secret: String) throws(UsageError) -> AppConfig {
+    /// One app of the file. Each credential comes in one of two forms: a
+    /// string (`serverKey`, `tokenSecret`), or a list, newest first, for
+    /// rotating (`serverKeys`; `tokenSecrets` of `{"kid", "secret"}`).
+    static func app(_ json: JSON) throws(UsageError) -> AppConfig {
+        guard let o = json.objectValue else { throw UsageError("an app must be an object") }
+        for k in o.keys where !["id", "serverKey", "serverKeys", "tokenSecret", "tokenSecrets"].contains(k) {
+            throw UsageError("unknown key \"\(k)\"")
+        }
+        guard let id = o["id"]?.stringValue else { throw UsageError("needs an id string") }
+        /// `one`'s string, or nil when the list `many` is there instead.
+        func single(_ one: String, or many: String) throws(UsageError) -> String? {
+            switch (o[one], o[many]) {
+            case (let v?, nil):
+                guard let s = v.stringValue else { throw UsageError("app \(id): \(one) must be a string") }
+                return s
+            case (nil, let v?):
+                guard let list = v.arrayValue, !list.isEmpty else { throw UsageError("app \(id): \(many) must be a non-empty list") }
+                return nil
+            default: throw UsageError("app \(id) needs exactly one of \(one) and \(many)")
+            }
+        }
+        var keys: [String] = []
+        if let key = try single("serverKey", or: "serverKeys") { keys = [key] } else {
+            for v in o["serverKeys"]!.arrayValue! {
+                guard let k = v.stringValue else { throw UsageError("app \(id): serverKeys must be strings") }
+                keys.append(k)
+            }
+        }
+        var secrets: [TokenSecret] = []
+        if let secret = try single("tokenSecret", or: "tokenSecrets") { secrets = [TokenSecret(secret: secret)] } else {
+            for v in o["tokenSecrets"]!.arrayValue! {
+                guard let e = v.objectValue, e.count == 2, let kid = e["kid"]?.stringValue, let secret = e["secret"]?.stringValue else {
+                    throw UsageError("app \(id): each of tokenSecrets must be exactly {\"kid\": string, \"secret\": string}")
+                }
+                guard Identifiers.isKeyId(kid) else { throw UsageError("app \(id): kid '\(kid)' must be 1-64 characters of A-Z a-z 0-9 . _ -") }
+                guard !secrets.contains(where: { $0.kid == kid }) else { throw UsageError("app \(id): kid '\(kid)' appears twice") }
+                secrets.append(TokenSecret(kid: kid, secret: secret))
+            }
+        }
+        return try app(id: id, serverKeys: keys, tokenSecrets: secrets)
+    }
+
+    /// The checks every app passes, from the file or from flags.
+    static func app(id: String, serverKeys: [String], tokenSecrets: [TokenSecret]) throws(UsageError) -> AppConfig {
         guard Identifiers.isAppId(id) else { throw UsageError("app id '\(id)' must be 1-64 characters of A-Z a-z 0-9 . _ -") }
-        guard !key.isEmpty, !secret.isEmpty else { throw UsageError("app \(id): serverKey and tokenSecret must not be empty") }
-        return AppConfig(id: id, serverKey: key, tokenSecret: secret)
+        guard !serverKeys.contains(""), !tokenSecrets.contains(where: { $0.secret.isEmpty }) else {
+            throw UsageError("app \(id): server keys and token secrets must not be empty")
+        }
+        // Never quoted: keys and secrets stay out of error lines.
+        guard Set(serverKeys).count == serverKeys.count else { throw UsageError("app \(id): the same server key is listed twice") }
+        guard Set(tokenSecrets.map(\.secret)).count == tokenSecrets.count else {
+            throw UsageError("app \(id): the same token secret is listed twice")
+        }
+        return AppConfig(id: id, serverKeys: serverKeys, tokenSecrets: tokenSecrets)
     }
 }
+

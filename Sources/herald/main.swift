@@ -36,7 +36,7 @@ func serve(_ args: ArraySlice<String>) throws(UsageError) -> Never {
             throw UsageError("--app, --server-key and --token-secret go together")
         }
         apps.removeAll { $0.id == id }
-        apps.append(try ConfigFile.app(id: id, key: key, secret: secret))
+        apps.append(try ConfigFile.app(id: id, serverKeys: [key], tokenSecrets: [TokenSecret(secret: secret)]))
     }
     let demo = f.switches.contains("demo")
     guard !apps.isEmpty || demo else { throw UsageError("no app configured: give --config, --app ... or --demo") }
@@ -124,21 +124,21 @@ func token(_ args: ArraySlice<String>) throws(UsageError) -> Never {
     guard Identifiers.isUserId(user) else { throw UsageError("--user must be 1-128 characters of A-Z a-z 0-9 . _ @ : -") }
     if let d = f["device"], !Identifiers.isUserId(d) { throw UsageError("--device must be 1-128 characters of A-Z a-z 0-9 . _ @ : -") }
     let ttl = try f.int("ttl", in: 60...2_592_000) ?? 3600
-    let secret: String
+    let secret: TokenSecret
     switch (f["config"], f["token-secret"]) {
     case (.some(let path), nil):
         guard let a = try ConfigFile(path: path).apps.first(where: { $0.id == app }) else {
             throw UsageError("config file \(path) has no app '\(app)'")
         }
-        secret = a.tokenSecret
+        secret = a.signingSecret
     case (nil, .some(let s)):
         guard !s.isEmpty else { throw UsageError("--token-secret must not be empty") }
-        secret = s
+        secret = TokenSecret(secret: s)
     default: throw UsageError("token needs exactly one of --config and --token-secret")
     }
     let now = WallClock.now() / 1000
     let claims = DeviceClaims(app: app, user: user, device: f["device"], issuedAt: now, expiresAt: now + Int64(ttl))
-    print(DeviceToken.sign(claims, secret: secret))
+    print(DeviceToken.sign(claims, secret: secret.secret, kid: secret.kid))
     exit(0)
 }
 

@@ -204,12 +204,12 @@ final class Harness {
     func token(_ user: String, ttl: Int64 = 3600) -> String {
         let now = clock.now() / 1000
         return DeviceToken.sign(DeviceClaims(app: Self.app.id, user: user, device: nil, issuedAt: now, expiresAt: now + ttl),
-                                secret: Self.app.tokenSecret)
+                                secret: Self.app.signingSecret.secret)
     }
 
     func request(_ method: String, _ path: String, token: String? = nil, device: String? = nil, query: [(String, String)] = [],
                  body: JSON? = nil) -> RecordingResponder {
-        var h: [String: String] = ["authorization": "Bearer " + (token ?? Self.app.serverKey)]
+        var h: [String: String] = ["authorization": "Bearer " + (token ?? Self.app.serverKeys[0])]
         if let device { h["herald-device"] = device }
         let r = RecordingResponder()
         gateway.handle(HTTPRequest(method: method, path: path, query: query, headers: h, body: body?.encoded ?? []),
