@@ -58,6 +58,7 @@ public struct GatewayLimits: Sendable {
 }
 
 public struct GatewayConfig: Sendable {
+    /// The apps at start; `Gateway.reload(apps:)` puts others in force.
     public var apps: [AppConfig]
     public var demo: Bool
     public var limits: GatewayLimits

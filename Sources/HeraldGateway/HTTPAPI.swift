@@ -231,6 +231,7 @@ extension Gateway {
 
     struct DeviceContext: Sendable {
         let claims: DeviceClaims
+        let signature: TokenSignature
         let user: UserKey
         /// The device the client named, or its token is bound to; nil for an unnamed client.
         let deviceId: String?
@@ -240,7 +241,8 @@ extension Gateway {
         guard let token = bearer(req) ?? (tokenInQuery ? req.queryValue("token") : nil) else {
             throw HeraldError(.unauthorized, "missing device token")
         }
-        let claims = try verify(token: token).get()
+        let verified = try verify(token: token).get()
+        let claims = verified.claims
         var device: String? = nil
         if namesDevice {
             let header = req.headers["herald-device"].map { String(Substring($0).trimmingSpaces) }
@@ -258,7 +260,7 @@ extension Gateway {
                 device = claims.device
             }
         }
-        return DeviceContext(claims: claims, user: claims.userKey, deviceId: device)
+        return DeviceContext(claims: claims, signature: verified.signature, user: claims.userKey, deviceId: device)
     }
 
     func issueToken(_ app: AppConfig, _ t: TokenRequest, extra: JSONObject = [:]) -> JSON {

@@ -6,7 +6,7 @@ import HeraldCore
 public final class Metrics: Sendable {
     public enum DropReason: String, CaseIterable, Sendable {
         case slowConsumer = "slow_consumer", rateLimited = "rate_limited", idle, protocolError = "protocol_error",
-             authExpired = "auth_expired"
+             authExpired = "auth_expired", authRevoked = "auth_revoked"
     }
 
     let connections = Locked([Int](repeating: 0, count: TransportKind.allCases.count))

@@ -201,10 +201,10 @@ final class Harness {
     /// The engine's queue runs once, the loop not at all.
     func runEngine() { gateway.engine.runQueued() }
 
-    func token(_ user: String, ttl: Int64 = 3600) -> String {
+    func token(_ user: String, ttl: Int64 = 3600, signedWith s: TokenSecret = Harness.app.signingSecret) -> String {
         let now = clock.now() / 1000
         return DeviceToken.sign(DeviceClaims(app: Self.app.id, user: user, device: nil, issuedAt: now, expiresAt: now + ttl),
-                                secret: Self.app.signingSecret.secret)
+                                secret: s.secret, kid: s.kid)
     }
 
     func request(_ method: String, _ path: String, token: String? = nil, device: String? = nil, query: [(String, String)] = [],
@@ -234,8 +234,8 @@ final class Harness {
         return s
     }
 
-    func hello(_ s: RecordingSocket, user: String, device: String = "d1", cursor: Int64? = nil, ttl: Int64 = 3600) {
-        var o: JSONObject = ["type": "hello", "token": .string(token(user, ttl: ttl)), "deviceId": .string(device)]
+    func hello(_ s: RecordingSocket, user: String, device: String = "d1", cursor: Int64? = nil, ttl: Int64 = 3600, token: String? = nil) {
+        var o: JSONObject = ["type": "hello", "token": .string(token ?? self.token(user, ttl: ttl)), "deviceId": .string(device)]
         if let cursor { o["cursor"] = .int(cursor) }
         s.session.receive(.text(JSON.object(o).encoded))
     }
