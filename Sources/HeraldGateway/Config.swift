@@ -23,7 +23,7 @@ public struct AppConfig: Sendable, Equatable {
 }
 
 /// Tunables, each documented in docs/OPERATIONS.md.
-public struct GatewayLimits: Sendable {
+public struct GatewayLimits: Sendable, Equatable {
     /// Close a WebSocket with 4008 once this much is queued unsent for it.
     public var maxQueuedBytesPerConnection = 4 << 20
     /// Incoming WebSocket message size (fragments counted together).

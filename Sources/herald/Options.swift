@@ -191,3 +191,35 @@ struct ConfigFile {
     }
 }
 
+/// What `serve` takes from its config file and flags, flags winning: read
+/// at start and again at each reload.
+struct Settings {
+    var apps: [AppConfig]
+    var host: String
+    var port: Int
+    var store: String
+    var limits: GatewayLimits
+
+    init(_ f: Flags) throws(UsageError) {
+        var file = ConfigFile()
+        if let path = f["config"] { file = try ConfigFile(path: path) }
+        apps = file.apps
+        let single = [f["app"], f["server-key"], f["token-secret"]]
+        if single.contains(where: { $0 != nil }) {
+            guard let id = single[0], let key = single[1], let secret = single[2] else {
+                throw UsageError("--app, --server-key and --token-secret go together")
+            }
+            apps.removeAll { $0.id == id }
+            apps.append(try ConfigFile.app(id: id, serverKeys: [key], tokenSecrets: [TokenSecret(secret: secret)]))
+        }
+        guard !apps.isEmpty || f.switches.contains("demo") else { throw UsageError("no app configured: give --config, --app ... or --demo") }
+        host = f["host"] ?? file.host ?? "127.0.0.1"
+        guard host.split(separator: ".").count == 4, inet_addr(host) != INADDR_NONE || host == "255.255.255.255" else {
+            throw UsageError("--host must be an IPv4 address such as 127.0.0.1")
+        }
+        port = try f.int("port", in: 0...65535) ?? file.port ?? 8080
+        if let bus = f["bus"] ?? file.bus { throw UsageError("--bus \(bus): the Redis bus is not available in this build") }
+        store = f["store"] ?? file.store ?? "sqlite:herald.db"
+        limits = file.limits
+    }
+}

@@ -27,34 +27,26 @@ func serve(_ args: ArraySlice<String>) throws(UsageError) -> Never {
         guard let format = Log.Format(rawValue: l) else { throw UsageError("--log-format must be text or json") }
         Log.use(format)
     }
-    var file = ConfigFile()
-    if let path = f["config"] { file = try ConfigFile(path: path) }
-    var apps = file.apps
-    let single = [f["app"], f["server-key"], f["token-secret"]]
-    if single.contains(where: { $0 != nil }) {
-        guard let id = single[0], let key = single[1], let secret = single[2] else {
-            throw UsageError("--app, --server-key and --token-secret go together")
-        }
-        apps.removeAll { $0.id == id }
-        apps.append(try ConfigFile.app(id: id, serverKeys: [key], tokenSecrets: [TokenSecret(secret: secret)]))
-    }
+    // SIGTERM, SIGINT and SIGHUP stay blocked in every thread (the mask is
+    // set before any thread starts, which inherit it) and are taken with
+    // sigwait below, so one that arrives while we start is kept pending
+    // instead of lost (or, for SIGHUP, instead of ending the process).
+    var signals = sigset_t()
+    sigemptyset(&signals)
+    for s in [SIGTERM, SIGINT, SIGHUP] { sigaddset(&signals, s) }
+    pthread_sigmask(SIG_BLOCK, &signals, nil)
+    signal(SIGPIPE, SIG_IGN)
+    let settings = try Settings(f)
     let demo = f.switches.contains("demo")
-    guard !apps.isEmpty || demo else { throw UsageError("no app configured: give --config, --app ... or --demo") }
-    let host = f["host"] ?? file.host ?? "127.0.0.1"
-    guard host.split(separator: ".").count == 4, inet_addr(host) != INADDR_NONE || host == "255.255.255.255" else {
-        throw UsageError("--host must be an IPv4 address such as 127.0.0.1")
-    }
-    let port = try f.int("port", in: 0...65535) ?? file.port ?? 8080
     let threads = try f.int("threads", in: 1...64) ?? ProcessInfo.processInfo.activeProcessorCount
     var eventLoop = EventLoopKind.default
     if let e = f["event-loop"] {
         guard let k = EventLoopKind(rawValue: e) else { throw UsageError("--event-loop must be libev or poll") }
         eventLoop = k
     }
-    if let bus = f["bus"] ?? file.bus { throw UsageError("--bus \(bus): the Redis bus is not available in this build") }
-    let store = try openStore(f["store"] ?? file.store ?? "sqlite:herald.db", durability: f["durability"])
+    let store = try openStore(settings.store, durability: f["durability"])
 
-    var config = GatewayConfig(apps: apps, demo: demo, limits: file.limits)
+    var config = GatewayConfig(apps: settings.apps, demo: demo, limits: settings.limits)
     config.webRoot = f["web-root"] ?? findWebRoot()
     if demo { Log.warning("demo mode: app 'demo' is open to anyone (POST /v1/demo/token, server key 'demo-server-key'); never use it in production") }
     let gateway: Gateway
@@ -62,24 +54,18 @@ func serve(_ args: ArraySlice<String>) throws(UsageError) -> Never {
         FileHandle.standardError.write("herald: \(error)\n".data(using: .utf8)!)
         exit(1)
     }
-    let server = Server(gateway: gateway, host: host, port: port, threads: threads, eventLoop: eventLoop)
-    // SIGTERM and SIGINT stay blocked in every thread (the mask is inherited)
-    // and are taken with sigwait below, so one that arrives the instant we
-    // start is kept pending instead of lost.
-    var stopSignals = sigset_t()
-    sigemptyset(&stopSignals)
-    sigaddset(&stopSignals, SIGTERM)
-    sigaddset(&stopSignals, SIGINT)
-    pthread_sigmask(SIG_BLOCK, &stopSignals, nil)
-    signal(SIGPIPE, SIG_IGN)
+    let server = Server(gateway: gateway, host: settings.host, port: settings.port, threads: threads, eventLoop: eventLoop)
     do { try server.start() } catch {
         FileHandle.standardError.write("herald: \(error)\n".data(using: .utf8)!)
         exit(1)
     }
     Log.info("herald \(threads) \(eventLoop.rawValue) loop(s), store \(storeName(store)), apps: \(config.allApps.map(\.id).joined(separator: ", "))")
-    FileHandle.standardOutput.write("listening on http://\(host):\(server.port)\n".data(using: .utf8)!)
+    FileHandle.standardOutput.write("listening on http://\(settings.host):\(server.port)\n".data(using: .utf8)!)
+    var running = settings
     var received: Int32 = 0
-    sigwait(&stopSignals, &received)
+    while sigwait(&signals, &received) == 0, received == SIGHUP {
+        reload(f, running: &running, gateway: gateway)
+    }
     Log.info("shutting down")
     server.shutdown()
     Log.info("stopped")
@@ -89,6 +75,39 @@ func serve(_ args: ArraySlice<String>) throws(UsageError) -> Never {
     // or an ASan double-free, at the very end of a clean shutdown).
     fflush(nil)
     _exit(0)
+}
+
+/// SIGHUP: reads the config file again, flags still winning as at start,
+/// and puts its apps in force without dropping a connection whose token
+/// still verifies. A file that does not read or validate changes nothing;
+/// settings only a restart applies are logged as such. Everything a reload
+/// applies goes here.
+func reload(_ f: Flags, running: inout Settings, gateway: Gateway) {
+    guard let path = f["config"] else { return Log.warning("SIGHUP: no --config file to reload; nothing changed") }
+    let next: Settings
+    do { next = try Settings(f) } catch { return Log.error("config reload refused, nothing changed: \(error.message)") }
+    let restartOnly = [("host", next.host != running.host), ("port", next.port != running.port),
+                       ("store", next.store != running.store), ("limits", next.limits != running.limits)]
+    for (name, changed) in restartOnly where changed {
+        Log.warning("config reload: the new \(name) takes effect at the next restart")
+    }
+    let apps = describe(from: running.apps, to: next.apps)
+    running.apps = next.apps
+    gateway.reload(apps: next.apps) { ended in
+        Log.info("config reloaded from \(path): \(apps); closed \(ended) connection(s) whose token no longer verifies")
+    }
+}
+
+/// The apps and what a reload changed in them, by id (never a key or secret).
+func describe(from old: [AppConfig], to new: [AppConfig]) -> String {
+    let before = Dictionary(old.map { ($0.id, $0) }, uniquingKeysWith: { $1 })
+    let ids = new.map(\.id)
+    let changes = [("added", ids.filter { before[$0] == nil }),
+                   ("removed", old.map(\.id).filter { !ids.contains($0) }),
+                   ("changed", new.filter { a in before[a.id].map { $0 != a } ?? false }.map(\.id))]
+        .filter { !$0.1.isEmpty }
+        .map { "\($0.0) \($0.1.joined(separator: ", "))" }
+    return "apps " + (ids.isEmpty ? "none" : ids.joined(separator: ", ")) + (changes.isEmpty ? "" : " (\(changes.joined(separator: "; ")))")
 }
 
 func openStore(_ spec: String, durability: String?) throws(UsageError) -> NotificationStore {
