@@ -18,6 +18,8 @@ public enum Identifiers {
     }
 
     public static func isAppId(_ s: String) -> Bool { matches(s, min: 1, max: 64, extra: "._-") }
+    /// Token secrets' `kid`s follow the app-id rule.
+    public static func isKeyId(_ s: String) -> Bool { isAppId(s) }
     /// User ids, device ids and appNotificationIds share one rule.
     public static func isUserId(_ s: String) -> Bool { matches(s, min: 1, max: 128, extra: "._@:-") }
     public static func isTag(_ s: String) -> Bool { matches(s, min: 1, max: 160, extra: "_@#.:-") }

@@ -90,12 +90,35 @@ public struct DeviceClaims: Sendable, Equatable {
     public var userKey: UserKey { UserKey(app: app, user: user) }
 }
 
+/// One of an app's token secrets. `kid` names it in the header of the
+/// tokens it signs; the single-secret form (`tokenSecret`) has none.
+public struct TokenSecret: Sendable, Equatable {
+    public let kid: String?
+    public let secret: String
+    public init(kid: String? = nil, secret: String) { self.kid = kid; self.secret = secret }
+}
+
+/// What a verified token's signature rests on: the `kid` its header named
+/// and the secret that matched. A connection keeps it, so that a reload can
+/// tell whether its token would still verify.
+public struct TokenSignature: Sendable, Equatable {
+    let kid: String?
+    let secret: String
+
+    /// Whether the token verifies with `secrets` (an app's after a reload;
+    /// none for an app that is gone).
+    public func holds(with secrets: [TokenSecret]) -> Bool {
+        DeviceToken.candidates(kid: kid, in: secrets).contains { $0.secret == secret }
+    }
+}
+
 /// HS256 JWTs for devices. Nothing but HS256 is accepted.
 public enum DeviceToken {
     public static let leewaySeconds: Int64 = 30
-    static let header = Base64URL.encode(Array(#"{"alg":"HS256","typ":"JWT"}"#.utf8))
 
-    public static func sign(_ c: DeviceClaims, secret: String) -> String {
+    public static func sign(_ c: DeviceClaims, secret: String, kid: String? = nil) -> String {
+        var h: JSONObject = ["alg": "HS256", "typ": "JWT"]
+        if let kid { h["kid"] = .string(kid) }
         var o = JSONObject()
         o["app"] = .string(c.app)
         o["sub"] = .string(c.user)
@@ -103,19 +126,32 @@ public enum DeviceToken {
         o["iat"] = .int(c.issuedAt)
         if let nbf = c.notBefore { o["nbf"] = .int(nbf) }
         o["exp"] = .int(c.expiresAt)
-        let signingInput = header + "." + Base64URL.encode(JSON.object(o).encoded)
+        let signingInput = Base64URL.encode(JSON.object(h).encoded) + "." + Base64URL.encode(JSON.object(o).encoded)
         let sig = HMACSHA256.mac(key: Array(secret.utf8), message: Array(signingInput.utf8))
         return signingInput + "." + Base64URL.encode(sig)
     }
 
     public enum Failure: Error, Sendable, Equatable {
-        /// Malformed, forged, wrong algorithm, unknown app, expired, not yet valid.
+        /// Malformed, forged, wrong algorithm, unknown app or key id, expired, not yet valid.
         case invalid(String)
     }
 
-    /// Verifies `token` with the secret of the app it names; `secretFor`
+    public struct Verified: Sendable, Equatable {
+        public let claims: DeviceClaims
+        public let signature: TokenSignature
+    }
+
+    /// The secrets a token is checked against: with a `kid` in its header,
+    /// the secret of that kid, or a secret that has none (the single-secret
+    /// form ignores kids, as it did before rotation); without, every secret.
+    static func candidates(kid: String?, in secrets: [TokenSecret]) -> [TokenSecret] {
+        guard let kid else { return secrets }
+        return secrets.filter { $0.kid == nil || $0.kid == kid }
+    }
+
+    /// Verifies `token` with the secrets of the app it names; `secretsFor`
     /// answers nil for an unknown app.
-    public static func verify(_ token: String, now: Millis, secretFor: (String) -> String?) -> Result<DeviceClaims, Failure> {
+    public static func verify(_ token: String, now: Millis, secretsFor: (String) -> [TokenSecret]?) -> Result<Verified, Failure> {
         guard token.utf8.count <= 8192 else { return .failure(.invalid("token too long")) }
         let parts = token.split(separator: ".", omittingEmptySubsequences: false)
         guard parts.count == 3,
@@ -127,11 +163,20 @@ public enum DeviceToken {
         else { return .failure(.invalid("malformed token")) }
         guard h["alg"]?.stringValue == "HS256" else { return .failure(.invalid("only HS256 tokens are accepted")) }
         if let typ = h["typ"], typ.stringValue != "JWT" { return .failure(.invalid("unexpected token type")) }
-        guard let app = p["app"]?.stringValue, let secret = secretFor(app) else {
+        var kid: String? = nil
+        if let k = h["kid"], !k.isNull {
+            guard let s = k.stringValue else { return .failure(.invalid("bad kid header")) }
+            kid = s
+        }
+        guard let app = p["app"]?.stringValue, let secrets = secretsFor(app) else {
             return .failure(.invalid("token names no known app"))
         }
+        let candidates = candidates(kid: kid, in: secrets)
+        guard !candidates.isEmpty else { return .failure(.invalid("token names an unknown key id (kid)")) }
         let signingInput = Array(token.utf8.prefix(parts[0].utf8.count + 1 + parts[1].utf8.count))
-        guard constantTimeEquals(HMACSHA256.mac(key: Array(secret.utf8), message: signingInput), sig) else {
+        guard let signer = candidates.first(where: {
+            constantTimeEquals(HMACSHA256.mac(key: Array($0.secret.utf8), message: signingInput), sig)
+        }) else {
             return .failure(.invalid("bad token signature"))
         }
         guard let sub = p["sub"]?.stringValue, Identifiers.isUserId(sub) else { return .failure(.invalid("bad sub claim")) }
@@ -155,6 +200,7 @@ public enum DeviceToken {
         guard now < exp * 1000 else { return .failure(.invalid("token expired")) }
         guard iat <= nowS + leewaySeconds else { return .failure(.invalid("token issued in the future")) }
         if let nbf, nbf > nowS + leewaySeconds { return .failure(.invalid("token not yet valid")) }
-        return .success(DeviceClaims(app: app, user: sub, device: dev, issuedAt: iat, expiresAt: exp, notBefore: nbf))
+        return .success(Verified(claims: DeviceClaims(app: app, user: sub, device: dev, issuedAt: iat, expiresAt: exp, notBefore: nbf),
+                                 signature: TokenSignature(kid: kid, secret: signer.secret)))
     }
 }

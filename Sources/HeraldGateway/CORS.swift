@@ -79,8 +79,8 @@ extension Gateway {
     /// its key, or a device token's app.
     private func provenApp(_ route: Route, _ req: HTTPRequest) -> AppConfig? {
         if let app = route.serverApp { return try? serverAuth(req, app) }
-        guard let token = deviceToken(req, inQuery: route.takesTokenInQuery), case .success(let c) = verify(token: token) else { return nil }
-        return apps[c.app]
+        guard let token = deviceToken(req, inQuery: route.takesTokenInQuery), case .success(let v) = verify(token: token) else { return nil }
+        return apps[v.claims.app]
     }
 }
 

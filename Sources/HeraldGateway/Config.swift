@@ -1,19 +1,32 @@
 import HeraldCore
 
+/// An app and its credentials. Several keys and secrets live side by side
+/// while they are rotated (docs/OPERATIONS.md, "Rotating keys").
 public struct AppConfig: Sendable, Equatable {
     public let id: String
-    public let serverKey: String
-    public let tokenSecret: String
+    /// Each is accepted.
+    public let serverKeys: [String]
+    /// Newest first: the first signs the tokens Herald issues; all verify.
+    public let tokenSecrets: [TokenSecret]
     /// Origins (`scheme://host[:port]`, or `*` for any) whose browser pages
     /// may read this app's answers (CORS.swift); none by default.
     public let allowedOrigins: [String]
-    public init(id: String, serverKey: String, tokenSecret: String, allowedOrigins: [String] = []) {
-        self.id = id; self.serverKey = serverKey; self.tokenSecret = tokenSecret; self.allowedOrigins = allowedOrigins
+
+    public init(id: String, serverKeys: [String], tokenSecrets: [TokenSecret], allowedOrigins: [String] = []) {
+        precondition(!serverKeys.isEmpty && !tokenSecrets.isEmpty, "app \(id) needs a server key and a token secret")
+        self.id = id; self.serverKeys = serverKeys; self.tokenSecrets = tokenSecrets; self.allowedOrigins = allowedOrigins
     }
+
+    /// One key and one secret without kid: the form without rotation.
+    public init(id: String, serverKey: String, tokenSecret: String, allowedOrigins: [String] = []) {
+        self.init(id: id, serverKeys: [serverKey], tokenSecrets: [TokenSecret(secret: tokenSecret)], allowedOrigins: allowedOrigins)
+    }
+
+    public var signingSecret: TokenSecret { tokenSecrets[0] }
 }
 
 /// Tunables, each documented in docs/OPERATIONS.md.
-public struct GatewayLimits: Sendable {
+public struct GatewayLimits: Sendable, Equatable {
     /// Close a WebSocket with 4008 once this much is queued unsent for it.
     public var maxQueuedBytesPerConnection = 4 << 20
     /// Incoming WebSocket message size (fragments counted together).
@@ -52,6 +65,7 @@ public struct GatewayLimits: Sendable {
 }
 
 public struct GatewayConfig: Sendable {
+    /// The apps at start; `Gateway.reload(apps:)` puts others in force.
     public var apps: [AppConfig]
     public var demo: Bool
     public var limits: GatewayLimits

@@ -19,7 +19,8 @@ extension Gateway {
         if route == .events {
             var r = Subscription.Request(user: d.user, deviceId: d.deviceId, position: position, transport: .sse)
             r.wholeReset = false
-            return EventStream(gateway: self, shard: shard, responder: responder, tokenExpiresAt: d.claims.expiresAt * 1000).start(r)
+            return EventStream(gateway: self, shard: shard, responder: responder, tokenExpiresAt: d.claims.expiresAt * 1000)
+                .start(r, signature: d.signature)
         }
         var limit = 500
         if let l = req.queryValue("limit") {
@@ -35,7 +36,7 @@ extension Gateway {
         r.follows = wait > 0
         r.wholeReset = false
         r.bounds = PageBounds(items: limit, bytes: HeldPoll.maxBytes)
-        HeldPoll(gateway: self, shard: shard, responder: responder, limit: limit, waitSeconds: wait).start(r)
+        HeldPoll(gateway: self, shard: shard, responder: responder, limit: limit, waitSeconds: wait).start(r, signature: d.signature)
     }
 
     static func cursor(_ s: String, _ name: String) throws(HeraldError) -> Int64 {
@@ -90,8 +91,8 @@ final class HeldPoll: SubscriptionOutput {
         self.gateway = gateway; self.shard = shard; self.responder = responder; self.limit = limit; self.waitSeconds = waitSeconds
     }
 
-    func start(_ r: Subscription.Request) {
-        let s = Subscription(r, gateway: gateway, shard: shard, output: self)
+    func start(_ r: Subscription.Request, signature: TokenSignature) {
+        let s = Subscription(r, signature: signature, gateway: gateway, shard: shard, output: self)
         subscription = s
         responder.onClose { [weak self] in self?.finish() }
         s.start()
@@ -158,6 +159,7 @@ final class HeldPoll: SubscriptionOutput {
     func ended(_ why: SubscriptionEnd) {
         switch why {
         case .refused(let e), .failed(let e): answer(.error(e))
+        case .revoked: answer(.error(.revoked))
         case .slowConsumer, .deviceDeleted, .shutdown:
             // A held poll is answered empty; one still catching up is told to retry.
             held ? answerEmpty() : answer(.error(HeraldError.shuttingDown))
@@ -186,8 +188,8 @@ final class EventStream: SubscriptionOutput {
         Array("id: \(id)\nevent: \(name)\ndata: ".utf8) + data + [0x0A, 0x0A]
     }
 
-    func start(_ r: Subscription.Request) {
-        let s = Subscription(r, gateway: gateway, shard: shard, output: self)
+    func start(_ r: Subscription.Request, signature: TokenSignature) {
+        let s = Subscription(r, signature: signature, gateway: gateway, shard: shard, output: self)
         subscription = s
         responder.onClose { [weak self] in self?.finish(closing: false) }
         s.start()
@@ -257,8 +259,14 @@ final class EventStream: SubscriptionOutput {
         case .shutdown where !streaming:
             done = true
             responder.respond(.error(HeraldError.shuttingDown))
+        case .revoked where !streaming:
+            done = true
+            responder.respond(.error(.revoked))
         case .slowConsumer:
             gateway.metrics.dropped(.slowConsumer)
+            finish()
+        case .revoked:
+            gateway.metrics.dropped(.authRevoked)
             finish()
         default:
             finish()

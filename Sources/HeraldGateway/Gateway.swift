@@ -8,7 +8,9 @@ public final class Gateway: Sendable {
     public let config: GatewayConfig
     public let metrics = Metrics()
     public let clock: Clock
-    let apps: [String: AppConfig]
+    /// The apps in force by id (with the demo app), replaced whole by a
+    /// reload; read on every loop.
+    private let appsInForce: Locked<[String: AppConfig]>
     public let engine: Engine
     public let reads: Reads
     let startedAt: Millis
@@ -20,9 +22,7 @@ public final class Gateway: Sendable {
     public init(config: GatewayConfig, store: NotificationStore, clock: Clock = SystemClock()) throws(StoreError) {
         self.config = config
         self.clock = clock
-        var apps: [String: AppConfig] = [:]
-        for a in config.allApps { apps[a.id] = a }
-        self.apps = apps
+        appsInForce = Locked(Self.byId(config.allApps))
         startedAt = clock.now()
         engine = Engine(store: store, limits: config.limits, metrics: metrics, clock: clock)
         reads = Reads(engine: engine, reader: try store.makeReader())
@@ -47,8 +47,42 @@ public final class Gateway: Sendable {
         reads.stop()
     }
 
-    func verify(token: String) -> Result<DeviceClaims, HeraldError> {
-        DeviceToken.verify(token, now: clock.now()) { apps[$0]?.tokenSecret }
+    /// A snapshot of the apps in force.
+    var apps: [String: AppConfig] { appsInForce.withLock { $0 } }
+
+    private static func byId(_ apps: [AppConfig]) -> [String: AppConfig] {
+        Dictionary(apps.map { ($0.id, $0) }, uniquingKeysWith: { _, last in last })
+    }
+
+    /// Puts `apps` (and the demo app, in demo mode) in force: at once for
+    /// every request and token checked from now on. Then each shard, on its
+    /// own thread, ends the subscriptions whose token no longer verifies
+    /// (its secret retired, its app removed); `done` runs once all shards
+    /// did, with how many ended. Connections whose tokens still verify are
+    /// left alone.
+    public func reload(apps: [AppConfig], done: @escaping @Sendable (_ ended: Int) -> Void) {
+        var next = config
+        next.apps = apps
+        let served = Self.byId(next.allApps)
+        appsInForce.withLock { $0 = served }
+        let shards = engine.shards
+        let tally = Locked((shardsLeft: shards.count, ended: 0))
+        for shard in shards {
+            shard.post {
+                let n = shard.endRevoked()
+                let total: Int? = tally.withLock { t in
+                    t.shardsLeft -= 1
+                    t.ended += n
+                    return t.shardsLeft == 0 ? t.ended : nil
+                }
+                if let total { done(total) }
+            }
+        }
+    }
+
+    func verify(token: String) -> Result<DeviceToken.Verified, HeraldError> {
+        let apps = self.apps
+        return DeviceToken.verify(token, now: clock.now()) { apps[$0]?.tokenSecrets }
             .mapError { f in
                 switch f { case .invalid(let m): HeraldError(.unauthorized, m) }
             }

@@ -200,8 +200,9 @@ extension Gateway {
 
     func serverAuth(_ req: HTTPRequest, _ appId: String) throws(HeraldError) -> AppConfig {
         guard let key = bearer(req) else { throw HeraldError(.unauthorized, "missing server key") }
+        let presented = Array(key.utf8)
         // An unknown app answers like a wrong key, so app ids do not leak.
-        guard let app = apps[appId], constantTimeEquals(Array(key.utf8), Array(app.serverKey.utf8)) else {
+        guard let app = apps[appId], app.serverKeys.contains(where: { constantTimeEquals(presented, Array($0.utf8)) }) else {
             throw HeraldError(.unauthorized, "wrong server key for this app")
         }
         return app
@@ -235,6 +236,7 @@ extension Gateway {
 
     struct DeviceContext: Sendable {
         let claims: DeviceClaims
+        let signature: TokenSignature
         let user: UserKey
         /// The device the client named, or its token is bound to; nil for an unnamed client.
         let deviceId: String?
@@ -246,7 +248,8 @@ extension Gateway {
 
     func deviceAuth(_ req: HTTPRequest, tokenInQuery: Bool = false, namesDevice: Bool = true) throws(HeraldError) -> DeviceContext {
         guard let token = deviceToken(req, inQuery: tokenInQuery) else { throw HeraldError(.unauthorized, "missing device token") }
-        let claims = try verify(token: token).get()
+        let verified = try verify(token: token).get()
+        let claims = verified.claims
         var device: String? = nil
         if namesDevice {
             let header = req.headers["herald-device"].map { String(Substring($0).trimmingSpaces) }
@@ -264,13 +267,14 @@ extension Gateway {
                 device = claims.device
             }
         }
-        return DeviceContext(claims: claims, user: claims.userKey, deviceId: device)
+        return DeviceContext(claims: claims, signature: verified.signature, user: claims.userKey, deviceId: device)
     }
 
     func issueToken(_ app: AppConfig, _ t: TokenRequest, extra: JSONObject = [:]) -> JSON {
         let now = clock.now() / 1000
         let c = DeviceClaims(app: app.id, user: t.userId, device: t.deviceId, issuedAt: now, expiresAt: now + t.ttlSeconds)
-        var o: JSONObject = ["token": .string(DeviceToken.sign(c, secret: app.tokenSecret)),
+        let s = app.signingSecret
+        var o: JSONObject = ["token": .string(DeviceToken.sign(c, secret: s.secret, kid: s.kid)),
                              "expiresAt": .string(RFC3339.format(c.expiresAt * 1000))]
         for (k, v) in extra.pairs { o[k] = v }
         return .object(o)

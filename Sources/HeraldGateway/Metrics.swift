@@ -6,7 +6,7 @@ import HeraldCore
 public final class Metrics: Sendable {
     public enum DropReason: String, CaseIterable, Sendable {
         case slowConsumer = "slow_consumer", rateLimited = "rate_limited", idle, protocolError = "protocol_error",
-             authExpired = "auth_expired"
+             authExpired = "auth_expired", authRevoked = "auth_revoked"
     }
 
     /// Why a connection was turned away at accept.

@@ -58,6 +58,22 @@ public final class Shard: @unchecked Sendable {  // loop-thread state, checked b
         for s in subscriptions[user]?.values ?? [:].values where s.deviceId == deviceId { s.end(.deviceDeleted) }
     }
 
+    /// After a reload: ends the subscriptions whose token no longer
+    /// verifies (WebSockets 4001, held polls 401, event streams closed);
+    /// answers how many.
+    func endRevoked() -> Int {
+        thread.assertCurrent()
+        let apps = gateway.apps
+        var ended = 0
+        for m in subscriptions.values {
+            for s in m.values where !s.tokenHolds(in: apps) {
+                s.end(.revoked)
+                ended += 1
+            }
+        }
+        return ended
+    }
+
     /// Past `shutdownSubscriptions`: admissions completing now end at once.
     private(set) var isShuttingDown = false
 

@@ -40,7 +40,13 @@ enum SubscriptionEnd {
     /// More unread live data queued than the per-connection limit.
     case slowConsumer
     case deviceDeleted
+    /// A reload retired the secret of its token, or removed its app.
+    case revoked
     case shutdown
+}
+
+extension HeraldError {
+    static let revoked = HeraldError(.unauthorized, "the token's secret was retired or its app removed")
 }
 
 /// One device following one user's feed over any transport: the one owner
@@ -94,6 +100,9 @@ final class Subscription {
     private let gateway: Gateway
     private let shard: Shard
     private var output: SubscriptionOutput?
+    /// Of the token that opened it, or of the one a WebSocket `refresh` put
+    /// in its place.
+    var signature: TokenSignature
 
     private enum Phase { case admitting, catchingUp, live, ended }
     private var phase = Phase.admitting
@@ -117,8 +126,8 @@ final class Subscription {
     private(set) var epoch = ""
     private var unread = 0
 
-    init(_ request: Request, gateway: Gateway, shard: Shard, output: SubscriptionOutput) {
-        self.request = request; self.gateway = gateway; self.shard = shard; self.output = output
+    init(_ request: Request, signature: TokenSignature, gateway: Gateway, shard: Shard, output: SubscriptionOutput) {
+        self.request = request; self.signature = signature; self.gateway = gateway; self.shard = shard; self.output = output
         step = .begin(request.position)
     }
 
@@ -141,6 +150,9 @@ final class Subscription {
         guard phase == .admitting else { return release() }
         // Admitted after shutdown began: nothing may start now.
         guard !shard.isShuttingDown else { return end(.shutdown) }
+        // Its token was checked before a reload whose sweep of this shard
+        // (`endRevoked`) may have run while it was not in the shard yet.
+        guard tokenHolds(in: gateway.apps) else { return end(.revoked) }
         viewer = v
         epoch = e
         if following { shard.add(self) }
@@ -280,6 +292,11 @@ final class Subscription {
     }
 
     func viewerChanged(_ v: Viewer) { viewer = v }
+
+    /// Whether its token still verifies with `apps`.
+    func tokenHolds(in apps: [String: AppConfig]) -> Bool {
+        signature.holds(with: apps[user.app]?.tokenSecrets ?? [])
+    }
 
     // MARK: Ending
 

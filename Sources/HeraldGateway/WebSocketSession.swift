@@ -136,11 +136,12 @@ public final class WebSocketSession {
     }
 
     private func hello(token: String, deviceId: String, registration: DeviceRegistration, position: FeedPosition) {
-        let c: DeviceClaims
+        let v: DeviceToken.Verified
         switch gateway.verify(token: token) {
         case .failure(let e): return fail(.unauthenticated, e)
-        case .success(let v): c = v
+        case .success(let ok): v = ok
         }
+        let c = v.claims
         if let bound = c.device, bound != deviceId {
             return fail(.forbiddenDevice, HeraldError(.forbidden, "the token is bound to another device"))
         }
@@ -149,7 +150,7 @@ public final class WebSocketSession {
         state = .subscribing
         let s = Subscription(Subscription.Request(user: c.userKey, deviceId: deviceId, registration: registration,
                                                   position: position, transport: .websocket),
-                             gateway: gateway, shard: shard, output: self)
+                             signature: v.signature, gateway: gateway, shard: shard, output: self)
         subscription = s
         s.start()
     }
@@ -194,11 +195,13 @@ public final class WebSocketSession {
         switch gateway.verify(token: token) {
         case .failure(let e):
             send(ServerFrame.error(ref: ref, e))
-        case .success(let c):
+        case .success(let v):
+            let c = v.claims
             guard c.userKey == subscription?.user, c.device == nil || c.device == subscription?.deviceId else {
                 return send(ServerFrame.error(ref: ref, HeraldError(.forbidden, "the token is for another app, user or device")))
             }
             claims = c
+            subscription?.signature = v.signature
             scheduleTokenTimers()
             send(ServerFrame.ack(ref: ref, extra: ["expiresAt": .string(RFC3339.format(c.expiresAt * 1000))]))
         }
@@ -342,6 +345,7 @@ extension WebSocketSession: SubscriptionOutput {
             outbox.removeAll()
             close(.policy, "slow consumer", drop: .slowConsumer)
         case .deviceDeleted: close(.forbiddenDevice, "device deleted", drop: nil)
+        case .revoked: fail(.unauthenticated, .revoked, drop: .authRevoked)
         case .shutdown: shutdown()
         }
     }

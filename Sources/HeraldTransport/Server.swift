@@ -100,6 +100,8 @@ public final class Server: @unchecked Sendable {  // started and stopped from th
         for l in loops { try l.start() }
     }
 
+    public var servesTLS: Bool { tls != nil }
+
     /// Reads the certificate and key again (SIGHUP) and gives them to every
     /// loop, on its thread: new TLS sessions use them, open ones keep
     /// theirs. Files that do not load change nothing.

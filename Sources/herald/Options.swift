@@ -50,8 +50,9 @@ struct Flags {
     }
 }
 
-/// `herald.json`: `{"apps": [{"id", "serverKey", "tokenSecret", "allowedOrigins"?}], "host", "port", "store", "bus",
-/// "tlsCert", "tlsKey"}`.
+/// `herald.json`: `{"apps": [...], "host", "port", "store", "bus", "limits", "tlsCert", "tlsKey"}`;
+/// an app is `{"id", "serverKey" or "serverKeys", "tokenSecret" or "tokenSecrets", "allowedOrigins"?}`
+/// (docs/OPERATIONS.md).
 struct ConfigFile {
     var apps: [AppConfig] = []
     var host: String?
@@ -75,18 +76,10 @@ struct ConfigFile {
         if let a = o["apps"] {
             guard let arr = a.arrayValue else { throw UsageError("config file \(path): apps must be an array") }
             for (i, e) in arr.enumerated() {
-                guard let app = e.objectValue, let id = app["id"]?.stringValue, let key = app["serverKey"]?.stringValue,
-                      let secret = app["tokenSecret"]?.stringValue, app.keys.allSatisfy(["id", "serverKey", "tokenSecret", "allowedOrigins"].contains)
-                else { throw UsageError("config file \(path): apps[\(i)] needs id, serverKey and tokenSecret strings (and may have allowedOrigins), nothing else") }
-                guard !apps.contains(where: { $0.id == id }) else { throw UsageError("config file \(path): app '\(id)' appears twice") }
-                var origins: [String] = []
-                if let v = app["allowedOrigins"] {
-                    guard let list = v.arrayValue, list.allSatisfy({ $0.stringValue != nil }) else {
-                        throw UsageError("config file \(path): apps[\(i)].allowedOrigins must be an array of strings")
-                    }
-                    origins = list.map { $0.stringValue! }
-                }
-                apps.append(try Self.app(id: id, key: key, secret: secret, origins: origins))
+                let app: AppConfig
+                do { app = try Self.app(e) } catch { throw UsageError("config file \(path): apps[\(i)]: \(error.message)") }
+                guard !apps.contains(where: { $0.id == app.id }) else { throw UsageError("config file \(path): app '\(app.id)' appears twice") }
+                apps.append(app)
             }
         }
         func string(_ k: String) throws(UsageError) -> String? {
@@ -146,14 +139,112 @@ struct ConfigFile {
         return l
     }
 
-    static func app(id: String, key: String, secret: String, origins: [String]) throws(UsageError) -> AppConfig {
+    /// One app of the file. Each credential comes in one of two forms: a
+    /// string (`serverKey`, `tokenSecret`), or a list, newest first, for
+    /// rotating (`serverKeys`; `tokenSecrets` of `{"kid", "secret"}`).
+    static func app(_ json: JSON) throws(UsageError) -> AppConfig {
+        guard let o = json.objectValue else { throw UsageError("an app must be an object") }
+        for k in o.keys where !["id", "serverKey", "serverKeys", "tokenSecret", "tokenSecrets", "allowedOrigins"].contains(k) {
+            throw UsageError("unknown key \"\(k)\"")
+        }
+        guard let id = o["id"]?.stringValue else { throw UsageError("needs an id string") }
+        /// `one`'s string, or nil when the list `many` is there instead.
+        func single(_ one: String, or many: String) throws(UsageError) -> String? {
+            switch (o[one], o[many]) {
+            case (let v?, nil):
+                guard let s = v.stringValue else { throw UsageError("app \(id): \(one) must be a string") }
+                return s
+            case (nil, let v?):
+                guard let list = v.arrayValue, !list.isEmpty else { throw UsageError("app \(id): \(many) must be a non-empty list") }
+                return nil
+            default: throw UsageError("app \(id) needs exactly one of \(one) and \(many)")
+            }
+        }
+        var keys: [String] = []
+        if let key = try single("serverKey", or: "serverKeys") { keys = [key] } else {
+            for v in o["serverKeys"]!.arrayValue! {
+                guard let k = v.stringValue else { throw UsageError("app \(id): serverKeys must be strings") }
+                keys.append(k)
+            }
+        }
+        var secrets: [TokenSecret] = []
+        if let secret = try single("tokenSecret", or: "tokenSecrets") { secrets = [TokenSecret(secret: secret)] } else {
+            for v in o["tokenSecrets"]!.arrayValue! {
+                guard let e = v.objectValue, e.count == 2, let kid = e["kid"]?.stringValue, let secret = e["secret"]?.stringValue else {
+                    throw UsageError("app \(id): each of tokenSecrets must be exactly {\"kid\": string, \"secret\": string}")
+                }
+                guard Identifiers.isKeyId(kid) else { throw UsageError("app \(id): kid '\(kid)' must be 1-64 characters of A-Z a-z 0-9 . _ -") }
+                guard !secrets.contains(where: { $0.kid == kid }) else { throw UsageError("app \(id): kid '\(kid)' appears twice") }
+                secrets.append(TokenSecret(kid: kid, secret: secret))
+            }
+        }
+        var origins: [String] = []
+        if let v = o["allowedOrigins"] {
+            guard let list = v.arrayValue, list.allSatisfy({ $0.stringValue != nil }) else {
+                throw UsageError("app \(id): allowedOrigins must be an array of strings")
+            }
+            origins = list.map { $0.stringValue! }
+        }
+        return try app(id: id, serverKeys: keys, tokenSecrets: secrets, origins: origins)
+    }
+
+    /// The checks every app passes, from the file or from flags.
+    static func app(id: String, serverKeys: [String], tokenSecrets: [TokenSecret], origins: [String]) throws(UsageError) -> AppConfig {
         guard Identifiers.isAppId(id) else { throw UsageError("app id '\(id)' must be 1-64 characters of A-Z a-z 0-9 . _ -") }
-        guard !key.isEmpty, !secret.isEmpty else { throw UsageError("app \(id): serverKey and tokenSecret must not be empty") }
+        guard !serverKeys.contains(""), !tokenSecrets.contains(where: { $0.secret.isEmpty }) else {
+            throw UsageError("app \(id): server keys and token secrets must not be empty")
+        }
+        // Never quoted: keys and secrets stay out of error lines.
+        guard Set(serverKeys).count == serverKeys.count else { throw UsageError("app \(id): the same server key is listed twice") }
+        guard Set(tokenSecrets.map(\.secret)).count == tokenSecrets.count else {
+            throw UsageError("app \(id): the same token secret is listed twice")
+        }
         // Compared byte for byte with what browsers send, so only that form can ever match.
         for o in origins where o != "*" && !CORS.isOrigin(o) {
             throw UsageError("app \(id): allowed origin '\(o)' must be * or scheme://host[:port] as browsers send it"
                              + " (lower case, no path or trailing slash, no default port)")
         }
-        return AppConfig(id: id, serverKey: key, tokenSecret: secret, allowedOrigins: origins)
+        return AppConfig(id: id, serverKeys: serverKeys, tokenSecrets: tokenSecrets, allowedOrigins: origins)
+    }
+}
+
+/// What `serve` takes from its config file and flags, flags winning: read
+/// at start and again at each reload.
+struct Settings {
+    var apps: [AppConfig]
+    var host: String
+    var port: Int
+    var store: String
+    var limits: GatewayLimits
+    var tlsCert: String?
+    var tlsKey: String?
+
+    init(_ f: Flags) throws(UsageError) {
+        var file = ConfigFile()
+        if let path = f["config"] { file = try ConfigFile(path: path) }
+        apps = file.apps
+        let single = [f["app"], f["server-key"], f["token-secret"]]
+        if single.contains(where: { $0 != nil }) {
+            guard let id = single[0], let key = single[1], let secret = single[2] else {
+                throw UsageError("--app, --server-key and --token-secret go together")
+            }
+            // Origins hold no commas, so one comma-separated value lists them all.
+            let origins = f["allowed-origins"].map { $0.split(separator: ",", omittingEmptySubsequences: false).map { String($0.trimmingSpaces) } }
+            apps.removeAll { $0.id == id }
+            apps.append(try ConfigFile.app(id: id, serverKeys: [key], tokenSecrets: [TokenSecret(secret: secret)], origins: origins ?? []))
+        } else if f["allowed-origins"] != nil {
+            throw UsageError("--allowed-origins goes with --app")
+        }
+        guard !apps.isEmpty || f.switches.contains("demo") else { throw UsageError("no app configured: give --config, --app ... or --demo") }
+        host = f["host"] ?? file.host ?? "127.0.0.1"
+        guard host.split(separator: ".").count == 4, inet_addr(host) != INADDR_NONE || host == "255.255.255.255" else {
+            throw UsageError("--host must be an IPv4 address such as 127.0.0.1")
+        }
+        port = try f.int("port", in: 0...65535) ?? file.port ?? 8080
+        if let bus = f["bus"] ?? file.bus { throw UsageError("--bus \(bus): the Redis bus is not available in this build") }
+        store = f["store"] ?? file.store ?? "sqlite:herald.db"
+        limits = file.limits
+        tlsCert = f["tls-cert"] ?? file.tlsCert
+        tlsKey = f["tls-key"] ?? file.tlsKey
     }
 }

@@ -30,46 +30,34 @@ func serve(_ args: ArraySlice<String>) throws(UsageError) -> Never {
         guard let format = Log.Format(rawValue: l) else { throw UsageError("--log-format must be text or json") }
         Log.use(format)
     }
-    var file = ConfigFile()
-    if let path = f["config"] { file = try ConfigFile(path: path) }
-    var apps = file.apps
-    let single = [f["app"], f["server-key"], f["token-secret"]]
-    if single.contains(where: { $0 != nil }) {
-        guard let id = single[0], let key = single[1], let secret = single[2] else {
-            throw UsageError("--app, --server-key and --token-secret go together")
-        }
-        // Origins hold no commas, so one comma-separated value lists them all.
-        let origins = f["allowed-origins"].map { $0.split(separator: ",", omittingEmptySubsequences: false).map { String($0.trimmingSpaces) } }
-        apps.removeAll { $0.id == id }
-        apps.append(try ConfigFile.app(id: id, key: key, secret: secret, origins: origins ?? []))
-    } else if f["allowed-origins"] != nil {
-        throw UsageError("--allowed-origins goes with --app")
-    }
+    // SIGTERM, SIGINT and SIGHUP stay blocked in every thread (the mask is
+    // set before any thread starts, which inherit it) and are taken with
+    // sigwait below, so one that arrives while we start is kept pending
+    // instead of lost (or, for SIGHUP, instead of ending the process).
+    var signals = sigset_t()
+    sigemptyset(&signals)
+    for s in [SIGTERM, SIGINT, SIGHUP] { sigaddset(&signals, s) }
+    pthread_sigmask(SIG_BLOCK, &signals, nil)
+    signal(SIGPIPE, SIG_IGN)
+    let settings = try Settings(f)
     let demo = f.switches.contains("demo")
-    guard !apps.isEmpty || demo else { throw UsageError("no app configured: give --config, --app ... or --demo") }
-    let host = f["host"] ?? file.host ?? "127.0.0.1"
-    guard host.split(separator: ".").count == 4, inet_addr(host) != INADDR_NONE || host == "255.255.255.255" else {
-        throw UsageError("--host must be an IPv4 address such as 127.0.0.1")
-    }
-    let port = try f.int("port", in: 0...65535) ?? file.port ?? 8080
     let threads = try f.int("threads", in: 1...64) ?? ProcessInfo.processInfo.activeProcessorCount
     var eventLoop = EventLoopKind.default
     if let e = f["event-loop"] {
         guard let k = EventLoopKind(rawValue: e) else { throw UsageError("--event-loop must be libev or poll") }
         eventLoop = k
     }
-    if let bus = f["bus"] ?? file.bus { throw UsageError("--bus \(bus): the Redis bus is not available in this build") }
     let tls: TLSFiles?
-    switch (f["tls-cert"] ?? file.tlsCert, f["tls-key"] ?? file.tlsKey) {
+    switch (settings.tlsCert, settings.tlsKey) {
     case (nil, nil): tls = nil
     case (.some(let cert), .some(let key)):
         tls = TLSFiles(certificate: cert, key: key)
         do { try tls?.validate() } catch { throw UsageError(error.description) }
     default: throw UsageError("--tls-cert and --tls-key go together")
     }
-    let store = try openStore(f["store"] ?? file.store ?? "sqlite:herald.db", durability: f["durability"])
+    let store = try openStore(settings.store, durability: f["durability"])
 
-    var config = GatewayConfig(apps: apps, demo: demo, limits: file.limits)
+    var config = GatewayConfig(apps: settings.apps, demo: demo, limits: settings.limits)
     config.webRoot = f["web-root"] ?? findWebRoot()
     if demo { Log.warning("demo mode: app 'demo' is open to anyone (POST /v1/demo/token, server key 'demo-server-key'); never use it in production") }
     let gateway: Gateway
@@ -77,23 +65,18 @@ func serve(_ args: ArraySlice<String>) throws(UsageError) -> Never {
         FileHandle.standardError.write("herald: \(error)\n".data(using: .utf8)!)
         exit(1)
     }
-    let server = Server(gateway: gateway, host: host, port: port, threads: threads, eventLoop: eventLoop, tls: tls)
-    // SIGTERM, SIGINT and SIGHUP stay blocked in every thread (the mask is
-    // inherited) and are taken with sigwait below, so one that arrives the
-    // instant we start is kept pending instead of lost.
-    var signals = sigset_t()
-    sigemptyset(&signals)
-    for s in [SIGTERM, SIGINT, SIGHUP] { sigaddset(&signals, s) }
-    pthread_sigmask(SIG_BLOCK, &signals, nil)
-    signal(SIGPIPE, SIG_IGN)
+    let server = Server(gateway: gateway, host: settings.host, port: settings.port, threads: threads, eventLoop: eventLoop, tls: tls)
     do { try server.start() } catch {
         FileHandle.standardError.write("herald: \(error)\n".data(using: .utf8)!)
         exit((error as? ServerError)?.addressInUse == true ? 2 : 1)
     }
     Log.info("herald \(threads) \(eventLoop.rawValue) loop(s), store \(storeName(store)), apps: \(config.allApps.map(\.id).joined(separator: ", "))")
-    FileHandle.standardOutput.write("listening on \(tls == nil ? "http" : "https")://\(host):\(server.port)\n".data(using: .utf8)!)
+    FileHandle.standardOutput.write("listening on \(tls == nil ? "http" : "https")://\(settings.host):\(server.port)\n".data(using: .utf8)!)
+    var running = settings
     var received: Int32 = 0
-    while sigwait(&signals, &received) == 0, received == SIGHUP { reload(server) }
+    while sigwait(&signals, &received) == 0, received == SIGHUP {
+        reload(f, running: &running, gateway: gateway, server: server)
+    }
     Log.info("shutting down")
     server.shutdown()
     Log.info("stopped")
@@ -105,14 +88,49 @@ func serve(_ args: ArraySlice<String>) throws(UsageError) -> Never {
     _exit(0)
 }
 
-/// SIGHUP: what can change without a restart is read again.
-func reload(_ server: Server) {
-    do {
-        try server.reloadTLS()
-        Log.info("reloaded the TLS certificate")
-    } catch {
-        Log.error("reload refused, the running TLS certificate stays: \(error)")
+/// SIGHUP: reads the TLS certificate and the config file again, flags still
+/// winning as at start, and puts its apps in force without dropping a
+/// connection whose token still verifies. Files that do not read or validate
+/// change nothing; settings only a restart applies are logged as such.
+/// Everything a reload applies goes here.
+func reload(_ f: Flags, running: inout Settings, gateway: Gateway, server: Server) {
+    if server.servesTLS {
+        do {
+            try server.reloadTLS()
+            Log.info("reloaded the TLS certificate")
+        } catch {
+            Log.error("TLS reload refused, the running certificate stays: \(error)")
+        }
     }
+    guard let path = f["config"] else {
+        if !server.servesTLS { Log.warning("SIGHUP: no --config file or TLS certificate to reload; nothing changed") }
+        return
+    }
+    let next: Settings
+    do { next = try Settings(f) } catch { return Log.error("config reload refused, nothing changed: \(error.message)") }
+    let restartOnly = [("host", next.host != running.host), ("port", next.port != running.port),
+                       ("store", next.store != running.store), ("limits", next.limits != running.limits),
+                       ("TLS certificate or key path", next.tlsCert != running.tlsCert || next.tlsKey != running.tlsKey)]
+    for (name, changed) in restartOnly where changed {
+        Log.warning("config reload: the new \(name) takes effect at the next restart")
+    }
+    let apps = describe(from: running.apps, to: next.apps)
+    running.apps = next.apps
+    gateway.reload(apps: next.apps) { ended in
+        Log.info("config reloaded from \(path): \(apps); closed \(ended) connection(s) whose token no longer verifies")
+    }
+}
+
+/// The apps and what a reload changed in them, by id (never a key or secret).
+func describe(from old: [AppConfig], to new: [AppConfig]) -> String {
+    let before = Dictionary(old.map { ($0.id, $0) }, uniquingKeysWith: { $1 })
+    let ids = new.map(\.id)
+    let changes = [("added", ids.filter { before[$0] == nil }),
+                   ("removed", old.map(\.id).filter { !ids.contains($0) }),
+                   ("changed", new.filter { a in before[a.id].map { $0 != a } ?? false }.map(\.id))]
+        .filter { !$0.1.isEmpty }
+        .map { "\($0.0) \($0.1.joined(separator: ", "))" }
+    return "apps " + (ids.isEmpty ? "none" : ids.joined(separator: ", ")) + (changes.isEmpty ? "" : " (\(changes.joined(separator: "; ")))")
 }
 
 func openStore(_ spec: String, durability: String?) throws(UsageError) -> NotificationStore {
@@ -148,21 +166,21 @@ func token(_ args: ArraySlice<String>) throws(UsageError) -> Never {
     guard Identifiers.isUserId(user) else { throw UsageError("--user must be 1-128 characters of A-Z a-z 0-9 . _ @ : -") }
     if let d = f["device"], !Identifiers.isUserId(d) { throw UsageError("--device must be 1-128 characters of A-Z a-z 0-9 . _ @ : -") }
     let ttl = try f.int("ttl", in: 60...2_592_000) ?? 3600
-    let secret: String
+    let secret: TokenSecret
     switch (f["config"], f["token-secret"]) {
     case (.some(let path), nil):
         guard let a = try ConfigFile(path: path).apps.first(where: { $0.id == app }) else {
             throw UsageError("config file \(path) has no app '\(app)'")
         }
-        secret = a.tokenSecret
+        secret = a.signingSecret
     case (nil, .some(let s)):
         guard !s.isEmpty else { throw UsageError("--token-secret must not be empty") }
-        secret = s
+        secret = TokenSecret(secret: s)
     default: throw UsageError("token needs exactly one of --config and --token-secret")
     }
     let now = WallClock.now() / 1000
     let claims = DeviceClaims(app: app, user: user, device: f["device"], issuedAt: now, expiresAt: now + Int64(ttl))
-    print(DeviceToken.sign(claims, secret: secret))
+    print(DeviceToken.sign(claims, secret: secret.secret, kid: secret.kid))
     exit(0)
 }
 

@@ -21,7 +21,7 @@ final class DeviceTokenTests: XCTestCase {
     }
 
     func verify(_ token: String, at: Millis? = nil) -> Result<DeviceClaims, DeviceToken.Failure> {
-        DeviceToken.verify(token, now: at ?? now, secretFor: secrets)
+        DeviceToken.verify(token, now: at ?? now, secretsFor: { self.secrets($0).map { [TokenSecret(secret: $0)] } }).map(\.claims)
     }
 
     func assertRefused(_ token: String, at: Millis? = nil, _ why: String = "", file: StaticString = #filePath, line: UInt = #line) {
@@ -216,6 +216,66 @@ final class DeviceTokenTests: XCTestCase {
         assertAccepted(DeviceToken.sign(DeviceClaims(app: "com.example.todo", user: String(repeating: "u", count: 128),
                                                      device: String(repeating: "d", count: 128), issuedAt: nowS,
                                                      expiresAt: nowS + 60), secret: secret), "128-character ids")
+    }
+
+    // MARK: several secrets (rotation)
+
+    /// An app in the middle of a rotation: the newest secret first.
+    let rotating = [TokenSecret(kid: "2026-11", secret: "new-secret"), TokenSecret(kid: "2026-05", secret: "old-secret")]
+
+    func verifyRotating(_ token: String) -> Result<DeviceToken.Verified, DeviceToken.Failure> {
+        DeviceToken.verify(token, now: now, secretsFor: { [rotating] in $0 == "com.example.todo" ? rotating : nil })
+    }
+
+    func testKidIsInTheSignedHeader() throws {
+        let t = DeviceToken.sign(claims(), secret: "new-secret", kid: "2026-11")
+        let header = try JSONParser.parse(Base64URL.decode(t.split(separator: ".")[0])!).objectValue!
+        XCTAssertEqual(header, ["alg": "HS256", "typ": "JWT", "kid": "2026-11"])
+        XCTAssertEqual(try verifyRotating(t).get().claims, claims())
+    }
+
+    func testKidChoosesTheSecret() {
+        XCTAssertNoThrow(try verifyRotating(DeviceToken.sign(claims(), secret: "new-secret", kid: "2026-11")).get())
+        XCTAssertNoThrow(try verifyRotating(DeviceToken.sign(claims(), secret: "old-secret", kid: "2026-05")).get())
+        for (secret, kid, why) in [("old-secret", "2026-11", "the other secret's kid"), ("new-secret", "2025-01", "unknown kid"),
+                                   ("new-secret", "", "empty kid")] {
+            if case .success = verifyRotating(DeviceToken.sign(claims(), secret: secret, kid: kid)) { XCTFail("accepted: \(why)") }
+        }
+        XCTAssertEqual(verifyRotating(DeviceToken.sign(claims(), secret: "new-secret", kid: "2025-01")),
+                       .failure(.invalid("token names an unknown key id (kid)")))
+    }
+
+    func testTokenWithoutKidIsCheckedAgainstEverySecret() {
+        XCTAssertNoThrow(try verifyRotating(DeviceToken.sign(claims(), secret: "new-secret")).get())
+        XCTAssertNoThrow(try verifyRotating(DeviceToken.sign(claims(), secret: "old-secret")).get())
+        XCTAssertNoThrow(try verifyRotating(forge(header: #"{"alg":"HS256","kid":null}"#, payload: basePayload, key: "old-secret")).get())
+        if case .success = verifyRotating(DeviceToken.sign(claims(), secret: "retired-secret")) { XCTFail("accepted a third secret") }
+    }
+
+    func testSingleSecretIgnoresKid() {
+        // The form without rotation accepted any header before kids existed.
+        assertAccepted(DeviceToken.sign(claims(), secret: secret, kid: "anything"))
+        assertRefused(DeviceToken.sign(claims(), secret: "guess", kid: "anything"))
+    }
+
+    func testKidThatIsNotAStringIsRefused() {
+        for h in [#"{"alg":"HS256","kid":5}"#, #"{"alg":"HS256","kid":["2026-11"]}"#, #"{"alg":"HS256","kid":{}}"#] {
+            if case .success = verifyRotating(forge(header: h, payload: basePayload, key: "new-secret")) { XCTFail("accepted \(h)") }
+        }
+    }
+
+    func testSignatureHoldsWhileItsSecretVerifies() throws {
+        let plain = try verifyRotating(DeviceToken.sign(claims(), secret: "old-secret")).get().signature
+        XCTAssertTrue(plain.holds(with: rotating))
+        XCTAssertTrue(plain.holds(with: [TokenSecret(kid: "renamed", secret: "old-secret")]), "a token without kid: any kid")
+        XCTAssertFalse(plain.holds(with: [rotating[0]]), "its secret retired")
+        XCTAssertFalse(plain.holds(with: []), "its app removed")
+        let named = try verifyRotating(DeviceToken.sign(claims(), secret: "old-secret", kid: "2026-05")).get().signature
+        XCTAssertTrue(named.holds(with: rotating))
+        XCTAssertFalse(named.holds(with: [rotating[0]]), "its secret retired")
+        XCTAssertFalse(named.holds(with: [TokenSecret(kid: "2026-05", secret: "another")]), "its kid now names another secret")
+        XCTAssertFalse(named.holds(with: [TokenSecret(kid: "renamed", secret: "old-secret")]), "its kid gone")
+        XCTAssertTrue(named.holds(with: [TokenSecret(secret: "old-secret")]), "back to one secret, which ignores kids")
     }
 
     // MARK: Base64URL, HMAC, constant-time compare

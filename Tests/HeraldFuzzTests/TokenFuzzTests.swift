@@ -6,8 +6,13 @@ import HeraldCore
 /// `DeviceToken.verify`, `Base64URL.decode` and `PageToken.decode`.
 final class TokenFuzzTests: XCTestCase {
 
-    /// The apps the fuzzer knows. Corpus tokens are signed with these.
-    static let secrets: [String: String] = ["demo": "fuzz-secret-demo", "com.example.todo": "s3cret-todo", "empty": ""]
+    /// The apps the fuzzer knows, with their secrets: one without kid, or
+    /// two with kids (an app mid-rotation). Corpus tokens are signed with these.
+    static let secrets: [String: [TokenSecret]] = [
+        "demo": [TokenSecret(secret: "fuzz-secret-demo")], "com.example.todo": [TokenSecret(secret: "s3cret-todo")],
+        "empty": [TokenSecret(secret: "")],
+        "rotating": [TokenSecret(kid: "k2", secret: "s3cret-new"), TokenSecret(kid: "k1", secret: "s3cret-old")],
+    ]
     /// 2026-11-22T10:00:00.000Z: a fixed clock, so corpus tokens stay valid.
     static let now: Millis = 1_795_341_600_000
     static let nowS: Int64 = now / 1000
@@ -31,7 +36,7 @@ final class TokenFuzzTests: XCTestCase {
         for (name, bytes) in Corpus.load("token") {
             let t = String(decoding: bytes, as: UTF8.self)
             if Self.signedWithKnownSecret(t) { Self.signed.withLock { _ = $0.insert(t) } }
-            if name.hasPrefix("valid"), case .failure(let f) = DeviceToken.verify(t, now: Self.now, secretFor: { Self.secrets[$0] }) {
+            if name.hasPrefix("valid"), case .failure(let f) = DeviceToken.verify(t, now: Self.now, secretsFor: { Self.secrets[$0] }) {
                 XCTFail("corpus token \(name) no longer verifies: \(f)")
             }
         }
@@ -40,10 +45,21 @@ final class TokenFuzzTests: XCTestCase {
 
     static func signedWithKnownSecret(_ token: String) -> Bool {
         let parts = token.utf8.split(separator: UInt8(ascii: "."), omittingEmptySubsequences: false)
-        guard parts.count == 3, let sig = Base64URL.decode(Substring(String(decoding: parts[2], as: UTF8.self))) else { return false }
-        guard let app = claimsFrom(token)?.payload["app"]?.stringValue, let secret = secrets[app] else { return false }
+        guard parts.count == 3, let sig = Base64URL.decode(Substring(String(decoding: parts[2], as: UTF8.self))),
+              let (h, p) = claimsFrom(token), let app = p["app"]?.stringValue else { return false }
         let input = Array(token.utf8.prefix(parts[0].count + 1 + parts[1].count))
-        return HMACSHA256.mac(key: Array(secret.utf8), message: input) == sig
+        return allowedSecrets(app: app, header: h).contains { HMACSHA256.mac(key: Array($0.secret.utf8), message: input) == sig }
+    }
+
+    /// The secrets that may sign a token of `app` with this header (SPEC 2
+    /// and docs/PROTOCOL.md 3.2, read independently): a `kid` names one of
+    /// the app's secrets, unless the app has one secret without kid; no
+    /// `kid` (or null), any. A `kid` that is not a string, none.
+    static func allowedSecrets(app: String, header h: JSONObject) -> [TokenSecret] {
+        let all = secrets[app] ?? []
+        guard let k = h["kid"], !k.isNull else { return all }
+        guard let kid = k.stringValue else { return [] }
+        return all.count == 1 && all[0].kid == nil ? all : all.filter { $0.kid == kid }
     }
 
     static func claimsFrom(_ token: String) -> (header: JSONObject, payload: JSONObject)? {
@@ -77,14 +93,15 @@ final class TokenFuzzTests: XCTestCase {
     }
 
     static func checkToken(_ token: String) -> Outcome {
-        let result = DeviceToken.verify(token, now: now, secretFor: { secrets[$0] })
+        let result = DeviceToken.verify(token, now: now, secretsFor: { secrets[$0] })
         let isSigned = signed.withLock { $0.contains(token) }
         switch result {
         case .failure(.invalid(let why)):
             guard !why.isEmpty else { return .failed("refused without a reason") }
             if isSigned, shouldVerify(token) == true { return .failed("a properly signed, valid token is refused: \(why)") }
             return .rejected
-        case .success(let c):
+        case .success(let v):
+            let c = v.claims
             guard isSigned else { return .failed("a token the fuzzer did not sign verifies (forged or mutated): \(token.prefix(400))") }
             guard let expected = shouldVerify(token) else {
                 return .failed("verified a token whose exp \(c.expiresAt) overflows when converted to milliseconds "
@@ -109,16 +126,17 @@ final class TokenFuzzTests: XCTestCase {
         func time(_ rng: inout SplitMix64) -> Int64 {
             rng.oneIn(4) ? rng.pick(timeValues) : nowS + rng.pick(offsets)
         }
-        let app = rng.oneIn(12) ? "unknown" : rng.pick(["demo", "com.example.todo", "empty"])
+        let app = rng.oneIn(12) ? "unknown" : rng.pick(["demo", "com.example.todo", "empty", "rotating"])
         let users = ["alice", "bob", "u-1@example.com", "x:y", String(repeating: "u", count: 128)]
         let user = rng.oneIn(16) ? rng.pick(["", "a b", String(repeating: "u", count: 129), "é"]) : rng.pick(users)
         let device: String? = rng.oneIn(2) ? nil : (rng.oneIn(10) ? "bad device" : rng.pick(["phone-1", "d", "web:1"]))
         let claims = DeviceClaims(app: app, user: user, device: device, issuedAt: time(&rng), expiresAt: time(&rng),
                                   notBefore: rng.oneIn(3) ? time(&rng) : nil)
-        let wrongSecret = rng.oneIn(8)
-        let secret = wrongSecret ? "not-the-secret" : (secrets[app] ?? "unknown-secret")
-        let t = DeviceToken.sign(claims, secret: secret)
-        if !wrongSecret, secrets[app] != nil { signed.withLock { set in
+        let kid: String? = rng.oneIn(2) ? nil : rng.pick(["k1", "k2", "k9", ""])
+        let known = secrets[app] ?? []
+        let secret = rng.oneIn(8) || known.isEmpty ? TokenSecret(secret: "not-the-secret") : rng.pick(known)
+        let t = DeviceToken.sign(claims, secret: secret.secret, kid: kid)
+        if allowedSecrets(app: app, header: claimsFrom(t)!.header).contains(secret) { signed.withLock { set in
             if set.count > 200_000 { set.removeAll() }
             set.insert(t)
         } }

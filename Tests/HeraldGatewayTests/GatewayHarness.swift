@@ -210,15 +210,16 @@ final class Harness {
     /// The engine's queue runs once, the loop not at all.
     func runEngine() { gateway.engine.runQueued() }
 
-    func token(_ user: String, ttl: Int64 = 3600, app: AppConfig = Harness.app) -> String {
+    func token(_ user: String, ttl: Int64 = 3600, app: AppConfig = Harness.app, signedWith s: TokenSecret? = nil) -> String {
         let now = clock.now() / 1000
+        let s = s ?? app.signingSecret
         return DeviceToken.sign(DeviceClaims(app: app.id, user: user, device: nil, issuedAt: now, expiresAt: now + ttl),
-                                secret: app.tokenSecret)
+                                secret: s.secret, kid: s.kid)
     }
 
     func request(_ method: String, _ path: String, token: String? = nil, device: String? = nil, query: [(String, String)] = [],
                  body: JSON? = nil, headers: [String: String] = [:]) -> RecordingResponder {
-        var h: [String: String] = ["authorization": "Bearer " + (token ?? Self.app.serverKey)]
+        var h: [String: String] = ["authorization": "Bearer " + (token ?? Self.app.serverKeys[0])]
         if let device { h["herald-device"] = device }
         h.merge(headers) { $1 }
         let r = RecordingResponder()
@@ -245,8 +246,8 @@ final class Harness {
     }
 
     func hello(_ s: RecordingSocket, user: String, device: String = "d1", cursor: Int64? = nil, ttl: Int64 = 3600,
-               app: AppConfig = Harness.app) {
-        var o: JSONObject = ["type": "hello", "token": .string(token(user, ttl: ttl, app: app)), "deviceId": .string(device)]
+               app: AppConfig = Harness.app, token: String? = nil) {
+        var o: JSONObject = ["type": "hello", "token": .string(token ?? self.token(user, ttl: ttl, app: app)), "deviceId": .string(device)]
         if let cursor { o["cursor"] = .int(cursor) }
         s.session.receive(.text(JSON.object(o).encoded))
     }

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from herald_helpers import CONFIG, Gateway, mint_token, parse_time, uid, verify_jwt
+from herald_helpers import CONFIG, Gateway, decode_jwt, mint_token, parse_time, uid, verify_jwt
 
 
 def run(herald_bin, *args, timeout=30):
@@ -59,6 +59,17 @@ def test_token_with_config_ttl_and_device(herald_bin, config_path):
     assert claims["exp"] - claims["iat"] == 120
 
 
+def test_token_with_rotating_config_signs_with_the_newest_secret_and_names_it(herald_bin, tmp_path):
+    p = tmp_path / "herald.json"
+    p.write_text(json.dumps({"apps": [{"id": "rot.app", "serverKeys": ["k"], "tokenSecrets": [
+        {"kid": "2026-11", "secret": "ts-new"}, {"kid": "2026-05", "secret": "ts-old"}]}]}))
+    r = run(herald_bin, "token", "--app", "rot.app", "--user", "alice", "--config", str(p))
+    assert r.returncode == 0, r.stderr
+    tok = _one_line(r.stdout)
+    assert decode_jwt(tok)[0] == {"alg": "HS256", "typ": "JWT", "kid": "2026-11"}
+    assert verify_jwt(tok, "ts-new")["app"] == "rot.app"
+
+
 @pytest.mark.parametrize("ttl", ["60", "2592000"])
 def test_token_ttl_bounds(herald_bin, ttl):
     r = run(herald_bin, "token", "--app", "app.one", "--user", "alice", "--ttl", ttl, "--token-secret", "s")
@@ -82,22 +93,42 @@ def test_cli_token_is_accepted_by_the_gateway(herald_bin, gateway, config_path):
 
 # ---------------------------------------------------------------- bad invocations: exit 2, one stderr line
 
+def _app(**fields):
+    return json.dumps({"apps": [{"id": "a.b", **fields}]})
+
+
+_KEY, _SECRET = {"serverKey": "k"}, {"tokenSecret": "s"}
+BAD_CONFIGS = {
+    "not-json": "{apps: nope",
+    "apps-not-list": json.dumps({"apps": {"id": "a"}}),
+    "bad-app-id": json.dumps({"apps": [{"id": "bad app!", "serverKey": "k", "tokenSecret": "s"}]}),
+    "missing-secret": _app(**_KEY),
+    "unknown-app-key": _app(**_KEY, **_SECRET, secret="s"),
+    "both-key-forms": _app(**_KEY, serverKeys=["k2"], **_SECRET),
+    "empty-key-list": _app(serverKeys=[], **_SECRET),
+    "key-list-not-strings": _app(serverKeys=["k", 5], **_SECRET),
+    "duplicate-key": _app(serverKeys=["k", "k"], **_SECRET),
+    "both-secret-forms": _app(**_KEY, **_SECRET, tokenSecrets=[{"kid": "a", "secret": "s2"}]),
+    "secret-without-kid": _app(**_KEY, tokenSecrets=[{"secret": "s"}]),
+    "secret-extra-field": _app(**_KEY, tokenSecrets=[{"kid": "a", "secret": "s", "alg": "HS256"}]),
+    "bad-kid": _app(**_KEY, tokenSecrets=[{"kid": "bad kid!", "secret": "s"}]),
+    "duplicate-kid": _app(**_KEY, tokenSecrets=[{"kid": "a", "secret": "s"}, {"kid": "a", "secret": "s2"}]),
+    "duplicate-secret": _app(**_KEY, tokenSecrets=[{"kid": "a", "secret": "s"}, {"kid": "b", "secret": "s"}]),
+    "empty-secret": _app(**_KEY, tokenSecrets=[{"kid": "a", "secret": ""}]),
+    "port-out-of-range": json.dumps({"apps": CONFIG["apps"], "port": 99999}),
+    "port-string": json.dumps({"apps": CONFIG["apps"], "port": "eighty"}),
+    "duplicate-app": json.dumps({"apps": CONFIG["apps"] + CONFIG["apps"][:1]}),
+    "origins-not-list": json.dumps({"apps": [{**CONFIG["apps"][0], "allowedOrigins": "*"}]}),
+    "origin-with-path": json.dumps({"apps": [{**CONFIG["apps"][0], "allowedOrigins": ["https://a.example/app"]}]}),
+    "origin-upper-case": json.dumps({"apps": [{**CONFIG["apps"][0], "allowedOrigins": ["https://A.example"]}]}),
+    "origin-default-port": json.dumps({"apps": [{**CONFIG["apps"][0], "allowedOrigins": ["https://a.example:443"]}]}),
+    "app-unknown-key": json.dumps({"apps": [{**CONFIG["apps"][0], "allowedOrigin": ["*"]}]}),
+}
+
+
 def _bad_configs(tmp_path):
     files = {}
-    for name, content in {
-        "not-json": "{apps: nope",
-        "apps-not-list": json.dumps({"apps": {"id": "a"}}),
-        "bad-app-id": json.dumps({"apps": [{"id": "bad app!", "serverKey": "k", "tokenSecret": "s"}]}),
-        "missing-secret": json.dumps({"apps": [{"id": "a.b", "serverKey": "k"}]}),
-        "port-out-of-range": json.dumps({"apps": CONFIG["apps"], "port": 99999}),
-        "port-string": json.dumps({"apps": CONFIG["apps"], "port": "eighty"}),
-        "duplicate-app": json.dumps({"apps": CONFIG["apps"] + CONFIG["apps"][:1]}),
-        "origins-not-list": json.dumps({"apps": [{**CONFIG["apps"][0], "allowedOrigins": "*"}]}),
-        "origin-with-path": json.dumps({"apps": [{**CONFIG["apps"][0], "allowedOrigins": ["https://a.example/app"]}]}),
-        "origin-upper-case": json.dumps({"apps": [{**CONFIG["apps"][0], "allowedOrigins": ["https://A.example"]}]}),
-        "origin-default-port": json.dumps({"apps": [{**CONFIG["apps"][0], "allowedOrigins": ["https://a.example:443"]}]}),
-        "app-unknown-key": json.dumps({"apps": [{**CONFIG["apps"][0], "allowedOrigin": ["*"]}]}),
-    }.items():
+    for name, content in BAD_CONFIGS.items():
         p = tmp_path / f"{name}.json"
         p.write_text(content)
         files[name] = str(p)
@@ -135,9 +166,7 @@ BAD_INVOCATIONS = {
 }
 
 
-@pytest.mark.parametrize("name", list(BAD_INVOCATIONS) + [f"serve-config-{c}" for c in (
-    "not-json", "apps-not-list", "bad-app-id", "missing-secret", "port-out-of-range", "port-string", "duplicate-app",
-    "origins-not-list", "origin-with-path", "origin-upper-case", "origin-default-port", "app-unknown-key")])
+@pytest.mark.parametrize("name", list(BAD_INVOCATIONS) + [f"serve-config-{c}" for c in BAD_CONFIGS])
 def test_bad_invocation_exits_2_with_one_stderr_line(herald_bin, tmp_path, config_path, name):
     if name.startswith("serve-config-"):
         cfg = _bad_configs(tmp_path)[name[len("serve-config-"):]]
