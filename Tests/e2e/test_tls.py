@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from herald_helpers import APPS, changes_in, mint_token, wait_until
+from herald_helpers import APPS, changes_in, mint_token, read_until_eof, wait_until
 
 SERVER_KEY = APPS["app.one"]["serverKey"]
 
@@ -95,12 +95,7 @@ def test_every_transport_over_tls(tls_gateway, user):
 def test_plain_http_on_a_tls_port_gets_no_answer(tls_gateway):
     with socket.create_connection(("127.0.0.1", tls_gateway.port), timeout=10) as s:
         s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
-        data = b""
-        try:
-            while chunk := s.recv(4096):
-                data += chunk
-        except ConnectionResetError:
-            pass
+        data = read_until_eof(s)
     assert not data.startswith(b"HTTP/"), data[:100]
     assert tls_gateway.request("GET", "/healthz").status_code == 200
 
