@@ -116,7 +116,7 @@ final class CORSTests: XCTestCase {
         XCTAssertTrue(events.streamHeaders.contains { $0 == ("Access-Control-Allow-Origin", Self.page) })
         XCTAssertTrue(events.streamHeaders.contains { $0 == ("Access-Control-Expose-Headers", "Retry-After") })
         XCTAssertNil(poll.response, "held")
-        h.request("POST", "/v1/apps/listed/users/u/notifications", token: "sk-l",
+        _ = h.request("POST", "/v1/apps/listed/users/u/notifications", token: "sk-l",
                   body: ["appNotificationId": "a", "payload": ["title": "t"]])
         h.settle()
         XCTAssertEqual(poll.json?["changes"]?.arrayValue?.count, 1)
