@@ -240,3 +240,15 @@ def test_document_takes_any_events_cursor_since_last_event_id_wins():
     for cursor in ("not-a-number", "", "-1", "12"):
         assert jsonschema.Draft202012Validator(schema).is_valid(cursor), (cursor, schema)
 
+
+@pytest.mark.parametrize("if_match", ['"1"', "1", 'W/"1"', "W/1", "007", '"007"', "0" * 30 + "1", "9223372036854775807",
+                                      "0", '"0"', 'W/"0"', "*", '"1", "2"', '"1', "1.0", "-1", ""])
+def test_if_match_pattern_agrees_with_the_gateway(gateway, user, if_match):
+    """Found by the API fuzz: the document's pattern took `"0"`, which the
+    gateway refuses, and refused zero-padded versions, which it takes."""
+    schema = _parameter_schema(read_from_filename(str(SCHEMA))[0], "/v1/me/notifications/{id}", "patch", "If-Match")
+    n = gateway.publish(user)["notification"]
+    r = gateway.server("PATCH", f"/users/{user}/notifications/{n['id']}", headers={"If-Match": if_match},
+                       json={"readState": "read"})
+    assert r.status_code in (200, 400, 412), r.text
+    assert (r.status_code != 400) == jsonschema.Draft202012Validator(schema).is_valid(if_match), (r.status_code, r.text)
