@@ -143,6 +143,21 @@ def test_token_in_query_only_on_sync_and_events(gateway, user):
     check_error(gateway.request("GET", "/v1/me/notifications", params={"token": tok}), 401)
 
 
+def test_bearer_header_wins_over_token_in_query_but_another_scheme_does_not(gateway, user):
+    """Found by the API fuzz (openapi.yaml had both "the Authorization header
+    wins" and "an Authorization: Bearer header wins"): a browser sends a
+    password-protected site's Basic credentials on its own, EventSource
+    included, and its ?token= must still count."""
+    tok = mint_token(user)
+    for auth in ("Basic dXNlcjpwYXNz", "Digest x", ""):
+        r = gateway.request("GET", "/v1/me/sync", params={"token": tok}, headers={"Authorization": auth})
+        assert r.status_code == 200, (auth, r.text)
+    r = gateway.request("GET", "/v1/me/sync", params={"token": tok}, headers={"Authorization": "Bearer not-a-token"})
+    check_error(r, 401)
+    r = gateway.request("GET", "/v1/me/sync", params={"token": "not-a-token"}, headers={"Authorization": f"Bearer {tok}"})
+    assert r.status_code == 200, r.text
+
+
 def test_sync_respects_visibility(gateway, user):
     tok = mint_token(user)
     gateway.publish(user, "web", targetPlatforms=["web"])
