@@ -34,11 +34,7 @@ struct SQLiteRow {
     /// The column's text parsed as JSON; nil when NULL, absent or malformed.
     func json(_ i: Int32) -> JSON? {
         guard let p = sqlite3_column_text(stmt, i) else { return nil }
-        let n = Int(sqlite3_column_bytes(stmt, i))
-        // Stored JSON nests the app's payload (itself up to the parser's
-        // default depth) two levels down: leave room for that.
-        return try? JSONParser.parse(UnsafeBufferPointer(start: p, count: n),
-                                     maxDepth: JSONParser.defaultMaxDepth + 8)
+        return StoredForm.json(UnsafeBufferPointer(start: p, count: Int(sqlite3_column_bytes(stmt, i))))
     }
 }
 

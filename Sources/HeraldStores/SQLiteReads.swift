@@ -46,21 +46,7 @@ struct SQLiteReads {
     // MARK: The feed, history and counts
 
     private func presence(_ r: SQLiteRow, _ col: Int32) throws(StoreError) -> Presence? {
-        guard let unread = r.optionalInt64(col) else { return nil }
-        var platforms: [Platform]? = nil
-        if let text = r.text(col + 1) {
-            var list: [Platform] = []
-            for name in text.split(separator: ",", omittingEmptySubsequences: true) {
-                guard let p = Platform(rawValue: String(name)) else { throw corrupt("change targeting") }
-                list.append(p)
-            }
-            platforms = list
-        }
-        var tags: TagExpression? = nil
-        if let source = r.text(col + 2) {
-            do { tags = try TagExpression.parse(source) } catch { throw corrupt("change tag expression") }
-        }
-        return Presence(targeting: Targeting(platforms: platforms, tags: tags), unread: unread != 0)
+        try StoredForm.presence(unread: r.optionalInt64(col).map { $0 != 0 }, platforms: r.text(col + 1), tags: r.text(col + 2), corrupt)
     }
 
     func changes(_ user: UserKey, after: Int64, limit: Int) throws(StoreError) -> [ChangeRecord] {
@@ -130,13 +116,8 @@ struct SQLiteReads {
 
     private func device(_ r: SQLiteRow, _ col: Int32) throws(StoreError) -> Device {
         guard let id = r.text(col), let platform = r.text(col + 1).flatMap(Platform.init(rawValue:)),
-              let tagList = r.json(col + 2)?.arrayValue
+              let tags = StoredForm.tags(r.json(col + 2))
         else { throw corrupt("device") }
-        var tags: [String] = []
-        for t in tagList {
-            guard let s = t.stringValue else { throw corrupt("device tags") }
-            tags.append(s)
-        }
         return Device(deviceId: id, platform: platform, tags: tags, lastSeenAt: r.int64(col + 3),
                       viewGeneration: r.int64(col + 4))
     }
@@ -210,22 +191,4 @@ final class SQLiteStoreReader: StoreReader {
     }
     func counts(_ user: UserKey) throws(StoreError) -> [TargetingCounts] { try reads.counts(user) }
     func devices(_ user: UserKey) throws(StoreError) -> [Device] { try reads.devices(user) }
-}
-
-extension Change {
-    /// Reads back the wire form kept in the `changes` table.
-    fileprivate init?(stored json: JSON) {
-        guard let o = json.objectValue, let seq = o["seq"]?.int64Value, let op = o["op"]?.stringValue else { return nil }
-        switch op {
-        case "upsert":
-            guard let n = o["notification"].flatMap(Notification.init(json:)) else { return nil }
-            self.init(seq: seq, op: .upsert(n))
-        case "delete":
-            guard let id = o["id"]?.stringValue, let anid = o["appNotificationId"]?.stringValue,
-                  let reason = o["reason"]?.stringValue.flatMap(DeleteReason.init(rawValue:)) else { return nil }
-            self.init(seq: seq, op: .delete(id: id, appNotificationId: anid, reason: reason))
-        default:
-            return nil
-        }
-    }
 }

@@ -414,9 +414,8 @@ public final class SQLiteStore: NotificationStore {
 
     private static func presenceColumns(_ p: Presence?) -> [SQLiteValue] {
         guard let p else { return [.null, .null, .null] }
-        return [.int(p.unread ? 1 : 0),
-                p.targeting.platforms.map { .text($0.map(\.rawValue).joined(separator: ",")) } ?? .null,
-                p.targeting.tags.map { .text($0.source) } ?? .null]
+        let c = StoredForm.columns(p.targeting)
+        return [.int(p.unread ? 1 : 0), c.platforms.map(SQLiteValue.text) ?? .null, c.tags.map(SQLiteValue.text) ?? .null]
     }
 
     private func append(_ user: UserKey, _ r: ChangeRecord) throws(StoreError) {
@@ -571,7 +570,7 @@ public final class SQLiteStore: NotificationStore {
                 platform = excluded.platform, tags = excluded.tags, last_seen_at = excluded.last_seen_at,
                 view_generation = excluded.view_generation
             """, [.text(user.app), .text(user.user), .text(device.deviceId), .text(device.platform.rawValue),
-                  .utf8(JSON.array(device.tags.map(JSON.string)).encoded), .int(device.lastSeenAt),
+                  .utf8(StoredForm.tags(device.tags)), .int(device.lastSeenAt),
                   .int(device.viewGeneration)])
     }
 

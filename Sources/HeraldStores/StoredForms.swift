@@ -1,0 +1,72 @@
+import HeraldCore
+
+/// The text forms the SQL stores (SQLite, PostgreSQL) keep beside a
+/// notification's JSON: one implementation, so both write and read back the
+/// same columns the same way.
+enum StoredForm {
+    /// Stored JSON nests the app's payload (itself up to the parser's
+    /// default depth) two levels down: leave room for that.
+    static func json(_ bytes: UnsafeBufferPointer<UInt8>) -> JSON? {
+        try? JSONParser.parse(bytes, maxDepth: JSONParser.defaultMaxDepth + 8)
+    }
+
+    /// A presence's targeting columns: platforms comma-separated in the
+    /// order given (nil for all platforms), tags the expression's source
+    /// (nil for all devices).
+    static func columns(_ t: Targeting) -> (platforms: String?, tags: String?) {
+        (t.platforms.map { $0.map(\.rawValue).joined(separator: ",") }, t.tags?.source)
+    }
+
+    /// Reads back a presence written as `unread` and `columns`; nil when
+    /// absent (`unread` is nil: no before for a new notification, no after
+    /// for a delete).
+    static func presence(unread: Bool?, platforms: String?, tags: String?,
+                         _ corrupt: (String) -> StoreError) throws(StoreError) -> Presence? {
+        guard let unread else { return nil }
+        var list: [Platform]? = nil
+        if let platforms {
+            list = []
+            for name in platforms.split(separator: ",", omittingEmptySubsequences: true) {
+                guard let p = Platform(rawValue: String(name)) else { throw corrupt("change targeting") }
+                list?.append(p)
+            }
+        }
+        var expression: TagExpression? = nil
+        if let tags {
+            do { expression = try TagExpression.parse(tags) } catch { throw corrupt("change tag expression") }
+        }
+        return Presence(targeting: Targeting(platforms: list, tags: expression), unread: unread)
+    }
+
+    /// A device's tags as a JSON array of strings.
+    static func tags(_ tags: [String]) -> [UInt8] { JSON.array(tags.map(JSON.string)).encoded }
+
+    /// Reads back `tags(_:)`; nil when it is not an array of strings.
+    static func tags(_ json: JSON?) -> [String]? {
+        guard let list = json?.arrayValue else { return nil }
+        var out: [String] = []
+        for t in list {
+            guard let s = t.stringValue else { return nil }
+            out.append(s)
+        }
+        return out
+    }
+}
+
+extension Change {
+    /// Reads back the wire form kept in a store's changes table.
+    init?(stored json: JSON) {
+        guard let o = json.objectValue, let seq = o["seq"]?.int64Value, let op = o["op"]?.stringValue else { return nil }
+        switch op {
+        case "upsert":
+            guard let n = o["notification"].flatMap(Notification.init(json:)) else { return nil }
+            self.init(seq: seq, op: .upsert(n))
+        case "delete":
+            guard let id = o["id"]?.stringValue, let anid = o["appNotificationId"]?.stringValue,
+                  let reason = o["reason"]?.stringValue.flatMap(DeleteReason.init(rawValue:)) else { return nil }
+            self.init(seq: seq, op: .delete(id: id, appNotificationId: anid, reason: reason))
+        default:
+            return nil
+        }
+    }
+}
