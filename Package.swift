@@ -16,12 +16,14 @@ let package = Package(
                        providers: [.apt(["libsqlite3-dev"])]),
         .systemLibrary(name: "CCrypto", pkgConfig: "libcrypto",
                        providers: [.apt(["libssl-dev"])]),
+        .systemLibrary(name: "CPostgres", pkgConfig: "libpq",
+                       providers: [.apt(["libpq-dev"])]),
 
         // Pure domain: model, JSON, change feed, cursors, tag expressions,
         // protocol messages, tokens, store interface. No I/O.
         .target(name: "HeraldCore", dependencies: ["CCrypto"]),
         // Store implementations behind HeraldCore.NotificationStore.
-        .target(name: "HeraldStores", dependencies: ["HeraldCore", "CSQLite"]),
+        .target(name: "HeraldStores", dependencies: ["HeraldCore", "CSQLite", "CPostgres"]),
         // The gateway's logic: engine (store owner, fan-out), HTTP API,
         // WebSocket sessions. Knows nothing of libwebsockets.
         .target(name: "HeraldGateway", dependencies: ["HeraldCore"]),

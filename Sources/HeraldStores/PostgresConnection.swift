@@ -1,0 +1,209 @@
+import CPostgres
+import HeraldCore
+
+/// A value bound to a statement parameter (sent in text format).
+enum PostgresValue {
+    case int(Int64)
+    case text(String)
+    /// UTF-8 text given as bytes (encoded JSON).
+    case utf8([UInt8])
+    case bool(Bool)
+    case null
+}
+
+/// The rows of one statement's result, in text format.
+final class PostgresRows {
+    private let res: OpaquePointer
+    let count: Int
+
+    fileprivate init(_ res: OpaquePointer) {
+        self.res = res
+        count = Int(PQntuples(res))
+    }
+
+    deinit { PQclear(res) }
+
+    func isNull(_ row: Int, _ col: Int32) -> Bool { PQgetisnull(res, Int32(row), col) != 0 }
+
+    private func buffer(_ row: Int, _ col: Int32) -> UnsafeBufferPointer<UInt8>? {
+        guard !isNull(row, col), let p = PQgetvalue(res, Int32(row), col) else { return nil }
+        return UnsafeRawPointer(p).withMemoryRebound(to: UInt8.self, capacity: 1) {
+            UnsafeBufferPointer(start: $0, count: Int(PQgetlength(res, Int32(row), col)))
+        }
+    }
+
+    func text(_ row: Int, _ col: Int32) -> String? { buffer(row, col).map { String(decoding: $0, as: UTF8.self) } }
+    func bytes(_ row: Int, _ col: Int32) -> [UInt8] { buffer(row, col).map(Array.init) ?? [] }
+    func json(_ row: Int, _ col: Int32) -> JSON? { buffer(row, col).flatMap(StoredForm.json) }
+    func optionalInt64(_ row: Int, _ col: Int32) -> Int64? { text(row, col).flatMap { Int64($0) } }
+    func int64(_ row: Int, _ col: Int32) -> Int64 { optionalInt64(row, col) ?? 0 }
+    func bool(_ row: Int, _ col: Int32) -> Bool? { text(row, col).map { $0 == "t" } }
+    /// Rows changed by an INSERT, UPDATE or DELETE (0 for other statements).
+    var changed: Int { Int(String(cString: PQcmdTuples(res))) ?? 0 }
+}
+
+/// One libpq connection, used from one thread at a time, with a cache of
+/// prepared statements. Every statement with values goes through
+/// `query`/`execute`, which bind them as parameters (never spliced into SQL).
+///
+/// A lost connection (server restarted, network cut) fails the statement
+/// with a `StoreError`; `reconnectIfLost()` (called by its owner where no
+/// transaction can be open) connects again and forgets the prepared
+/// statements, which died with the old session.
+final class PostgresConnection {
+    /// host:port/database, for messages (never the password).
+    let name: String
+    private let url: String
+    private var conn: OpaquePointer?
+    /// SQL text -> the name it was prepared under on this session.
+    private var prepared: [String: String] = [:]
+
+    /// Checks `url` without connecting: nil when libpq cannot parse it,
+    /// else its host:port/database.
+    static func describe(_ url: String) -> String? {
+        var err: UnsafeMutablePointer<CChar>?
+        guard let options = PQconninfoParse(url, &err) else {
+            if let err { PQfreemem(err) }
+            return nil
+        }
+        defer { PQconninfoFree(options) }
+        var found: [String: String] = [:]
+        var o = options
+        while let k = o.pointee.keyword {
+            if let v = o.pointee.val { found[String(cString: k)] = String(cString: v) }
+            o += 1
+        }
+        let host = found["host"] ?? found["hostaddr"] ?? "localhost"
+        return "\(host):\(found["port"] ?? "5432")/\(found["dbname"] ?? found["user"] ?? "?")"
+    }
+
+    init(url: String) throws(StoreError) {
+        guard let name = Self.describe(url) else { throw StoreError("postgres: not a valid connection URL") }
+        self.name = name
+        self.url = url
+        try connect()
+    }
+
+    deinit { close() }
+
+    func close() {
+        if let c = conn { PQfinish(c) }
+        conn = nil
+        prepared.removeAll()
+    }
+
+    func error(_ context: String, _ detail: String) -> StoreError {
+        StoreError("postgres (\(name)): \(context): \(detail)")
+    }
+
+    private func connect() throws(StoreError) {
+        close()
+        // Defaults first: what the URL says overrides them (expand_dbname).
+        let keys: [PostgresValue] = [.text("connect_timeout"), .text("application_name"), .text("dbname"), .null]
+        let values: [PostgresValue] = [.text("5"), .text("herald"), .text(url), .null]
+        let c = Self.withCStrings(keys) { k in Self.withCStrings(values) { v in PQconnectdbParams(k, v, 1) } }
+        guard let c, PQstatus(c) == CONNECTION_OK else {
+            let message = c.map { Self.message(PQerrorMessage($0)) } ?? "out of memory"
+            if let c { PQfinish(c) }
+            throw error("cannot connect", message)
+        }
+        // Notices ("relation already exists, skipping") are not errors; by
+        // default libpq prints them on stderr.
+        PQsetNoticeProcessor(c, { _, _ in }, nil)
+        conn = c
+    }
+
+    var isConnected: Bool { conn.map { PQstatus($0) == CONNECTION_OK } ?? false }
+
+    /// Connects again when the connection was lost. Only where no
+    /// transaction of ours can be open: a new session has none.
+    func reconnectIfLost() throws(StoreError) {
+        if !isConnected { try connect() }
+    }
+
+    /// Inside a transaction (also a failed one, which only a rollback ends).
+    var inTransaction: Bool {
+        guard let c = conn else { return false }
+        let s = PQtransactionStatus(c)
+        return s == PQTRANS_INTRANS || s == PQTRANS_INERROR || s == PQTRANS_ACTIVE
+    }
+
+    /// Inside a transaction that an error already doomed: PostgreSQL runs
+    /// nothing more of it, and its COMMIT rolls back.
+    var transactionFailed: Bool { conn.map { PQtransactionStatus($0) == PQTRANS_INERROR } ?? false }
+
+    private static func message(_ p: UnsafePointer<CChar>?) -> String {
+        guard let p else { return "unknown error" }
+        return String(cString: p).split(whereSeparator: \.isNewline).joined(separator: " ")
+    }
+
+    /// Runs `sql` with `args` as parameters; returns its rows.
+    @discardableResult
+    func query(_ sql: String, _ args: [PostgresValue] = []) throws(StoreError) -> PostgresRows {
+        guard let c = conn else { throw error(String(sql.prefix(60)), "not connected") }
+        let statement = try prepare(c, sql, args.count)
+        let res = Self.withCStrings(args) { values in PQexecPrepared(c, statement, Int32(args.count), values, nil, nil, 0) }
+        return try check(res, sql)
+    }
+
+    /// Runs a statement for its effect; returns the number of rows it changed.
+    @discardableResult
+    func execute(_ sql: String, _ args: [PostgresValue] = []) throws(StoreError) -> Int {
+        let rows = try query(sql, args)
+        return rows.changed
+    }
+
+    /// Runs several statements without parameters or preparing (schema
+    /// work, transaction control).
+    func script(_ sql: String) throws(StoreError) {
+        guard let c = conn else { throw error(String(sql.prefix(60)), "not connected") }
+        _ = try check(PQexec(c, sql), sql)
+    }
+
+    private func prepare(_ c: OpaquePointer, _ sql: String, _ count: Int) throws(StoreError) -> String {
+        if let name = prepared[sql] { return name }
+        let name = "h\(prepared.count)"
+        _ = try check(PQprepare(c, name, sql, Int32(count), nil), sql)
+        prepared[sql] = name
+        return name
+    }
+
+    private func check(_ res: OpaquePointer?, _ sql: String) throws(StoreError) -> PostgresRows {
+        guard let res else { throw error(String(sql.prefix(60)), Self.message(conn.flatMap { PQerrorMessage($0) })) }
+        let status = PQresultStatus(res)
+        guard status == PGRES_COMMAND_OK || status == PGRES_TUPLES_OK else {
+            let state = PQresultErrorField(res, Int32(UInt8(ascii: "C"))).map { String(cString: $0) }
+            var message = Self.message(PQresultErrorMessage(res))
+            if message == "unknown error" || message.isEmpty { message = Self.message(conn.flatMap { PQerrorMessage($0) }) }
+            PQclear(res)
+            let lost = !isConnected ? " (connection lost)" : ""
+            throw error(String(sql.prefix(60)), message + (state.map { " (SQLSTATE \($0))" } ?? "") + lost)
+        }
+        return PostgresRows(res)
+    }
+
+    /// Calls `body` with `args` as an array of C strings (text format), nil
+    /// for `.null`, all NUL-terminated in one buffer.
+    private static func withCStrings<R>(_ args: [PostgresValue],
+                                        _ body: (UnsafePointer<UnsafePointer<CChar>?>?) -> R) -> R {
+        var buffer: [CChar] = []
+        var offsets: [Int?] = []
+        for a in args {
+            let bytes: [UInt8]
+            switch a {
+            case .null: offsets.append(nil); continue
+            case .int(let v): bytes = Array(String(v).utf8)
+            case .text(let s): bytes = Array(s.utf8)
+            case .utf8(let b): bytes = b
+            case .bool(let b): bytes = b ? [UInt8(ascii: "t")] : [UInt8(ascii: "f")]
+            }
+            offsets.append(buffer.count)
+            buffer.append(contentsOf: bytes.map { CChar(bitPattern: $0) })
+            buffer.append(0)
+        }
+        return buffer.withUnsafeBufferPointer { b in
+            let pointers: [UnsafePointer<CChar>?] = offsets.map { o in o.map { b.baseAddress! + $0 } }
+            return pointers.withUnsafeBufferPointer { body($0.baseAddress) }
+        }
+    }
+}

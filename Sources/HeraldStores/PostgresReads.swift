@@ -1,0 +1,156 @@
+import HeraldCore
+
+/// Every per-user query of a Herald PostgreSQL database that only reads, on
+/// one connection: the store runs them on its own connection, a
+/// `PostgresStoreReader` on its second one.
+struct PostgresReads {
+    let db: PostgresConnection
+
+    func corrupt(_ what: String) -> StoreError {
+        StoreError("postgres (\(db.name)): unreadable \(what) in the database (damaged?)")
+    }
+
+    private func key(_ user: UserKey) -> [PostgresValue] { [.text(user.app), .text(user.user)] }
+
+    func feed(_ user: UserKey) throws(StoreError) -> FeedState {
+        let r = try db.query("SELECT head, floor FROM feeds WHERE app = $1 AND user_id = $2", key(user))
+        return r.count == 0 ? FeedState() : FeedState(head: r.int64(0, 0), floor: r.int64(0, 1))
+    }
+
+    /// Decodes column `col` of every row as a notification.
+    func notifications(_ r: PostgresRows, _ col: Int32 = 0) throws(StoreError) -> [Notification] {
+        var out: [Notification] = []
+        for i in 0..<r.count {
+            guard let n = r.json(i, col).flatMap(Notification.init(json:)) else { throw corrupt("notification") }
+            out.append(n)
+        }
+        return out
+    }
+
+    func notification(_ user: UserKey, id: String) throws(StoreError) -> Notification? {
+        try notifications(db.query("SELECT json FROM notifications WHERE app = $1 AND user_id = $2 AND id = $3",
+                                   key(user) + [.text(id)])).first
+    }
+
+    func notification(_ user: UserKey, appNotificationId: String) throws(StoreError) -> Notification? {
+        try notifications(db.query("SELECT json FROM notifications WHERE app = $1 AND user_id = $2 AND app_notification_id = $3",
+                                   key(user) + [.text(appNotificationId)])).first
+    }
+
+    func changes(_ user: UserKey, after: Int64, limit: Int) throws(StoreError) -> [ChangeRecord] {
+        guard limit > 0 else { return [] }
+        let r = try db.query("""
+            SELECT seq, at, change, before_unread, before_platforms, before_tags, after_unread, after_platforms, after_tags
+            FROM changes WHERE app = $1 AND user_id = $2 AND seq > $3 ORDER BY seq LIMIT $4
+            """, key(user) + [.int(after), .int(Int64(limit))])
+        var out: [ChangeRecord] = []
+        for i in 0..<r.count {
+            let seq = r.int64(i, 0)
+            guard let change = r.json(i, 2).flatMap(Change.init(stored:)), change.seq == seq else {
+                throw corrupt("change \(seq) of \(user)")
+            }
+            let before = try StoredForm.presence(unread: r.bool(i, 3), platforms: r.text(i, 4), tags: r.text(i, 5), corrupt)
+            let after = try StoredForm.presence(unread: r.bool(i, 6), platforms: r.text(i, 7), tags: r.text(i, 8), corrupt)
+            // The stored bytes are the change's wire form: sent as they are.
+            out.append(ChangeRecord(change: change, before: before, after: after, at: r.int64(i, 1), encoded: r.bytes(i, 2)))
+        }
+        return out
+    }
+
+    /// Keyset pagination in history order; ids compare as bytes (COLLATE "C").
+    func history(_ user: UserKey, after: HistoryKey?, limit: Int) throws(StoreError) -> [Notification] {
+        guard limit > 0 else { return [] }
+        guard let after else {
+            return try notifications(db.query("""
+                SELECT json FROM notifications WHERE app = $1 AND user_id = $2
+                ORDER BY created_at DESC, id DESC LIMIT $3
+                """, key(user) + [.int(Int64(limit))]))
+        }
+        return try notifications(db.query("""
+            SELECT json FROM notifications WHERE app = $1 AND user_id = $2 AND (created_at, id) < ($3, $4)
+            ORDER BY created_at DESC, id DESC LIMIT $5
+            """, key(user) + [.int(after.createdAt), .text(after.id), .int(Int64(limit))]))
+    }
+
+    func counts(_ user: UserKey) throws(StoreError) -> [TargetingCounts] {
+        let r = try db.query("""
+            SELECT platforms, tags, unread, no_interaction, total FROM counts WHERE app = $1 AND user_id = $2
+            """, key(user))
+        var out: [TargetingCounts] = []
+        for i in 0..<r.count {
+            guard let platforms = r.text(i, 0), let tags = r.text(i, 1),
+                  let targeting = TargetingKey(platforms: platforms, tags: tags).targeting
+            else { throw corrupt("counts of \(user)") }
+            out.append(TargetingCounts(targeting: targeting, unread: Int(r.int64(i, 2)), noInteraction: Int(r.int64(i, 3)),
+                                       total: Int(r.int64(i, 4))))
+        }
+        return out
+    }
+
+    /// Decodes columns `col...col+4` as device_id, platform, tags,
+    /// last_seen_at, view_generation.
+    func device(_ r: PostgresRows, _ i: Int, _ col: Int32) throws(StoreError) -> Device {
+        guard let id = r.text(i, col), let platform = r.text(i, col + 1).flatMap(Platform.init(rawValue:)),
+              let tags = StoredForm.tags(r.json(i, col + 2))
+        else { throw corrupt("device") }
+        return Device(deviceId: id, platform: platform, tags: tags, lastSeenAt: r.int64(i, col + 3),
+                      viewGeneration: r.int64(i, col + 4))
+    }
+
+    func devices(_ user: UserKey) throws(StoreError) -> [Device] {
+        let r = try db.query("""
+            SELECT device_id, platform, tags, last_seen_at, view_generation FROM devices
+            WHERE app = $1 AND user_id = $2 ORDER BY registered
+            """, key(user))
+        var out: [Device] = []
+        for i in 0..<r.count { out.append(try device(r, i, 0)) }
+        return out
+    }
+}
+
+/// A second connection to a store's database, for one thread other than
+/// the owner's. `read` runs in one REPEATABLE READ transaction: one snapshot
+/// of what had committed when it began. Reconnects by itself after a lost
+/// connection, at the next call outside `read`.
+final class PostgresStoreReader: StoreReader {
+    let epoch: String
+    private let reads: PostgresReads
+
+    init(url: String, epoch: String) throws(StoreError) {
+        self.epoch = epoch
+        reads = PostgresReads(db: try PostgresConnection(url: url))
+    }
+
+    /// Outside `read`: connect again if the last call lost the connection.
+    private func ready() throws(StoreError) -> PostgresReads {
+        if !reads.db.inTransaction { try reads.db.reconnectIfLost() }
+        return reads
+    }
+
+    func read<T>(_ body: (StoreReading) throws(StoreError) -> T) throws(StoreError) -> T {
+        let db = try ready().db
+        // Nested: the outer snapshot serves it.
+        guard !db.inTransaction else { return try body(self) }
+        // The snapshot is taken at the first statement, not at BEGIN: take it now.
+        try db.script("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SELECT 1")
+        do throws(StoreError) {
+            let r = try body(self)
+            try db.script("COMMIT")
+            return r
+        } catch {
+            if db.inTransaction { _ = try? db.script("ROLLBACK") }
+            throw error
+        }
+    }
+
+    func feed(_ user: UserKey) throws(StoreError) -> FeedState { try ready().feed(user) }
+    func notification(_ user: UserKey, id: String) throws(StoreError) -> Notification? { try ready().notification(user, id: id) }
+    func changes(_ user: UserKey, after: Int64, limit: Int) throws(StoreError) -> [ChangeRecord] {
+        try ready().changes(user, after: after, limit: limit)
+    }
+    func history(_ user: UserKey, after: HistoryKey?, limit: Int) throws(StoreError) -> [Notification] {
+        try ready().history(user, after: after, limit: limit)
+    }
+    func counts(_ user: UserKey) throws(StoreError) -> [TargetingCounts] { try ready().counts(user) }
+    func devices(_ user: UserKey) throws(StoreError) -> [Device] { try ready().devices(user) }
+}

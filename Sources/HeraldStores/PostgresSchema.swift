@@ -1,0 +1,150 @@
+import HeraldCore
+
+/// The PostgreSQL store's schema and its migrations.
+///
+/// Versions are rows of `herald_schema`; migrations run at start, in one
+/// transaction, under an advisory lock: of several nodes starting at once
+/// one migrates, the others wait for it and then find nothing left to do.
+/// Tables are created in the connection's schema (`search_path`), so one
+/// database can hold several Herald deployments, one schema each.
+enum PostgresSchema {
+    /// The schema version this code writes; `migrations[v - 1]` brings a
+    /// database from version `v - 1` to `v`.
+    static var version: Int64 { Int64(migrations.count) }
+
+    /// The advisory lock key of migrations ("Herald" in ASCII).
+    static let migrationLock: Int64 = 0x4865_7261_6C64
+
+    /// Forward migrations. Append only; never edit a released one.
+    /// Keys and ids are COLLATE "C": byte order, as history order wants,
+    /// and cheaper to compare than a locale's.
+    static let migrations: [String] = [
+        // 1: the initial schema (SQLiteStore's version 3, in PostgreSQL's types).
+        """
+        CREATE TABLE herald_meta (
+            key   text COLLATE "C" PRIMARY KEY,
+            value text NOT NULL
+        );
+
+        -- One row per user: head is the last seq assigned, floor the highest
+        -- pruned seq. The row is also the user's write lock (see
+        -- PostgresStore.lock). Rows are never deleted.
+        CREATE TABLE feeds (
+            app     text COLLATE "C" NOT NULL,
+            user_id text COLLATE "C" NOT NULL,
+            head    bigint NOT NULL,
+            floor   bigint NOT NULL DEFAULT 0,
+            PRIMARY KEY (app, user_id)
+        );
+
+        -- Live notifications. `json` is the wire form (Notification.json),
+        -- kept as text so that it reads back byte for byte; the other columns
+        -- are copies for lookups, ordering and counts (count_* is the
+        -- notification's TargetingKey).
+        CREATE TABLE notifications (
+            app                 text COLLATE "C" NOT NULL,
+            user_id             text COLLATE "C" NOT NULL,
+            id                  text COLLATE "C" NOT NULL,
+            app_notification_id text COLLATE "C" NOT NULL,
+            created_at          bigint NOT NULL,
+            expires_at          bigint NOT NULL,
+            read_state          text NOT NULL,
+            user_action_state   text NOT NULL,
+            version             bigint NOT NULL,
+            count_platforms     text NOT NULL,
+            count_tags          text NOT NULL,
+            json                text NOT NULL,
+            PRIMARY KEY (app, user_id, id)
+        );
+        CREATE UNIQUE INDEX notifications_by_app_id ON notifications (app, user_id, app_notification_id);
+        CREATE INDEX notifications_history ON notifications (app, user_id, created_at DESC, id DESC);
+        CREATE INDEX notifications_expiry ON notifications (expires_at);
+
+        -- The change feed, one row per seq; `change` is the wire form
+        -- (Change.json). Presence before/after: *_unread NULL when absent,
+        -- *_platforms NULL for all platforms else comma-separated, *_tags the
+        -- tag expression's source, NULL for all devices.
+        CREATE TABLE changes (
+            app              text COLLATE "C" NOT NULL,
+            user_id          text COLLATE "C" NOT NULL,
+            seq              bigint NOT NULL,
+            at               bigint NOT NULL,
+            change           text NOT NULL,
+            before_unread    boolean,
+            before_platforms text,
+            before_tags      text,
+            after_unread     boolean,
+            after_platforms  text,
+            after_tags       text,
+            PRIMARY KEY (app, user_id, seq)
+        );
+        CREATE INDEX changes_by_at ON changes (at);
+
+        -- Live notifications per user and targeting (TargetingKey), kept by
+        -- every upsert and delete in the same transaction; a row whose total
+        -- reaches 0 is deleted.
+        CREATE TABLE counts (
+            app            text COLLATE "C" NOT NULL,
+            user_id        text COLLATE "C" NOT NULL,
+            platforms      text COLLATE "C" NOT NULL,
+            tags           text COLLATE "C" NOT NULL,
+            unread         bigint NOT NULL,
+            no_interaction bigint NOT NULL,
+            total          bigint NOT NULL,
+            PRIMARY KEY (app, user_id, platforms, tags)
+        );
+
+        -- Device registrations; `registered` keeps registration order.
+        CREATE TABLE devices (
+            app             text COLLATE "C" NOT NULL,
+            user_id         text COLLATE "C" NOT NULL,
+            device_id       text COLLATE "C" NOT NULL,
+            platform        text NOT NULL,
+            tags            text NOT NULL,
+            last_seen_at    bigint NOT NULL,
+            view_generation bigint NOT NULL,
+            registered      bigint GENERATED ALWAYS AS IDENTITY,
+            PRIMARY KEY (app, user_id, device_id)
+        );
+        CREATE INDEX devices_by_last_seen ON devices (last_seen_at);
+        """,
+    ]
+
+    /// Brings the database to the current version and returns its epoch,
+    /// made by the first migration.
+    static func migrate(_ db: PostgresConnection) throws(StoreError) -> String {
+        try db.script("BEGIN")
+        do throws(StoreError) {
+            try db.execute("SELECT pg_advisory_xact_lock($1)", [.int(migrationLock)])
+            try db.script("""
+                CREATE TABLE IF NOT EXISTS herald_schema (
+                    version    bigint PRIMARY KEY,
+                    applied_at timestamptz NOT NULL DEFAULT now()
+                )
+                """)
+            let current = try db.query("SELECT coalesce(max(version), 0) FROM herald_schema").int64(0, 0)
+            if current > version {
+                throw db.error("schema", "the database has schema version \(current), newer than the \(version) this Herald understands; refusing to use it (upgrade Herald). Nothing was changed.")
+            }
+            if current < version {
+                for v in (current + 1)...version {
+                    try db.script(migrations[Int(v - 1)])
+                    if v == 1 {
+                        try db.execute("INSERT INTO herald_meta (key, value) VALUES ('epoch', $1), ('created_at', $2)",
+                                       [.text("p-" + Random.hex(12)), .text(RFC3339.format(WallClock.now()))])
+                    }
+                    try db.execute("INSERT INTO herald_schema (version) VALUES ($1)", [.int(v)])
+                }
+            }
+            let epoch = try db.query("SELECT value FROM herald_meta WHERE key = 'epoch'")
+            guard epoch.count == 1, let e = epoch.text(0, 0), !e.isEmpty else {
+                throw db.error("schema", "the database has no epoch (damaged?)")
+            }
+            try db.script("COMMIT")
+            return e
+        } catch {
+            if db.inTransaction { _ = try? db.script("ROLLBACK") }
+            throw error
+        }
+    }
+}

@@ -1,0 +1,379 @@
+import HeraldCore
+
+/// The store several gateway nodes share (`--store postgres://...`): one
+/// PostgreSQL database, written by each node's engine thread on its own
+/// connection; other threads read through `makeReader()`.
+///
+/// Group commit: the engine runs a batch between `begin()` and `commit()`,
+/// one PostgreSQL transaction (READ COMMITTED). Every write method also
+/// works outside `begin()`/`commit()`, as its own transaction. A statement
+/// that fails inside a transaction dooms all of it (PostgreSQL runs nothing
+/// more of it): the caller rolls back.
+///
+/// Cross-node ordering (docs/ARCHITECTURE.md): inside a transaction the
+/// first read or write of a user locks that user's `feeds` row until commit
+/// or rollback (`lock`), and a user's seq is `head + 1` of that row. So the
+/// transactions touching one user run one after another across all nodes,
+/// and each reads what the previous one committed. A seq is therefore
+/// never committed after a larger seq of the same user: a device that has
+/// read up to seq N never later finds a change below N that it skipped.
+/// Two batches locking two users in opposite orders deadlock; PostgreSQL
+/// aborts one of them (after `deadlock_timeout`, 1 s by default), whose
+/// requests are answered 503 and retried by their clients.
+///
+/// The epoch is made by the first migration and stored in the database, so
+/// every node of one database has the same one, for the life of the
+/// database.
+///
+/// Expiry: `expiring` locks the notifications it returns and their users
+/// with `FOR UPDATE ... SKIP LOCKED`, so two nodes sweeping at once divide
+/// the due notifications between them instead of both deleting (and
+/// announcing) the same one; what another node holds is left for the next
+/// sweep.
+///
+/// Connection loss: the call fails with a `StoreError` (the gateway answers
+/// 503); the next `begin()`, or call outside a transaction, connects again.
+public final class PostgresStore: NotificationStore {
+    public let epoch: String
+    private let url: String
+    /// Internal for tests (a lost connection).
+    let db: PostgresConnection
+    private let reads: PostgresReads
+    /// Inside `begin()` … `commit()`/`rollback()`.
+    private var inTransaction = false
+    /// The users whose feeds row the open transaction holds locked.
+    private var locked: Set<UserKey> = []
+
+    /// Checks the form of a connection URL without connecting: its
+    /// host:port/database, or nil when it is not one libpq accepts.
+    public static func describe(url: String) -> String? { PostgresConnection.describe(url) }
+
+    /// Connects to the database at `url` (a libpq URL or key=value string)
+    /// and migrates it to the current schema.
+    public init(url: String) throws(StoreError) {
+        self.url = url
+        db = try PostgresConnection(url: url)
+        reads = PostgresReads(db: db)
+        epoch = try PostgresSchema.migrate(db)
+    }
+
+    // MARK: Transactions
+
+    /// Refuses work inside a transaction that an error doomed or whose
+    /// connection is gone; outside one, connects again if it was lost.
+    private func check() throws(StoreError) {
+        if !inTransaction { return try db.reconnectIfLost() }
+        if !db.isConnected { throw db.error("transaction", "the connection was lost; roll back and retry") }
+        if db.transactionFailed { throw db.error("transaction", "rolled back after an earlier error; roll back and retry") }
+    }
+
+    /// Starts a transaction; a connection found dead here (the server
+    /// restarted since the last batch) is replaced once, as nothing of the
+    /// transaction has run yet.
+    private func start() throws(StoreError) {
+        try db.reconnectIfLost()
+        do throws(StoreError) {
+            try db.script("BEGIN")
+        } catch {
+            guard !db.isConnected else { throw error }
+            try db.reconnectIfLost()
+            try db.script("BEGIN")
+        }
+    }
+
+    public func begin() throws(StoreError) {
+        guard !inTransaction else { throw db.error("begin", "inside an open transaction") }
+        try start()
+        inTransaction = true
+    }
+
+    public func commit() throws(StoreError) {
+        guard inTransaction else { return }
+        defer { inTransaction = false; locked.removeAll() }
+        do throws(StoreError) {
+            try check()
+            try db.script("COMMIT")
+        } catch {
+            if db.inTransaction { _ = try? db.script("ROLLBACK") }
+            throw error
+        }
+    }
+
+    public func rollback() {
+        guard inTransaction else { return }
+        inTransaction = false
+        locked.removeAll()
+        if db.inTransaction { _ = try? db.script("ROLLBACK") }
+    }
+
+    /// Runs a multi-statement write atomically: in the open transaction,
+    /// else as its own.
+    private func write<T>(_ body: () throws(StoreError) -> T) throws(StoreError) -> T {
+        try check()
+        if inTransaction { return try body() }
+        try start()
+        inTransaction = true
+        do throws(StoreError) {
+            let r = try body()
+            try commit()
+            return r
+        } catch {
+            rollback()
+            throw error
+        }
+    }
+
+    private static func key(_ user: UserKey) -> [PostgresValue] { [.text(user.app), .text(user.user)] }
+
+    /// Inside a transaction, locks `user`'s feeds row (creating it at head 0
+    /// if missing) until the transaction ends, once per transaction: see the
+    /// class comment. Outside one, nothing to hold a lock for.
+    private func lock(_ user: UserKey) throws(StoreError) {
+        guard inTransaction, !locked.contains(user) else { return }
+        let lockSQL = "SELECT 1 FROM feeds WHERE app = $1 AND user_id = $2 FOR UPDATE"
+        if try db.query(lockSQL, Self.key(user)).count == 0 {
+            // Another node creating it at once: ours waits for its commit, then does nothing.
+            try db.execute("INSERT INTO feeds (app, user_id, head, floor) VALUES ($1, $2, 0, 0) ON CONFLICT DO NOTHING",
+                           Self.key(user))
+            try db.query(lockSQL, Self.key(user))
+        }
+        locked.insert(user)
+    }
+
+    /// The reads of one user, after `check` and `lock`.
+    private func reading(_ user: UserKey) throws(StoreError) -> PostgresReads {
+        try check()
+        try lock(user)
+        return reads
+    }
+
+    // MARK: Reads
+
+    public func feed(_ user: UserKey) throws(StoreError) -> FeedState { try reading(user).feed(user) }
+
+    public func notification(_ user: UserKey, id: String) throws(StoreError) -> Notification? {
+        try reading(user).notification(user, id: id)
+    }
+
+    public func notification(_ user: UserKey, appNotificationId: String) throws(StoreError) -> Notification? {
+        try reading(user).notification(user, appNotificationId: appNotificationId)
+    }
+
+    public func changes(_ user: UserKey, after: Int64, limit: Int) throws(StoreError) -> [ChangeRecord] {
+        try reading(user).changes(user, after: after, limit: limit)
+    }
+
+    public func history(_ user: UserKey, after: HistoryKey?, limit: Int) throws(StoreError) -> [Notification] {
+        try reading(user).history(user, after: after, limit: limit)
+    }
+
+    public func counts(_ user: UserKey) throws(StoreError) -> [TargetingCounts] { try reading(user).counts(user) }
+
+    public func devices(_ user: UserKey) throws(StoreError) -> [Device] { try reading(user).devices(user) }
+
+    /// Oldest expiry first, skipping what another transaction holds (see
+    /// the class comment); inside a transaction the rows and their users
+    /// stay locked until it ends.
+    public func expiring(until: Millis, limit: Int) throws(StoreError) -> [(UserKey, Notification)] {
+        try check()
+        guard limit > 0 else { return [] }
+        let r = try db.query("""
+            SELECT n.app, n.user_id, n.json FROM notifications n
+            JOIN feeds f ON f.app = n.app AND f.user_id = n.user_id
+            WHERE n.expires_at <= $1 ORDER BY n.expires_at, n.app, n.user_id, n.id LIMIT $2
+            FOR UPDATE OF n, f SKIP LOCKED
+            """, [.int(until), .int(Int64(limit))])
+        let ns = try reads.notifications(r, 2)
+        var out: [(UserKey, Notification)] = []
+        for (i, n) in ns.enumerated() {
+            guard let app = r.text(i, 0), let u = r.text(i, 1) else { throw reads.corrupt("notification") }
+            let user = UserKey(app: app, user: u)
+            if inTransaction { locked.insert(user) }
+            out.append((user, n))
+        }
+        return out
+    }
+
+    public func usersWithDevices(app: String) throws(StoreError) -> [(user: String, devices: [Device])] {
+        try check()
+        let r = try db.query("""
+            SELECT user_id, device_id, platform, tags, last_seen_at, view_generation FROM devices
+            WHERE app = $1 ORDER BY user_id, registered
+            """, [.text(app)])
+        var out: [(user: String, devices: [Device])] = []
+        for i in 0..<r.count {
+            guard let u = r.text(i, 0) else { throw reads.corrupt("device") }
+            let d = try reads.device(r, i, 1)
+            if out.last?.user == u { out[out.count - 1].devices.append(d) } else { out.append((user: u, devices: [d])) }
+        }
+        return out
+    }
+
+    /// A reader on a second connection to the same database.
+    public func makeReader() throws(StoreError) -> StoreReader? {
+        try PostgresStoreReader(url: url, epoch: epoch)
+    }
+
+    // MARK: Writing notifications and their changes
+
+    /// Assigns the user's next seq: `head + 1` of its feeds row, which stays
+    /// locked until the transaction ends (see the class comment).
+    private func nextSeq(_ user: UserKey) throws(StoreError) -> Int64 {
+        let r = try db.query("""
+            INSERT INTO feeds (app, user_id, head, floor) VALUES ($1, $2, 1, 0)
+            ON CONFLICT (app, user_id) DO UPDATE SET head = feeds.head + 1
+            RETURNING head
+            """, Self.key(user))
+        guard r.count == 1, let seq = r.optionalInt64(0, 0) else { throw db.error("seq", "no seq assigned") }
+        if inTransaction { locked.insert(user) }
+        return seq
+    }
+
+    /// Appends a change: parameters $1...$11 of the statements that use it.
+    private static let appendChange = """
+        INSERT INTO changes (app, user_id, seq, at, change, before_unread, before_platforms, before_tags,
+                             after_unread, after_platforms, after_tags)
+        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+        """
+
+    private static func appendParameters(_ user: UserKey, _ r: ChangeRecord) -> [PostgresValue] {
+        func presence(_ p: Presence?) -> [PostgresValue] {
+            guard let p else { return [.null, .null, .null] }
+            let c = StoredForm.columns(p.targeting)
+            return [.bool(p.unread), c.platforms.map(PostgresValue.text) ?? .null, c.tags.map(PostgresValue.text) ?? .null]
+        }
+        return key(user) + [.int(r.seq), .int(r.at), .utf8(r.encoded)] + presence(r.before) + presence(r.after)
+    }
+
+    /// What the notification a statement returned as read_state,
+    /// user_action_state, count_platforms, count_tags added to the counts;
+    /// nil when it returned none.
+    private func counted(_ r: PostgresRows) throws(StoreError) -> Counted? {
+        guard r.count > 0 else { return nil }
+        guard let platforms = r.text(0, 2), let tags = r.text(0, 3),
+              let targeting = TargetingKey(platforms: platforms, tags: tags).targeting
+        else { throw reads.corrupt("notification targeting") }
+        return Counted(targeting: targeting, unread: r.text(0, 0) == ReadState.unread.rawValue,
+                       noInteraction: r.text(0, 1) == UserActionState.noInteraction.rawValue)
+    }
+
+    /// Applies `deltas` to `user`'s counts, deleting a row whose total reaches 0.
+    private func count(_ user: UserKey, _ deltas: [CountDelta]) throws(StoreError) {
+        for d in deltas {
+            let key = Self.key(user) + [.text(d.key.platforms), .text(d.key.tags)]
+            let total = try db.query("""
+                INSERT INTO counts (app, user_id, platforms, tags, unread, no_interaction, total)
+                VALUES ($1, $2, $3, $4, $5, $6, $7)
+                ON CONFLICT (app, user_id, platforms, tags) DO UPDATE SET
+                    unread = counts.unread + excluded.unread, no_interaction = counts.no_interaction + excluded.no_interaction,
+                    total = counts.total + excluded.total
+                RETURNING total
+                """, key + [.int(Int64(d.unread)), .int(Int64(d.noInteraction)), .int(Int64(d.total))])
+            if total.optionalInt64(0, 0) == 0 {
+                try db.execute("DELETE FROM counts WHERE app = $1 AND user_id = $2 AND platforms = $3 AND tags = $4", key)
+            }
+        }
+    }
+
+    // The counts move by what was stored, not by the caller's `previous` or
+    // `n`: they stay those of the live notifications whatever a caller passes.
+
+    public func upsert(_ user: UserKey, _ n: Notification, previous: Notification?, at: Millis) throws(StoreError) -> ChangeRecord {
+        try write { () throws(StoreError) -> ChangeRecord in
+            let seq = try nextSeq(user)
+            let r = ChangeRecord(change: Change(seq: seq, op: .upsert(n)), before: previous.map(Presence.init),
+                                 after: Presence(n), at: at)
+            let new = Counted(n)
+            // One round trip: the stored notification before (all parts of a
+            // statement read one snapshot), the replace, the change.
+            let old = try db.query("""
+                WITH old AS (
+                    SELECT read_state, user_action_state, count_platforms, count_tags FROM notifications
+                    WHERE app = $1 AND user_id = $2 AND id = $12
+                ), saved AS (
+                    INSERT INTO notifications (app, user_id, id, app_notification_id, created_at, expires_at, read_state,
+                                               user_action_state, version, count_platforms, count_tags, json)
+                    VALUES ($1, $2, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21)
+                    ON CONFLICT (app, user_id, id) DO UPDATE SET
+                        app_notification_id = excluded.app_notification_id, created_at = excluded.created_at,
+                        expires_at = excluded.expires_at, read_state = excluded.read_state,
+                        user_action_state = excluded.user_action_state, version = excluded.version,
+                        count_platforms = excluded.count_platforms, count_tags = excluded.count_tags, json = excluded.json
+                ), appended AS (
+                    \(Self.appendChange)
+                )
+                SELECT * FROM old
+                """, Self.appendParameters(user, r)
+                    + [.text(n.id), .text(n.appNotificationId), .int(n.createdAt), .int(n.expiresAt),
+                       .text(n.readState.rawValue), .text(n.userActionState.rawValue), .int(n.version),
+                       .text(new.key.platforms), .text(new.key.tags), .utf8(n.json.encoded)])
+            try count(user, CountDelta.replacing(try counted(old), by: new))
+            return r
+        }
+    }
+
+    public func delete(_ user: UserKey, _ n: Notification, reason: DeleteReason, at: Millis) throws(StoreError) -> ChangeRecord {
+        try write { () throws(StoreError) -> ChangeRecord in
+            let seq = try nextSeq(user)
+            let op = Change.Op.delete(id: n.id, appNotificationId: n.appNotificationId, reason: reason)
+            let r = ChangeRecord(change: Change(seq: seq, op: op), before: Presence(n), after: nil, at: at)
+            let gone = try db.query("""
+                WITH gone AS (
+                    DELETE FROM notifications WHERE app = $1 AND user_id = $2 AND id = $12
+                    RETURNING read_state, user_action_state, count_platforms, count_tags
+                ), appended AS (
+                    \(Self.appendChange)
+                )
+                SELECT * FROM gone
+                """, Self.appendParameters(user, r) + [.text(n.id)])
+            try count(user, CountDelta.replacing(try counted(gone), by: nil))
+            return r
+        }
+    }
+
+    // MARK: Retention
+
+    /// Drops, for every user, the changes up to the last one recorded before
+    /// `before` and raises the feed's floor to it. Users another transaction
+    /// holds are skipped (pruned next time) rather than waited for, so the
+    /// sweep never deadlocks with a batch.
+    public func pruneChanges(before: Millis) throws(StoreError) -> Int {
+        try write { () throws(StoreError) -> Int in
+            try db.execute("""
+                WITH cuts AS (
+                    SELECT app, user_id, max(seq) AS seq FROM changes WHERE at < $1 GROUP BY app, user_id
+                ), mine AS (
+                    SELECT f.app, f.user_id, c.seq FROM feeds f JOIN cuts c ON c.app = f.app AND c.user_id = f.user_id
+                    FOR UPDATE OF f SKIP LOCKED
+                ), raised AS (
+                    UPDATE feeds f SET floor = greatest(f.floor, m.seq) FROM mine m
+                    WHERE f.app = m.app AND f.user_id = m.user_id
+                )
+                DELETE FROM changes c USING mine m WHERE c.app = m.app AND c.user_id = m.user_id AND c.seq <= m.seq
+                """, [.int(before)])
+        }
+    }
+
+    // MARK: Writing devices
+
+    public func saveDevice(_ user: UserKey, _ device: Device) throws(StoreError) {
+        try reading(user).db.execute("""
+            INSERT INTO devices (app, user_id, device_id, platform, tags, last_seen_at, view_generation)
+            VALUES ($1, $2, $3, $4, $5, $6, $7)
+            ON CONFLICT (app, user_id, device_id) DO UPDATE SET
+                platform = excluded.platform, tags = excluded.tags, last_seen_at = excluded.last_seen_at,
+                view_generation = excluded.view_generation
+            """, Self.key(user) + [.text(device.deviceId), .text(device.platform.rawValue), .utf8(StoredForm.tags(device.tags)),
+                                   .int(device.lastSeenAt), .int(device.viewGeneration)])
+    }
+
+    public func deleteDevice(_ user: UserKey, id: String) throws(StoreError) -> Bool {
+        try reading(user).db.execute("DELETE FROM devices WHERE app = $1 AND user_id = $2 AND device_id = $3",
+                                     Self.key(user) + [.text(id)]) > 0
+    }
+
+    public func pruneDevices(lastSeenBefore before: Millis) throws(StoreError) -> Int {
+        try check()
+        return try db.execute("DELETE FROM devices WHERE last_seen_at < $1", [.int(before)])
+    }
+}

@@ -1,0 +1,317 @@
+import Foundation
+import XCTest
+import HeraldCore
+@testable import HeraldStores
+
+final class PostgresStoreConformanceTests: StoreConformanceTests {
+    var database: PostgresTestDatabase?
+
+    override func makeStore() throws -> NotificationStore? {
+        database = try PostgresTestDatabase()
+        return try PostgresStore(url: database!.url)
+    }
+
+    func testSeqStrictlyIncreasingPerUserAndIndependent() throws { try checkSeqStrictlyIncreasingPerUserAndIndependent() }
+    func testUpsertNewAndReplace() throws { try checkUpsertNewAndReplace() }
+    func testLookupMisses() throws { try checkLookupMisses() }
+    func testDeleteKeepsTombstone() throws { try checkDeleteKeepsTombstone() }
+    func testChangesOrderAndBounds() throws { try checkChangesOrderAndBounds() }
+    func testHistoryOrderWithTiesAndPaging() throws { try checkHistoryOrderWithTiesAndPaging() }
+    func testHistoryPagingAfterDeletedKey() throws { try checkHistoryPagingAfterDeletedKey() }
+    func testExpiring() throws { try checkExpiring() }
+    func testPruneChangesRaisesFloor() throws { try checkPruneChangesRaisesFloor() }
+    func testRollbackUndoesWritesAndSeq() throws { try checkRollbackUndoesWritesAndSeq() }
+    func testCountsFollowEveryWrite() throws { try checkCountsFollowEveryWrite() }
+    func testCountsUndoneByRollback() throws { try checkCountsUndoneByRollback() }
+    func testReaderReadsWhatTheStoreReads() throws { try checkReaderReadsWhatTheStoreReads() }
+    func testDevices() throws { try checkDevices() }
+
+    override func tearDown() {
+        super.tearDown()  // closes the store first: nothing holds a lock on the schema
+        database?.drop()
+    }
+}
+
+/// What only a store shared by several gateway nodes must promise: one
+/// epoch, one migration, seqs in commit order per user, expiry announced
+/// once; and what a lost server looks like.
+final class PostgresStoreTests: XCTestCase {
+    var database: PostgresTestDatabase!
+    let alice = UserKey(app: "app1", user: "alice")
+    let t0: Millis = 1_800_000_000_000
+
+    override func setUpWithError() throws { database = try PostgresTestDatabase() }
+    override func tearDown() {
+        database?.drop()
+        super.tearDown()
+    }
+
+    func note(_ id: String, user: UserKey? = nil, expiresAt: Millis? = nil) -> Notification {
+        Notification(id: id, appNotificationId: "a-" + id, userId: (user ?? alice).user, payload: ["title": "hi"],
+                     createdAt: t0, updatedAt: t0, expiresAt: expiresAt ?? t0 + 86_400_000)
+    }
+
+    /// Runs `body(i)` on `count` threads that start together; rethrows the
+    /// first failure. Each thread must use only objects of its own `i`.
+    func concurrently(_ count: Int, _ body: @escaping (Int) throws -> Void) throws {
+        // Threads of their own: a pool (concurrentPerform) may run them one
+        // after another, and some wait for each other.
+        let body = Unchecked(body)
+        let start = DispatchSemaphore(value: 0), done = DispatchSemaphore(value: 0)
+        let failures = Collected<Error>()
+        for i in 0..<count {
+            Thread.detachNewThread {
+                start.wait()
+                do { try body.value(i) } catch { failures.add(error) }
+                done.signal()
+            }
+        }
+        for _ in 0..<count { start.signal() }
+        for _ in 0..<count { done.wait() }
+        if let e = failures.values.first { throw e }
+    }
+
+    // MARK: Schema and epoch
+
+    func testNodesShareOneEpochAndMigrateOnce() throws {
+        let url = database.url
+        let epochs = Collected<String>()
+        try concurrently(4) { _ in epochs.add(try PostgresStore(url: url).epoch) }
+        XCTAssertEqual(epochs.values.count, 4)
+        XCTAssertEqual(Set(epochs.values).count, 1, "one epoch for every node of one database")
+        let again = try PostgresStore(url: url)
+        XCTAssertEqual(again.epoch, epochs.values.first, "the epoch lives as long as the database")
+        XCTAssertTrue(again.epoch.hasPrefix("p-"))
+        let versions = try again.db.query("SELECT version FROM herald_schema ORDER BY version")
+        XCTAssertEqual((0..<versions.count).map { versions.int64($0, 0) }, Array(1...PostgresSchema.version),
+                       "each migration ran once")
+
+        // Another schema is another database as far as the store knows.
+        let other = try PostgresTestDatabase()
+        defer { other.drop() }
+        XCTAssertNotEqual(try PostgresStore(url: other.url).epoch, again.epoch)
+    }
+
+    func testNewerSchemaIsRefused() throws {
+        let store = try PostgresStore(url: database.url)
+        try store.db.execute("INSERT INTO herald_schema (version) VALUES ($1)", [.int(PostgresSchema.version + 1)])
+        XCTAssertThrowsError(try PostgresStore(url: database.url)) { e in
+            XCTAssertTrue("\(e)".contains("newer than the \(PostgresSchema.version)"), "\(e)")
+        }
+    }
+
+    func testBadURLIsRefusedBeforeConnecting() {
+        XCTAssertNil(PostgresStore.describe(url: "postgres://h/db?nosuchoption=1"))
+        XCTAssertEqual(PostgresStore.describe(url: "postgresql://u:secret@db.example:6432/herald"), "db.example:6432/herald")
+        XCTAssertThrowsError(try PostgresStore(url: "postgres://herald@127.0.0.1:1/nothing")) { e in
+            XCTAssertTrue("\(e)".contains("cannot connect"), "\(e)")
+            XCTAssertFalse("\(e)".contains("secret"))
+        }
+    }
+
+    // MARK: Two nodes
+
+    /// Two nodes publish to one user at once, in batches; a third connection
+    /// follows the feed like a device resuming by cursor after every read.
+    /// Every seq is distinct, and the follower, which only ever asks for
+    /// changes after the last seq it saw, sees every one: no seq commits
+    /// after a larger one of the same user.
+    func testTwoNodesPublishingToOneUserKeepSeqsInCommitOrder() throws {
+        let url = database.url, alice = alice
+        let nodes = [try PostgresStore(url: url), try PostgresStore(url: url)]
+        let follower = try XCTUnwrap(nodes[0].makeReader())
+        let published = Collected<Int64>()
+        let followed = Collected<Int64>()
+        let finished = Collected<Int>()
+        let batches = 60
+        try concurrently(3) { [self] i in
+            if i == 2 {
+                var cursor: Int64 = 0
+                while true {
+                    let last = finished.values.count == 2
+                    for r in try follower.changes(alice, after: cursor, limit: 1000) {
+                        followed.add(r.seq)
+                        cursor = r.seq
+                    }
+                    if last { return }
+                }
+            }
+            defer { finished.add(i) }
+            let store = nodes[i]
+            for b in 0..<batches {
+                try store.begin()
+                var seqs: [Int64] = []
+                for k in 0..<(1 + b % 3) {
+                    seqs.append(try store.upsert(alice, note("n_\(i)_\(b)_\(k)"), previous: nil, at: t0).seq)
+                }
+                try store.commit()
+                XCTAssertEqual(seqs, seqs.sorted(), "one batch's seqs increase")
+                published.add(contentsOf: seqs)
+            }
+        }
+        XCTAssertEqual(published.values.count, 2 * (0..<batches).map { 1 + $0 % 3 }.reduce(0, +))
+        XCTAssertEqual(Set(published.values).count, published.values.count, "every seq distinct")
+        XCTAssertEqual(followed.values, published.values.sorted(), "a follower by cursor misses no seq")
+        XCTAssertEqual(try nodes[1].feed(alice).head, published.values.max())
+    }
+
+    /// Two nodes sweep the same due notifications at once: each is deleted
+    /// and announced by one of them only.
+    func testTwoNodesAnnounceEachExpiryOnce() throws {
+        let url = database.url
+        let nodes = [try PostgresStore(url: url), try PostgresStore(url: url)]
+        let users = (0..<10).map { UserKey(app: "app1", user: "u\($0)") }
+        try nodes[0].begin()
+        for k in 0..<200 {
+            let u = users[k % users.count]
+            _ = try nodes[0].upsert(u, note("n_\(k)", user: u, expiresAt: t0 + Millis(k)), previous: nil, at: t0)
+        }
+        try nodes[0].commit()
+        let announced = Collected<String>()
+        let now = t0 + 1000
+        try concurrently(2) { i in
+            let store = nodes[i]
+            while true {
+                try store.begin()
+                let due = try store.expiring(until: now, limit: 7)
+                for (u, n) in due { _ = try store.delete(u, n, reason: .expired, at: now) }
+                try store.commit()
+                announced.add(contentsOf: due.map(\.1.id))
+                if due.isEmpty { break }
+            }
+        }
+        XCTAssertEqual(announced.values.count, 200, "announced once each")
+        XCTAssertEqual(Set(announced.values).count, 200)
+        var tombstones = 0
+        for u in users {
+            tombstones += try nodes[1].changes(u, after: 0, limit: 1000).filter {
+                if case .delete(_, _, .expired) = $0.change.op { return true } else { return false }
+            }.count
+        }
+        XCTAssertEqual(tombstones, 200)
+        XCTAssertEqual(try nodes[1].expiring(until: now, limit: 10).count, 0)
+    }
+
+    /// A node's read-modify-write of a user waits for another node's open
+    /// transaction on that user, then reads what it committed.
+    func testAUsersTransactionsRunOneAfterAnotherAcrossNodes() throws {
+        let url = database.url, alice = alice
+        let a = try PostgresStore(url: url), b = try PostgresStore(url: url)
+        _ = try a.upsert(alice, note("n_1"), previous: nil, at: t0)
+        try a.begin()
+        var n = try XCTUnwrap(a.notification(alice, id: "n_1"))
+        let bRead = Collected<Int64>()
+        let bDone = DispatchSemaphore(value: 0)
+        let other = Unchecked(b)
+        Thread.detachNewThread {
+            let b = other.value
+            do {
+                try b.begin()
+                if let m = try b.notification(alice, id: "n_1") { bRead.add(m.version) }
+                try b.commit()
+            } catch { XCTFail("\(error)") }
+            bDone.signal()
+        }
+        XCTAssertEqual(bDone.wait(timeout: .now() + 0.5), .timedOut, "node b waits for node a's transaction on alice")
+        n.version += 1
+        _ = try a.upsert(alice, n, previous: n, at: t0 + 1)
+        try a.commit()
+        XCTAssertEqual(bDone.wait(timeout: .now() + 10), .success)
+        XCTAssertEqual(bRead.values, [2], "then reads what a committed")
+    }
+
+    // MARK: Readers
+
+    func testReaderReadIsOneSnapshot() throws {
+        let store = try PostgresStore(url: database.url)
+        let reader = try XCTUnwrap(store.makeReader())
+        _ = try store.upsert(alice, note("n_1"), previous: nil, at: t0)
+        try reader.read { r throws(StoreError) in
+            let before = try r.feed(alice)
+            _ = try store.upsert(alice, note("n_2"), previous: nil, at: t0)
+            XCTAssertEqual(try r.feed(alice), before, "a commit made during read is not seen")
+            XCTAssertNil(try r.notification(alice, id: "n_2"))
+        }
+        XCTAssertEqual(try reader.feed(alice).head, 2)
+    }
+
+    // MARK: Failures
+
+    func testFailedStatementDoomsTheBatchUntilRolledBack() throws {
+        let store = try PostgresStore(url: database.url)
+        _ = try store.upsert(alice, note("n_1"), previous: nil, at: t0)
+        try store.begin()
+        _ = try store.upsert(alice, note("n_2"), previous: nil, at: t0)
+        var clash = note("n_3")
+        clash.appNotificationId = "a-n_1"  // unique per user: refused
+        XCTAssertThrowsError(try store.upsert(alice, clash, previous: nil, at: t0))
+        XCTAssertThrowsError(try store.feed(alice)) { e in XCTAssertTrue("\(e)".contains("roll back"), "\(e)") }
+        XCTAssertThrowsError(try store.commit())
+        store.rollback()
+        XCTAssertNil(try store.notification(alice, id: "n_2"), "nothing of the batch committed")
+        XCTAssertEqual(try store.feed(alice).head, 1)
+    }
+
+    func testLostConnectionFailsTheBatchAndTheNextOneReconnects() throws {
+        let store = try PostgresStore(url: database.url)
+        let admin = try PostgresStore(url: database.url)
+        func cut() throws {
+            let pid = try store.db.query("SELECT pg_backend_pid()").int64(0, 0)
+            try admin.db.query("SELECT pg_terminate_backend($1::int)", [.int(pid)])
+        }
+        // Lost between batches: the next batch connects again first.
+        try cut()
+        try store.begin()
+        _ = try store.upsert(alice, note("n_1"), previous: nil, at: t0)
+        try store.commit()
+        // Lost inside a batch: that batch fails, the next works.
+        try store.begin()
+        _ = try store.upsert(alice, note("n_2"), previous: nil, at: t0)
+        try cut()
+        XCTAssertThrowsError(try store.upsert(alice, note("n_3"), previous: nil, at: t0)) { e in
+            XCTAssertTrue(e is StoreError)
+        }
+        XCTAssertThrowsError(try store.commit())
+        store.rollback()
+        try store.begin()
+        _ = try store.upsert(alice, note("n_4"), previous: nil, at: t0)
+        try store.commit()
+        XCTAssertEqual(try store.history(alice, after: nil, limit: 10).map(\.id).sorted(), ["n_1", "n_4"])
+    }
+
+    /// The server stops: batches and reads fail with a StoreError; it comes
+    /// back: the next ones work, nothing committed was lost.
+    func testServerDownThenBack() throws {
+        let store = try PostgresStore(url: database.url)
+        let reader = try XCTUnwrap(store.makeReader())
+        _ = try store.upsert(alice, note("n_1"), previous: nil, at: t0)
+        try PostgresTestDatabase.control("stop")
+        var restarted = false
+        defer { if !restarted { try? PostgresTestDatabase.control("start") } }
+        XCTAssertThrowsError(try store.begin()) { e in XCTAssertTrue(e is StoreError) }
+        XCTAssertThrowsError(try store.begin(), "still down")
+        XCTAssertThrowsError(try reader.feed(alice))
+        try PostgresTestDatabase.control("start")
+        restarted = true
+        try store.begin()
+        _ = try store.upsert(alice, note("n_2"), previous: nil, at: t0)
+        try store.commit()
+        XCTAssertEqual(try reader.feed(alice).head, 2)
+        XCTAssertEqual(try reader.read { r throws(StoreError) in try r.history(alice, after: nil, limit: 10).count }, 2)
+    }
+}
+
+/// Hands a value to another thread that alone uses it from then on.
+struct Unchecked<T>: @unchecked Sendable {  // one thread at a time, by the callers' contract
+    let value: T
+    init(_ v: T) { value = v }
+}
+
+/// Values several test threads add to.
+final class Collected<T>: @unchecked Sendable {  // every access is under `lock`
+    private let lock = NSLock()
+    private var items: [T] = []
+    func add(_ v: T) { lock.withLock { items.append(v) } }
+    func add(contentsOf vs: [T]) { lock.withLock { items += vs } }
+    var values: [T] { lock.withLock { items } }
+}
