@@ -134,7 +134,9 @@ final class PostgresConnection {
 
     private static func message(_ p: UnsafePointer<CChar>?) -> String {
         guard let p else { return "unknown error" }
-        return String(cString: p).split(whereSeparator: \.isNewline).joined(separator: " ")
+        // libpq's messages span lines ("...failed: Connection refused\n\tIs the server running..."): one log line.
+        return String(cString: p).split(whereSeparator: \.isNewline)
+            .map { $0.trimmingPrefix(while: \.isWhitespace) }.joined(separator: " ")
     }
 
     /// Runs `sql` with `args` as parameters; returns its rows.

@@ -8,7 +8,8 @@ import HeraldTransport
 let version = "0.10.0"
 
 let usage = """
-usage: herald serve [--host 127.0.0.1] [--port 8080] [--config herald.json] [--store sqlite:herald.db | memory]
+usage: herald serve [--host 127.0.0.1] [--port 8080] [--config herald.json]
+                    [--store sqlite:herald.db | memory | postgres://USER@HOST:PORT/DATABASE]
                     [--app ID --server-key KEY --token-secret SECRET [--allowed-origins ORIGIN,...]]
                     [--demo] [--threads N] [--web-root DIR]
                     [--durability full|normal|off] [--event-loop libev|poll] [--log-format text|json]
@@ -144,7 +145,7 @@ func openStore(_ spec: String, durability: String?) throws(UsageError) -> Notifi
         return try openSQLite(path: path, durability: durability)
     }
     if spec.hasPrefix("postgres://") || spec.hasPrefix("postgresql://") {
-        throw UsageError("--store \(spec.prefix(11))...: the PostgreSQL store is not available in this build")
+        return try openPostgres(url: spec, durability: durability)
     }
     throw UsageError("--store must be memory, sqlite:PATH or postgres://...")
 }

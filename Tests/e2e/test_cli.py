@@ -145,6 +145,8 @@ BAD_INVOCATIONS = {
     "serve-port-negative": ["serve", "--store", "memory", "--port", "-1"],
     "serve-port-word": ["serve", "--store", "memory", "--port", "abc"],
     "serve-bad-store": ["serve", "--port", "0", "--store", "floppy:disk"],
+    "serve-bad-postgres-url": ["serve", "--port", "0", "--store", "postgres://db.example/herald?nosuchoption=1"],
+    "serve-postgres-durability": ["serve", "--port", "0", "--store", "postgres://db.example/herald", "--durability", "off"],
     "serve-missing-config": ["serve", "--port", "0", "--store", "memory", "--config", "/nonexistent/herald.json"],
     "serve-app-without-keys": ["serve", "--port", "0", "--store", "memory", "--app", "x.y"],
     "serve-bad-app-flag": ["serve", "--port", "0", "--store", "memory", "--app", "bad app!",

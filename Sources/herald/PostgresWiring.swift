@@ -1,0 +1,19 @@
+import Foundation
+import HeraldCore
+import HeraldStores
+
+/// `--store postgres://...`: a URL libpq cannot parse is a usage error
+/// (exit 2); a server that cannot be reached or refuses us is not, and
+/// exits 1 with one line, like any other failure to start.
+func openPostgres(url: String, durability: String?) throws(UsageError) -> NotificationStore {
+    guard durability == nil else {
+        throw UsageError("--durability applies to the sqlite store only (PostgreSQL's own settings decide durability)")
+    }
+    guard PostgresStore.describe(url: url) != nil else {
+        throw UsageError("--store: not a valid PostgreSQL URL (postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE[?PARAM=VALUE...])")
+    }
+    do { return try PostgresStore(url: url) } catch {
+        FileHandle.standardError.write("herald: --store \(error.description)\n".data(using: .utf8)!)
+        exit(1)
+    }
+}
