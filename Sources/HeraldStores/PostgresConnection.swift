@@ -99,8 +99,15 @@ final class PostgresConnection {
     private func connect() throws(StoreError) {
         close()
         // Defaults first: what the URL says overrides them (expand_dbname).
-        let keys: [PostgresValue] = [.text("connect_timeout"), .text("application_name"), .text("dbname"), .null]
-        let values: [PostgresValue] = [.text("5"), .text("herald"), .text(url), .null]
+        // The TCP settings bound how long a call waits on a server that
+        // vanished without closing the connection (host down, network cut):
+        // unacknowledged data for 15 s, or 3 unanswered keepalives 5 s apart
+        // after 15 s of silence, fail it instead of holding the engine forever.
+        let settings = [("connect_timeout", "5"), ("application_name", "herald"), ("tcp_user_timeout", "15000"),
+                        ("keepalives_idle", "15"), ("keepalives_interval", "5"), ("keepalives_count", "3"),
+                        ("dbname", url)]
+        let keys = settings.map { PostgresValue.text($0.0) } + [.null]
+        let values = settings.map { PostgresValue.text($0.1) } + [.null]
         let c = Self.withCStrings(keys) { k in Self.withCStrings(values) { v in PQconnectdbParams(k, v, 1) } }
         guard let c, PQstatus(c) == CONNECTION_OK else {
             let message = c.map { Self.message(PQerrorMessage($0)) } ?? "out of memory"
