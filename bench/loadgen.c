@@ -18,6 +18,9 @@
  * Each payload carries {ts} = the intended publish time (CLOCK_MONOTONIC ns,
  * open-loop schedule, so publisher queueing counts as latency) and {n}.
  *
+ * TLS: wss:// and https:// URLs use OpenSSL on the same non-blocking
+ * sockets and epoll loops (io_recv / io_send / io_handshake below).
+ *
  * Every loop is bounded in count and time; all traffic goes to the URLs
  * given, which must be numeric IPv4 addresses (loopback in this project).
  */
@@ -30,8 +33,11 @@
 #include <math.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <openssl/err.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
+#include <openssl/ssl.h>
+#include <openssl/x509v3.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -279,6 +285,7 @@ static struct {
     int n_server_pids;
     double max_run; /* hard bound on the whole run, s */
     int quiet;
+    char *ca; /* verify TLS servers against this PEM file; none: no verification */
 } O;
 
 /* parsed URLs */
@@ -286,14 +293,20 @@ typedef struct {
     struct sockaddr_in addr;
     char hostport[64];
     char *path; /* template */
+    int tls;    /* wss:// or https:// */
 } url_t;
 static url_t SUB_URL, PUB_URL;
 
 static void parse_url(const char *s, url_t *u, int ws) {
     const char *p = s;
-    const char *scheme = ws ? "ws://" : "http://";
-    if (strncmp(p, scheme, strlen(scheme)) != 0) die("URL must start with %s: %s", scheme, s);
-    p += strlen(scheme);
+    const char *scheme = ws ? "ws" : "http";
+    size_t sl = strlen(scheme);
+    if (strncmp(p, scheme, sl) != 0) die("URL must start with %s:// or %ss://: %s", scheme, scheme, s);
+    p += sl;
+    u->tls = *p == 's';
+    p += u->tls;
+    if (strncmp(p, "://", 3) != 0) die("URL must start with %s:// or %ss://: %s", scheme, scheme, s);
+    p += 3;
     const char *slash = strchr(p, '/');
     if (!slash) slash = p + strlen(p);
     char hp[64];
@@ -303,7 +316,7 @@ static void parse_url(const char *s, url_t *u, int ws) {
     hp[hl] = 0;
     snprintf(u->hostport, sizeof u->hostport, "%s", hp);
     char *colon = strrchr(hp, ':');
-    int port = ws ? 80 : 80;
+    int port = u->tls ? 443 : 80;
     if (colon) {
         *colon = 0;
         port = atoi(colon + 1);
@@ -315,6 +328,100 @@ static void parse_url(const char *s, url_t *u, int ws) {
     uint32_t a = ntohl(u->addr.sin_addr.s_addr);
     if ((a >> 24) != 127) die("refusing non-loopback target %s", s);
     u->path = strdup(*slash ? slash : "/");
+}
+
+/* ------------------------------------------------------------------ */
+/* socket I/O, plain or TLS                                            */
+/* ------------------------------------------------------------------ */
+
+static SSL_CTX *g_tls; /* made when a URL is wss:// or https:// */
+
+static void tls_init(void) {
+    g_tls = SSL_CTX_new(TLS_client_method());
+    if (!g_tls) die("SSL_CTX_new failed");
+    /* like send(): a write may be taken in part, and is retried from a buffer
+       that may have grown (and moved) since */
+    SSL_CTX_set_mode(g_tls, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+    /* a server closing without close_notify ends the stream like a plain FIN */
+    SSL_CTX_set_options(g_tls, SSL_OP_IGNORE_UNEXPECTED_EOF);
+    if (O.ca) {
+        if (SSL_CTX_load_verify_locations(g_tls, O.ca, NULL) != 1) die("cannot load --ca %s", O.ca);
+        SSL_CTX_set_verify(g_tls, SSL_VERIFY_PEER, NULL);
+    }
+}
+
+/* a client session on a connected socket; no session is ever reused, so each
+   connection makes a full handshake, like a device's first connect */
+static SSL *tls_new(int fd, const url_t *u) {
+    SSL *ssl = SSL_new(g_tls);
+    if (!ssl) die("SSL_new failed");
+    SSL_set_fd(ssl, fd);
+    SSL_set_connect_state(ssl);
+    if (O.ca) X509_VERIFY_PARAM_set1_ip(SSL_get0_param(ssl), (const unsigned char *)&u->addr.sin_addr, 4);
+    return ssl;
+}
+
+enum { IO_AGAIN = -1, IO_ERR = -2 };
+static char io_why[200]; /* what the last IO_ERR was */
+
+/* an SSL call's failure: IO_AGAIN (*want_out set when it waits for the socket
+   to be writable), 0 at the end of the stream, or IO_ERR */
+static int tls_result(SSL *ssl, int r, const char *what, int *want_out) {
+    int e = SSL_get_error(ssl, r);
+    if (want_out) *want_out = e == SSL_ERROR_WANT_WRITE;
+    if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE) return IO_AGAIN;
+    if (e == SSL_ERROR_ZERO_RETURN) return 0;
+    unsigned long err = ERR_get_error();
+    if (err) {
+        char tmp[160];
+        ERR_error_string_n(err, tmp, sizeof tmp);
+        snprintf(io_why, sizeof io_why, "%s: %s", what, tmp);
+    } else snprintf(io_why, sizeof io_why, "%s: %s", what, errno ? strerror(errno) : "connection closed");
+    return IO_ERR;
+}
+
+/* one read or write that never blocks: bytes moved, 0 at the end of the
+   stream (reads only), IO_AGAIN when the socket must be waited for, IO_ERR.
+   The error queue is cleared first so SSL_get_error sees only this call. */
+static ssize_t io_recv(int fd, SSL *ssl, void *p, size_t n) {
+    if (ssl) {
+        ERR_clear_error();
+        int r = SSL_read(ssl, p, (int)n);
+        return r > 0 ? r : tls_result(ssl, r, "TLS read", NULL);
+    }
+    ssize_t r = recv(fd, p, n, 0);
+    if (r >= 0) return r;
+    if (errno == EAGAIN || errno == EINTR) return IO_AGAIN;
+    snprintf(io_why, sizeof io_why, "recv: %s", strerror(errno));
+    return IO_ERR;
+}
+static ssize_t io_send(int fd, SSL *ssl, const void *p, size_t n) {
+    if (ssl) {
+        ERR_clear_error();
+        int r = SSL_write(ssl, p, (int)n);
+        if (r > 0) return r;
+        r = tls_result(ssl, r, "TLS write", NULL);
+        if (r == 0) snprintf(io_why, sizeof io_why, "TLS write: connection closed by server");
+        return r == 0 ? IO_ERR : r;
+    }
+    ssize_t r = send(fd, p, n, MSG_NOSIGNAL);
+    if (r >= 0) return r;
+    if (errno == EAGAIN || errno == EINTR) return IO_AGAIN;
+    snprintf(io_why, sizeof io_why, "send: %s", strerror(errno));
+    return IO_ERR;
+}
+
+/* advance a handshake: 1 when done, IO_AGAIN (*want_out as above), IO_ERR */
+static int io_handshake(SSL *ssl, int *want_out) {
+    ERR_clear_error();
+    int r = SSL_do_handshake(ssl);
+    if (r == 1) return 1;
+    r = tls_result(ssl, r, "TLS handshake", want_out);
+    long v = SSL_get_verify_result(ssl);
+    if (r != IO_AGAIN && v != X509_V_OK)
+        snprintf(io_why, sizeof io_why, "TLS handshake: certificate: %s", X509_verify_cert_error_string(v));
+    else if (r == 0) snprintf(io_why, sizeof io_why, "TLS handshake: connection closed by server");
+    return r == 0 ? IO_ERR : r;
 }
 
 /* ------------------------------------------------------------------ */
@@ -453,13 +560,15 @@ typedef struct {
 /* subscriber worker                                                   */
 /* ------------------------------------------------------------------ */
 
-enum { S_QUEUED = 0, S_CONNECTING, S_UPGRADING, S_WAITREADY, S_READY, S_CLOSED, S_FAILED };
+enum { S_QUEUED = 0, S_CONNECTING, S_HANDSHAKE, S_UPGRADING, S_WAITREADY, S_READY, S_CLOSED, S_FAILED };
 
 typedef struct {
     int fd;
+    SSL *ssl; /* wss:// */
     uint8_t state;
     uint8_t frag_op;
     uint8_t resume;
+    uint8_t hs_want_out; /* S_HANDSHAKE: waiting for the socket to be writable */
     long uidx, didx; /* global user index and device index */
     uint64_t t_start;
     buf_t r, w, frag;
@@ -521,11 +630,14 @@ static void w_note_err(const char *fmt, ...) {
 
 static void sc_update_events(sconn_t *c) {
     struct epoll_event ev = {.events = EPOLLIN, .data.u64 = (uint64_t)(c - W.c)};
-    if (c->state == S_CONNECTING || c->w.len > c->woff) ev.events |= EPOLLOUT;
+    if (c->state == S_CONNECTING || (c->state == S_HANDSHAKE && c->hs_want_out) || c->w.len > c->woff)
+        ev.events |= EPOLLOUT;
     epoll_ctl(W.ep, EPOLL_CTL_MOD, c->fd, &ev);
 }
 
 static void sc_close(sconn_t *c, int newstate) {
+    SSL_free(c->ssl);
+    c->ssl = NULL;
     if (c->fd >= 0) {
         epoll_ctl(W.ep, EPOLL_CTL_DEL, c->fd, NULL);
         close(c->fd);
@@ -540,11 +652,9 @@ static void sc_close(sconn_t *c, int newstate) {
 
 static void sc_flush(sconn_t *c) {
     while (c->w.len > c->woff) {
-        ssize_t n = send(c->fd, c->w.p + c->woff, c->w.len - c->woff, MSG_NOSIGNAL);
-        if (n < 0) {
-            if (errno == EAGAIN || errno == EINTR) break;
-            return; /* error surfaces on read */
-        }
+        ssize_t n = io_send(c->fd, c->ssl, c->w.p + c->woff, c->w.len - c->woff);
+        if (n == IO_AGAIN) break;
+        if (n < 0) return; /* error surfaces on read */
         c->woff += (size_t)n;
     }
     if (c->woff == c->w.len) {
@@ -632,7 +742,8 @@ static void sc_became_ready(sconn_t *c) {
 }
 
 static void sc_fail(sconn_t *c, const char *why) {
-    int was_pending = c->state == S_CONNECTING || c->state == S_UPGRADING || c->state == S_WAITREADY;
+    int was_pending = c->state == S_CONNECTING || c->state == S_HANDSHAKE || c->state == S_UPGRADING ||
+                      c->state == S_WAITREADY;
     if (was_pending) {
         W.inflight--;
         W.failed++;
@@ -916,6 +1027,20 @@ static void sc_on_handshake(sconn_t *c) {
     if (!O.ready_match) sc_became_ready(c);
 }
 
+static void sc_handshake(sconn_t *c) {
+    int want_out = 0, r = io_handshake(c->ssl, &want_out);
+    if (r == IO_ERR) {
+        sc_fail(c, io_why);
+        return;
+    }
+    if (r == 1) {
+        sc_send_upgrade(c);
+        return;
+    }
+    c->hs_want_out = (uint8_t)want_out;
+    sc_update_events(c);
+}
+
 static void sc_on_event(sconn_t *c, uint32_t evs) {
     if (c->state == S_CONNECTING) {
         if (evs & (EPOLLOUT | EPOLLERR | EPOLLHUP)) {
@@ -928,21 +1053,31 @@ static void sc_on_event(sconn_t *c, uint32_t evs) {
                 sc_fail(c, why);
                 return;
             }
-            sc_send_upgrade(c);
+            if (SUB_URL.tls) {
+                c->ssl = tls_new(c->fd, &SUB_URL);
+                c->state = S_HANDSHAKE;
+                sc_handshake(c);
+            } else sc_send_upgrade(c);
         }
+        return;
+    }
+    if (c->state == S_HANDSHAKE) {
+        sc_handshake(c);
         return;
     }
     if (evs & EPOLLOUT) sc_flush(c);
     if (c->fd < 0) return;
     if (evs & (EPOLLIN | EPOLLERR | EPOLLHUP)) {
-        for (int i = 0; i < 64; i++) {
+        /* TLS: a read returns one record at most, and the bytes a read leaves
+           in the SSL object raise no epoll event, so read on while it holds
+           some (bounded: it holds one record at most, and reading them takes
+           nothing more from the socket) */
+        for (int i = 0; i < 64 || (c->ssl && SSL_pending(c->ssl) > 0); i++) {
             buf_reserve(&c->r, 16384);
-            ssize_t n = recv(c->fd, c->r.p + c->r.len, c->r.cap - c->r.len - 1, 0);
-            if (n < 0) {
-                if (errno == EAGAIN || errno == EINTR) break;
-                char why[100];
-                snprintf(why, sizeof why, "recv: %s", strerror(errno));
-                sc_fail(c, why);
+            ssize_t n = io_recv(c->fd, c->ssl, c->r.p + c->r.len, c->r.cap - c->r.len - 1);
+            if (n == IO_AGAIN) break;
+            if (n == IO_ERR) {
+                sc_fail(c, io_why);
                 return;
             }
             if (n == 0) {
@@ -957,7 +1092,8 @@ static void sc_on_event(sconn_t *c, uint32_t evs) {
                 if (c->state == S_UPGRADING) continue;
             }
             if (sc_parse_frames(c, now) < 0) return;
-            if ((size_t)n < 16384) break;
+            /* plain: a short read emptied the socket; TLS reads until it must wait */
+            if (!c->ssl && (size_t)n < 16384) break;
         }
         /* keep idle buffers small */
         if (c->r.len == 0 && c->r.cap > 65536) buf_free(&c->r);
@@ -1034,6 +1170,7 @@ static void w_handle_cmd(const cmd_t *m) {
             if (c->fd >= 0) {
                 static const char cl[] = {0x03, (char)0xE8}; /* 1000 */
                 sc_send_frame(c, 0x8, cl, 2);
+                if (c->ssl) SSL_shutdown(c->ssl); /* close_notify */
                 shutdown(c->fd, SHUT_WR);
                 sc_close(c, S_QUEUED);
             }
@@ -1170,6 +1307,8 @@ static void sub_worker(int wid, long u0, long u1, int cmd_fd, int res_fd, int64_
 
 typedef struct {
     int fd;
+    SSL *ssl;  /* https:// */
+    int hs;    /* TLS handshake under way: not idle yet, a retried request waits */
     int busy, want_out, in_idle, retried;
     buf_t r, w, req; /* req: copy of the request in flight, for one retry */
     size_t woff;
@@ -1213,13 +1352,26 @@ static int p_connect(pconn_t *c) {
     c->r.len = 0;
     c->w.len = c->woff = 0;
     struct epoll_event ev = {.events = EPOLLIN, .data.u64 = (uint64_t)(c - P.c)};
+    if (PUB_URL.tls) { /* the handshake starts once epoll says writable */
+        c->ssl = tls_new(fd, &PUB_URL);
+        c->hs = 1;
+        c->want_out = 1;
+        ev.events |= EPOLLOUT;
+    }
     epoll_ctl(P.ep, EPOLL_CTL_ADD, fd, &ev);
     return 0;
 }
 
+static void p_want_out(pconn_t *c, int want_out) { /* touch epoll only when interest changes */
+    if (want_out == c->want_out) return;
+    struct epoll_event ev = {.events = EPOLLIN | (want_out ? EPOLLOUT : 0), .data.u64 = (uint64_t)(c - P.c)};
+    epoll_ctl(P.ep, EPOLL_CTL_MOD, c->fd, &ev);
+    c->want_out = want_out;
+}
+
 /* each connection is on the idle stack at most once */
 static void p_push_idle(pconn_t *c) {
-    if (c->in_idle || c->fd < 0) return;
+    if (c->in_idle || c->fd < 0 || c->hs) return;
     c->in_idle = 1;
     P.idle[P.nidle++] = (int)(c - P.c);
 }
@@ -1233,6 +1385,9 @@ static pconn_t *p_pop_idle(void) {
 }
 
 static void p_reset(pconn_t *c) {
+    SSL_free(c->ssl);
+    c->ssl = NULL;
+    c->hs = 0;
     if (c->fd >= 0) {
         epoll_ctl(P.ep, EPOLL_CTL_DEL, c->fd, NULL);
         close(c->fd);
@@ -1260,21 +1415,33 @@ static void p_reset(pconn_t *c) {
 }
 
 static void p_flush(pconn_t *c) {
+    if (c->hs) return; /* sent once the handshake is done */
     while (c->w.len > c->woff) {
-        ssize_t n = send(c->fd, c->w.p + c->woff, c->w.len - c->woff, MSG_NOSIGNAL);
-        if (n < 0) {
-            if (errno == EAGAIN || errno == EINTR) break;
-            return;
-        }
+        ssize_t n = io_send(c->fd, c->ssl, c->w.p + c->woff, c->w.len - c->woff);
+        if (n == IO_AGAIN) break;
+        if (n < 0) return;
         c->woff += (size_t)n;
     }
     int want_out = c->w.len > c->woff;
     if (!want_out) c->w.len = c->woff = 0;
-    if (want_out != c->want_out) { /* touch epoll only when interest changes */
-        struct epoll_event ev = {.events = EPOLLIN | (want_out ? EPOLLOUT : 0), .data.u64 = (uint64_t)(c - P.c)};
-        epoll_ctl(P.ep, EPOLL_CTL_MOD, c->fd, &ev);
-        c->want_out = want_out;
+    p_want_out(c, want_out);
+}
+
+static void p_handshake(pconn_t *c) {
+    int want_out = 0, r = io_handshake(c->ssl, &want_out);
+    if (r == IO_ERR) {
+        p_note("publisher %s", io_why);
+        p_reset(c);
+        return;
     }
+    if (r == IO_AGAIN) {
+        p_want_out(c, want_out);
+        return;
+    }
+    c->hs = 0;
+    p_want_out(c, 0);
+    if (c->busy) p_flush(c); /* a request retried on this new connection */
+    else p_push_idle(c);
 }
 
 static void p_send(pconn_t *c, int64_t n, uint64_t ts) {
@@ -1349,14 +1516,20 @@ static long p_parse_resp(pconn_t *c, int *status, int *close_after) {
 }
 
 static void p_on_event(pconn_t *c, uint32_t evs, uint64_t *t_last_resp) {
+    if (c->hs) {
+        p_handshake(c);
+        return;
+    }
     if (evs & EPOLLOUT) p_flush(c);
     if (c->fd < 0) return;
     if (!(evs & (EPOLLIN | EPOLLERR | EPOLLHUP))) return;
-    for (int i = 0; i < 16; i++) {
+    /* TLS: read while the SSL object holds bytes (no epoll event for them) */
+    for (int i = 0; i < 16 || (c->ssl && SSL_pending(c->ssl) > 0); i++) {
         buf_reserve(&c->r, 8192);
-        ssize_t n = recv(c->fd, c->r.p + c->r.len, c->r.cap - c->r.len - 1, 0);
-        if (n < 0 && (errno == EAGAIN || errno == EINTR)) break;
+        ssize_t n = io_recv(c->fd, c->ssl, c->r.p + c->r.len, c->r.cap - c->r.len - 1);
+        if (n == IO_AGAIN) break;
         if (n <= 0) {
+            if (n == IO_ERR && c->ssl) p_note("publisher %s", io_why);
             if (c->busy && (c->retried || c->r.len)) p_note("publish connection closed mid-request");
             p_reset(c);
             return;
@@ -1388,7 +1561,23 @@ static void p_on_event(pconn_t *c, uint32_t evs, uint64_t *t_last_resp) {
             }
             p_push_idle(c);
         }
-        if ((size_t)n < 8192) break;
+        /* plain: a short read emptied the socket; TLS reads until it must wait */
+        if (!c->ssl && (size_t)n < 8192) break;
+    }
+}
+
+/* TLS: wait (at most max_s) for every publish connection's handshake, so a
+   step's schedule does not start on connections that cannot send yet */
+static void p_finish_handshakes(double max_s) {
+    uint64_t end = now_ns() + (uint64_t)(max_s * 1e9);
+    struct epoll_event evs[64];
+    uint64_t dummy = 0;
+    for (;;) {
+        int pending = 0;
+        for (int k = 0; k < P.nc; k++) pending += P.c[k].hs;
+        if (!pending || now_ns() > end) return;
+        int n = epoll_wait(P.ep, evs, 64, 10);
+        for (int k = 0; k < n; k++) p_on_event(&P.c[evs[k].data.u64], evs[k].events, &dummy);
     }
 }
 
@@ -1409,6 +1598,7 @@ static void pub_publish(const cmd_t *m, int res_fd) {
             for (int k = 0; k < n0; k++) p_on_event(&P.c[ev0[k].data.u64], ev0[k].events, &dummy);
         }
     }
+    p_finish_handshakes(5);
     uint64_t t0 = m->t0;
     double per = 1e9 / m->rate;
     int64_t i = P.wid;
@@ -1495,6 +1685,7 @@ static void pub_worker(int wid, int nprocs, int cmd_fd, int res_fd) {
         P.c[k].fd = -1;
         if (p_connect(&P.c[k]) == 0) p_push_idle(&P.c[k]);
     }
+    p_finish_handshakes(10);
     uint64_t hard_end = now_ns() + (uint64_t)(O.max_run * 1e9);
     for (;;) {
         struct pollfd pfd = {.fd = cmd_fd, .events = POLLIN};
@@ -1817,6 +2008,7 @@ int main(int argc, char **argv) {
                 O.server_pids[O.n_server_pids++] = atoi(t);
         } else if (!strcmp(a, "--max-run")) O.max_run = atof(NEXT());
         else if (!strcmp(a, "--quiet")) O.quiet = 1;
+        else if (!strcmp(a, "--ca")) O.ca = NEXT();
         else if (!strcmp(a, "-h") || !strcmp(a, "--help")) usage();
         else die("unknown flag %s (see bench/README.md)", a);
 #undef NEXT
@@ -1836,6 +2028,7 @@ int main(int argc, char **argv) {
     O.conns = O.users * O.devices;
     parse_url(O.sub_url, &SUB_URL, 1);
     if (O.pub_url) parse_url(O.pub_url, &PUB_URL, 0);
+    if (SUB_URL.tls || PUB_URL.tls) tls_init();
     raise_nofile();
     signal(SIGPIPE, SIG_IGN);
     setvbuf(stdout, NULL, _IOLBF, 0);

@@ -17,6 +17,10 @@
 #   SKIP_HERALD_BUILD=1  use an existing binary, do not run swift build
 #   SKIP_HERALD=1 / SKIP_NCHAN=1   leave a target out
 #   HERALD_EXTRA=0       skip the Herald-only scenarios (dismiss, reconnect, SQLite)
+#   HERALD_TLS=1         also compare Herald plain and over TLS (wss://, https://):
+#                        TLS_ROUNDS [2] rounds of plain then TLS, each on a fresh
+#                        server: idle at TLS_IDLE_CONNS [4000], fan-out, saturation;
+#                        TLS on HERALD_TLS_PORT [18443]. HERALD_TLS=only: that alone
 #   TABLE_ONLY=1         rewrite results.md from the logs of the last run
 # Only loopback addresses are used; every step is bounded in time.
 set -euo pipefail
@@ -46,6 +50,10 @@ NCHAN_PORT=${NCHAN_PORT:-18090}
 HERALD_PORT=${HERALD_PORT:-18080}
 HERALD_BIN=${HERALD_BIN:-$ROOT/.build/release/herald}
 HERALD_EXTRA=${HERALD_EXTRA:-1}
+HERALD_TLS=${HERALD_TLS:-0}
+HERALD_TLS_PORT=${HERALD_TLS_PORT:-18443}
+TLS_ROUNDS=${TLS_ROUNDS:-2}
+TLS_IDLE_CONNS=${TLS_IDLE_CONNS:-4000}
 if [ "$QUICK" = 1 ]; then
     FANOUT_SECONDS=${QUICK_FANOUT_SECONDS:-4}
     RAMP_SECONDS=2
@@ -56,6 +64,8 @@ fi
 LOADGEN=$BENCH/loadgen
 RUN_ID=$(date +%s)
 WORK=$(mktemp -d /tmp/herald-bench.XXXXXX)
+TLS_CERT=$WORK/tls/cert.pem   # a throwaway self-signed certificate (HERALD_TLS)
+TLS_KEY=$WORK/tls/key.pem
 STARTED_PIDS=()   # processes this script started (stopped on exit, by pid)
 
 log() { printf '[run.sh] %s\n' "$*" >&2; }
@@ -84,6 +94,7 @@ busy_pct() { # percent of all CPU time not idle over $1 seconds
     echo "$a $b" | awk '{ busy = $3 - $1; idle = $4 - $2; if (busy + idle == 0) print 0; else printf "%.0f", 100 * busy / (busy + idle) }'
 }
 BG_BUSY=$(busy_pct 2)
+LOAD_START=$(cut -d' ' -f1-3 /proc/loadavg)
 if [ "$BG_BUSY" -gt 10 ]; then
     log "warning: the machine is already ${BG_BUSY}% busy before the benchmark; results will be noisy"
 fi
@@ -92,6 +103,7 @@ fi
 log "building the load generator"
 need=()
 for tool in make gcc curl; do command -v "$tool" >/dev/null || need+=("$tool"); done
+[ "$HERALD_TLS" = 0 ] || command -v openssl >/dev/null || need+=(openssl)
 [ -f /usr/include/openssl/hmac.h ] || need+=(libssl-dev)
 if [ ${#need[@]} -gt 0 ]; then
     log "installing ${need[*]} (Debian)"
@@ -177,16 +189,36 @@ prepare_herald() {
     fi
     return 0
 }
-start_herald() { # [store: memory (default) or sqlite, a fresh file]
-    local d=$WORK/herald store=memory
+# the loadgen command line for the Herald that runs: ws:// and http://, or
+# wss:// and https:// verified against the run's certificate
+set_herald_args() { # plain|tls
+    local port=$HERALD_PORT s="" ca=()
+    if [ "$1" = tls ]; then port=$HERALD_TLS_PORT s=s ca=(--ca "$TLS_CERT"); fi
+    HERALD_ARGS=("$LOADGEN"
+        --sub-url "ws$s://127.0.0.1:$port/v1/ws"
+        --hello '{"type":"hello","token":"{token}","deviceId":"{device}"}'
+        --resume-hello '{"type":"hello","token":"{token}","deviceId":"{device}","cursor":{cursor},"epoch":"{epoch}"}'
+        --ready-match '"type":"welcome"'
+        --msg-filter '"type":"change'
+        --app bench --key bench-key --secret bench-secret
+        --pub-url "http$s://127.0.0.1:$port/v1/apps/{app}/users/{user}/notifications"
+        --pub-header 'Authorization: Bearer {key}'
+        --pub-header 'Content-Type: application/json'
+        --pub-body '{"appNotificationId":"m{n}","payload":{"t":{ts},"n":{n}}}'
+        "${ca[@]}")
+}
+start_herald() { # name [store: memory (default) or sqlite, a fresh file] [plain (default) or tls]
+    local name=$1 d=$WORK/herald store=memory port=$HERALD_PORT tlsargs=()
     rm -rf "$d"
     mkdir -p "$d"
-    [ "${1:-memory}" = sqlite ] && store="sqlite:$d/herald.db"
+    [ "${2:-memory}" = sqlite ] && store="sqlite:$d/herald.db"
+    if [ "${3:-plain}" = tls ]; then port=$HERALD_TLS_PORT tlsargs=(--tls-cert "$TLS_CERT" --tls-key "$TLS_KEY"); fi
+    set_herald_args "${3:-plain}"
     cat > "$d/herald.json" <<'EOF'
 {"apps":[{"id":"bench","serverKey":"bench-key","tokenSecret":"bench-secret"}]}
 EOF
-    "$HERALD_BIN" serve --host 127.0.0.1 --port "$HERALD_PORT" --store "$store" --config "$d/herald.json" \
-        > "$d/stdout" 2> "$OUT/herald-server.log" &
+    "$HERALD_BIN" serve --host 127.0.0.1 --port "$port" --store "$store" --config "$d/herald.json" "${tlsargs[@]}" \
+        > "$d/stdout" 2> "$OUT/$name-server.log" &
     HERALD_PID=$!
     STARTED_PIDS+=("$HERALD_PID")
     local i
@@ -196,15 +228,15 @@ EOF
         sleep 0.1
     done
     if ! grep -q '^listening on' "$d/stdout" 2>/dev/null; then
-        HERALD_WHY="herald serve did not print 'listening on' (see bench/out/herald-server.log)"
+        HERALD_WHY="herald serve did not print 'listening on' (see bench/out/$name-server.log)"
         stop_herald
         return 1
     fi
     log "herald pid $HERALD_PID ($store): $(head -1 "$d/stdout")"
     # does it speak /v1/ws? one subscriber must get its welcome
     if ! "${HERALD_ARGS[@]}" --mode idle --users 1 --devices 1 --user-prefix "probe${RUN_ID}u" \
-        --setup-timeout 10 --max-run 30 > "$OUT/herald-probe.log" 2>&1; then
-        HERALD_WHY="herald does not serve /v1/ws yet (see bench/out/herald-probe.log)"
+        --setup-timeout 10 --max-run 30 > "$OUT/$name-probe.log" 2>&1; then
+        HERALD_WHY="herald does not serve /v1/ws yet (see bench/out/$name-probe.log)"
         stop_herald
         return 1
     fi
@@ -226,30 +258,19 @@ NCHAN_ARGS=("$LOADGEN"
     --sub-url "ws://127.0.0.1:$NCHAN_PORT/sub/{user}"
     --pub-url "http://127.0.0.1:$NCHAN_PORT/pub/{user}"
     --pub-body '{"t":{ts},"n":{n}}')
-HERALD_ARGS=("$LOADGEN"
-    --sub-url "ws://127.0.0.1:$HERALD_PORT/v1/ws"
-    --hello '{"type":"hello","token":"{token}","deviceId":"{device}"}'
-    --resume-hello '{"type":"hello","token":"{token}","deviceId":"{device}","cursor":{cursor},"epoch":"{epoch}"}'
-    --ready-match '"type":"welcome"'
-    --msg-filter '"type":"change'
-    --app bench --key bench-key --secret bench-secret
-    --pub-url "http://127.0.0.1:$HERALD_PORT/v1/apps/{app}/users/{user}/notifications"
-    --pub-header 'Authorization: Bearer {key}'
-    --pub-header 'Content-Type: application/json'
-    --pub-body '{"appNotificationId":"m{n}","payload":{"t":{ts},"n":{n}}}')
 
 # idle: RSS before/after opening IDLE_CONNS connections, measured here while
 # the loadgen holds them
-scenario_idle() { # name pids args...
-    local name=$1 pids=$2
-    shift 2
+scenario_idle() { # name pids connections args...
+    local name=$1 pids=$2 conns=$3
+    shift 3
     local log=$OUT/$name-idle.log
     local -a pidarr
     IFS=, read -r -a pidarr <<< "$pids"
     sleep 1
     local before after
     before=$(rss_kib "${pidarr[@]}")
-    "$@" --mode idle --conns "$IDLE_CONNS" --devices 1 --conns-per-proc 4000 --user-prefix "i${RUN_ID}u" \
+    "$@" --mode idle --conns "$conns" --devices 1 --conns-per-proc 4000 --user-prefix "i${RUN_ID}u" \
         --hold 60 --setup-timeout 60 > "$log" 2>&1 &
     local lg=$!
     STARTED_PIDS+=("$lg")
@@ -306,21 +327,52 @@ server_alive() { # name pids scenario
     done
 }
 
-run_target() { # name pids args...
-    local name=$1 pids=$2
+run_target() { # name pids idle-connections large(1|0) args...
+    local name=$1 pids=$2 idle=$3 large=$4
+    shift 4
     # each scenario starts after the last one's connections are closed and
     # their timers have run (Herald's hello deadline is 10 s)
-    scenario_idle "$name" "$pids" "${@:3}"
+    scenario_idle "$name" "$pids" "$idle" "$@"
     server_alive "$name" "$pids" idle || return 1
     sleep "$SETTLE_SECONDS"
-    scenario_fanout "$name" "$pids" fanout "$FANOUT_USERS" "$FANOUT_RATE" "${@:3}"
+    scenario_fanout "$name" "$pids" fanout "$FANOUT_USERS" "$FANOUT_RATE" "$@"
     server_alive "$name" "$pids" fan-out || return 1
+    if [ "$large" = 1 ]; then
+        sleep "$SETTLE_SECONDS"
+        scenario_fanout "$name" "$pids" large "$LARGE_USERS" "$LARGE_RATE" "$@"
+        server_alive "$name" "$pids" large-fan-out || return 1
+    fi
     sleep "$SETTLE_SECONDS"
-    scenario_fanout "$name" "$pids" large "$LARGE_USERS" "$LARGE_RATE" "${@:3}"
-    server_alive "$name" "$pids" large-fan-out || return 1
-    sleep "$SETTLE_SECONDS"
-    scenario_saturation "$name" "$pids" saturation "$FANOUT_DEVICES" "$RAMP" 128 "${@:3}"
+    scenario_saturation "$name" "$pids" saturation "$FANOUT_DEVICES" "$RAMP" 128 "$@"
     server_alive "$name" "$pids" saturation || return 1
+}
+
+# Herald plain and over TLS, alternated TLS_ROUNDS times, each on a fresh
+# server (memory store), so that the ratios compare runs made back to back
+run_tls_comparison() {
+    mkdir -p "$WORK/tls"
+    if ! openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj /CN=127.0.0.1 \
+        -addext subjectAltName=IP:127.0.0.1 -days 2 -keyout "$TLS_KEY" -out "$TLS_CERT" > "$OUT/herald-tls-cert.log" 2>&1; then
+        log "no certificate for the TLS comparison (see bench/out/herald-tls-cert.log)"
+        return 1
+    fi
+    local r proto name
+    for r in $(seq 1 "$TLS_ROUNDS"); do
+        for proto in plain tls; do
+            name=herald-$proto$r
+            log "=== Herald $proto, round $r of $TLS_ROUNDS ==="
+            if ! start_herald "$name" memory "$proto"; then
+                log "$name: $HERALD_WHY"
+                continue
+            fi
+            if [ "$proto" = tls ]; then # what the handshakes negotiate, for the results
+                timeout 10 openssl s_client -connect "127.0.0.1:$HERALD_TLS_PORT" -CAfile "$TLS_CERT" < /dev/null 2> /dev/null |
+                    grep -E '^(New,|Server Temp Key|Peer signature type|Verify return)' > "$OUT/herald-tls-session.log" || true
+            fi
+            run_target "$name" "$HERALD_PID" "$TLS_IDLE_CONNS" 0 "${HERALD_ARGS[@]}" || true
+            stop_herald
+        done
+    done
 }
 
 # ---------------------------------------------------------------- run
@@ -331,10 +383,10 @@ if [ "${TABLE_ONLY:-0}" = 1 ]; then
     [ -f "$OUT/nchan-fanout.log" ] && HAVE_NCHAN=1
     [ -f "$OUT/herald-fanout.log" ] && HAVE_HERALD=1
 fi
-if [ "${SKIP_NCHAN:-0}" != 1 ]; then
+if [ "${SKIP_NCHAN:-0}" != 1 ] && [ "$HERALD_TLS" != only ]; then
     log "=== nginx + Nchan ==="
     start_nchan
-    run_target nchan "$NCHAN_PIDS" "${NCHAN_ARGS[@]}" || true
+    run_target nchan "$NCHAN_PIDS" "$IDLE_CONNS" 1 "${NCHAN_ARGS[@]}" || true
     stop_nchan
     HAVE_NCHAN=1
 fi
@@ -342,9 +394,9 @@ fi
 if prepare_herald; then
     log "=== Herald ($HERALD_BIN) ==="
     # a fresh server for each scenario group keeps RSS baselines clean
-    if start_herald; then
+    if [ "$HERALD_TLS" != only ] && start_herald herald; then
         HAVE_HERALD=1
-        if run_target herald "$HERALD_PID" "${HERALD_ARGS[@]}" && [ "$HERALD_EXTRA" = 1 ]; then
+        if run_target herald "$HERALD_PID" "$IDLE_CONNS" 1 "${HERALD_ARGS[@]}" && [ "$HERALD_EXTRA" = 1 ]; then
             "${HERALD_ARGS[@]}" --mode dismiss --users "$FANOUT_USERS" --devices "$FANOUT_DEVICES" --rate 2000 \
                 --user-prefix "d${RUN_ID}u" > "$OUT/herald-dismiss.log" 2>&1 || true
             grep -v '^RESULT' "$OUT/herald-dismiss.log" | sed 's/^/[herald dismiss] /' >&2
@@ -356,16 +408,17 @@ if prepare_herald; then
     fi
     # the same saturation ramp with the durable store, then publish throughput
     # alone (one device per user, many concurrent publishers); fresh files
-    if [ "$HAVE_HERALD" = 1 ] && [ "$HERALD_EXTRA" = 1 ] && start_herald sqlite; then
+    if [ "$HAVE_HERALD" = 1 ] && [ "$HERALD_EXTRA" = 1 ] && start_herald herald sqlite; then
         scenario_saturation herald "$HERALD_PID" sqlite-saturation "$FANOUT_DEVICES" "$RAMP" 128 "${HERALD_ARGS[@]}"
         stop_herald
     fi
-    if [ "$HAVE_HERALD" = 1 ] && [ "$HERALD_EXTRA" = 1 ] && start_herald sqlite; then
+    if [ "$HAVE_HERALD" = 1 ] && [ "$HERALD_EXTRA" = 1 ] && start_herald herald sqlite; then
         scenario_saturation herald "$HERALD_PID" durable 1 "$DURABLE_RAMP" 512 "${HERALD_ARGS[@]}"
         stop_herald
     fi
+    [ "$HERALD_TLS" = 0 ] || run_tls_comparison || true
 fi
-if [ "$HAVE_HERALD" = 0 ]; then
+if [ "$HAVE_HERALD" = 0 ] && [ "$HERALD_TLS" != only ]; then
     log "Herald not benchmarked: ${HERALD_WHY:-unavailable}"
 fi
 
@@ -387,16 +440,14 @@ row() { # label herald nchan [better]
     printf '| %s | %s | %s | %s |\n' "$1" "${h:-—}" "${n:-—}" "$(ratio "$h" "$n")"
 }
 
-{
-    echo "# Herald vs nginx + Nchan"
-    echo
-    echo "Run $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(uname -sr);"
-    echo "commit $(cd "$ROOT" && git rev-parse --short HEAD 2>/dev/null || echo '?'); nginx $(nginx -v 2>&1 | sed 's/.*nginx\///') with Nchan $(dpkg-query -W -f '${Version}' libnginx-mod-nchan 2>/dev/null || echo '?'), 2 workers."
-    echo "Load generator and servers share the same cores over loopback; background CPU use before the run: ${BG_BUSY}%."
-    if [ "$HAVE_HERALD" = 0 ]; then echo; echo "**Herald not benchmarked:** ${HERALD_WHY:-unavailable}."; fi
-    if [ "$HAVE_NCHAN" = 0 ]; then echo; echo "**Nchan not benchmarked** (SKIP_NCHAN=1)."; fi
-    if [ -n "$SERVER_NOTES" ]; then echo; echo "**Server lost:**$SERVER_NOTES"; fi
-    echo
+steps() { # saturation log: one line per step
+    [ -f "$1" ] || return 0
+    grep '^RESULT mode=fanout step=' "$1" | awk '{for(i=1;i<=NF;i++){split($i,a,"=");v[a[1]]=a[2]} printf "  %6s pub/s -> %7s deliveries/s  p99 %8s ms  lost %s ok=%s\n", v["target_rate"], v["dps"], v["p99_ms"], v["lost"], v["ok"]}' || true
+}
+
+main_table() {
+    if [ "$HAVE_HERALD" = 0 ]; then echo "**Herald not benchmarked:** ${HERALD_WHY:-unavailable}."; echo; fi
+    if [ "$HAVE_NCHAN" = 0 ]; then echo "**Nchan not benchmarked** (SKIP_NCHAN=1)."; echo; fi
     echo "| metric | Herald | Nchan | Herald/Nchan |"
     echo "|---|---|---|---|"
     row "idle: WebSocket connections held" "$(val herald idle phase=setup ready)" "$(val nchan idle phase=setup ready)"
@@ -444,7 +495,7 @@ row() { # label herald nchan [better]
     echo "Saturation steps (deliveries/s, p99 ms) — Nchan:"
     echo
     echo '```'
-    [ -f "$OUT/nchan-saturation.log" ] && grep '^RESULT mode=fanout step=' "$OUT/nchan-saturation.log" | awk '{for(i=1;i<=NF;i++){split($i,a,"=");v[a[1]]=a[2]} printf "  %6s pub/s -> %7s deliveries/s  p99 %8s ms  lost %s ok=%s\n", v["target_rate"], v["dps"], v["p99_ms"], v["lost"], v["ok"]}'
+    steps "$OUT/nchan-saturation.log"
     echo '```'
     for kind in saturation sqlite-saturation durable; do
         [ -f "$OUT/herald-$kind.log" ] || continue
@@ -452,9 +503,103 @@ row() { # label herald nchan [better]
         echo "Steps — Herald $kind:"
         echo
         echo '```'
-        grep '^RESULT mode=fanout step=' "$OUT/herald-$kind.log" | awk '{for(i=1;i<=NF;i++){split($i,a,"=");v[a[1]]=a[2]} printf "  %6s pub/s -> %7s deliveries/s  p99 %8s ms  lost %s ok=%s\n", v["target_rate"], v["dps"], v["p99_ms"], v["lost"], v["ok"]}'
+        steps "$OUT/herald-$kind.log"
         echo '```'
     done
+}
+
+# one metric of the TLS comparison: its value in each round, plain and TLS,
+# and TLS/plain of the means
+tls_row() { # label getter args... (the getter is called as: getter target args...)
+    local label=$1 getter=$2 r v p="" t=""
+    shift 2
+    for r in $(seq 1 "$TLS_ROUNDS"); do
+        v=$("$getter" "herald-plain$r" "$@")
+        p="$p ${v:-—}"
+        v=$("$getter" "herald-tls$r" "$@")
+        t="$t ${v:-—}"
+    done
+    awk -v label="$label" -v p="$p" -v t="$t" '
+        function mean(s,   a, n, i, k, sum) {
+            n = split(s, a, " ")
+            for (i = 1; i <= n; i++) if (a[i] != "—") { sum += a[i]; k++ }
+            return k ? sum / k : ""
+        }
+        function list(s) { sub(/^ /, "", s); gsub(/ /, " / ", s); return s }
+        BEGIN {
+            mp = mean(p); mt = mean(t)
+            printf "| %s | %s | %s | %s |\n", label, list(p), list(t), (mp != "" && mt != "" && mp + 0 != 0) ? sprintf("%.2f", mt / mp) : "—"
+        }'
+}
+setup_cpu_ms() { # target: server CPU ms per connection while the fan-out's subscribers connected
+    local cpu ready
+    cpu=$(val "$1" fanout phase=setup server_cpu_s)
+    ready=$(val "$1" fanout phase=setup ready)
+    if [ -n "$cpu" ] && [ "${ready:-0}" -gt 0 ]; then
+        awk -v c="$cpu" -v n="$ready" 'BEGIN { printf "%.3f", 1000 * c / n }'
+    fi
+}
+core_pct() { # target: server CPU over the fan-out step (publishing + 2 s drain), % of one core
+    local cpu
+    cpu=$(val "$1" fanout step=0 server_cpu_s)
+    if [ -n "$cpu" ]; then awk -v c="$cpu" -v s="$FANOUT_SECONDS" 'BEGIN { printf "%.0f", 100 * c / (s + 2) }'; fi
+}
+
+tls_table() {
+    echo "## Herald: TLS vs plain"
+    echo
+    echo "Herald plain, then over TLS, $TLS_ROUNDS times in a row, each on a fresh server (memory store);"
+    echo "a self-signed ECDSA P-256 certificate, every connection a full handshake"
+    echo "($(tr '\n' ';' < "$OUT/herald-tls-session.log" 2>/dev/null | sed 's/;$//; s/;/, /g'))."
+    echo "Values are round 1 / round 2 / …; the ratio is TLS/plain of the means."
+    echo
+    echo "| metric | plain | TLS | TLS/plain |"
+    echo "|---|---|---|---|"
+    tls_row "idle: WebSocket connections held" val idle phase=setup ready
+    tls_row "idle: server RSS per connection (bytes)" val idle script_rss bytes_per_conn
+    tls_row "idle: connection setup (connections/s)" val idle phase=setup setup_rate
+    tls_row "server CPU per connection set up (ms, the fan-out's subscribers)" setup_cpu_ms
+    F="fan-out ${FANOUT_USERS}×${FANOUT_DEVICES} at ${FANOUT_RATE}/s, ${FANOUT_SECONDS} s"
+    tls_row "$F: deliveries/s" val fanout step=0 dps
+    tls_row "$F: p50 latency (ms)" val fanout step=0 p50_ms
+    tls_row "$F: p99 latency (ms)" val fanout step=0 p99_ms
+    tls_row "$F: p99.9 latency (ms)" val fanout step=0 p999_ms
+    tls_row "$F: max latency (ms)" val fanout step=0 max_ms
+    tls_row "$F: lost deliveries" val fanout step=0 lost
+    tls_row "$F: duplicate deliveries" val fanout step=0 dup
+    tls_row "$F: server CPU, % of one core" core_pct
+    tls_row "$F: server CPU s per million deliveries" val fanout step=0 cpu_s_per_m
+    tls_row "saturation ($RAMP, ${RAMP_SECONDS} s steps): max deliveries/s with p99 ≤ ${MAX_P99_MS} ms and no loss" \
+        val saturation mode=saturation max_dps
+    local r proto
+    for r in $(seq 1 "$TLS_ROUNDS"); do
+        for proto in plain tls; do
+            [ -f "$OUT/herald-$proto$r-saturation.log" ] || continue
+            echo
+            echo "Saturation steps — Herald $proto, round $r:"
+            echo
+            echo '```'
+            steps "$OUT/herald-$proto$r-saturation.log"
+            echo '```'
+        done
+    done
+}
+
+{
+    if [ "$HERALD_TLS" = only ]; then echo "# Herald: TLS vs plain"; else echo "# Herald vs nginx + Nchan"; fi
+    echo
+    echo "Run $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(uname -sr);"
+    if [ "$HERALD_TLS" = only ]; then
+        echo "commit $(cd "$ROOT" && git rev-parse --short HEAD 2>/dev/null || echo '?')."
+    else
+        echo "commit $(cd "$ROOT" && git rev-parse --short HEAD 2>/dev/null || echo '?'); nginx $(nginx -v 2>&1 | sed 's/.*nginx\///') with Nchan $(dpkg-query -W -f '${Version}' libnginx-mod-nchan 2>/dev/null || echo '?'), 2 workers."
+    fi
+    echo "Load generator and servers share the same cores over loopback; background CPU use before the run: ${BG_BUSY}%;"
+    echo "load average (1, 5, 15 min) $LOAD_START at the start, $(cut -d' ' -f1-3 /proc/loadavg) at the end."
+    if [ -n "$SERVER_NOTES" ]; then echo; echo "**Server lost:**$SERVER_NOTES"; fi
+    echo
+    [ "$HERALD_TLS" = only ] || main_table
+    if [ "$HERALD_TLS" != 0 ]; then echo; tls_table; fi
     echo
     echo "Raw logs: bench/out/*.log. Method: bench/README.md."
 } > "$OUT/results.md"
