@@ -56,8 +56,11 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
 
     static let maxBatch = 512
 
+    let health: StoreHealth
+
     init(store: NotificationStore, limits: GatewayLimits, metrics: Metrics, clock: Clock) {
         self.store = store; self.limits = limits; self.metrics = metrics; self.clock = clock
+        health = StoreHealth(clock: clock)
     }
 
     /// Starts the engine thread. (Tests instead call `runQueued` on theirs.)
@@ -189,13 +192,13 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
             try store.commit()
         } catch {
             rolledBack()
-            Log.error("store: batch of \(batch.count) rolled back: \(error)")
-            let e = HeraldError(.unavailable, "storage is unavailable; nothing was changed")
+            health.failed("batch of \(batch.count) (rolled back)", error)
             for c in batch {
-                if let f = c.control { f(self) } else { c.failed(e) }
+                if let f = c.control { f(self) } else { c.failed(StoreHealth.unavailable) }
             }
             return true
         }
+        health.succeeded()
         metrics.storeLatency.observe(nanos: DispatchTime.now().uptimeNanoseconds - t0)
         runEffects()
         return true
@@ -207,10 +210,11 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
             try store.begin()
             try body()
             try store.commit()
+            health.succeeded()
             runEffects()
         } catch {
             rolledBack()
-            Log.error("store: \(what) failed: \(error)")
+            health.failed(what, error)
         }
     }
 

@@ -25,7 +25,10 @@ extension Gateway {
         do throws(HeraldError) {
             switch route {
             case .health:
-                responder.respond(.json(200, ["status": "ok", "uptimeSeconds": .int((clock.now() - startedAt) / 1000)]))
+                // 200 while the process serves: a store outage is every node's
+                // (they share it), so a load balancer gains nothing by draining.
+                responder.respond(.json(200, ["status": "ok", "uptimeSeconds": .int((clock.now() - startedAt) / 1000),
+                                              "store": .string(engine.health.isAvailable ? "ok" : "unavailable")]))
             case .metrics:
                 responder.respond(HTTPResponse(status: 200, contentType: "text/plain; version=0.0.4", body: Array(metrics.prometheusText().utf8)))
             case .webSocket:

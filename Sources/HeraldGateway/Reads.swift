@@ -28,11 +28,15 @@ public final class Reads: Sendable {
             return engine.perform(on: shard, { e throws(StoreError) in try body(e.store) }, reply: reply)
         }
         let reply = LoopBound(reply, owner: shard.thread)
+        let health = engine.health
         reader.submit { r in
             let result: Result<T, HeraldError>
-            do { result = .success(try r.read(body)) } catch {
-                Log.error("store: read failed: \(error)")
-                result = .failure(HeraldError(.unavailable, "storage is unavailable"))
+            do {
+                result = .success(try r.read(body))
+                health.succeeded()
+            } catch {
+                health.failed("read", error)
+                result = .failure(StoreHealth.unavailable)
             }
             shard.post { reply.value(result) }
         }

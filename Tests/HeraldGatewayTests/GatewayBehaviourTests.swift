@@ -23,7 +23,10 @@ final class GatewayBehaviourTests: XCTestCase {
         h.settle(); s.read()
         XCTAssertEqual(answers.map { $0.response?.status }, [503, 503, 503])
         XCTAssertEqual(answers.map { $0.json?["error"]?.objectValue?["code"] }, ["unavailable", "unavailable", "unavailable"])
+        XCTAssertEqual(answers.map { $0.response?.header("Retry-After") }, ["2", "2", "2"])
         XCTAssertEqual(changeSeqs(s.frames), [], "nothing of the batch was delivered")
+        let health = h.request("GET", "/healthz")
+        XCTAssertEqual(health.json?["store"], "unavailable")
         let history = h.request("GET", "/v1/apps/\(Harness.app.id)/users/u/notifications")
         h.settle()
         XCTAssertEqual(history.json?["notifications"], [])
@@ -32,6 +35,7 @@ final class GatewayBehaviourTests: XCTestCase {
         h.settle(); s.read()
         XCTAssertEqual(ok.response?.status, 201)
         XCTAssertEqual(changeSeqs(s.frames), [1])
+        XCTAssertEqual(h.request("GET", "/healthz").json?["store"], "ok")
     }
 
     /// A subscription whose admission batch failed is refused (1001 on a

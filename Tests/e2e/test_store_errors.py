@@ -47,11 +47,14 @@ def test_full_disk_is_503_and_the_gateway_recovers(herald_bin, tmp_path, tiny_di
             codes.append(r.status_code)
             if r.status_code == 503:
                 assert r.json()["error"]["code"] == "unavailable"
+                assert int(r.headers["Retry-After"]) >= 1, r.headers
                 break
         assert 503 in codes, f"the disk never filled: {codes}"
         refused = f"full-{codes.index(503)}"
-        # Still serving; the refused publish is not visible, earlier data is.
-        assert requests.get(gw.base + "/healthz", timeout=30).status_code == 200
+        # Still serving, and saying the store failed; the refused publish is
+        # not visible, earlier data is.
+        health = requests.get(gw.base + "/healthz", timeout=30)
+        assert health.status_code == 200 and health.json()["store"] == "unavailable", health.text
         stored = {n["appNotificationId"] for n in gw.list_all(user)}
         assert "before" in stored and refused not in stored
         assert "store" in gw.stderr_tail().lower()
@@ -59,5 +62,7 @@ def test_full_disk_is_503_and_the_gateway_recovers(herald_bin, tmp_path, tiny_di
         os.remove(filler)
         again = gw.publish(user, "after", payload={"small": True})
         assert again["seq"] > first["seq"]
+        assert requests.get(gw.base + "/healthz", timeout=30).json()["store"] == "ok"
+        assert "store: available again" in gw.stderr_tail()
     finally:
         gw.terminate(10)
