@@ -37,6 +37,7 @@ final class ServiceLoop: LoopExecutor, @unchecked Sendable {  // loop-thread sta
     /// be freed to accept and close a connection: left in the backlog it
     /// would keep the listener readable, and the loop spinning.
     private var spare: Int32 = -1
+    private var acceptPaused = false
     private var lastRefusalLog: Millis = 0
     private var tick: UnsafeMutablePointer<herald_tick>?
     private var thread: Thread?
@@ -193,13 +194,35 @@ final class ServiceLoop: LoopExecutor, @unchecked Sendable {  // loop-thread sta
     }
 
     /// Out of descriptors: frees the spare to accept one connection and
-    /// close it unanswered, so the backlog drains instead of spinning.
+    /// close it unanswered, so the backlog drains instead of spinning. The
+    /// loops share the process's descriptors, so another may take the one
+    /// freed: then accepting pauses until the next tick (100 ms), which
+    /// bounds the wake-ups a readable listener can cost.
     private func refuseWithoutDescriptors() {
-        if spare >= 0 { close(spare) }
-        let c = herald_accept(listenFd)
-        if c >= 0 { close(c) }
-        spare = open("/dev/null", O_RDONLY | O_CLOEXEC)
-        if c >= 0 { refused(.descriptors) }
+        if spare < 0 { spare = open("/dev/null", O_RDONLY | O_CLOEXEC) }
+        var closed = false
+        if spare >= 0 {
+            close(spare)
+            let c = herald_accept(listenFd)
+            if c >= 0 {
+                close(c)
+                closed = true
+            }
+            spare = open("/dev/null", O_RDONLY | O_CLOEXEC)
+        }
+        if closed {
+            refused(.descriptors)
+        } else if let listener, !acceptPaused {
+            acceptPaused = true
+            lws_rx_flow_control(listener, 0)
+        }
+    }
+
+    /// Tick: accepting again after a pause for want of descriptors.
+    private func resumeAccepting() {
+        guard acceptPaused, let listener else { return }
+        acceptPaused = false
+        lws_rx_flow_control(listener, 1)
     }
 
     /// Counts a refusal; logs at most one line per 10 s per loop.
@@ -271,6 +294,7 @@ final class ServiceLoop: LoopExecutor, @unchecked Sendable {  // loop-thread sta
                 let owner = sul.withMemoryRebound(to: herald_tick.self, capacity: 1) { $0.pointee.owner }
                 let loop = Unmanaged<ServiceLoop>.fromOpaque(owner!).takeUnretainedValue()
                 loop.shard.runTimers()
+                loop.resumeAccepting()
                 loop.expireWrites(now: ServiceLoop.monotonicMillis())
                 loop.armTick()
             }, 100_000)
