@@ -37,6 +37,9 @@ let package = Package(
         // The device-side library: local state kept in step with the gateway
         // over the libwebsockets client API. Shares only HeraldCore's wire types.
         .target(name: "HeraldClient", dependencies: ["HeraldCore", "CLibWebSockets", "CSQLite"]),
+        // The walk-through of docs/CLIENT-SWIFT.md, compiled so it cannot rot.
+        .executableTarget(name: "herald-client-example", dependencies: ["HeraldClient"],
+                          path: "Examples/herald-client-example"),
 
         // What several test targets share (a reproducible PRNG).
         .target(name: "HeraldTestSupport", path: "Tests/HeraldTestSupport"),
