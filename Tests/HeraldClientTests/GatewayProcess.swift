@@ -13,6 +13,7 @@ final class GatewayProcess {
     static let tokenSecret = "secret-client-tests-0123456789abcdef"
 
     let baseURL: String
+    let port: Int
     private let process = Process()
     private let log: URL
 
@@ -24,11 +25,12 @@ final class GatewayProcess {
         return root.appendingPathComponent(".build/debug/herald")
     }
 
-    init(store: String = "memory") throws {
+    /// `port` 0 picks a free one; a restart passes the port it had.
+    init(store: String = "memory", port: Int = 0) throws {
         log = FileManager.default.temporaryDirectory.appendingPathComponent("herald-\(UUID().uuidString).log")
         _ = FileManager.default.createFile(atPath: log.path, contents: nil)
         process.executableURL = Self.binary
-        process.arguments = ["serve", "--port", "0", "--store", store, "--app", Self.app,
+        process.arguments = ["serve", "--port", String(port), "--store", store, "--app", Self.app,
                              "--server-key", Self.serverKey, "--token-secret", Self.tokenSecret]
         let out = Pipe()
         process.standardOutput = out
@@ -48,6 +50,7 @@ final class GatewayProcess {
             throw GatewayFailure("herald did not start (\(text)): \((try? String(contentsOf: log, encoding: .utf8)) ?? "")")
         }
         baseURL = String(text.dropFirst("listening on ".count))
+        self.port = Int(baseURL.split(separator: ":").last!)!
     }
 
     /// SIGTERM, then waits for the exit.

@@ -1,5 +1,6 @@
 import Foundation
 @testable import HeraldClient
+import Synchronization
 import XCTest
 
 /// HeraldClient against a real gateway process (memory store).
@@ -16,11 +17,14 @@ final class HeraldClientTests: XCTestCase {
     }
 
     private func client(_ gateway: GatewayProcess, user: String, device: String, platform: String = "other",
-                        file: String) async throws -> HeraldClient {
-        let token = try await gateway.token(user: user)
-        let options = HeraldClient.Options(url: gateway.baseURL, deviceId: device, platform: platform,
+                        file: String, token: HeraldClient.TokenProvider? = nil) async throws -> HeraldClient {
+        let fixed = try await gateway.token(user: user)
+        var options = HeraldClient.Options(url: gateway.baseURL, deviceId: device, platform: platform,
                                            stateFile: directory.appendingPathComponent(file).path)
-        return try HeraldClient(options: options, token: { token })
+        // Quick retries keep the reconnect tests short; they wait for events, not for time.
+        options.reconnect.initial = .milliseconds(50)
+        options.reconnect.cap = .milliseconds(500)
+        return try HeraldClient(options: options, token: token ?? { fixed })
     }
 
     /// The client's local set in the form the server listing is compared in.
@@ -177,6 +181,67 @@ final class HeraldClientTests: XCTestCase {
         let afterCursor = await client.cursor
         XCTAssertEqual(after, [])
         XCTAssertEqual(afterCursor, 6)
+    }
+
+    func testTheClientReconnectsByItselfWhenTheGatewayRestarts() async throws {
+        let store = "sqlite:" + directory.appendingPathComponent("herald.db").path
+        var gateway = try GatewayProcess(store: store)
+        defer { gateway.stop() }
+        let user = "carol-\(UUID().uuidString.prefix(8))"
+        let phone = try await client(gateway, user: user, device: "phone", file: "phone.db")
+        let log = EventLog()
+        log.watch(phone, as: "phone")
+        await phone.start()
+        try await log.eventually("live") { await phone.isLive }
+        let before = try await gateway.publish(user: user, appNotificationId: "before", title: "one")
+        try await log.eventually("the first arrived") { await phone.notification(id: before) != nil }
+
+        gateway.stop()
+        try await log.eventually("offline with a retry planned") {
+            if case .offline(let retry) = await phone.connection { return retry != nil }
+            return false
+        }
+        gateway = try GatewayProcess(store: store, port: gateway.port)
+        let after = try await gateway.publish(user: user, appNotificationId: "after", title: "two")
+        try await log.eventually("back, with what was published meanwhile") {
+            let (live, n) = (await phone.isLive, await phone.notification(id: after))
+            return live && n != nil
+        }
+        let server = try await gateway.notifications(user: user)
+        let local = await snapshots(phone)
+        XCTAssertEqual(local, server)
+        let resets = await log.events(of: "phone").filter { if case .reset = $0 { return true }; return false }
+        XCTAssertEqual(resets.count, 1, "only the first connection's reset: the reconnect resumed")
+        await phone.stop()
+    }
+
+    func testARefusedTokenIsReplacedThroughTheProvider() async throws {
+        let gateway = try GatewayProcess()
+        defer { gateway.stop() }
+        let user = "dave-\(UUID().uuidString.prefix(8))"
+        let good = try await gateway.token(user: user)
+        let calls = Mutex(0)
+        let phone = try await client(gateway, user: user, device: "phone", file: "phone.db", token: {
+            // The first token is refused (close 4001); the client must ask again.
+            calls.withLock { $0 += 1; return $0 } == 1 ? "not.a.token" : good
+        })
+        let log = EventLog()
+        log.watch(phone, as: "phone")
+        await phone.start()
+        try await log.eventually("live with the second token") { await phone.isLive }
+        XCTAssertEqual(calls.withLock { $0 }, 2)
+        await phone.stop()
+    }
+
+    func testBackoffDoublesWithJitterUpToItsCap() {
+        var backoff = HeraldClient.Backoff()
+        backoff.initial = .milliseconds(100)
+        backoff.cap = .seconds(1)
+        for attempt in 0..<12 {
+            let ceiling = min(.seconds(1), .milliseconds(100) * (1 << attempt))
+            let delay = backoff.delay(attempt: attempt)
+            XCTAssert(delay >= ceiling / 2 && delay <= ceiling, "attempt \(attempt): \(delay)")
+        }
     }
 
     private static func notification(_ id: String) -> String {
