@@ -208,16 +208,13 @@ public actor HeraldClient {
                 receive(text)
                 wasLive = wasLive || isLive
             case .closed(let code, let reason):
-                switch code {
-                case 4003, 1008:
+                if code == 4003 || code == 1008 {
                     emit(.problem(.refused(closeCode: code, reason: reason)))
                     return .stop
-                case 4001:
-                    self.token = nil
-                    return .retry(wasLive: wasLive, authFailed: true)
-                default:
-                    return .retry(wasLive: wasLive, authFailed: false)
                 }
+                emit(.problem(.connectionLost(closeCode: code, reason: reason)))
+                if code == 4001 { self.token = nil }
+                return .retry(wasLive: wasLive, authFailed: code == 4001)
             }
         }
         channel.close()  // cancelled by stop()

@@ -45,11 +45,16 @@ final class LWSChannel: WebSocketChannel, @unchecked Sendable {  // see above: t
     private var message: [UInt8] = []
     private var closeCode = 1006
     private var closeReason = "connection lost"
+    /// Why OpenSSL refused the gateway's certificate, for the error
+    /// (lws's own connection error text does not say).
+    private var certificateProblem: String?
     private var finished = false
 
     /// The gateway's frames are at most 1 MiB (PROTOCOL.md 6.2); leave room.
     static let maxMessage = 2 << 20
-    private static let quietLogs: Void = lws_set_log_level(LLL_ERR, nil)
+    /// A library does not write to the app's stderr: what goes wrong is
+    /// reported in `.closed` reasons instead.
+    private static let quietLogs: Void = lws_set_log_level(0, nil)
 
     init(endpoint: Endpoint, caFile: String) {
         self.endpoint = endpoint
@@ -141,9 +146,15 @@ final class LWSChannel: WebSocketChannel, @unchecked Sendable {  // see above: t
     }
 
     /// nil: let lws's default handler take it.
-    fileprivate func handle(_ wsi: OpaquePointer, _ reason: lws_callback_reasons,
+    fileprivate func handle(_ wsi: OpaquePointer, _ reason: lws_callback_reasons, _ user: UnsafeMutableRawPointer?,
                             _ input: UnsafeMutableRawPointer?, _ length: Int) -> Int32? {
         switch reason {
+        case LWS_CALLBACK_OPENSSL_PERFORM_SERVER_CERT_VERIFICATION:
+            // `length` is OpenSSL's preverify_ok, `user` its X509_STORE_CTX.
+            // Returning 0 keeps OpenSSL's verdict.
+            if length == 0, let store = user {
+                certificateProblem = String(cString: X509_verify_cert_error_string(Int(X509_STORE_CTX_get_error(OpaquePointer(store)))))
+            }
         case LWS_CALLBACK_CLIENT_ESTABLISHED:
             established = true
             continuation.yield(.open)
@@ -187,7 +198,7 @@ final class LWSChannel: WebSocketChannel, @unchecked Sendable {  // see above: t
         case LWS_CALLBACK_CLIENT_CONNECTION_ERROR:
             let why = input.map { String(cString: $0.assumingMemoryBound(to: CChar.self)) } ?? "connection failed"
             self.wsi = nil
-            finish(code: 1006, reason: why)
+            finish(code: 1006, reason: certificateProblem.map { "the gateway's certificate was refused: \($0)" } ?? why)
         case LWS_CALLBACK_CLIENT_CLOSED:
             self.wsi = nil
             finish(code: closeCode, reason: closeReason)
@@ -226,7 +237,7 @@ private func heraldClientCallback(_ wsi: OpaquePointer?, _ reason: lws_callback_
                                   _ length: Int) -> Int32 {
     if let wsi, let ctx = lws_get_context(wsi), let owner = lws_context_user(ctx) {
         let channel = Unmanaged<LWSChannel>.fromOpaque(owner).takeUnretainedValue()
-        if let answer = channel.handle(wsi, reason, input, length) { return answer }
+        if let answer = channel.handle(wsi, reason, user, input, length) { return answer }
     }
     return lws_callback_http_dummy(wsi, reason, user, input, length)
 }

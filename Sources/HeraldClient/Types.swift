@@ -21,6 +21,10 @@ public enum HeraldClientError: Error, Sendable, Equatable {
     /// (4003: the token names another device or the device was deleted;
     /// 1008: the hello was refused). The client stops.
     case refused(closeCode: Int, reason: String)
+    /// A connection failed or closed (`closeCode` 1006: no close frame, e.g.
+    /// refused, dropped, or a certificate that did not verify); the client
+    /// retries.
+    case connectionLost(closeCode: Int, reason: String)
     /// A frame this client cannot read; it was skipped and changed nothing.
     case badFrame(String)
     /// A frame type this client does not know; skipped (newer gateway).

@@ -26,12 +26,12 @@ final class GatewayProcess {
     }
 
     /// `port` 0 picks a free one; a restart passes the port it had.
-    init(store: String = "memory", port: Int = 0) throws {
+    init(store: String = "memory", port: Int = 0, arguments: [String] = []) throws {
         log = FileManager.default.temporaryDirectory.appendingPathComponent("herald-\(UUID().uuidString).log")
         _ = FileManager.default.createFile(atPath: log.path, contents: nil)
         process.executableURL = Self.binary
         process.arguments = ["serve", "--port", String(port), "--store", store, "--app", Self.app,
-                             "--server-key", Self.serverKey, "--token-secret", Self.tokenSecret]
+                             "--server-key", Self.serverKey, "--token-secret", Self.tokenSecret] + arguments
         let out = Pipe()
         process.standardOutput = out
         process.standardError = try FileHandle(forWritingTo: log)
@@ -62,6 +62,19 @@ final class GatewayProcess {
     }
 
     deinit { stop() }
+
+    /// A device token from `herald token` (no HTTP: works whatever the gateway's certificate).
+    static func mintToken(user: String) throws -> String {
+        let p = Process()
+        p.executableURL = binary
+        p.arguments = ["token", "--app", app, "--user", user, "--token-secret", tokenSecret]
+        let out = Pipe()
+        p.standardOutput = out
+        try p.run()
+        let data = out.fileHandleForReading.readDataToEndOfFile()
+        p.waitUntilExit()
+        return String(decoding: data, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
+    }
 
     // MARK: Server API
 

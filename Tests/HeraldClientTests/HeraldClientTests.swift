@@ -233,6 +233,62 @@ final class HeraldClientTests: XCTestCase {
         await phone.stop()
     }
 
+    /// A self-signed certificate for `subjectAltName` (and its key), in the test's directory.
+    private func certificate(_ name: String, altName: String) throws -> (cert: String, key: String) {
+        let cert = directory.appendingPathComponent("\(name).crt").path
+        let key = directory.appendingPathComponent("\(name).key").path
+        let openssl = Process()
+        openssl.executableURL = URL(fileURLWithPath: "/usr/bin/openssl")
+        openssl.arguments = ["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+                             "-days", "2", "-subj", "/CN=\(name)", "-addext", "subjectAltName=\(altName)",
+                             "-keyout", key, "-out", cert]
+        openssl.standardError = FileHandle.nullDevice
+        try openssl.run()
+        openssl.waitUntilExit()
+        XCTAssertEqual(openssl.terminationStatus, 0)
+        return (cert, key)
+    }
+
+    /// Starts a client over wss:// and answers the reason of its first failed
+    /// connection, or nil once it is live.
+    private func firstFailure(_ gateway: GatewayProcess, caFile: String?, device: String) async throws -> String? {
+        let token = try GatewayProcess.mintToken(user: "erin")
+        let options = HeraldClient.Options(url: gateway.baseURL, deviceId: device,
+                                           stateFile: directory.appendingPathComponent("\(device).db").path)
+        let client = try HeraldClient(options: options, transport: LWSTransport(caFile: caFile), token: { token })
+        let log = EventLog()
+        log.watch(client, as: device)
+        await client.start()
+        @Sendable func failure() async -> String? {
+            for case .problem(.connectionLost(_, let reason)) in await log.events(of: device) { return reason }
+            return nil
+        }
+        try await log.eventually("live or refused") {
+            let (failed, live) = (await failure(), await client.isLive)
+            return failed != nil || live
+        }
+        await client.stop()
+        return await failure()
+    }
+
+    func testWSSVerifiesTheGatewayCertificateAndName() async throws {
+        let good = try certificate("gateway", altName: "IP:127.0.0.1")
+        let gateway = try GatewayProcess(arguments: ["--tls-cert", good.cert, "--tls-key", good.key])
+        defer { gateway.stop() }
+        XCTAssert(gateway.baseURL.hasPrefix("https://"))
+        let trusted = try await firstFailure(gateway, caFile: good.cert, device: "trusting")
+        XCTAssertNil(trusted, "a certificate from the given CA file was refused")
+        // The self-signed certificate is not in the system's trust store.
+        let untrusted = try await firstFailure(gateway, caFile: nil, device: "system")
+        XCTAssertEqual(untrusted, "the gateway's certificate was refused: self-signed certificate")
+
+        let misnamed = try certificate("elsewhere", altName: "DNS:elsewhere.example")
+        let other = try GatewayProcess(arguments: ["--tls-cert", misnamed.cert, "--tls-key", misnamed.key])
+        defer { other.stop() }
+        let wrongName = try await firstFailure(other, caFile: misnamed.cert, device: "named")
+        XCTAssertEqual(wrongName, "the gateway's certificate was refused: IP address mismatch")
+    }
+
     func testBackoffDoublesWithJitterUpToItsCap() {
         var backoff = HeraldClient.Backoff()
         backoff.initial = .milliseconds(100)
