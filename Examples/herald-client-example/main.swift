@@ -37,7 +37,7 @@ guard arguments.count == 4 else {
 let (gateway, user, device) = (arguments[1], arguments[2], arguments[3])
 
 let client = try HeraldClient(
-    options: .init(url: gateway, deviceId: device, platform: "other",
+    options: .init(url: gateway, deviceId: device, platform: .other,
                    stateFile: "\(device).herald.sqlite"),
     token: { try await fetchToken(gateway: gateway, user: user, device: device) })
 await client.start()

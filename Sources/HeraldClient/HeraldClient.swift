@@ -14,15 +14,15 @@ public actor HeraldClient {
         /// `ws://`, `wss://`); the WebSocket is `/v1/ws` under it.
         public var url: String
         public var deviceId: String
-        /// `web`, `ios`, `android`, `windows` or `other`; nil keeps what is registered.
-        public var platform: String?
+        /// nil keeps what is registered (a new device is `other`).
+        public var platform: Platform?
         /// nil keeps what is registered.
         public var tags: [String]?
         /// An SQLite file this client owns (created if absent).
         public var stateFile: String
         public var reconnect = Backoff()
 
-        public init(url: String, deviceId: String, platform: String? = nil, tags: [String]? = nil, stateFile: String) {
+        public init(url: String, deviceId: String, platform: Platform? = nil, tags: [String]? = nil, stateFile: String) {
             self.url = url; self.deviceId = deviceId; self.platform = platform; self.tags = tags
             self.stateFile = stateFile
         }
@@ -89,6 +89,9 @@ public actor HeraldClient {
         unread = saved.state.unread
         (events, sink) = AsyncStream.makeStream(bufferingPolicy: .unbounded)
     }
+
+    /// Ends the event stream, so a consumer's loop ends with the client.
+    deinit { sink.finish() }
 
     /// Connects, and keeps reconnecting until `stop()` (or until the gateway
     /// refuses this device for good: `.problem(.refused)`).
@@ -248,7 +251,7 @@ public actor HeraldClient {
         o["type"] = "hello"
         o["token"] = .string(token)
         o["deviceId"] = .string(options.deviceId)
-        if let platform = options.platform { o["platform"] = .string(platform) }
+        if let platform = options.platform { o["platform"] = .string(platform.rawValue) }
         if let tags = options.tags { o["tags"] = .array(tags.map(JSON.string)) }
         if let cursor = state.cursor {
             o["cursor"] = .int(cursor)

@@ -2,7 +2,7 @@ import HeraldCore
 
 /// One message from the gateway (PROTOCOL.md 6.5), read completely before
 /// anything is applied: a frame that does not parse changes nothing.
-enum ServerFrame: Equatable {
+enum ServerFrame {
     case changes([Change], cursor: Int64?)
     case reset([HeraldNotification], cursor: Int64, epoch: String, final: Bool)
     case welcome(cursor: Int64, epoch: String, unread: Int)

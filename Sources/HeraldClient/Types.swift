@@ -5,6 +5,7 @@ import HeraldCore
 public typealias HeraldNotification = HeraldCore.Notification
 public typealias ReadState = HeraldCore.ReadState
 public typealias UserActionState = HeraldCore.UserActionState
+public typealias Platform = HeraldCore.Platform
 /// Why a notification left this device: `deleted`, `expired`, or `hidden`
 /// (retargeted away from it).
 public typealias RemovalReason = HeraldCore.DeleteReason

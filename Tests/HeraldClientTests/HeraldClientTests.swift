@@ -16,7 +16,7 @@ final class HeraldClientTests: XCTestCase {
         try? FileManager.default.removeItem(at: directory)
     }
 
-    private func client(_ gateway: GatewayProcess, user: String, device: String, platform: String = "other",
+    private func client(_ gateway: GatewayProcess, user: String, device: String, platform: Platform = .other,
                         file: String, token: HeraldClient.TokenProvider? = nil) async throws -> HeraldClient {
         let fixed = try await gateway.token(user: user)
         var options = HeraldClient.Options(url: gateway.baseURL, deviceId: device, platform: platform,
@@ -36,8 +36,8 @@ final class HeraldClientTests: XCTestCase {
         let gateway = try GatewayProcess()
         defer { gateway.stop() }
         let user = "alice-\(UUID().uuidString.prefix(8))"
-        let phone = try await client(gateway, user: user, device: "phone", platform: "ios", file: "phone.db")
-        let laptop = try await client(gateway, user: user, device: "laptop", platform: "web", file: "laptop.db")
+        let phone = try await client(gateway, user: user, device: "phone", platform: .ios, file: "phone.db")
+        let laptop = try await client(gateway, user: user, device: "laptop", platform: .web, file: "laptop.db")
         let log = EventLog()
         log.watch(phone, as: "phone")
         log.watch(laptop, as: "laptop")
