@@ -8,6 +8,7 @@ let package = Package(
     platforms: [.macOS(.v15)],
     products: [
         .executable(name: "herald", targets: ["herald"]),
+        .library(name: "HeraldClient", targets: ["HeraldClient"]),
     ],
     targets: [
         .systemLibrary(name: "CLibWebSockets", pkgConfig: "libwebsockets",
@@ -33,6 +34,13 @@ let package = Package(
         .executableTarget(name: "herald",
                           dependencies: ["HeraldCore", "HeraldStores", "HeraldGateway", "HeraldTransport"]),
 
+        // The device-side library: local state kept in step with the gateway
+        // over the libwebsockets client API. Shares only HeraldCore's wire types.
+        .target(name: "HeraldClient", dependencies: ["HeraldCore", "CLibWebSockets", "CSQLite"]),
+        // The walk-through of docs/CLIENT-SWIFT.md, compiled so it cannot rot.
+        .executableTarget(name: "herald-client-example", dependencies: ["HeraldClient"],
+                          path: "Examples/herald-client-example"),
+
         // What several test targets share (a reproducible PRNG).
         .target(name: "HeraldTestSupport", path: "Tests/HeraldTestSupport"),
         .testTarget(name: "HeraldCoreTests", dependencies: ["HeraldCore"]),
@@ -42,6 +50,8 @@ let package = Package(
         // Seeded mutation fuzzing of the parsers, bounded in time; corpus in Tests/HeraldFuzzTests/corpus.
         .testTarget(name: "HeraldFuzzTests", dependencies: ["HeraldCore", "HeraldGateway", "HeraldTestSupport"],
                     resources: [.copy("corpus")]),
+        // HeraldClient against a real `herald` process (built by `swift build`).
+        .testTarget(name: "HeraldClientTests", dependencies: ["HeraldClient"]),
     ],
     swiftLanguageModes: [.v6]
 )

@@ -13,6 +13,10 @@
 #include <errno.h>
 #include <string.h>
 
+// LWS_PRE is a function-like macro Swift cannot import: the room lws_write
+// needs before a payload (HeraldClient frames through lws).
+static const size_t herald_lws_pre = LWS_PRE;
+
 // The gateway's one listening socket, which every service loop watches and
 // accepts from. No SO_REUSEPORT: a second gateway on the port fails with
 // EADDRINUSE instead of silently sharing it (the kernel would split

@@ -1,0 +1,361 @@
+import HeraldCore
+
+/// A device's connection to a Herald gateway, and its local copy of the
+/// user's notifications kept equal to the gateway's (PROTOCOL.md 5–6).
+///
+/// The local set changes only from what the gateway sends (catch-up, live
+/// changes, resets); actions return once the gateway acknowledged them, and
+/// their effect arrives as a change like anyone else's. Everything is
+/// persisted in `Options.stateFile`, so a new client on the same file
+/// resumes from its cursor.
+public actor HeraldClient {
+    public struct Options: Sendable {
+        /// The gateway's base URL: `https://herald.example.com` (or `http://`,
+        /// `ws://`, `wss://`); the WebSocket is `/v1/ws` under it.
+        public var url: String
+        public var deviceId: String
+        /// nil keeps what is registered (a new device is `other`).
+        public var platform: Platform?
+        /// nil keeps what is registered.
+        public var tags: [String]?
+        /// An SQLite file this client owns (created if absent).
+        public var stateFile: String
+        public var reconnect = Backoff()
+
+        public init(url: String, deviceId: String, platform: Platform? = nil, tags: [String]? = nil, stateFile: String) {
+            self.url = url; self.deviceId = deviceId; self.platform = platform; self.tags = tags
+            self.stateFile = stateFile
+        }
+    }
+
+    /// Reconnect delays: doubling from `initial` up to `cap`, each drawn at
+    /// random from its upper half so that devices dropped together do not
+    /// come back together.
+    public struct Backoff: Sendable {
+        public var initial: Duration = .milliseconds(500)
+        public var cap: Duration = .seconds(30)
+        public init() {}
+
+        func delay(attempt: Int) -> Duration {
+            let ceiling = min(cap, initial * (1 << min(attempt, 30)))
+            return ceiling / 2 + ceiling / 2 * Double.random(in: 0...1)
+        }
+    }
+
+    /// Returns a device token for this user (and device), e.g. from the
+    /// app's own server. Called at start, when the gateway says the token
+    /// expires soon, and after the gateway refused one (close 4001).
+    public typealias TokenProvider = @Sendable () async throws -> String
+
+    /// Everything that changed, in order. One consumer.
+    public nonisolated let events: AsyncStream<Event>
+    private let sink: AsyncStream<Event>.Continuation
+
+    private let options: Options
+    private let endpoint: Endpoint
+    private let transport: any WebSocketTransport
+    private let tokenProvider: TokenProvider
+    private let file: StateFile
+    private var state: LocalState
+    /// Whose state the file holds: gateway, app, user, device.
+    private var scope: String?
+    private var token: String?
+    private var channel: (any WebSocketChannel)?
+    private var pending: [String: CheckedContinuation<JSONObject, any Error>] = [:]
+    private var nextRef = 0
+    private var runner: Task<Void, Never>?
+
+    /// The gateway's unread count for this device (the local count until
+    /// the first `welcome`).
+    public private(set) var unread: Int
+    public private(set) var connection: ConnectionState = .offline(nextRetry: nil)
+    public var cursor: Int64? { state.cursor }
+    public var epoch: String? { state.epoch }
+    /// The local set, newest first, as the gateway orders it.
+    public var notifications: [HeraldNotification] { state.sorted }
+    public func notification(id: String) -> HeraldNotification? { state.notifications[id] }
+
+    public init(options: Options, transport: any WebSocketTransport = LWSTransport(),
+                token: @escaping TokenProvider) throws(HeraldClientError) {
+        guard let endpoint = Endpoint(baseURL: options.url) else { throw .badURL(options.url) }
+        self.options = options
+        self.endpoint = endpoint
+        self.transport = transport
+        self.tokenProvider = token
+        file = try StateFile(path: options.stateFile)
+        let saved = try file.load()
+        state = saved.state
+        scope = saved.scope
+        unread = saved.state.unread
+        (events, sink) = AsyncStream.makeStream(bufferingPolicy: .unbounded)
+    }
+
+    /// Ends the event stream, so a consumer's loop ends with the client.
+    deinit { sink.finish() }
+
+    /// Connects, and keeps reconnecting until `stop()` (or until the gateway
+    /// refuses this device for good: `.problem(.refused)`).
+    public func start() {
+        guard runner == nil else { return }
+        runner = Task { await run() }
+    }
+
+    /// Closes the connection; the local state stays for the next start.
+    public func stop() async {
+        guard let runner else { return }
+        self.runner = nil
+        runner.cancel()
+        await runner.value
+    }
+
+    /// Stops and forgets everything this device stored.
+    public func signOut() async {
+        await stop()
+        state = LocalState()
+        scope = nil
+        token = nil
+        persist(changedIds: [], replaced: true)
+        emit(.reset([]))
+        setUnread(0)
+    }
+
+    // MARK: Actions (answered by the gateway's `ack`)
+
+    @discardableResult
+    public func update(_ id: String, readState: ReadState? = nil, userActionState: UserActionState? = nil,
+                       ifVersion: Int64? = nil) async throws(HeraldClientError) -> HeraldNotification? {
+        var fields: [(String, JSON)] = [("id", .string(id))]
+        if let readState { fields.append(("readState", .string(readState.rawValue))) }
+        if let userActionState { fields.append(("userActionState", .string(userActionState.rawValue))) }
+        if let ifVersion { fields.append(("ifVersion", .int(ifVersion))) }
+        let ack = try await request("update", fields)
+        return ack["notification"].flatMap(HeraldNotification.init(json:))
+    }
+
+    @discardableResult
+    public func markRead(_ id: String, ifVersion: Int64? = nil) async throws(HeraldClientError) -> HeraldNotification? {
+        try await update(id, readState: .read, ifVersion: ifVersion)
+    }
+
+    @discardableResult
+    public func markUnread(_ id: String, ifVersion: Int64? = nil) async throws(HeraldClientError) -> HeraldNotification? {
+        try await update(id, readState: .unread, ifVersion: ifVersion)
+    }
+
+    @discardableResult
+    public func activate(_ id: String, ifVersion: Int64? = nil) async throws(HeraldClientError) -> HeraldNotification? {
+        try await update(id, userActionState: .activated, ifVersion: ifVersion)
+    }
+
+    @discardableResult
+    public func dismiss(_ id: String, ifVersion: Int64? = nil) async throws(HeraldClientError) -> HeraldNotification? {
+        try await update(id, userActionState: .dismissed, ifVersion: ifVersion)
+    }
+
+    @discardableResult
+    public func snooze(_ id: String, ifVersion: Int64? = nil) async throws(HeraldClientError) -> HeraldNotification? {
+        try await update(id, userActionState: .snoozed, ifVersion: ifVersion)
+    }
+
+    /// Deletes the notification for the user on every device. The WebSocket
+    /// `delete` takes no `ifVersion` (PROTOCOL.md 6.4).
+    public func delete(_ id: String) async throws(HeraldClientError) {
+        _ = try await request("delete", [("id", .string(id))])
+    }
+
+    // MARK: Connection
+
+    private enum Ending {
+        case retry(wasLive: Bool, authFailed: Bool)
+        case stop
+    }
+
+    private func run() async {
+        var attempt = 0
+        while !Task.isCancelled {
+            setConnection(.connecting)
+            let started = ContinuousClock.now
+            guard case .retry(let wasLive, let authFailed) = await connectOnce(), !Task.isCancelled else { break }
+            // Only a connection that lasted resets the backoff: a gateway
+            // that accepts and drops at once must not be hammered.
+            if wasLive && ContinuousClock.now - started > .seconds(10) { attempt = 0 }
+            // A refused token is retried at once with a fresh one, then with backoff.
+            let delay = authFailed && attempt == 0 ? .zero : options.reconnect.delay(attempt: attempt)
+            attempt += 1
+            setConnection(.offline(nextRetry: .now + delay))
+            try? await Task.sleep(for: delay)
+        }
+        if !Task.isCancelled { runner = nil }  // refused for good: start() may try again
+        setConnection(.offline(nextRetry: nil))
+    }
+
+    private func connectOnce() async -> Ending {
+        let token: String
+        do {
+            token = try await currentToken()
+        } catch {
+            emit(.problem(.tokenUnavailable(String(describing: error))))
+            return .retry(wasLive: false, authFailed: false)
+        }
+        guard !Task.isCancelled else { return .stop }
+        adoptScope(of: token)
+        let channel = transport.open(endpoint)
+        self.channel = channel
+        defer { connectionEnded() }
+        var wasLive = false
+        for await event in channel.events {
+            switch event {
+            case .open:
+                channel.send(hello(token: token))
+            case .text(let text):
+                receive(text)
+                wasLive = wasLive || isLive
+            case .closed(let code, let reason):
+                if code == 4003 || code == 1008 {
+                    emit(.problem(.refused(closeCode: code, reason: reason)))
+                    return .stop
+                }
+                emit(.problem(.connectionLost(closeCode: code, reason: reason)))
+                if code == 4001 { self.token = nil }
+                return .retry(wasLive: wasLive, authFailed: code == 4001)
+            }
+        }
+        channel.close()  // cancelled by stop()
+        return .stop
+    }
+
+    private var isLive: Bool { if case .live = connection { return true }; return false }
+
+    private func currentToken() async throws -> String {
+        if let token { return token }
+        let fresh = try await tokenProvider()
+        token = fresh
+        return fresh
+    }
+
+    /// A state file saved for another gateway, user or device starts over.
+    private func adoptScope(of token: String) {
+        let now = "\(endpoint.host):\(endpoint.port)\(endpoint.path) \(TokenScope.appAndUser(of: token) ?? "?") \(options.deviceId)"
+        guard now != scope else { return }
+        let hadState = scope != nil
+        scope = now
+        if hadState {
+            state = LocalState()
+            emit(.reset([]))
+        }
+        persist(changedIds: [], replaced: hadState)
+    }
+
+    private func hello(token: String) -> String {
+        var o = JSONObject()
+        o["type"] = "hello"
+        o["token"] = .string(token)
+        o["deviceId"] = .string(options.deviceId)
+        if let platform = options.platform { o["platform"] = .string(platform.rawValue) }
+        if let tags = options.tags { o["tags"] = .array(tags.map(JSON.string)) }
+        if let cursor = state.cursor {
+            o["cursor"] = .int(cursor)
+            if let epoch = state.epoch { o["epoch"] = .string(epoch) }
+        }
+        return JSON.object(o).encodedString
+    }
+
+    private func connectionEnded() {
+        channel = nil
+        state.connectionEnded()
+        let waiting = pending
+        pending.removeAll()
+        for (_, c) in waiting { c.resume(throwing: HeraldClientError.disconnected) }
+    }
+
+    // MARK: Frames
+
+    /// Applies one frame from the gateway. Internal so tests can feed the
+    /// client input no gateway would send.
+    func receive(_ text: String) {
+        let frame: ServerFrame
+        switch ServerFrame.parse(text) {
+        case .success(let f): frame = f
+        case .failure(let error):
+            emit(.problem(error))
+            return
+        }
+        let applied = state.apply(frame)
+        if applied.needsSave { persist(changedIds: applied.changedIds, replaced: applied.replaced) }
+        applied.events.forEach(emit)
+        switch frame {
+        case .welcome(_, _, let count):
+            setConnection(.live(transport: "websocket"))
+            setUnread(count)
+        case .counts(let count):
+            setUnread(count)
+        case .answer(let ref, let body):
+            if let ref, let c = pending.removeValue(forKey: ref) { c.resume(returning: body) }
+        case .error(let ref, let code, let message):
+            let error = HeraldClientError.server(code: code, message: message)
+            if let ref, let c = pending.removeValue(forKey: ref) { c.resume(throwing: error) } else { emit(.problem(error)) }
+        case .tokenExpiring:
+            Task { await refreshToken() }
+        case .unknown(let type):
+            emit(.problem(.unknownFrame(type: type)))
+        case .changes, .reset:
+            break
+        }
+    }
+
+    private func refreshToken() async {
+        do {
+            let fresh = try await tokenProvider()
+            token = fresh
+            _ = try await request("refresh", [("token", .string(fresh))])
+        } catch let error as HeraldClientError {
+            emit(.problem(error))
+        } catch {
+            emit(.problem(.tokenUnavailable(String(describing: error))))
+        }
+    }
+
+    private func request(_ type: String, _ fields: [(String, JSON)]) async throws(HeraldClientError) -> JSONObject {
+        guard isLive, let channel else { throw .notConnected }
+        nextRef += 1
+        let ref = "r\(nextRef)"
+        var o = JSONObject()
+        o["type"] = .string(type)
+        o["ref"] = .string(ref)
+        for (key, value) in fields { o[key] = value }
+        let text = JSON.object(o).encodedString
+        do {
+            return try await withCheckedThrowingContinuation { c in
+                pending[ref] = c
+                channel.send(text)
+            }
+        } catch let error as HeraldClientError {
+            throw error
+        } catch {
+            throw .disconnected
+        }
+    }
+
+    // MARK: Output
+
+    private func persist(changedIds: Set<String>, replaced: Bool) {
+        do {
+            try file.save(state, scope: scope, changedIds: changedIds, replaced: replaced)
+        } catch {
+            emit(.problem(error))
+        }
+    }
+
+    private func emit(_ event: Event) { sink.yield(event) }
+
+    private func setUnread(_ count: Int) {
+        unread = count
+        emit(.unread(count))
+    }
+
+    private func setConnection(_ state: ConnectionState) {
+        guard state != connection else { return }
+        connection = state
+        emit(.connection(state))
+    }
+}

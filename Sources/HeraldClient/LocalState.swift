@@ -1,0 +1,84 @@
+import HeraldCore
+
+/// The device's copy of its feed, kept by the rules of PROTOCOL.md 5.6:
+/// changes applied once each in arrival order (a `seq` at or below the
+/// cursor is a duplicate), frame cursors adopted, resets applied whole.
+struct LocalState {
+    var notifications: [String: HeraldNotification] = [:]
+    var cursor: Int64?
+    var epoch: String?
+    /// The `reset` frames received so far: applied together at the final one,
+    /// never half.
+    private var staged: [HeraldNotification]?
+
+    /// What one frame did: the events to report and what to persist.
+    struct Applied {
+        var events: [HeraldClient.Event] = []
+        /// Ids whose stored row must be rewritten (or removed when gone).
+        var changedIds: Set<String> = []
+        var replaced = false
+        var positionMoved = false
+        var needsSave: Bool { replaced || positionMoved || !changedIds.isEmpty }
+    }
+
+    init() {}
+
+    init(notifications: [String: HeraldNotification], cursor: Int64?, epoch: String?) {
+        self.notifications = notifications; self.cursor = cursor; self.epoch = epoch
+    }
+
+    /// Applies the feed part of a frame; other frames change nothing here.
+    mutating func apply(_ frame: ServerFrame) -> Applied {
+        var out = Applied()
+        switch frame {
+        case .changes(let changes, let frameCursor):
+            for change in changes where cursor.map({ change.seq > $0 }) ?? true {
+                switch change.op {
+                case .upsert(let n):
+                    notifications[n.id] = n
+                    out.changedIds.insert(n.id)
+                    out.events.append(.upserted(n))
+                case .delete(let id, _, let reason):
+                    if notifications.removeValue(forKey: id) != nil {
+                        out.changedIds.insert(id)
+                        out.events.append(.removed(id: id, reason: reason))
+                    }
+                }
+                cursor = change.seq
+                out.positionMoved = true
+            }
+            if let frameCursor { out.positionMoved = adopt(cursor: frameCursor, epoch: nil) || out.positionMoved }
+        case .reset(let page, let resetCursor, let resetEpoch, let final):
+            staged = (staged ?? []) + page
+            guard final, let all = staged else { break }
+            staged = nil
+            notifications = Dictionary(all.map { ($0.id, $0) }, uniquingKeysWith: { first, _ in first })
+            cursor = resetCursor
+            epoch = resetEpoch
+            out.replaced = true
+            out.events.append(.reset(sorted))
+        case .welcome(let welcomeCursor, let welcomeEpoch, _):
+            staged = nil
+            out.positionMoved = adopt(cursor: welcomeCursor, epoch: welcomeEpoch)
+        case .counts, .answer, .error, .tokenExpiring, .unknown:
+            break
+        }
+        return out
+    }
+
+    /// A connection ended: a reset it left unfinished is dropped.
+    mutating func connectionEnded() { staged = nil }
+
+    /// Rule 3 of PROTOCOL.md 5.6: `cursor = max(cursor, frame's)`, epoch taken.
+    private mutating func adopt(cursor frameCursor: Int64, epoch frameEpoch: String?) -> Bool {
+        let before = (cursor, epoch)
+        cursor = max(cursor ?? frameCursor, frameCursor)
+        if let frameEpoch { epoch = frameEpoch }
+        return before != (cursor, epoch)
+    }
+
+    var sorted: [HeraldNotification] { Array(notifications.values).newestFirst() }
+
+    /// Computed from the local set; the gateway's own count comes in `counts`.
+    var unread: Int { notifications.values.count { $0.readState == .unread } }
+}

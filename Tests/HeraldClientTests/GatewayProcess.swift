@@ -1,0 +1,147 @@
+import Foundation
+#if canImport(FoundationNetworking)
+import FoundationNetworking
+#endif
+import HeraldClient
+import XCTest
+
+/// A real `herald serve` process on a free port (memory store unless told),
+/// with one app, driven over its server API with URLSession.
+final class GatewayProcess {
+    static let app = "client-tests"
+    static let serverKey = "sk-client-tests"
+    static let tokenSecret = "secret-client-tests-0123456789abcdef"
+
+    let baseURL: String
+    let port: Int
+    private let process = Process()
+    private let log: URL
+
+    /// The binary `swift build` makes (`HERALD_BIN` overrides).
+    static var binary: URL {
+        if let path = ProcessInfo.processInfo.environment["HERALD_BIN"] { return URL(fileURLWithPath: path) }
+        let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+            .deletingLastPathComponent()
+        return root.appendingPathComponent(".build/debug/herald")
+    }
+
+    /// `port` 0 picks a free one; a restart passes the port it had.
+    init(store: String = "memory", port: Int = 0, arguments: [String] = []) throws {
+        log = FileManager.default.temporaryDirectory.appendingPathComponent("herald-\(UUID().uuidString).log")
+        _ = FileManager.default.createFile(atPath: log.path, contents: nil)
+        process.executableURL = Self.binary
+        process.arguments = ["serve", "--port", String(port), "--store", store, "--app", Self.app,
+                             "--server-key", Self.serverKey, "--token-secret", Self.tokenSecret] + arguments
+        let out = Pipe()
+        process.standardOutput = out
+        process.standardError = try FileHandle(forWritingTo: log)
+        try process.run()
+        // The one stdout line, once it accepts connections: `listening on http://HOST:PORT`.
+        var line = Data()
+        while !line.contains(UInt8(ascii: "\n")) {
+            let chunk = out.fileHandleForReading.availableData
+            if chunk.isEmpty { break }  // the process ended
+            line.append(chunk)
+        }
+        let text = String(decoding: line, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
+        guard text.hasPrefix("listening on ") else {
+            kill(process.processIdentifier, SIGTERM)
+            process.waitUntilExit()
+            throw GatewayFailure("herald did not start (\(text)): \((try? String(contentsOf: log, encoding: .utf8)) ?? "")")
+        }
+        baseURL = String(text.dropFirst("listening on ".count))
+        self.port = Int(baseURL.split(separator: ":").last!)!
+    }
+
+    /// SIGTERM, then waits for the exit.
+    func stop() {
+        guard process.isRunning else { return }
+        kill(process.processIdentifier, SIGTERM)
+        process.waitUntilExit()
+        try? FileManager.default.removeItem(at: log)
+    }
+
+    deinit { stop() }
+
+    /// A device token from `herald token` (no HTTP: works whatever the gateway's certificate).
+    static func mintToken(user: String) throws -> String {
+        let p = Process()
+        p.executableURL = binary
+        p.arguments = ["token", "--app", app, "--user", user, "--token-secret", tokenSecret]
+        let out = Pipe()
+        p.standardOutput = out
+        try p.run()
+        let data = out.fileHandleForReading.readDataToEndOfFile()
+        p.waitUntilExit()
+        return String(decoding: data, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
+    }
+
+    // MARK: Server API
+
+    func token(user: String) async throws -> String {
+        let answer = try await call("POST", "/v1/apps/\(Self.app)/tokens", ["userId": user, "ttlSeconds": 3600])
+        return try XCTUnwrap(answer["token"] as? String)
+    }
+
+    /// Publishes (or replaces) a notification; answers its id.
+    @discardableResult
+    func publish(user: String, appNotificationId: String, title: String) async throws -> String {
+        let answer = try await call("POST", "/v1/apps/\(Self.app)/users/\(user)/notifications",
+                                    ["appNotificationId": appNotificationId, "payload": ["title": title]])
+        let n = try XCTUnwrap(answer["notification"] as? [String: Any])
+        return try XCTUnwrap(n["id"] as? String)
+    }
+
+    func delete(user: String, id: String) async throws {
+        _ = try await call("DELETE", "/v1/apps/\(Self.app)/users/\(user)/notifications/\(id)", nil)
+    }
+
+    /// The user's live notifications as the server has them: id → (version, readState, userActionState).
+    func notifications(user: String) async throws -> [String: Snapshot] {
+        let answer = try await call("GET", "/v1/apps/\(Self.app)/users/\(user)/notifications?limit=500", nil)
+        let list = try XCTUnwrap(answer["notifications"] as? [[String: Any]])
+        var out: [String: Snapshot] = [:]
+        for n in list {
+            out[n["id"] as! String] = Snapshot(version: (n["version"] as! NSNumber).int64Value,
+                                               readState: n["readState"] as! String,
+                                               userActionState: n["userActionState"] as! String)
+        }
+        return out
+    }
+
+    private func call(_ method: String, _ path: String, _ body: [String: Any]?) async throws -> [String: Any] {
+        var request = URLRequest(url: URL(string: baseURL + path)!)
+        request.httpMethod = method
+        request.setValue("Bearer \(Self.serverKey)", forHTTPHeaderField: "Authorization")
+        if let body {
+            request.setValue("application/json", forHTTPHeaderField: "Content-Type")
+            request.httpBody = try JSONSerialization.data(withJSONObject: body)
+        }
+        let (data, response) = try await URLSession.shared.data(for: request)
+        let status = (response as? HTTPURLResponse)?.statusCode ?? 0
+        guard (200..<300).contains(status) else {
+            throw GatewayFailure("\(method) \(path): \(status) \(String(decoding: data, as: UTF8.self))")
+        }
+        if data.isEmpty { return [:] }
+        return try XCTUnwrap(JSONSerialization.jsonObject(with: data) as? [String: Any])
+    }
+}
+
+struct Snapshot: Equatable {
+    var version: Int64
+    var readState: String
+    var userActionState: String
+
+    init(version: Int64, readState: String, userActionState: String) {
+        self.version = version; self.readState = readState; self.userActionState = userActionState
+    }
+
+    init(_ n: HeraldNotification) {
+        self.init(version: n.version, readState: n.readState.rawValue, userActionState: n.userActionState.rawValue)
+    }
+}
+
+struct GatewayFailure: Error, CustomStringConvertible {
+    let description: String
+    init(_ description: String) { self.description = description }
+}

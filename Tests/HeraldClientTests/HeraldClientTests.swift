@@ -1,0 +1,309 @@
+import Foundation
+@testable import HeraldClient
+import Synchronization
+import XCTest
+
+/// HeraldClient against a real gateway process (memory store).
+final class HeraldClientTests: XCTestCase {
+    private var directory: URL!
+
+    override func setUpWithError() throws {
+        directory = FileManager.default.temporaryDirectory.appendingPathComponent("herald-client-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+    }
+
+    override func tearDownWithError() throws {
+        try? FileManager.default.removeItem(at: directory)
+    }
+
+    private func client(_ gateway: GatewayProcess, user: String, device: String, platform: Platform = .other,
+                        file: String, token: HeraldClient.TokenProvider? = nil) async throws -> HeraldClient {
+        let fixed = try await gateway.token(user: user)
+        var options = HeraldClient.Options(url: gateway.baseURL, deviceId: device, platform: platform,
+                                           stateFile: directory.appendingPathComponent(file).path)
+        // Quick retries keep the reconnect tests short; they wait for events, not for time.
+        options.reconnect.initial = .milliseconds(50)
+        options.reconnect.cap = .milliseconds(500)
+        return try HeraldClient(options: options, token: token ?? { fixed })
+    }
+
+    /// The client's local set in the form the server listing is compared in.
+    private func snapshots(_ client: HeraldClient) async -> [String: Snapshot] {
+        Dictionary(uniqueKeysWithValues: await client.notifications.map { ($0.id, Snapshot($0)) })
+    }
+
+    func testPublishAndDismissReachEveryDeviceOfTheUser() async throws {
+        let gateway = try GatewayProcess()
+        defer { gateway.stop() }
+        let user = "alice-\(UUID().uuidString.prefix(8))"
+        let phone = try await client(gateway, user: user, device: "phone", platform: .ios, file: "phone.db")
+        let laptop = try await client(gateway, user: user, device: "laptop", platform: .web, file: "laptop.db")
+        let log = EventLog()
+        log.watch(phone, as: "phone")
+        log.watch(laptop, as: "laptop")
+        await phone.start()
+        await laptop.start()
+        try await log.eventually("both are live") {
+            let (p, l) = (await phone.isLive, await laptop.isLive)
+            return p && l
+        }
+
+        let id = try await gateway.publish(user: user, appNotificationId: "task-1", title: "Review the draft")
+        try await log.eventually("both have the notification") {
+            let (p, l) = (await phone.notification(id: id), await laptop.notification(id: id))
+            return p != nil && l != nil
+        }
+        try await log.eventually("both count it unread") {
+            let (p, l) = (await phone.unread, await laptop.unread)
+            return p == 1 && l == 1
+        }
+
+        let acked = try await phone.dismiss(id, ifVersion: 1)
+        XCTAssertEqual(acked?.userActionState, .dismissed)
+        XCTAssertEqual(acked?.version, 2)
+        try await log.eventually("both see the dismiss") {
+            let (p, l) = (await phone.notification(id: id), await laptop.notification(id: id))
+            return p?.userActionState == .dismissed && l?.userActionState == .dismissed
+        }
+        let server = try await gateway.notifications(user: user)
+        let phoneState = await snapshots(phone)
+        let laptopState = await snapshots(laptop)
+        XCTAssertEqual(phoneState, server)
+        XCTAssertEqual(laptopState, server)
+
+        // A stale version is refused with the gateway's code; nothing changes.
+        do {
+            try await laptop.markRead(id, ifVersion: 1)
+            XCTFail("a stale ifVersion was accepted")
+        } catch {
+            guard case .server(let code, _) = error else { return XCTFail("unexpected \(error)") }
+            XCTAssertEqual(code, "precondition_failed")
+        }
+        let laptopAfter = await snapshots(laptop)
+        XCTAssertEqual(laptopAfter, server)
+
+        await phone.stop()
+        await laptop.stop()
+    }
+
+    func testARestartedClientResumesFromItsCursorWithoutAReset() async throws {
+        let gateway = try GatewayProcess()
+        defer { gateway.stop() }
+        let user = "bob-\(UUID().uuidString.prefix(8))"
+        let first = try await client(gateway, user: user, device: "phone", file: "phone.db")
+        let firstLog = EventLog()
+        firstLog.watch(first, as: "phone")
+        await first.start()
+        try await firstLog.eventually("live") { await first.isLive }
+        let kept = try await gateway.publish(user: user, appNotificationId: "kept", title: "one")
+        let deleted = try await gateway.publish(user: user, appNotificationId: "deleted", title: "two")
+        try await firstLog.eventually("both arrived") { await first.notifications.count == 2 }
+        await first.stop()
+        let cursor = await first.cursor
+        let epoch = await first.epoch
+
+        // What happens while the app is not running.
+        let added = try await gateway.publish(user: user, appNotificationId: "added", title: "three")
+        try await gateway.delete(user: user, id: deleted)
+        try await gateway.publish(user: user, appNotificationId: "kept", title: "one, edited")
+
+        let second = try await client(gateway, user: user, device: "phone", file: "phone.db")
+        let resumedCursor = await second.cursor
+        let resumedEpoch = await second.epoch
+        let resumedIds = Set(await second.notifications.map(\.id))
+        XCTAssertEqual(resumedCursor, cursor)
+        XCTAssertEqual(resumedEpoch, epoch)
+        XCTAssertEqual(resumedIds, [kept, deleted])
+
+        let log = EventLog()
+        log.watch(second, as: "phone")
+        await second.start()
+        try await log.eventually("caught up and live") { await second.isLive }
+        let server = try await gateway.notifications(user: user)
+        let local = await snapshots(second)
+        XCTAssertEqual(local, server)
+
+        // Exactly what it missed, in feed order, and no reset.
+        var feed: [String] = []
+        for event in await log.events(of: "phone") {
+            switch event {
+            case .upserted(let n): feed.append("upsert \(n.id) v\(n.version)")
+            case .removed(let id, let reason): feed.append("remove \(id) \(reason)")
+            case .reset: feed.append("reset")
+            default: break
+            }
+        }
+        XCTAssertEqual(feed, ["upsert \(added) v1", "remove \(deleted) deleted", "upsert \(kept) v2"])
+        await second.stop()
+    }
+
+    func testMalformedAndUnknownFramesAreReportedAndSkipped() async throws {
+        let options = HeraldClient.Options(url: "http://127.0.0.1:9", deviceId: "phone",
+                                           stateFile: directory.appendingPathComponent("state.db").path)
+        let client = try HeraldClient(options: options, token: { "unused" })
+        var events = client.events.makeAsyncIterator()
+
+        await client.receive(#"{"type":"reset","notifications":[\#(Self.notification("n_1"))],"cursor":5,"epoch":"e1","final":true}"#)
+        guard case .reset(let list)? = await events.next() else { return XCTFail("no reset event") }
+        XCTAssertEqual(list.map(\.id), ["n_1"])
+
+        let bad = [
+            "not json",
+            "[1, 2]",
+            #"{"no":"type"}"#,
+            #"{"type":"changes","changes":[{"seq":6,"op":"upsert"}],"cursor":6}"#,
+            #"{"type":"change","change":{"seq":"6","op":"delete","id":"n_1","appNotificationId":"a","reason":"deleted"}}"#,
+            #"{"type":"reset","notifications":[],"cursor":"x","epoch":"e2","final":true}"#,
+            #"{"type":"welcome","cursor":7}"#,
+        ]
+        for text in bad {
+            await client.receive(text)
+            guard case .problem(.badFrame)? = await events.next() else { return XCTFail("\(text) was not reported") }
+        }
+        await client.receive(#"{"type":"somethingNew","x":1}"#)
+        let unknown = await events.next()
+        XCTAssertEqual(unknown, .problem(.unknownFrame(type: "somethingNew")))
+        let cursor = await client.cursor
+        let ids = await client.notifications.map(\.id)
+        XCTAssertEqual(cursor, 5)
+        XCTAssertEqual(ids, ["n_1"])
+
+        // Still applying what is good; a repeated seq is applied once.
+        let delete = #"{"type":"change","change":{"seq":6,"op":"delete","id":"n_1","appNotificationId":"a","reason":"expired"}}"#
+        await client.receive(delete)
+        let removed = await events.next()
+        XCTAssertEqual(removed, .removed(id: "n_1", reason: .expired))
+        await client.receive(#"{"type":"change","change":{"seq":6,"op":"upsert","notification":\#(Self.notification("n_1"))}}"#)
+        await client.receive(#"{"type":"counts","unread":0}"#)
+        let next = await events.next()
+        XCTAssertEqual(next, .unread(0), "the duplicate seq 6 was applied")
+        let after = await client.notifications
+        let afterCursor = await client.cursor
+        XCTAssertEqual(after, [])
+        XCTAssertEqual(afterCursor, 6)
+    }
+
+    func testTheClientReconnectsByItselfWhenTheGatewayRestarts() async throws {
+        let store = "sqlite:" + directory.appendingPathComponent("herald.db").path
+        var gateway = try GatewayProcess(store: store)
+        defer { gateway.stop() }
+        let user = "carol-\(UUID().uuidString.prefix(8))"
+        let phone = try await client(gateway, user: user, device: "phone", file: "phone.db")
+        let log = EventLog()
+        log.watch(phone, as: "phone")
+        await phone.start()
+        try await log.eventually("live") { await phone.isLive }
+        let before = try await gateway.publish(user: user, appNotificationId: "before", title: "one")
+        try await log.eventually("the first arrived") { await phone.notification(id: before) != nil }
+
+        gateway.stop()
+        try await log.eventually("offline with a retry planned") {
+            if case .offline(let retry) = await phone.connection { return retry != nil }
+            return false
+        }
+        gateway = try GatewayProcess(store: store, port: gateway.port)
+        let after = try await gateway.publish(user: user, appNotificationId: "after", title: "two")
+        try await log.eventually("back, with what was published meanwhile") {
+            let (live, n) = (await phone.isLive, await phone.notification(id: after))
+            return live && n != nil
+        }
+        let server = try await gateway.notifications(user: user)
+        let local = await snapshots(phone)
+        XCTAssertEqual(local, server)
+        let resets = await log.events(of: "phone").filter { if case .reset = $0 { return true }; return false }
+        XCTAssertEqual(resets.count, 1, "only the first connection's reset: the reconnect resumed")
+        await phone.stop()
+    }
+
+    func testARefusedTokenIsReplacedThroughTheProvider() async throws {
+        let gateway = try GatewayProcess()
+        defer { gateway.stop() }
+        let user = "dave-\(UUID().uuidString.prefix(8))"
+        let good = try await gateway.token(user: user)
+        let calls = Mutex(0)
+        let phone = try await client(gateway, user: user, device: "phone", file: "phone.db", token: {
+            // The first token is refused (close 4001); the client must ask again.
+            calls.withLock { $0 += 1; return $0 } == 1 ? "not.a.token" : good
+        })
+        let log = EventLog()
+        log.watch(phone, as: "phone")
+        await phone.start()
+        try await log.eventually("live with the second token") { await phone.isLive }
+        XCTAssertEqual(calls.withLock { $0 }, 2)
+        await phone.stop()
+    }
+
+    /// A self-signed certificate for `subjectAltName` (and its key), in the test's directory.
+    private func certificate(_ name: String, altName: String) throws -> (cert: String, key: String) {
+        let cert = directory.appendingPathComponent("\(name).crt").path
+        let key = directory.appendingPathComponent("\(name).key").path
+        let openssl = Process()
+        openssl.executableURL = URL(fileURLWithPath: "/usr/bin/openssl")
+        openssl.arguments = ["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+                             "-days", "2", "-subj", "/CN=\(name)", "-addext", "subjectAltName=\(altName)",
+                             "-keyout", key, "-out", cert]
+        openssl.standardError = FileHandle.nullDevice
+        try openssl.run()
+        openssl.waitUntilExit()
+        XCTAssertEqual(openssl.terminationStatus, 0)
+        return (cert, key)
+    }
+
+    /// Starts a client over wss:// and answers the reason of its first failed
+    /// connection, or nil once it is live.
+    private func firstFailure(_ gateway: GatewayProcess, caFile: String?, device: String) async throws -> String? {
+        let token = try GatewayProcess.mintToken(user: "erin")
+        let options = HeraldClient.Options(url: gateway.baseURL, deviceId: device,
+                                           stateFile: directory.appendingPathComponent("\(device).db").path)
+        let client = try HeraldClient(options: options, transport: LWSTransport(caFile: caFile), token: { token })
+        let log = EventLog()
+        log.watch(client, as: device)
+        await client.start()
+        @Sendable func failure() async -> String? {
+            for case .problem(.connectionLost(_, let reason)) in await log.events(of: device) { return reason }
+            return nil
+        }
+        try await log.eventually("live or refused") {
+            let (failed, live) = (await failure(), await client.isLive)
+            return failed != nil || live
+        }
+        await client.stop()
+        return await failure()
+    }
+
+    func testWSSVerifiesTheGatewayCertificateAndName() async throws {
+        let good = try certificate("gateway", altName: "IP:127.0.0.1")
+        let gateway = try GatewayProcess(arguments: ["--tls-cert", good.cert, "--tls-key", good.key])
+        defer { gateway.stop() }
+        XCTAssert(gateway.baseURL.hasPrefix("https://"))
+        let trusted = try await firstFailure(gateway, caFile: good.cert, device: "trusting")
+        XCTAssertNil(trusted, "a certificate from the given CA file was refused")
+        // The self-signed certificate is not in the system's trust store.
+        let untrusted = try await firstFailure(gateway, caFile: nil, device: "system")
+        XCTAssertEqual(untrusted, "the gateway's certificate was refused: self-signed certificate")
+
+        let misnamed = try certificate("elsewhere", altName: "DNS:elsewhere.example")
+        let other = try GatewayProcess(arguments: ["--tls-cert", misnamed.cert, "--tls-key", misnamed.key])
+        defer { other.stop() }
+        let wrongName = try await firstFailure(other, caFile: misnamed.cert, device: "named")
+        XCTAssertEqual(wrongName, "the gateway's certificate was refused: IP address mismatch")
+    }
+
+    func testBackoffDoublesWithJitterUpToItsCap() {
+        var backoff = HeraldClient.Backoff()
+        backoff.initial = .milliseconds(100)
+        backoff.cap = .seconds(1)
+        for attempt in 0..<12 {
+            let ceiling = min(.seconds(1), .milliseconds(100) * (1 << attempt))
+            let delay = backoff.delay(attempt: attempt)
+            XCTAssert(delay >= ceiling / 2 && delay <= ceiling, "attempt \(attempt): \(delay)")
+        }
+    }
+
+    private static func notification(_ id: String) -> String {
+        #"{"id":"\#(id)","appNotificationId":"a","userId":"u","payload":{"title":"t"},"priority":"normal","# +
+        #""groupName":null,"displayTimeToLive":null,"targetPlatforms":null,"targetTags":null,"# +
+        #""createdAt":"2026-11-22T10:00:00.000Z","updatedAt":"2026-11-22T10:00:00.000Z","# +
+        #""expiresAt":"2026-12-22T10:00:00.000Z","readState":"unread","userActionState":"noInteraction","version":1}"#
+    }
+}
