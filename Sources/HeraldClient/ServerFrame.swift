@@ -22,11 +22,11 @@ enum ServerFrame {
         switch type {
         case "changes":
             frame = o["changes"]?.arrayValue.flatMap { list in
-                let changes = list.compactMap(Change.init(wire:))
+                let changes = list.compactMap(Change.init(json:))
                 return changes.count == list.count ? .changes(changes, cursor: o["cursor"]?.int64Value) : nil
             }
         case "change":
-            frame = o["change"].flatMap(Change.init(wire:)).map { .changes([$0], cursor: nil) }
+            frame = o["change"].flatMap(Change.init(json:)).map { .changes([$0], cursor: nil) }
         case "reset":
             if let list = o["notifications"]?.arrayValue, let cursor = o["cursor"]?.int64Value,
                let epoch = o["epoch"]?.stringValue, let final = o["final"]?.boolValue {
@@ -54,20 +54,3 @@ enum ServerFrame {
     }
 }
 
-extension Change {
-    /// Reads a change as the gateway sends it (SPEC section 1); nil if malformed.
-    init?(wire json: JSON) {
-        guard let o = json.objectValue, let seq = o["seq"]?.int64Value else { return nil }
-        switch o["op"]?.stringValue {
-        case "upsert":
-            guard let n = o["notification"].flatMap(HeraldNotification.init(json:)) else { return nil }
-            self.init(seq: seq, op: .upsert(n))
-        case "delete":
-            guard let id = o["id"]?.stringValue, let anid = o["appNotificationId"]?.stringValue,
-                  let reason = o["reason"]?.stringValue.flatMap(DeleteReason.init(rawValue:)) else { return nil }
-            self.init(seq: seq, op: .delete(id: id, appNotificationId: anid, reason: reason))
-        default:
-            return nil
-        }
-    }
-}

@@ -11,6 +11,23 @@ public struct Change: Sendable, Equatable {
 
     public init(seq: Int64, op: Op) { self.seq = seq; self.op = op }
 
+    /// Reads a change in its wire form (SPEC section 1), as gateways send it
+    /// and stores keep it; nil if malformed.
+    public init?(json: JSON) {
+        guard let o = json.objectValue, let seq = o["seq"]?.int64Value else { return nil }
+        switch o["op"]?.stringValue {
+        case "upsert":
+            guard let n = o["notification"].flatMap(Notification.init(json:)) else { return nil }
+            self.init(seq: seq, op: .upsert(n))
+        case "delete":
+            guard let id = o["id"]?.stringValue, let anid = o["appNotificationId"]?.stringValue,
+                  let reason = o["reason"]?.stringValue.flatMap(DeleteReason.init(rawValue:)) else { return nil }
+            self.init(seq: seq, op: .delete(id: id, appNotificationId: anid, reason: reason))
+        default:
+            return nil
+        }
+    }
+
     public var json: JSON {
         switch op {
         case .upsert(let n):
