@@ -20,6 +20,22 @@ public struct Change: Sendable, Equatable {
                     "reason": .string(reason.rawValue)]
         }
     }
+
+    /// Reads back `json` (as a store's changes table or the bus carries it).
+    public init?(json: JSON) {
+        guard let o = json.objectValue, let seq = o["seq"]?.int64Value, let op = o["op"]?.stringValue else { return nil }
+        switch op {
+        case "upsert":
+            guard let n = o["notification"].flatMap(Notification.init(json:)) else { return nil }
+            self.init(seq: seq, op: .upsert(n))
+        case "delete":
+            guard let id = o["id"]?.stringValue, let anid = o["appNotificationId"]?.stringValue,
+                  let reason = o["reason"]?.stringValue.flatMap(DeleteReason.init(rawValue:)) else { return nil }
+            self.init(seq: seq, op: .delete(id: id, appNotificationId: anid, reason: reason))
+        default:
+            return nil
+        }
+    }
 }
 
 /// Whether a notification was there for a viewer, and unread: enough to
@@ -29,6 +45,28 @@ public struct Presence: Sendable, Equatable {
     public let unread: Bool
     public init(targeting: Targeting, unread: Bool) { self.targeting = targeting; self.unread = unread }
     public init(_ n: Notification) { self.init(targeting: n.targeting, unread: n.readState == .unread) }
+
+    /// The form the bus carries (keys as in a notification).
+    public var json: JSON {
+        ["unread": .bool(unread),
+         "targetPlatforms": targeting.platforms.map { .array($0.map { .string($0.rawValue) }) } ?? .null,
+         "targetTags": targeting.tags.map { .string($0.source) } ?? .null]
+    }
+
+    public init?(json: JSON) {
+        guard let o = json.objectValue, let unread = o["unread"]?.boolValue else { return nil }
+        var platforms: [Platform]? = nil
+        if let list = o["targetPlatforms"]?.arrayValue {
+            platforms = list.compactMap { $0.stringValue.flatMap(Platform.init(rawValue:)) }
+            guard platforms?.count == list.count else { return nil }
+        }
+        var tags: TagExpression? = nil
+        if let source = o["targetTags"]?.stringValue {
+            guard let t = try? TagExpression.parse(source) else { return nil }
+            tags = t
+        }
+        self.init(targeting: Targeting(platforms: platforms, tags: tags), unread: unread)
+    }
 }
 
 /// A change as the feed keeps it: with the notification's presence before

@@ -25,7 +25,11 @@ extension Gateway {
         do throws(HeraldError) {
             switch route {
             case .health:
-                responder.respond(.json(200, ["status": "ok", "uptimeSeconds": .int((clock.now() - startedAt) / 1000)]))
+                var health = JSONObject()
+                health["status"] = "ok"
+                health["uptimeSeconds"] = .int((clock.now() - startedAt) / 1000)
+                health["bus"] = engine.bus.map { .string($0.state) }
+                responder.respond(.json(200, .object(health)))
             case .metrics:
                 responder.respond(HTTPResponse(status: 200, contentType: "text/plain; version=0.0.4", body: Array(metrics.prometheusText().utf8)))
             case .webSocket:

@@ -46,7 +46,7 @@ struct PostgresReads {
         var out: [ChangeRecord] = []
         for i in 0..<r.count {
             let seq = r.int64(i, 0)
-            guard let change = r.json(i, 2).flatMap(Change.init(stored:)), change.seq == seq else {
+            guard let change = r.json(i, 2).flatMap(Change.init(json:)), change.seq == seq else {
                 throw corrupt("change \(seq) of \(user)")
             }
             let before = try StoredForm.presence(unread: r.bool(i, 3), platforms: r.text(i, 4), tags: r.text(i, 5), corrupt)

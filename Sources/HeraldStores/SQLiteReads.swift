@@ -55,7 +55,7 @@ struct SQLiteReads {
         var failure: StoreError?
         try db.query(SQLiteStore.changesAfterSQL, [.text(user.app), .text(user.user), .int(after), .int(Int64(limit))]) { r throws(StoreError) in
             let seq = r.int64(0)
-            guard let change = r.json(2).flatMap(Change.init(stored:)), change.seq == seq else {
+            guard let change = r.json(2).flatMap(Change.init(json:)), change.seq == seq else {
                 failure = corrupt("change \(seq) of \(user)")
                 return false
             }

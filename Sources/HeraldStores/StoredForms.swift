@@ -52,21 +52,3 @@ enum StoredForm {
         return out
     }
 }
-
-extension Change {
-    /// Reads back the wire form kept in a store's changes table.
-    init?(stored json: JSON) {
-        guard let o = json.objectValue, let seq = o["seq"]?.int64Value, let op = o["op"]?.stringValue else { return nil }
-        switch op {
-        case "upsert":
-            guard let n = o["notification"].flatMap(Notification.init(json:)) else { return nil }
-            self.init(seq: seq, op: .upsert(n))
-        case "delete":
-            guard let id = o["id"]?.stringValue, let anid = o["appNotificationId"]?.stringValue,
-                  let reason = o["reason"]?.stringValue.flatMap(DeleteReason.init(rawValue:)) else { return nil }
-            self.init(seq: seq, op: .delete(id: id, appNotificationId: anid, reason: reason))
-        default:
-            return nil
-        }
-    }
-}
