@@ -94,7 +94,9 @@ public final class RedisBus: Bus, @unchecked Sendable {  // mutable state is und
             metrics.dropped.add(1, ordering: .relaxed)
         }
         metrics.queued.store(queue.count, ordering: .relaxed)
-        if queue.count == 1 { cond.signal() }
+        // Not `signal`: the subscriber may be waiting on `cond` too (its
+        // backoff), and the one woken might be it, leaving the queue asleep.
+        if queue.count == 1 { cond.broadcast() }
         cond.unlock()
     }
 
