@@ -19,6 +19,8 @@ let package = Package(
                        providers: [.apt(["libssl-dev"])]),
         .systemLibrary(name: "CPostgres", pkgConfig: "libpq",
                        providers: [.apt(["libpq-dev"])]),
+        .systemLibrary(name: "CHiredis", pkgConfig: "hiredis",
+                       providers: [.apt(["libhiredis-dev"])]),
 
         // Pure domain: model, JSON, change feed, cursors, tag expressions,
         // protocol messages, tokens, store interface. No I/O.
@@ -28,11 +30,13 @@ let package = Package(
         // The gateway's logic: engine (store owner, fan-out), HTTP API,
         // WebSocket sessions. Knows nothing of libwebsockets.
         .target(name: "HeraldGateway", dependencies: ["HeraldCore"]),
+        // The Redis bus behind HeraldGateway.Bus: the only code that talks to hiredis.
+        .target(name: "HeraldRedis", dependencies: ["HeraldCore", "HeraldGateway", "CHiredis"]),
         // The only code that talks to libwebsockets.
         .target(name: "HeraldTransport", dependencies: ["HeraldGateway", "CLibWebSockets"]),
         // Parses flags and wires things up.
         .executableTarget(name: "herald",
-                          dependencies: ["HeraldCore", "HeraldStores", "HeraldGateway", "HeraldTransport"]),
+                          dependencies: ["HeraldCore", "HeraldStores", "HeraldGateway", "HeraldRedis", "HeraldTransport"]),
 
         // The device-side library: local state kept in step with the gateway
         // over the libwebsockets client API. Shares only HeraldCore's wire types.
@@ -47,6 +51,8 @@ let package = Package(
         .testTarget(name: "HeraldStoreTests", dependencies: ["HeraldCore", "HeraldStores", "HeraldTestSupport"]),
         // The gateway in-process: inline loop, engine on the test's thread, manual clock.
         .testTarget(name: "HeraldGatewayTests", dependencies: ["HeraldCore", "HeraldStores", "HeraldGateway", "HeraldTestSupport"]),
+        // The Redis bus against a real redis-server (HERALD_TEST_REDIS_URL, scripts/test-servers).
+        .testTarget(name: "HeraldRedisTests", dependencies: ["HeraldCore", "HeraldGateway", "HeraldRedis"]),
         // Seeded mutation fuzzing of the parsers, bounded in time; corpus in Tests/HeraldFuzzTests/corpus.
         .testTarget(name: "HeraldFuzzTests", dependencies: ["HeraldCore", "HeraldGateway", "HeraldTestSupport"],
                     resources: [.copy("corpus")]),

@@ -11,8 +11,8 @@ public struct Change: Sendable, Equatable {
 
     public init(seq: Int64, op: Op) { self.seq = seq; self.op = op }
 
-    /// Reads a change in its wire form (SPEC section 1), as gateways send it
-    /// and stores keep it; nil if malformed.
+    /// Reads a change in its wire form (SPEC section 1), as gateways send it,
+    /// stores keep it and the bus carries it; nil if malformed.
     public init?(json: JSON) {
         guard let o = json.objectValue, let seq = o["seq"]?.int64Value else { return nil }
         switch o["op"]?.stringValue {
@@ -46,6 +46,28 @@ public struct Presence: Sendable, Equatable {
     public let unread: Bool
     public init(targeting: Targeting, unread: Bool) { self.targeting = targeting; self.unread = unread }
     public init(_ n: Notification) { self.init(targeting: n.targeting, unread: n.readState == .unread) }
+
+    /// The form the bus carries (keys as in a notification).
+    public var json: JSON {
+        ["unread": .bool(unread),
+         "targetPlatforms": targeting.platforms.map { .array($0.map { .string($0.rawValue) }) } ?? .null,
+         "targetTags": targeting.tags.map { .string($0.source) } ?? .null]
+    }
+
+    public init?(json: JSON) {
+        guard let o = json.objectValue, let unread = o["unread"]?.boolValue else { return nil }
+        var platforms: [Platform]? = nil
+        if let list = o["targetPlatforms"]?.arrayValue {
+            platforms = list.compactMap { $0.stringValue.flatMap(Platform.init(rawValue:)) }
+            guard platforms?.count == list.count else { return nil }
+        }
+        var tags: TagExpression? = nil
+        if let source = o["targetTags"]?.stringValue {
+            guard let t = try? TagExpression.parse(source) else { return nil }
+            tags = t
+        }
+        self.init(targeting: Targeting(platforms: platforms, tags: tags), unread: unread)
+    }
 }
 
 /// A change as the feed keeps it: with the notification's presence before

@@ -34,6 +34,8 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
     }
 
     public let store: NotificationStore
+    /// Carries each committed change to the other nodes, and theirs here.
+    let bus: Bus?
     public let metrics: Metrics
     let clock: Clock
     let limits: GatewayLimits
@@ -58,8 +60,8 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
 
     let health: StoreHealth
 
-    init(store: NotificationStore, limits: GatewayLimits, metrics: Metrics, clock: Clock) {
-        self.store = store; self.limits = limits; self.metrics = metrics; self.clock = clock
+    init(store: NotificationStore, bus: Bus?, limits: GatewayLimits, metrics: Metrics, clock: Clock) {
+        self.store = store; self.bus = bus; self.limits = limits; self.metrics = metrics; self.clock = clock
         health = StoreHealth(clock: clock)
     }
 
@@ -228,17 +230,14 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
         var slot: [UserKey: Int] = [:]
         let committed = DispatchTime.now().uptimeNanoseconds
         func flush() {
-            for (user, records) in pending {
-                for shard in registry.shards(following: user).map({ shards[$0] }) {
-                    shard.post { shard.deliver(user, records, committedAt: committed) }
-                }
-            }
+            for (user, records) in pending { fanOut(user, records, committedAt: committed) }
             pending.removeAll()
             slot.removeAll()
         }
         for e in list {
             switch e {
             case .deliver(let u, let r):
+                bus?.publish(u, r)
                 if let i = slot[u] {
                     pending[i].1.append(r)
                 } else {
@@ -251,6 +250,48 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
             }
         }
         flush()
+    }
+
+    /// Hands a user's committed records, in seq order, to each shard that
+    /// follows the user: the one way in for every change, this node's (after
+    /// its commit) and other nodes' (from the bus). With a bus, changes of a
+    /// user come from several nodes: `FollowerRegistry.sequence` drops what
+    /// was delivered already and catches the followers up from the store
+    /// when something may be missing, before delivering more.
+    private func fanOut(_ user: UserKey, _ records: [ChangeRecord], committedAt: UInt64) {
+        let following = registry.shards(following: user)
+        guard !following.isEmpty else { return }
+        let (fresh, gap) = bus == nil ? (records, false) : registry.sequence(user, records)
+        guard !fresh.isEmpty else { return }
+        if gap { metrics.bus.catchUps.add(1, ordering: .relaxed) }
+        for shard in following.map({ shards[$0] }) {
+            shard.post {
+                if gap { shard.recover(user) }
+                shard.deliver(user, fresh, committedAt: committedAt)
+            }
+        }
+    }
+}
+
+extension Engine: BusReceiver {
+    public func received(_ records: [(UserKey, ChangeRecord)]) {
+        let at = DispatchTime.now().uptimeNanoseconds
+        control { e in
+            var order: [UserKey] = [], byUser: [UserKey: [ChangeRecord]] = [:]
+            for (u, r) in records {
+                if byUser[u] == nil { order.append(u) }
+                byUser[u, default: []].append(r)
+            }
+            for u in order { e.fanOut(u, byUser[u]!, committedAt: at) }
+        }
+    }
+
+    /// Every follower may have missed changes while the bus was away.
+    public func subscribed() {
+        control { e in
+            e.registry.forgetSequences()
+            for shard in e.shards { shard.post { shard.recover(nil) } }
+        }
     }
 }
 

@@ -130,6 +130,7 @@ final class HeldPoll: SubscriptionOutput {
     }
 
     func caughtUp(_ purpose: CatchUpPurpose, cursor: Int64, epoch: String, unread: Int) {
+        guard purpose != .recover else { return }  // held already
         guard waitSeconds > 0 else { return answer([], cursor: cursor, more: false) }
         guard gateway.heldPolls.load(ordering: .relaxed) < gateway.config.limits.maxHeldPolls else {
             return answer(.error(HeraldError(.rateLimited, "too many held polls; retry shortly", retryAfterSeconds: 1)))

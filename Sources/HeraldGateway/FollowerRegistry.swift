@@ -13,6 +13,9 @@ final class FollowerRegistry {
     private var devices: [UserKey: [String: DeviceConnections]] = [:]
     /// Devices whose lastSeenAt moved since the last flush to the store.
     private(set) var seenDirty: [UserKey: Set<String>] = [:]
+    /// With a bus: per followed user, the last seq handed to its shards,
+    /// when known (docs/ARCHITECTURE.md, "Changes across nodes").
+    private var delivered: [UserKey: Int64] = [:]
 
     /// Live followers of `user` on every shard.
     func followers(of user: UserKey) -> Int { following[user]?.values.reduce(0, +) ?? 0 }
@@ -27,7 +30,33 @@ final class FollowerRegistry {
         guard var m = following[user], let n = m[shard] else { return }
         m[shard] = n > 1 ? n - 1 : nil
         following[user] = m.isEmpty ? nil : m
+        if m.isEmpty { delivered[user] = nil }
     }
+
+    /// The cross-node ordering invariant: a followed user's records reach
+    /// its shards in seq order, each once, and none is skipped unnoticed.
+    /// Drops the records at or below the last seq delivered (a duplicate, or
+    /// one a catch-up already covered) and says whether some may be missing
+    /// before the rest: a seq past the next one (PostgreSQL's seqs per user
+    /// are consecutive), or no known last seq (a new follow, a resubscribed
+    /// bus). Then the followers must be caught up from the store, whose
+    /// snapshot, read after this record committed, holds what is missing.
+    func sequence(_ user: UserKey, _ records: [ChangeRecord]) -> (fresh: [ChangeRecord], gap: Bool) {
+        var last = delivered[user]
+        var gap = last == nil
+        let fresh = records.filter { r in
+            guard let l = last else { last = r.seq; return true }
+            guard r.seq > l else { return false }
+            if r.seq > l + 1 { gap = true }
+            last = r.seq
+            return true
+        }
+        delivered[user] = last
+        return (fresh, gap && !fresh.isEmpty)
+    }
+
+    /// The bus subscribed again: what was published meanwhile is unknown.
+    func forgetSequences() { delivered.removeAll() }
 
     func opened(_ user: UserKey, device: String?, _ transport: TransportKind, now: Millis) {
         guard let device else { return }

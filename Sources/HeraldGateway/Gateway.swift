@@ -18,13 +18,15 @@ public final class Gateway: Sendable {
     /// Long-polls held now, across shards.
     let heldPolls = Atomic<Int>(0)
 
-    /// `store`'s reader connection (if it has one) serves reads on a thread of its own.
-    public init(config: GatewayConfig, store: NotificationStore, clock: Clock = SystemClock()) throws(StoreError) {
+    /// `store`'s reader connection (if it has one) serves reads on a thread
+    /// of its own. `bus`: the other nodes on the same store.
+    public init(config: GatewayConfig, store: NotificationStore, bus: Bus? = nil, clock: Clock = SystemClock()) throws(StoreError) {
         self.config = config
         self.clock = clock
         appsInForce = Locked(Self.byId(config.allApps))
         startedAt = clock.now()
-        engine = Engine(store: store, limits: config.limits, metrics: metrics, clock: clock)
+        engine = Engine(store: store, bus: bus, limits: config.limits, metrics: metrics, clock: clock)
+        if bus != nil { metrics.bus.enabled.store(true, ordering: .relaxed) }
         reads = Reads(engine: engine, reader: try store.makeReader())
     }
 
@@ -34,17 +36,22 @@ public final class Gateway: Sendable {
         return engine.shards
     }
 
-    /// Starts the engine and reader threads. (In-process tests drive the
-    /// engine with `engine.runQueued()` instead.)
+    /// Starts the engine and reader threads, and the bus. (In-process tests
+    /// drive the engine with `engine.runQueued()` instead, and start the bus
+    /// with `startBus()`.)
     public func start() {
         engine.start()
         reads.start()
+        startBus()
     }
 
-    /// Lets queued commands finish and flushes the store.
+    public func startBus() { engine.bus?.start(engine, metrics: metrics.bus) }
+
+    /// Lets queued commands finish and flushes the store, then the bus.
     public func stop() {
         engine.stop()
         reads.stop()
+        engine.bus?.stop()
     }
 
     /// A snapshot of the apps in force.

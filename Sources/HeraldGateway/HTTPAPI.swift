@@ -27,8 +27,12 @@ extension Gateway {
             case .health:
                 // 200 while the process serves: a store outage is every node's
                 // (they share it), so a load balancer gains nothing by draining.
-                responder.respond(.json(200, ["status": "ok", "uptimeSeconds": .int((clock.now() - startedAt) / 1000),
-                                              "store": .string(engine.health.isAvailable ? "ok" : "unavailable")]))
+                var health = JSONObject()
+                health["status"] = "ok"
+                health["uptimeSeconds"] = .int((clock.now() - startedAt) / 1000)
+                health["store"] = .string(engine.health.isAvailable ? "ok" : "unavailable")
+                health["bus"] = engine.bus.map { .string($0.state) }
+                responder.respond(.json(200, .object(health)))
             case .metrics:
                 responder.respond(HTTPResponse(status: 200, contentType: "text/plain; version=0.0.4", body: Array(metrics.prometheusText().utf8)))
             case .webSocket:

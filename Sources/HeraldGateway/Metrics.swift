@@ -24,6 +24,8 @@ public final class Metrics: Sendable {
     public let deliveries = Atomic<Int>(0)
     public let deliveryLatency = Histogram()
     public let storeLatency = Histogram()
+    /// Shown once a bus is configured.
+    public let bus = BusMetrics()
 
     public init() {}
 
@@ -56,7 +58,41 @@ public final class Metrics: Sendable {
         for (i, r) in RefusalReason.allCases.enumerated() {
             s += "herald_refused_connections_total{reason=\"\(r.rawValue)\"} \(refused[i])\n"
         }
+        if bus.enabled.load(ordering: .relaxed) { s += bus.text() }
         return s
+    }
+}
+
+/// `herald_bus_*`: the bus connection and what crossed it.
+public final class BusMetrics: Sendable {
+    let enabled = Atomic<Bool>(false)
+    /// 1 while subscribed, else 0.
+    public let connected = Atomic<Int>(0)
+    /// Subscriptions after the first: each one catches every follower up.
+    public let resubscriptions = Atomic<Int>(0)
+    public let published = Atomic<Int>(0)
+    public let received = Atomic<Int>(0)
+    /// Records waiting to be published (held while Redis is away).
+    public let queued = Atomic<Int>(0)
+    /// Records never published: the queue was full while Redis was away.
+    public let dropped = Atomic<Int>(0)
+    /// Users whose followers were caught up from the store: a seq past the
+    /// next one expected, or a first change after a follow or resubscription.
+    public let catchUps = Atomic<Int>(0)
+
+    public init() {}
+
+    func text() -> String {
+        func line(_ name: String, _ type: String, _ help: String, _ v: borrowing Atomic<Int>) -> String {
+            "# HELP herald_bus_\(name) \(help)\n# TYPE herald_bus_\(name) \(type)\nherald_bus_\(name) \(v.load(ordering: .relaxed))\n"
+        }
+        return line("connected", "gauge", "1 while subscribed to the bus.", connected)
+            + line("resubscriptions_total", "counter", "Subscriptions after a lost bus connection; each catches every follower up.", resubscriptions)
+            + line("published_total", "counter", "Change records published on the bus.", published)
+            + line("received_total", "counter", "Change records received from other nodes.", received)
+            + line("publish_queue", "gauge", "Change records waiting to be published.", queued)
+            + line("dropped_total", "counter", "Change records never published (queue full while the bus was away).", dropped)
+            + line("catchups_total", "counter", "Users whose followers were caught up from the store: a seq past the next expected, or a first change after a follow or resubscription.", catchUps)
     }
 }
 

@@ -48,6 +48,17 @@ public final class Shard: @unchecked Sendable {  // loop-thread state, checked b
         gateway.metrics.deliveryLatency.observe(nanos: DispatchTime.now().uptimeNanoseconds &- committedAt)
     }
 
+    /// Changes of `user` (of every user when nil) may have been missed on
+    /// their way here: its subscriptions catch up from the store.
+    func recover(_ user: UserKey?) {
+        thread.assertCurrent()
+        if let user {
+            for s in subscriptions[user]?.values ?? [:].values { s.recover() }
+        } else {
+            for m in subscriptions.values { for s in m.values { s.recover() } }
+        }
+    }
+
     func viewerChanged(_ user: UserKey, deviceId: String, viewer: Viewer) {
         thread.assertCurrent()
         for s in subscriptions[user]?.values ?? [:].values where s.deviceId == deviceId { s.viewerChanged(viewer) }

@@ -30,6 +30,9 @@ enum CatchUpPurpose: Equatable {
     case subscribe
     /// A WebSocket `sync` message.
     case sync(ref: String?)
+    /// Changes may have been missed on the bus: the client sees only the
+    /// changes it missed, and its unread count if that moved.
+    case recover
 }
 
 enum SubscriptionEnd {
@@ -180,6 +183,25 @@ final class Subscription {
 
     var queuedSyncCount: Int { queuedSyncs.count }
 
+    /// Changes may have been missed on their way here (a gap in the user's
+    /// seqs from the bus, a resubscribed bus): read them from the store, as
+    /// a `sync` would, before delivering more. Taken after the missing
+    /// changes committed, the next page's snapshot holds them.
+    func recover() {
+        switch phase {
+        case .live:
+            purpose = .recover
+            step = .changes(after: cursor)
+            phase = .catchingUp
+            readWhenDrained()
+        case .catchingUp:
+            // A page in flight may predate what was missed.
+            taintedThrough = readSerial
+        case .admitting, .ended:
+            break  // its first page is read later
+        }
+    }
+
     private func readWhenDrained() {
         guard phase == .catchingUp, !reading, !awaitingDrain, let output else { return }
         guard output.backlog < Self.drainedBelow else {
@@ -234,7 +256,7 @@ final class Subscription {
         // A sync held back until welcome may have started a new catch-up:
         // then the changes still wait for it.
         guard phase == .live else { return buffer(pending) }
-        if case .sync = purpose, u != was { output?.live([], cursor: cursor, unread: u) }
+        if purpose != .subscribe, u != was { output?.live([], cursor: cursor, unread: u) }
         if !pending.isEmpty { deliverLive(pending, judged: false) }
         if phase == .live, !queuedSyncs.isEmpty {
             let next = queuedSyncs.removeFirst()

@@ -319,6 +319,8 @@ extension WebSocketSession: SubscriptionOutput {
             for m in early where closeRequest == nil { handle(m) }
         case .sync(let ref):
             send(ServerFrame.ack(ref: ref, extra: ["cursor": .int(cursor)]))
+        case .recover:
+            break
         }
     }
 

@@ -52,4 +52,3 @@ enum StoredForm {
         return out
     }
 }
-

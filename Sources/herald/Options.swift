@@ -215,6 +215,7 @@ struct Settings {
     var host: String
     var port: Int
     var store: String
+    var bus: String?
     var limits: GatewayLimits
     var tlsCert: String?
     var tlsKey: String?
@@ -241,8 +242,8 @@ struct Settings {
             throw UsageError("--host must be an IPv4 address such as 127.0.0.1")
         }
         port = try f.int("port", in: 0...65535) ?? file.port ?? 8080
-        if let bus = f["bus"] ?? file.bus { throw UsageError("--bus \(bus): the Redis bus is not available in this build") }
         store = f["store"] ?? file.store ?? "sqlite:herald.db"
+        bus = f["bus"] ?? file.bus
         limits = file.limits
         tlsCert = f["tls-cert"] ?? file.tlsCert
         tlsKey = f["tls-key"] ?? file.tlsKey

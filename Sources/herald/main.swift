@@ -1,6 +1,7 @@
 import Foundation
 import HeraldCore
 import HeraldGateway
+import HeraldRedis
 import HeraldStores
 import HeraldTransport
 
@@ -10,6 +11,7 @@ let version = "0.10.0"
 let usage = """
 usage: herald serve [--host 127.0.0.1] [--port 8080] [--config herald.json]
                     [--store sqlite:herald.db | memory | postgres://USER@HOST:PORT/DATABASE]
+                    [--bus redis://[:PASSWORD@]HOST[:PORT][/DB]]
                     [--app ID --server-key KEY --token-secret SECRET [--allowed-origins ORIGIN,...]]
                     [--demo] [--threads N] [--web-root DIR]
                     [--durability full|normal|off] [--event-loop libev|poll] [--log-format text|json]
@@ -56,13 +58,14 @@ func serve(_ args: ArraySlice<String>) throws(UsageError) -> Never {
         do { try tls?.validate() } catch { throw UsageError(error.description) }
     default: throw UsageError("--tls-cert and --tls-key go together")
     }
+    let bus = try settings.bus.map { url throws(UsageError) in try openBus(url, store: settings.store) }
     let store = try openStore(settings.store, durability: f["durability"])
 
     var config = GatewayConfig(apps: settings.apps, demo: demo, limits: settings.limits)
     config.webRoot = f["web-root"] ?? findWebRoot()
     if demo { Log.warning("demo mode: app 'demo' is open to anyone (POST /v1/demo/token, server key 'demo-server-key'); never use it in production") }
     let gateway: Gateway
-    do { gateway = try Gateway(config: config, store: store) } catch {
+    do { gateway = try Gateway(config: config, store: store, bus: bus) } catch {
         FileHandle.standardError.write("herald: \(error)\n".data(using: .utf8)!)
         exit(1)
     }
@@ -71,7 +74,7 @@ func serve(_ args: ArraySlice<String>) throws(UsageError) -> Never {
         FileHandle.standardError.write("herald: \(error)\n".data(using: .utf8)!)
         exit((error as? ServerError)?.addressInUse == true ? 2 : 1)
     }
-    Log.info("herald \(threads) \(eventLoop.rawValue) loop(s), store \(storeName(store)), apps: \(config.allApps.map(\.id).joined(separator: ", "))")
+    Log.info("herald \(threads) \(eventLoop.rawValue) loop(s), store \(storeName(store))\(bus.map { ", bus \($0.endpoint)" } ?? ""), apps: \(config.allApps.map(\.id).joined(separator: ", "))")
     FileHandle.standardOutput.write("listening on \(tls == nil ? "http" : "https")://\(settings.host):\(server.port)\n".data(using: .utf8)!)
     var running = settings
     var received: Int32 = 0
@@ -110,7 +113,7 @@ func reload(_ f: Flags, running: inout Settings, gateway: Gateway, server: Serve
     let next: Settings
     do { next = try Settings(f) } catch { return Log.error("config reload refused, nothing changed: \(error.message)") }
     let restartOnly = [("host", next.host != running.host), ("port", next.port != running.port),
-                       ("store", next.store != running.store), ("limits", next.limits != running.limits),
+                       ("store", next.store != running.store), ("bus", next.bus != running.bus), ("limits", next.limits != running.limits),
                        ("TLS certificate or key path", next.tlsCert != running.tlsCert || next.tlsKey != running.tlsKey)]
     for (name, changed) in restartOnly where changed {
         Log.warning("config reload: the new \(name) takes effect at the next restart")
@@ -148,6 +151,16 @@ func openStore(_ spec: String, durability: String?) throws(UsageError) -> Notifi
         return try openPostgres(url: spec, durability: durability)
     }
     throw UsageError("--store must be memory, sqlite:PATH or postgres://...")
+}
+
+/// `--bus redis://...`: only between nodes that share one store, so only
+/// with PostgreSQL. Redis need not be up yet: the bus connects (and keeps
+/// reconnecting) on its own.
+func openBus(_ url: String, store: String) throws(UsageError) -> RedisBus {
+    guard store.hasPrefix("postgres://") || store.hasPrefix("postgresql://") else {
+        throw UsageError("--bus needs --store postgres://...: the nodes on a bus must share one store")
+    }
+    do { return RedisBus(try RedisEndpoint(url: url)) } catch { throw UsageError("--bus: \(error)") }
 }
 
 func storeName(_ s: NotificationStore) -> String { String(describing: type(of: s)) }

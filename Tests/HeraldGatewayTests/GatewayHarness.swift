@@ -193,10 +193,13 @@ final class Harness {
     let gateway: Gateway
     let shard: Shard
 
-    init(store: NotificationStore = MemoryStore(), limits: GatewayLimits = GatewayLimits(), apps: [AppConfig] = [Harness.app]) {
-        gateway = try! Gateway(config: GatewayConfig(apps: apps, limits: limits), store: store, clock: clock)
+    /// `bus`: another node's harness may share `store` and the bus's hub.
+    init(store: NotificationStore = MemoryStore(), bus: Bus? = nil, limits: GatewayLimits = GatewayLimits(),
+         apps: [AppConfig] = [Harness.app]) {
+        gateway = try! Gateway(config: GatewayConfig(apps: apps, limits: limits), store: store, bus: bus, clock: clock)
         shard = gateway.makeShards([loop])[0]
         shard.thread.claim()
+        gateway.startBus()
     }
 
     /// Runs engine batches, reads and loop jobs until none has anything left.

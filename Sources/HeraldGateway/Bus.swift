@@ -1,0 +1,94 @@
+import HeraldCore
+import Synchronization
+
+/// Carries committed changes between the gateway nodes of one store (SPEC
+/// section 9): Redis pub/sub in production (`HeraldRedis`), `MemoryBus` in
+/// the in-process tests, as centrifuge has memory and Redis brokers.
+public protocol Bus: AnyObject, Sendable {
+    /// Starts connecting; from now on `receiver` gets other nodes' records
+    /// and each (re)subscription. `metrics`: the `herald_bus_*` it keeps.
+    func start(_ receiver: BusReceiver, metrics: BusMetrics)
+    /// Publishes a record after its commit, from the engine thread, in
+    /// commit order. Never blocks: the bus queues it.
+    func publish(_ user: UserKey, _ record: ChangeRecord)
+    /// Sends what is queued (briefly) and stops.
+    func stop()
+    /// For `/healthz`: `connected`, `connecting` or `disconnected`.
+    var state: String { get }
+}
+
+/// What a bus reports to; called on the bus's own threads.
+public protocol BusReceiver: AnyObject, Sendable {
+    /// Records committed on other nodes, in the order the bus delivered them.
+    func received(_ records: [(UserKey, ChangeRecord)])
+    /// Subscribed (again): whatever was published meanwhile was missed.
+    func subscribed()
+}
+
+/// A record as it travels on a bus: a JSON header (node, user, the change's
+/// presences, time) and, after a newline, the change exactly as the
+/// committing node encoded it, so no node encodes a change again.
+public enum BusWire {
+    public static func encode(node: String, user: UserKey, _ r: ChangeRecord) -> [UInt8] {
+        let header: JSON = ["node": .string(node), "app": .string(user.app), "user": .string(user.user),
+                            "at": .int(r.at), "before": r.before?.json ?? .null, "after": r.after?.json ?? .null]
+        return header.encoded + [0x0A] + r.encoded
+    }
+
+    /// nil for bytes that are not a record (logged and dropped by the bus).
+    public static func decode(_ bytes: UnsafeBufferPointer<UInt8>) -> (node: String, user: UserKey, record: ChangeRecord)? {
+        guard let nl = bytes.firstIndex(of: 0x0A),
+              let h = (try? JSONParser.parse(UnsafeBufferPointer(rebasing: bytes[..<nl])))?.objectValue,
+              let node = h["node"]?.stringValue, let app = h["app"]?.stringValue, let user = h["user"]?.stringValue,
+              let at = h["at"]?.int64Value else { return nil }
+        let body = UnsafeBufferPointer(rebasing: bytes[(nl + 1)...])
+        // A change nests the app's payload two levels down.
+        guard let change = (try? JSONParser.parse(body, maxDepth: JSONParser.defaultMaxDepth + 8)).flatMap(Change.init(json:))
+        else { return nil }
+        let before = h["before"].flatMap(Presence.init(json:)), after = h["after"].flatMap(Presence.init(json:))
+        return (node, UserKey(app: app, user: user),
+                ChangeRecord(change: change, before: before, after: after, at: at, encoded: Array(body)))
+    }
+}
+
+/// An in-process bus joining the gateways of one test: a publish reaches
+/// every other node's receiver at once. `connected = false` loses what is
+/// published meanwhile, as a Redis outage would; `reconnect()` then
+/// reports the resubscription.
+public final class MemoryBus: Bus {
+    public final class Hub: Sendable {
+        let nodes = Locked<[MemoryBus]>([])
+        public init() {}
+    }
+
+    private let hub: Hub
+    private let receiver = Locked<BusReceiver?>(nil)
+    private let connected = Atomic<Bool>(true)
+
+    public init(hub: Hub) { self.hub = hub }
+
+    public func start(_ receiver: BusReceiver, metrics: BusMetrics) {
+        self.receiver.withLock { $0 = receiver }
+        hub.nodes.withLock { $0.append(self) }
+        receiver.subscribed()
+    }
+
+    public func publish(_ user: UserKey, _ record: ChangeRecord) {
+        guard connected.load(ordering: .relaxed) else { return }
+        for node in hub.nodes.withLock({ $0 }) where node !== self && node.connected.load(ordering: .relaxed) {
+            node.receiver.withLock { $0 }?.received([(user, record)])
+        }
+    }
+
+    public func stop() { hub.nodes.withLock { $0.removeAll { $0 === self } } }
+
+    public var state: String { connected.load(ordering: .relaxed) ? "connected" : "disconnected" }
+
+    /// Loses this node's traffic, both ways, until `reconnect()`.
+    public func disconnect() { connected.store(false, ordering: .relaxed) }
+
+    public func reconnect() {
+        connected.store(true, ordering: .relaxed)
+        receiver.withLock { $0 }?.subscribed()
+    }
+}

@@ -1,0 +1,349 @@
+import CHiredis
+import Foundation
+import HeraldCore
+import HeraldGateway
+import Synchronization
+
+/// The Redis pub/sub bus between gateway nodes (`--bus redis://...`).
+///
+/// Channels: 256, `herald:DB:N`, a user's records on the channel its key
+/// hashes to; every node subscribes to all of them. The subscription is
+/// fixed, so following a user costs nothing in Redis and a follow never
+/// races a SUBSCRIBE; a resubscription is one command. The price is that
+/// every node receives every change (its engine drops those of users it
+/// has no followers for, one dictionary lookup). Redis preserves the order
+/// of one connection's publishes, whatever the channel; the shards spread
+/// over a Redis Cluster's nodes if one Redis is ever not enough.
+///
+/// Two threads, each with one blocking hiredis connection: the subscriber
+/// blocks reading, and the publisher sleeps until the engine queues records,
+/// then pipelines them all in one write. Blocking calls on their own threads
+/// keep the bus out of the service loops and the engine, and need no
+/// callbacks across the C boundary (hiredis's libev adapter would). Either
+/// connection, once lost, is made again with backoff (0.1 s doubling to
+/// 2 s); the subscriber then resubscribes and reports it, and the engine
+/// catches every follower up from the store.
+typealias Context = UnsafeMutablePointer<redisContext>
+
+public final class RedisBus: Bus, @unchecked Sendable {  // mutable state is under `cond`; each hiredis context is its thread's
+    public static let channelCount = 256
+    /// Records held while Redis is away; the oldest go first past it (other
+    /// nodes see the gap at the user's next change, or resubscribe).
+    static let queueLimit = 100_000
+
+    public let endpoint: RedisEndpoint
+    /// Tells this node's records from others' when they come back.
+    public let node = (0..<8).map { _ in String(format: "%02x", UInt8.random(in: 0...255)) }.joined()
+
+    private let cond = NSCondition()
+    private var queue: [(channel: Int, payload: [UInt8])] = []
+    private var stopping = false
+    private var receiver: BusReceiver?
+    private var metrics = BusMetrics()
+    private var subscriberFD: Int32 = -1
+    private var currentState = "connecting"
+    private let done = DispatchSemaphore(value: 0)
+    private var threads = 0
+
+    public init(_ endpoint: RedisEndpoint) { self.endpoint = endpoint }
+
+    public func start(_ receiver: BusReceiver, metrics: BusMetrics) {
+        cond.lock()
+        self.receiver = receiver; self.metrics = metrics; threads = 2
+        cond.unlock()
+        let sub = Thread { [self] in subscribeLoop(); done.signal() }
+        let pub = Thread { [self] in publishLoop(); done.signal() }
+        sub.name = "herald-bus-sub"
+        pub.name = "herald-bus-pub"
+        sub.start()
+        pub.start()
+    }
+
+    public func stop() {
+        cond.lock()
+        stopping = true
+        // Wakes the subscriber's blocking read; it clears the descriptor
+        // under `cond` before closing it, so this never hits a reused one.
+        if subscriberFD >= 0 { shutdown(subscriberFD, Int32(SHUT_RDWR)) }
+        cond.broadcast()
+        let n = threads
+        cond.unlock()
+        for _ in 0..<n { done.wait() }
+    }
+
+    public var state: String { cond.lock(); defer { cond.unlock() }; return currentState }
+
+    public static func channel(of user: UserKey) -> Int {
+        var h: UInt32 = 2_166_136_261  // FNV-1a
+        for b in user.app.utf8 { h = (h ^ UInt32(b)) &* 16_777_619 }
+        h = (h ^ 0) &* 16_777_619
+        for b in user.user.utf8 { h = (h ^ UInt32(b)) &* 16_777_619 }
+        return Int(h % UInt32(channelCount))
+    }
+
+    private func channelName(_ n: Int) -> [UInt8] { Array("herald:\(endpoint.db):\(n)".utf8) }
+
+    // MARK: Publishing
+
+    public func publish(_ user: UserKey, _ record: ChangeRecord) {
+        let m = (Self.channel(of: user), BusWire.encode(node: node, user: user, record))
+        cond.lock()
+        queue.append(m)
+        if queue.count > Self.queueLimit {
+            queue.removeFirst()
+            metrics.dropped.add(1, ordering: .relaxed)
+        }
+        metrics.queued.store(queue.count, ordering: .relaxed)
+        // Not `signal`: the subscriber may be waiting on `cond` too (its
+        // backoff), and the one woken might be it, leaving the queue asleep.
+        if queue.count == 1 { cond.broadcast() }
+        cond.unlock()
+    }
+
+    private func publishLoop() {
+        var ctx: Context? = nil
+        var backoff = Backoff()
+        var failing = false
+        while true {
+            cond.lock()
+            while queue.isEmpty && !stopping { cond.wait() }
+            let batch = queue, leaving = stopping
+            queue.removeAll(keepingCapacity: true)
+            cond.unlock()
+            if batch.isEmpty { break }
+            if ctx == nil {
+                switch connect(timeout: 2) {
+                case .success(let c): ctx = c
+                case .failure(let err):
+                    if !failing { Log.error("bus: cannot publish to Redis at \(endpoint): \(err); holding records and retrying") }
+                    failing = true
+                }
+            }
+            var sent = 0
+            if let c = ctx {
+                for m in batch { _ = command(c, [Array("PUBLISH".utf8), channelName(m.channel), m.payload], append: true) }
+                // Replies in order: each one confirms its record reached Redis.
+                while sent < batch.count, let r = reply(c) {
+                    freeReplyObject(r)
+                    sent += 1
+                }
+                if sent < batch.count {
+                    if !failing { Log.error("bus: publishing to Redis at \(endpoint) failed: \(errorText(c)); reconnecting") }
+                    failing = true
+                    redisFree(c)
+                    ctx = nil
+                }
+            }
+            metrics.published.add(sent, ordering: .relaxed)
+            if sent < batch.count {
+                // Back in front, in order; a record that did reach Redis is
+                // dropped by the others as a duplicate (its seq).
+                cond.lock()
+                queue.insert(contentsOf: batch[sent...], at: 0)
+                let over = max(0, queue.count - Self.queueLimit)
+                queue.removeFirst(over)
+                metrics.dropped.add(over, ordering: .relaxed)
+                metrics.queued.store(queue.count, ordering: .relaxed)
+                cond.unlock()
+                if leaving || !pause(backoff.next()) { break }
+            } else {
+                if failing { Log.info("bus: publishing to Redis at \(endpoint) again") }
+                failing = false
+                backoff.reset()
+                cond.lock()
+                metrics.queued.store(queue.count, ordering: .relaxed)
+                cond.unlock()
+            }
+        }
+        if let c = ctx { redisFree(c) }
+    }
+
+    // MARK: Subscribing
+
+    private func subscribeLoop() {
+        var backoff = Backoff()
+        var subscribedOnce = false
+        var lostAt: Date? = nil
+        var reported = false
+        while !isStopping {
+            guard let c = subscribe() else {
+                setState(subscribedOnce ? "disconnected" : "connecting")
+                if !pause(backoff.next()) { break }
+                continue
+            }
+            cond.lock()
+            let leaving = stopping
+            if !leaving { subscriberFD = c.pointee.fd; currentState = "connected" }
+            cond.unlock()
+            if leaving { redisFree(c); break }
+            metrics.connected.store(1, ordering: .relaxed)
+            if subscribedOnce {
+                metrics.resubscriptions.add(1, ordering: .relaxed)
+                let away = lostAt.map { String(format: " after %.1f s", Date().timeIntervalSince($0)) } ?? ""
+                Log.info("bus: subscribed to Redis at \(endpoint) again\(away); catching every follower up from the store")
+            } else {
+                Log.info("bus: subscribed to Redis at \(endpoint) (node \(node))")
+            }
+            subscribedOnce = true
+            reported = false
+            backoff.reset()
+            receiver?.subscribed()
+            let err = readMessages(c)
+            cond.lock()
+            subscriberFD = -1
+            let quitting = stopping
+            cond.unlock()
+            redisFree(c)
+            metrics.connected.store(0, ordering: .relaxed)
+            setState("disconnected")
+            if quitting { break }
+            lostAt = Date()
+            if !reported { Log.error("bus: lost Redis at \(endpoint): \(err); reconnecting (devices stay connected)") }
+            reported = true
+        }
+    }
+
+    private var isStopping: Bool { cond.lock(); defer { cond.unlock() }; return stopping }
+
+    private func setState(_ s: String) {
+        cond.lock()
+        currentState = s
+        cond.unlock()
+    }
+
+    /// Connects and subscribes to every channel; nil when Redis cannot be
+    /// reached or refuses.
+    private func subscribe() -> Context? {
+        guard case .success(let c) = connect(timeout: nil) else { return nil }
+        _ = command(c, [Array("SUBSCRIBE".utf8)] + (0..<Self.channelCount).map(channelName), append: true)
+        for _ in 0..<Self.channelCount {
+            guard let r = reply(c) else { redisFree(c); return nil }
+            freeReplyObject(r)
+        }
+        return c
+    }
+
+    /// Hands other nodes' records to the receiver until the connection
+    /// fails; answers why.
+    private func readMessages(_ c: Context) -> String {
+        while true {
+            guard var r = reply(c) else { return errorText(c) }
+            var batch: [(UserKey, ChangeRecord)] = []
+            // Whatever else the last read brought, without blocking: one hop
+            // to the engine for all of it.
+            while true {
+                take(r.assumingMemoryBound(to: redisReply.self).pointee, into: &batch)
+                freeReplyObject(r)
+                var next: UnsafeMutableRawPointer? = nil
+                guard redisReaderGetReply(c.pointee.reader, &next) == REDIS_OK, let n = next else { break }
+                r = n
+            }
+            if !batch.isEmpty {
+                metrics.received.add(batch.count, ordering: .relaxed)
+                receiver?.received(batch)
+            }
+        }
+    }
+
+    private func take(_ r: redisReply, into batch: inout [(UserKey, ChangeRecord)]) {
+        guard r.type == REDIS_REPLY_ARRAY, r.elements == 3, let e = r.element, let kind = e[0], let payload = e[2],
+              kind.pointee.len == 7, memcmp(kind.pointee.str, "message", 7) == 0 else { return }
+        let bytes = UnsafeBufferPointer(start: UnsafeRawPointer(payload.pointee.str)?.assumingMemoryBound(to: UInt8.self),
+                                        count: payload.pointee.len)
+        guard let m = BusWire.decode(bytes) else { return Log.warning("bus: dropped a message that is not a change record") }
+        if m.node != node { batch.append((m.user, m.record)) }
+    }
+
+    // MARK: hiredis
+
+    enum Failure: Error, CustomStringConvertible {
+        case failed(String)
+        var description: String { switch self { case .failed(let m): m } }
+    }
+
+    /// A connection, authenticated when the URL has a password. `timeout`
+    /// bounds each reply (the publisher's); the subscriber waits for
+    /// messages without one, and TCP keepalive notices a vanished server.
+    private func connect(timeout: Int?) -> Result<Context, Failure> {
+        guard let p = redisConnectWithTimeout(endpoint.host, endpoint.port, timeval(tv_sec: 2, tv_usec: 0)) else {
+            return .failure(.failed("out of memory"))
+        }
+        let c = p
+        guard p.pointee.err == 0 else {
+            let e = errorText(c)
+            redisFree(p)
+            return .failure(.failed(e))
+        }
+        _ = redisEnableKeepAlive(p)
+        if let timeout { _ = redisSetTimeout(p, timeval(tv_sec: timeout, tv_usec: 0)) }
+        if let password = endpoint.password {
+            let args = [Array("AUTH".utf8)] + (endpoint.user.map { [Array($0.utf8)] } ?? []) + [Array(password.utf8)]
+            guard let r = command(c, args, append: false) else {
+                let e = errorText(c)
+                redisFree(p)
+                return .failure(.failed(e))
+            }
+            let reply = r.assumingMemoryBound(to: redisReply.self).pointee
+            let refused = reply.type == REDIS_REPLY_ERROR ? (reply.str.map { String(cString: $0) } ?? "AUTH refused") : nil
+            freeReplyObject(r)
+            if let refused {
+                redisFree(p)
+                return .failure(.failed(refused))
+            }
+        }
+        return .success(c)
+    }
+
+    /// Sends one command: queued for a pipeline (`append`, answers nil), or
+    /// sent and answered (nil when the connection failed).
+    @discardableResult
+    private func command(_ c: Context, _ args: [[UInt8]], append: Bool) -> UnsafeMutableRawPointer? {
+        let lengths = args.map(\.count)
+        let joined: [UInt8] = args.joined() + [0]  // never empty, so it has an address
+        return joined.withUnsafeBufferPointer { buf in
+            var offset = 0
+            var argv: [UnsafePointer<CChar>?] = lengths.map { n in
+                defer { offset += n }
+                return UnsafeRawPointer(buf.baseAddress! + offset).assumingMemoryBound(to: CChar.self)
+            }
+            if append {
+                _ = redisAppendCommandArgv(c, Int32(args.count), &argv, lengths)
+                return nil
+            }
+            return redisCommandArgv(c, Int32(args.count), &argv, lengths)
+        }
+    }
+
+    /// The next reply (blocking), or nil when the connection failed.
+    private func reply(_ c: Context) -> UnsafeMutableRawPointer? {
+        var r: UnsafeMutableRawPointer? = nil
+        guard redisGetReply(c, &r) == REDIS_OK else { return nil }
+        return r
+    }
+
+    private func errorText(_ c: Context) -> String {
+        var p = c.pointee
+        let s = withUnsafePointer(to: &p.errstr) { $0.withMemoryRebound(to: CChar.self, capacity: 128) { String(cString: $0) } }
+        return s.isEmpty ? "connection closed" : s
+    }
+
+    /// Waits `seconds` unless the bus stops first (then answers false).
+    private func pause(_ seconds: Double) -> Bool {
+        let until = Date(timeIntervalSinceNow: seconds)
+        cond.lock()
+        defer { cond.unlock() }
+        while !stopping, cond.wait(until: until) {}
+        return !stopping
+    }
+}
+
+/// Reconnection delays: 0.1 s doubling to 2 s, with jitter so nodes that
+/// lost Redis together do not all come back in the same millisecond.
+struct Backoff {
+    private var delay = 0.1
+    mutating func next() -> Double {
+        defer { delay = min(delay * 2, 2) }
+        return delay * Double.random(in: 0.8...1.2)
+    }
+    mutating func reset() { delay = 0.1 }
+}

@@ -1,0 +1,115 @@
+import Foundation
+import XCTest
+import HeraldCore
+@testable import HeraldGateway
+@testable import HeraldRedis
+
+/// The Redis bus against a real redis-server (scripts/test-servers exports
+/// HERALD_TEST_REDIS_URL and HERALD_TEST_REDIS_CTL); skipped without one.
+final class RedisBusTests: XCTestCase {
+    final class Receiver: BusReceiver, @unchecked Sendable {  // every field is under `cond`
+        let cond = NSCondition()
+        var records: [(UserKey, ChangeRecord)] = []
+        var subscriptions = 0
+
+        func received(_ r: [(UserKey, ChangeRecord)]) { cond.lock(); records += r; cond.broadcast(); cond.unlock() }
+        func subscribed() { cond.lock(); subscriptions += 1; cond.broadcast(); cond.unlock() }
+
+        /// Waits (up to 10 s) until `done` holds.
+        func wait(_ what: String, _ done: (Receiver) -> Bool) {
+            let until = Date(timeIntervalSinceNow: 10)
+            cond.lock()
+            defer { cond.unlock() }
+            while !done(self) { if !cond.wait(until: until) { return XCTFail("timed out waiting for \(what)") } }
+        }
+    }
+
+    var endpoint: RedisEndpoint!
+
+    override func setUpWithError() throws {
+        guard let url = ProcessInfo.processInfo.environment["HERALD_TEST_REDIS_URL"] else {
+            throw XCTSkip("HERALD_TEST_REDIS_URL is not set (scripts/test-servers)")
+        }
+        endpoint = try RedisEndpoint(url: url)
+    }
+
+    private func record(_ seq: Int64, tags: String? = nil) -> ChangeRecord {
+        let n = Notification(id: "n_\(seq)", appNotificationId: "a\(seq)", userId: "u", payload: ["title": .string("t\(seq)")],
+                             targetTags: tags.map { try! TagExpression.parse($0) }, createdAt: 1, updatedAt: 1, expiresAt: 2)
+        return ChangeRecord(change: Change(seq: seq, op: .upsert(n)), before: nil, after: Presence(n), at: 1)
+    }
+
+    private func node() -> (RedisBus, Receiver) {
+        let bus = RedisBus(endpoint), r = Receiver()
+        bus.start(r, metrics: BusMetrics())
+        r.wait("the first subscription") { $0.subscriptions == 1 }
+        return (bus, r)
+    }
+
+    func testAPublishReachesTheOtherNodeWholeAndNotItself() {
+        let (a, ra) = node(), (b, rb) = node()
+        defer { a.stop(); b.stop() }
+        let user = UserKey(app: "app", user: "u")
+        for seq: Int64 in 1...50 { a.publish(user, record(seq, tags: seq == 7 ? "lang:it && !muted" : nil)) }
+        rb.wait("50 records") { $0.records.count == 50 }
+        XCTAssertEqual(rb.records.map(\.1.seq), Array(1...50), "in publish order")
+        let seven = rb.records[6].1, sent = record(7, tags: "lang:it && !muted")
+        XCTAssertEqual(rb.records[6].0, user)
+        XCTAssertEqual(seven.encoded, sent.encoded, "the bytes the committing node encoded")
+        XCTAssertEqual(seven.change, sent.change)
+        XCTAssertEqual(seven.after?.targeting.tags?.source, "lang:it && !muted")
+        XCTAssertNil(seven.before)
+        ra.cond.lock(); XCTAssertTrue(ra.records.isEmpty, "a node never hears itself"); ra.cond.unlock()
+    }
+
+    /// Redis killed (-9) and started again: both nodes reconnect and
+    /// resubscribe on their own; what was published while it was away is
+    /// held and sent once it is back.
+    func testReconnectsAndResubscribesAfterRedisRestarts() throws {
+        guard let ctl = ProcessInfo.processInfo.environment["HERALD_TEST_REDIS_CTL"] else {
+            throw XCTSkip("HERALD_TEST_REDIS_CTL is not set")
+        }
+        let (a, ra) = node(), (b, rb) = node()
+        defer { a.stop(); b.stop() }
+        let user = UserKey(app: "app", user: "u")
+        a.publish(user, record(1))
+        rb.wait("the first record") { $0.records.count == 1 }
+        try run(ctl, "kill")
+        // Held by the publisher until Redis is back and b has resubscribed.
+        a.publish(user, record(2))
+        try run(ctl, "start")
+        rb.wait("b's resubscription") { $0.subscriptions == 2 }
+        ra.wait("a's resubscription") { $0.subscriptions == 2 }
+        XCTAssertEqual(b.state, "connected")
+        a.publish(user, record(3))
+        rb.wait("records after the restart") { $0.records.map(\.1.seq).last == 3 }
+        // Record 2 may have gone out before b resubscribed: then b's
+        // catch-up from the store covers it. Nothing arrives twice or late.
+        let seqs = rb.records.map(\.1.seq)
+        XCTAssertTrue(seqs == [1, 2, 3] || seqs == [1, 3], "got \(seqs)")
+    }
+
+    func testURLForms() throws {
+        let e = try RedisEndpoint(url: "redis://:s3cret@10.0.0.5:6380/2")
+        XCTAssertEqual([e.host, "\(e.port)", e.password ?? "-", "\(e.db)"], ["10.0.0.5", "6380", "s3cret", "2"])
+        XCTAssertNil(e.user)
+        XCTAssertEqual(e.description, "redis://10.0.0.5:6380/2", "no password in logs")
+        XCTAssertEqual(try RedisEndpoint(url: "redis://h").port, 6379)
+        XCTAssertEqual(try RedisEndpoint(url: "redis://herald:pw@h:1").user, "herald")
+        for bad in ["rediss://h:6379", "http://h", "redis://", "redis://h:0", "redis://h/x", "redis://pw@h"] {
+            XCTAssertThrowsError(try RedisEndpoint(url: bad), bad)
+        }
+    }
+
+    /// Runs `ctl arg` to its end. Not with Foundation's Process, whose
+    /// waitUntilExit never returned once the script left redis-server running.
+    private func run(_ ctl: String, _ arg: String) throws {
+        var pid: pid_t = 0
+        let argv = [strdup(ctl), strdup(arg), nil]
+        defer { argv.forEach { free($0) } }
+        XCTAssertEqual(posix_spawn(&pid, ctl, nil, nil, argv, environ), 0)
+        var status: Int32 = 0
+        waitpid(pid, &status, 0)
+        XCTAssertEqual(status, 0, "\(ctl) \(arg)")
+    }
+}
