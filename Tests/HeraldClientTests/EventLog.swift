@@ -12,6 +12,13 @@ actor EventLog {
         Task { for await event in client.events { await record(name, event) } }
     }
 
+    /// Watches `client` as `name`, starts it and waits until it is live.
+    nonisolated func startLive(_ client: HeraldClient, as name: String) async throws {
+        watch(client, as: name)
+        await client.start()
+        try await eventually("\(name) is live") { await client.isLive }
+    }
+
     func events(of name: String) -> [HeraldClient.Event] { events.filter { $0.client == name }.map(\.event) }
 
     private func record(_ name: String, _ event: HeraldClient.Event) {

@@ -92,9 +92,7 @@ final class HeraldClientTests: XCTestCase {
         let user = "bob-\(UUID().uuidString.prefix(8))"
         let first = try await client(gateway, user: user, device: "phone", file: "phone.db")
         let firstLog = EventLog()
-        firstLog.watch(first, as: "phone")
-        await first.start()
-        try await firstLog.eventually("live") { await first.isLive }
+        try await firstLog.startLive(first, as: "phone")
         let kept = try await gateway.publish(user: user, appNotificationId: "kept", title: "one")
         let deleted = try await gateway.publish(user: user, appNotificationId: "deleted", title: "two")
         try await firstLog.eventually("both arrived") { await first.notifications.count == 2 }
@@ -116,9 +114,7 @@ final class HeraldClientTests: XCTestCase {
         XCTAssertEqual(resumedIds, [kept, deleted])
 
         let log = EventLog()
-        log.watch(second, as: "phone")
-        await second.start()
-        try await log.eventually("caught up and live") { await second.isLive }
+        try await log.startLive(second, as: "phone")
         let server = try await gateway.notifications(user: user)
         let local = await snapshots(second)
         XCTAssertEqual(local, server)
@@ -190,9 +186,7 @@ final class HeraldClientTests: XCTestCase {
         let user = "carol-\(UUID().uuidString.prefix(8))"
         let phone = try await client(gateway, user: user, device: "phone", file: "phone.db")
         let log = EventLog()
-        log.watch(phone, as: "phone")
-        await phone.start()
-        try await log.eventually("live") { await phone.isLive }
+        try await log.startLive(phone, as: "phone")
         let before = try await gateway.publish(user: user, appNotificationId: "before", title: "one")
         try await log.eventually("the first arrived") { await phone.notification(id: before) != nil }
 
@@ -226,9 +220,7 @@ final class HeraldClientTests: XCTestCase {
             calls.withLock { $0 += 1; return $0 } == 1 ? "not.a.token" : good
         })
         let log = EventLog()
-        log.watch(phone, as: "phone")
-        await phone.start()
-        try await log.eventually("live with the second token") { await phone.isLive }
+        try await log.startLive(phone, as: "phone")
         XCTAssertEqual(calls.withLock { $0 }, 2)
         await phone.stop()
     }
