@@ -1,5 +1,4 @@
 import CLibWebSockets
-import Glibc
 import HeraldGateway
 
 /// A WebSocket on an lws raw socket, after the handshake `HTTPConnection`
