@@ -57,7 +57,7 @@ let package = Package(
         .testTarget(name: "HeraldFuzzTests", dependencies: ["HeraldCore", "HeraldGateway", "HeraldTestSupport"],
                     resources: [.copy("corpus")]),
         // HeraldClient against a real `herald` process (built by `swift build`).
-        .testTarget(name: "HeraldClientTests", dependencies: ["HeraldClient"]),
+        .testTarget(name: "HeraldClientTests", dependencies: ["HeraldClient", "HeraldCore"]),
     ],
     swiftLanguageModes: [.v6]
 )
