@@ -82,7 +82,7 @@ final class ClientRecoveryTests: ClientTestCase {
         // The first token has 5 s left: `tokenExpiring` comes right after
         // `welcome`, and without a refresh the gateway closes 4001 at its exp.
         let lifetime: Int64 = 5
-        let short = GatewayProcess.mintToken(user: user, expiresIn: lifetime)
+        let short = GatewayProcess.mintToken(user: user, exp: Int64(Date().timeIntervalSince1970) + lifetime)
         let shortEnds = ContinuousClock.now + .seconds(lifetime)
         let long = try await gateway.token(user: user)
         let calls = Mutex(0)
@@ -110,6 +110,29 @@ final class ClientRecoveryTests: ClientTestCase {
         let server = try await gateway.notifications(user: user)
         let local = await snapshots(phone)
         XCTAssertEqual(local, server)
+        await phone.stop()
+    }
+
+    func testAProviderThatHandsBackTheExpiringTokenIsNotAskedInALoop() async throws {
+        let gateway = try GatewayProcess()
+        defer { gateway.stop() }
+        let user = "ivan-\(UUID().uuidString.prefix(8))"
+        // An app that caches its token until it has expired: the same one
+        // until its exp, then a new one. Refreshing with the same token would
+        // only have the gateway warn again at once, and again.
+        let exp = Int64(Date().timeIntervalSince1970) + 3
+        let short = GatewayProcess.mintToken(user: user, exp: exp)
+        let long = try await gateway.token(user: user)
+        let calls = Mutex(0)
+        let (phone, log) = try await livePhone(gateway, user: user, token: {
+            calls.withLock { $0 += 1 }
+            return Date().timeIntervalSince1970 < Double(exp) ? short : long
+        })
+        try await log.eventually("back with the new token after the old one's exp") {
+            await log.events(of: "phone").count { $0 == .connection(.live(transport: "websocket")) } == 2
+        }
+        // At start, at the warning (the same token: nothing to send), after the 4001 at exp.
+        XCTAssertEqual(calls.withLock { $0 }, 3)
         await phone.stop()
     }
 

@@ -87,11 +87,10 @@ final class GatewayProcess: @unchecked Sendable {
         return String(decoding: data, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
     }
 
-    /// A device token that expires `seconds` from now: shorter than the
-    /// 60 s the token API and `herald token` allow.
-    static func mintToken(user: String, expiresIn seconds: Int64) -> String {
-        let now = Int64(Date().timeIntervalSince1970)
-        let claims = DeviceClaims(app: app, user: user, device: nil, issuedAt: now, expiresAt: now + seconds)
+    /// A device token that expires at `exp` (seconds since 1970): sooner
+    /// than the 60 s the token API and `herald token` allow.
+    static func mintToken(user: String, exp: Int64) -> String {
+        let claims = DeviceClaims(app: app, user: user, device: nil, issuedAt: exp - 60, expiresAt: exp)
         return DeviceToken.sign(claims, secret: tokenSecret)
     }
 
