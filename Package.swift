@@ -45,6 +45,8 @@ let package = Package(
         // The walk-through of docs/CLIENT-SWIFT.md, compiled so it cannot rot.
         .executableTarget(name: "herald-client-example", dependencies: ["HeraldClient"],
                           path: "Examples/herald-client-example"),
+        // What a client costs a device: memory per cached notification, resume time (bench/client.sh).
+        .executableTarget(name: "herald-client-bench", dependencies: ["HeraldClient"], path: "bench/client"),
 
         // What several test targets share (a reproducible PRNG).
         .target(name: "HeraldTestSupport", path: "Tests/HeraldTestSupport"),
