@@ -36,7 +36,8 @@ let package = Package(
         .target(name: "HeraldTransport", dependencies: ["HeraldGateway", "CLibWebSockets"]),
         // Parses flags and wires things up.
         .executableTarget(name: "herald",
-                          dependencies: ["HeraldCore", "HeraldStores", "HeraldGateway", "HeraldRedis", "HeraldTransport"]),
+                          dependencies: ["HeraldCore", "HeraldStores", "HeraldGateway", "HeraldRedis", "HeraldTransport",
+                                         "HeraldClient"]),
 
         // The device-side library: local state kept in step with the gateway
         // over the libwebsockets client API. Shares only HeraldCore's wire types.
@@ -44,6 +45,8 @@ let package = Package(
         // The walk-through of docs/CLIENT-SWIFT.md, compiled so it cannot rot.
         .executableTarget(name: "herald-client-example", dependencies: ["HeraldClient"],
                           path: "Examples/herald-client-example"),
+        // What a client costs a device: memory per cached notification, resume time (bench/client.sh).
+        .executableTarget(name: "herald-client-bench", dependencies: ["HeraldClient"], path: "bench/client"),
 
         // What several test targets share (a reproducible PRNG).
         .target(name: "HeraldTestSupport", path: "Tests/HeraldTestSupport"),
@@ -57,7 +60,7 @@ let package = Package(
         .testTarget(name: "HeraldFuzzTests", dependencies: ["HeraldCore", "HeraldGateway", "HeraldTestSupport"],
                     resources: [.copy("corpus")]),
         // HeraldClient against a real `herald` process (built by `swift build`).
-        .testTarget(name: "HeraldClientTests", dependencies: ["HeraldClient"]),
+        .testTarget(name: "HeraldClientTests", dependencies: ["HeraldClient", "HeraldCore"]),
     ],
     swiftLanguageModes: [.v6]
 )

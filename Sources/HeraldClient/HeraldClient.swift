@@ -304,14 +304,28 @@ public actor HeraldClient {
     }
 
     private func refreshToken() async {
+        let inUse = token
+        let fresh: String
         do {
-            let fresh = try await tokenProvider()
-            token = fresh
-            _ = try await request("refresh", [("token", .string(fresh))])
-        } catch let error as HeraldClientError {
-            emit(.problem(error))
+            fresh = try await tokenProvider()
         } catch {
-            emit(.problem(.tokenUnavailable(String(describing: error))))
+            return emit(.problem(.tokenUnavailable(String(describing: error))))
+        }
+        // A token that expires no later than the one in use (an app that
+        // caches its token hands back the same) is not sent: the gateway
+        // would warn again at once, and the client ask again, in a loop until
+        // exp. The connection then closes 4001 at exp and the client asks for
+        // the next token.
+        let later = (TokenScope.expiry(of: fresh) ?? .max) > (inUse.flatMap(TokenScope.expiry) ?? .min)
+        guard fresh != inUse, later else { return }
+        token = fresh
+        do {
+            _ = try await request("refresh", [("token", .string(fresh))])
+        } catch {
+            // Refused: the connection keeps the old token, and the next
+            // connection asks the provider again rather than present this one.
+            if case .server = error, token == fresh { token = nil }
+            emit(.problem(error))
         }
     }
 

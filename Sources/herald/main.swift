@@ -1,4 +1,5 @@
 import Foundation
+import HeraldClient
 import HeraldCore
 import HeraldGateway
 import HeraldRedis
@@ -17,6 +18,8 @@ usage: herald serve [--host 127.0.0.1] [--port 8080] [--config herald.json]
                     [--durability full|normal|off] [--event-loop libev|poll] [--log-format text|json]
                     [--tls-cert FILE --tls-key FILE]
        herald token --app ID --user USER [--ttl 3600] [--device ID] [--config herald.json | --token-secret SECRET]
+       herald watch --url URL --token TOKEN --device ID [--platform web|ios|android|windows|other] [--tags A,B]
+                    [--state herald-watch-DEVICE.db] [--ca-file FILE]
        herald --version
 """
 
@@ -198,18 +201,52 @@ func token(_ args: ArraySlice<String>) throws(UsageError) -> Never {
     exit(0)
 }
 
+/// `herald watch`: a HeraldClient whose events are JSON lines on stdout,
+/// driven by commands on stdin (Watch.swift).
+func watch(_ args: ArraySlice<String>) throws(UsageError) -> Never {
+    let f = try Flags(args, valued: ["url", "token", "device", "platform", "tags", "state", "ca-file"], switches: [])
+    guard let url = f["url"] else { throw UsageError("watch needs --url") }
+    guard let token = f["token"], !token.isEmpty else { throw UsageError("watch needs --token") }
+    guard let device = f["device"] else { throw UsageError("watch needs --device") }
+    guard Identifiers.isUserId(device) else { throw UsageError("--device must be 1-128 characters of A-Z a-z 0-9 . _ @ : -") }
+    var options = HeraldClient.Options(url: url, deviceId: device, stateFile: f["state"] ?? "herald-watch-\(device).db")
+    if let p = f["platform"] {
+        guard let platform = Platform(rawValue: p) else { throw UsageError("--platform must be web, ios, android, windows or other") }
+        options.platform = platform
+    }
+    if let t = f["tags"] {
+        let tags = t.split(separator: ",", omittingEmptySubsequences: false).map(String.init)
+        guard tags.allSatisfy(Identifiers.isTag) else { throw UsageError("--tags must be tags separated by commas") }
+        options.tags = tags
+    }
+    if let ca = f["ca-file"], !FileManager.default.isReadableFile(atPath: ca) { throw UsageError("cannot read --ca-file \(ca)") }
+    let client: HeraldClient
+    do {
+        client = try HeraldClient(options: options, transport: LWSTransport(caFile: f["ca-file"]), token: { token })
+    } catch .badURL {
+        throw UsageError("--url must be http://, https://, ws:// or wss:// and a host")
+    } catch {
+        FileHandle.standardError.write("herald: \(error)\n".data(using: .utf8)!)
+        exit(1)
+    }
+    signal(SIGPIPE, SIG_IGN)
+    Task { await Watch(client: client).run() }
+    dispatchMain()
+}
+
 let argv = CommandLine.arguments
 do throws(UsageError) {
     switch argv.count > 1 ? argv[1] : "" {
     case "serve": try serve(argv.dropFirst(2))
     case "token": try token(argv.dropFirst(2))
+    case "watch": try watch(argv.dropFirst(2))
     case "--version", "version":
         print("herald \(version) (libwebsockets \(libwebsocketsVersion))")
         exit(0)
     case "-h", "--help", "help":
         print(usage)
         exit(0)
-    case "": fail("a command is required (serve or token)")
+    case "": fail("a command is required (serve, token or watch)")
     default: fail("unknown command '\(argv[1])'")
     }
 } catch {

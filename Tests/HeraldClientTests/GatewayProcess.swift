@@ -3,11 +3,14 @@ import Foundation
 import FoundationNetworking
 #endif
 import HeraldClient
+import HeraldCore
 import XCTest
 
 /// A real `herald serve` process on a free port (memory store unless told),
-/// with one app, driven over its server API with URLSession.
-final class GatewayProcess {
+/// with one app, driven over its server API with URLSession. Sendable so a
+/// concurrent task can drive the server API (which reads only `baseURL`)
+/// while the test stops or crashes the process.
+final class GatewayProcess: @unchecked Sendable {
     static let app = "client-tests"
     static let serverKey = "sk-client-tests"
     static let tokenSecret = "secret-client-tests-0123456789abcdef"
@@ -61,6 +64,14 @@ final class GatewayProcess {
         try? FileManager.default.removeItem(at: log)
     }
 
+    /// SIGKILL: no shutdown, nothing flushed but what the store committed.
+    func crash() {
+        guard process.isRunning else { return }
+        kill(process.processIdentifier, SIGKILL)
+        process.waitUntilExit()
+        try? FileManager.default.removeItem(at: log)
+    }
+
     deinit { stop() }
 
     /// A device token from `herald token` (no HTTP: works whatever the gateway's certificate).
@@ -76,6 +87,13 @@ final class GatewayProcess {
         return String(decoding: data, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
     }
 
+    /// A device token that expires at `exp` (seconds since 1970): sooner
+    /// than the 60 s the token API and `herald token` allow.
+    static func mintToken(user: String, exp: Int64) -> String {
+        let claims = DeviceClaims(app: app, user: user, device: nil, issuedAt: exp - 60, expiresAt: exp)
+        return DeviceToken.sign(claims, secret: tokenSecret)
+    }
+
     // MARK: Server API
 
     func token(user: String) async throws -> String {
@@ -86,31 +104,46 @@ final class GatewayProcess {
     /// Publishes (or replaces) a notification; answers its id.
     @discardableResult
     func publish(user: String, appNotificationId: String, title: String) async throws -> String {
+        try await publishing(user: user, appNotificationId: appNotificationId, title: title).id
+    }
+
+    /// Publishes (or replaces) a notification; answers its id and the feed's `seq` after it.
+    func publishing(user: String, appNotificationId: String, title: String) async throws -> (id: String, seq: Int64) {
         let answer = try await call("POST", "/v1/apps/\(Self.app)/users/\(user)/notifications",
                                     ["appNotificationId": appNotificationId, "payload": ["title": title]])
         let n = try XCTUnwrap(answer["notification"] as? [String: Any])
-        return try XCTUnwrap(n["id"] as? String)
+        return (try XCTUnwrap(n["id"] as? String), try XCTUnwrap(answer["seq"] as? NSNumber).int64Value)
+    }
+
+    func dismiss(user: String, id: String) async throws {
+        _ = try await call("PATCH", "/v1/apps/\(Self.app)/users/\(user)/notifications/\(id)",
+                           ["userActionState": "dismissed"])
     }
 
     func delete(user: String, id: String) async throws {
         _ = try await call("DELETE", "/v1/apps/\(Self.app)/users/\(user)/notifications/\(id)", nil)
     }
 
-    /// The user's live notifications as the server has them: id → (version, readState, userActionState).
+    /// The user's live notifications as the server has them, every page:
+    /// id → (version, readState, userActionState).
     func notifications(user: String) async throws -> [String: Snapshot] {
-        let answer = try await call("GET", "/v1/apps/\(Self.app)/users/\(user)/notifications?limit=500", nil)
-        let list = try XCTUnwrap(answer["notifications"] as? [[String: Any]])
         var out: [String: Snapshot] = [:]
-        for n in list {
-            out[n["id"] as! String] = Snapshot(version: (n["version"] as! NSNumber).int64Value,
-                                               readState: n["readState"] as! String,
-                                               userActionState: n["userActionState"] as! String)
-        }
+        var before: String?
+        repeat {
+            let page = before.map { "&before=\($0.addingPercentEncoding(withAllowedCharacters: .alphanumerics)!)" } ?? ""
+            let answer = try await call("GET", "/v1/apps/\(Self.app)/users/\(user)/notifications?limit=100\(page)", nil)
+            for n in try XCTUnwrap(answer["notifications"] as? [[String: Any]]) {
+                out[n["id"] as! String] = Snapshot(version: (n["version"] as! NSNumber).int64Value,
+                                                   readState: n["readState"] as! String,
+                                                   userActionState: n["userActionState"] as! String)
+            }
+            before = answer["next"] as? String
+        } while before != nil
         return out
     }
 
     private func call(_ method: String, _ path: String, _ body: [String: Any]?) async throws -> [String: Any] {
-        var request = URLRequest(url: URL(string: baseURL + path)!)
+        var request = URLRequest(url: URL(string: baseURL + path)!, timeoutInterval: 10)
         request.httpMethod = method
         request.setValue("Bearer \(Self.serverKey)", forHTTPHeaderField: "Authorization")
         if let body {
@@ -120,7 +153,7 @@ final class GatewayProcess {
         let (data, response) = try await URLSession.shared.data(for: request)
         let status = (response as? HTTPURLResponse)?.statusCode ?? 0
         guard (200..<300).contains(status) else {
-            throw GatewayFailure("\(method) \(path): \(status) \(String(decoding: data, as: UTF8.self))")
+            throw GatewayFailure("\(method) \(path): \(status) \(String(decoding: data, as: UTF8.self))", status: status)
         }
         if data.isEmpty { return [:] }
         return try XCTUnwrap(JSONSerialization.jsonObject(with: data) as? [String: Any])
@@ -143,5 +176,7 @@ struct Snapshot: Equatable {
 
 struct GatewayFailure: Error, CustomStringConvertible {
     let description: String
-    init(_ description: String) { self.description = description }
+    /// The HTTP status of a refused server API call.
+    var status: Int?
+    init(_ description: String, status: Int? = nil) { self.description = description; self.status = status }
 }

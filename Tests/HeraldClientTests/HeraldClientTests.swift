@@ -4,34 +4,7 @@ import Synchronization
 import XCTest
 
 /// HeraldClient against a real gateway process (memory store).
-final class HeraldClientTests: XCTestCase {
-    private var directory: URL!
-
-    override func setUpWithError() throws {
-        directory = FileManager.default.temporaryDirectory.appendingPathComponent("herald-client-\(UUID().uuidString)")
-        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
-    }
-
-    override func tearDownWithError() throws {
-        try? FileManager.default.removeItem(at: directory)
-    }
-
-    private func client(_ gateway: GatewayProcess, user: String, device: String, platform: Platform = .other,
-                        file: String, token: HeraldClient.TokenProvider? = nil) async throws -> HeraldClient {
-        let fixed = try await gateway.token(user: user)
-        var options = HeraldClient.Options(url: gateway.baseURL, deviceId: device, platform: platform,
-                                           stateFile: directory.appendingPathComponent(file).path)
-        // Quick retries keep the reconnect tests short; they wait for events, not for time.
-        options.reconnect.initial = .milliseconds(50)
-        options.reconnect.cap = .milliseconds(500)
-        return try HeraldClient(options: options, token: token ?? { fixed })
-    }
-
-    /// The client's local set in the form the server listing is compared in.
-    private func snapshots(_ client: HeraldClient) async -> [String: Snapshot] {
-        Dictionary(uniqueKeysWithValues: await client.notifications.map { ($0.id, Snapshot($0)) })
-    }
-
+final class HeraldClientTests: ClientTestCase {
     func testPublishAndDismissReachEveryDeviceOfTheUser() async throws {
         let gateway = try GatewayProcess()
         defer { gateway.stop() }

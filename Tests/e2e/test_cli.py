@@ -1,4 +1,4 @@
-"""SPEC 7: the command line — `herald token`, bad flags, ports and configs
+"""SPEC 7: the command line — `herald token`, bad flags (`herald watch`'s too), ports and configs
 (exit 2 with one stderr line), `--port 0`, config values and flag overrides."""
 
 import json
@@ -165,6 +165,16 @@ BAD_INVOCATIONS = {
     "token-bad-user": ["token", "--app", "app.one", "--user", "bad user!", "--token-secret", "s"],
     "token-unknown-flag": ["token", "--app", "app.one", "--user", "alice", "--token-secret", "s", "--colour"],
     "token-app-not-in-config": ["token", "--app", "no.such.app", "--user", "alice", "--config", "@CONFIG"],
+    "watch-no-url": ["watch", "--token", "t", "--device", "d"],
+    "watch-no-token": ["watch", "--url", "http://127.0.0.1:9", "--device", "d"],
+    "watch-no-device": ["watch", "--url", "http://127.0.0.1:9", "--token", "t"],
+    "watch-bad-url": ["watch", "--url", "ftp://127.0.0.1:9", "--token", "t", "--device", "d"],
+    "watch-bad-device": ["watch", "--url", "http://127.0.0.1:9", "--token", "t", "--device", "bad device!"],
+    "watch-bad-platform": ["watch", "--url", "http://127.0.0.1:9", "--token", "t", "--device", "d", "--platform", "amiga"],
+    "watch-bad-tags": ["watch", "--url", "http://127.0.0.1:9", "--token", "t", "--device", "d", "--tags", "a,,b"],
+    "watch-missing-ca-file": ["watch", "--url", "https://127.0.0.1:9", "--token", "t", "--device", "d",
+                              "--ca-file", "/nonexistent/ca.pem"],
+    "watch-unknown-flag": ["watch", "--url", "http://127.0.0.1:9", "--token", "t", "--device", "d", "--follow"],
 }
 
 

@@ -1,0 +1,138 @@
+import Foundation
+import HeraldClient
+import HeraldCore
+
+/// `herald watch`: a HeraldClient on a terminal. Every client event is one
+/// JSON line on stdout (`{"event": ...}`); every stdin command is answered by
+/// one (`{"reply": ...}`). Lines are written whole, one at a time.
+struct Watch {
+    let client: HeraldClient
+
+    /// Runs until `quit` (exit 0) or until the gateway refuses this device
+    /// for good (close 4003 or 1008: exit 1). The end of stdin ends the
+    /// commands, not the watch.
+    func run() async -> Never {
+        let events = Task {
+            for await event in client.events {
+                Self.write(Self.describe(event))
+                if case .problem(.refused) = event { exit(1) }  // the client stopped for good
+            }
+        }
+        await client.start()
+        for await line in Self.stdinLines() {
+            let words = line.split(whereSeparator: \.isWhitespace).map(String.init)
+            guard !words.isEmpty else { continue }
+            if words == ["quit"] {
+                await client.stop()
+                Self.write(["reply": "quit", "ok": true])
+                exit(0)
+            }
+            Self.write(await answer(words))
+        }
+        await events.value  // the client's events end only with the client
+        exit(0)
+    }
+
+    /// The answer to one command line (`dismiss n_...`).
+    func answer(_ words: [String]) async -> JSONObject {
+        var reply: JSONObject = ["reply": .string(words[0])]
+        guard words.count == 2, let action = Self.actions[words[0]] else {
+            reply["ok"] = false
+            reply["error"] = ["code": "bad_command",
+                              "message": "commands: read|unread|activate|dismiss|snooze|delete ID, quit"]
+            return reply
+        }
+        reply["id"] = .string(words[1])
+        do {
+            let n = try await action(client, words[1])
+            reply["ok"] = true
+            if let n { reply["notification"] = n.json }
+        } catch {
+            reply["ok"] = false
+            reply["error"] = .object(Self.describe(error as? HeraldClientError ?? .server(code: "internal", message: "\(error)")))
+        }
+        return reply
+    }
+
+    /// Throws `HeraldClientError` only (typed throws do not infer in these closures).
+    typealias Action = @Sendable (HeraldClient, String) async throws -> HeraldNotification?
+
+    static let actions: [String: Action] = [
+        "read": { try await $0.markRead($1) },
+        "unread": { try await $0.markUnread($1) },
+        "activate": { try await $0.activate($1) },
+        "dismiss": { try await $0.dismiss($1) },
+        "snooze": { try await $0.snooze($1) },
+        "delete": { try await $0.delete($1); return nil },
+    ]
+
+    // MARK: JSON lines
+
+    static func describe(_ event: HeraldClient.Event) -> JSONObject {
+        switch event {
+        case .upserted(let n):
+            return ["event": "upserted", "notification": n.json]
+        case .removed(let id, let reason):
+            return ["event": "removed", "id": .string(id), "reason": .string(reason.rawValue)]
+        case .reset(let all):
+            return ["event": "reset", "count": .int(Int64(all.count)), "ids": .array(all.map { .string($0.id) })]
+        case .unread(let count):
+            return ["event": "unread", "count": .int(Int64(count))]
+        case .connection(let state):
+            var o: JSONObject = ["event": "connection"]
+            switch state {
+            case .connecting: o["state"] = "connecting"
+            case .live(let transport):
+                o["state"] = "live"
+                o["transport"] = .string(transport)
+            case .offline(let retry):
+                o["state"] = "offline"
+                // Milliseconds until the next attempt; null: stopped.
+                o["retryInMs"] = retry.map { .int(Int64(max(.zero, $0 - .now) / .milliseconds(1))) } ?? .null
+            }
+            return o
+        case .problem(let error):
+            return ["event": "problem", "error": .object(describe(error))]
+        }
+    }
+
+    /// `{"code", "message"}`: the gateway's code for what it refused, a
+    /// snake_case name of the case for the client's own errors.
+    static func describe(_ error: HeraldClientError) -> JSONObject {
+        func o(_ code: String, _ message: String, closeCode: Int? = nil) -> JSONObject {
+            var o: JSONObject = ["code": .string(code), "message": .string(message)]
+            if let closeCode { o["closeCode"] = .int(Int64(closeCode)) }
+            return o
+        }
+        switch error {
+        case .server(let code, let message): return o(code, message)
+        case .notConnected: return o("not_connected", "no live connection")
+        case .disconnected: return o("disconnected", "the connection closed before the gateway answered")
+        case .refused(let code, let reason): return o("refused", reason, closeCode: code)
+        case .connectionLost(let code, let reason): return o("connection_lost", reason, closeCode: code)
+        case .badFrame(let m): return o("bad_frame", m)
+        case .unknownFrame(let type): return o("unknown_frame", type)
+        case .tokenUnavailable(let m): return o("token_unavailable", m)
+        case .stateFile(let m): return o("state_file", m)
+        case .badURL(let url): return o("bad_url", url)
+        }
+    }
+
+    private static let output = NSLock()
+
+    static func write(_ o: JSONObject) {
+        let line = Data((JSON.object(o).encodedString + "\n").utf8)
+        output.withLock { FileHandle.standardOutput.write(line) }
+    }
+
+    /// stdin's lines, read on a thread of their own (a blocking read must
+    /// not hold one of the few threads Swift concurrency runs on).
+    static func stdinLines() -> AsyncStream<String> {
+        let (lines, sink) = AsyncStream.makeStream(of: String.self)
+        Thread.detachNewThread {
+            while let line = readLine() { sink.yield(line) }
+            sink.finish()
+        }
+        return lines
+    }
+}

@@ -1,0 +1,46 @@
+import Foundation
+import HeraldClient
+import XCTest
+
+/// What the client test files share: a scratch directory per test for state
+/// files, clients with quick reconnects, and the local set in the form the
+/// server's listing is compared in.
+class ClientTestCase: XCTestCase {
+    var directory: URL!
+
+    override func setUpWithError() throws {
+        directory = FileManager.default.temporaryDirectory.appendingPathComponent("herald-client-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+    }
+
+    override func tearDownWithError() throws {
+        try? FileManager.default.removeItem(at: directory)
+    }
+
+    /// A client of `user` on `gateway` with its state in `file` (in the test's
+    /// directory); `token` defaults to one hour-long token for the user.
+    func client(_ gateway: GatewayProcess, user: String, device: String, platform: Platform = .other,
+                file: String, token: HeraldClient.TokenProvider? = nil) async throws -> HeraldClient {
+        let fixed = try await gateway.token(user: user)
+        var options = HeraldClient.Options(url: gateway.baseURL, deviceId: device, platform: platform,
+                                           stateFile: directory.appendingPathComponent(file).path)
+        // Quick retries keep the reconnect tests short; they wait for events, not for time.
+        options.reconnect.initial = .milliseconds(50)
+        options.reconnect.cap = .milliseconds(500)
+        return try HeraldClient(options: options, token: token ?? { fixed })
+    }
+
+    /// A client named "phone" (state in phone.db), watched by a new log and live.
+    func livePhone(_ gateway: GatewayProcess, user: String,
+                   token: HeraldClient.TokenProvider? = nil) async throws -> (HeraldClient, EventLog) {
+        let phone = try await client(gateway, user: user, device: "phone", file: "phone.db", token: token)
+        let log = EventLog()
+        try await log.startLive(phone, as: "phone")
+        return (phone, log)
+    }
+
+    /// The client's local set in the form the server listing is compared in.
+    func snapshots(_ client: HeraldClient) async -> [String: Snapshot] {
+        Dictionary(uniqueKeysWithValues: await client.notifications.map { ($0.id, Snapshot($0)) })
+    }
+}

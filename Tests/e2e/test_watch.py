@@ -1,0 +1,108 @@
+"""`herald watch`: the terminal client on HeraldClient. Its events are JSON
+lines on stdout, its commands come on stdin and are answered on stdout; what
+it does reaches the user's other devices (docs/CLIENT-SWIFT.md)."""
+
+from __future__ import annotations
+
+import json
+import queue
+import subprocess
+import threading
+from typing import Callable
+
+from herald_helpers import FRAME_WAIT, changes_in
+
+LINE_WAIT = 30.0   # a debug build on a loaded machine: connect, catch up, answer
+
+
+class Watch:
+    """One `herald watch` process; its stdout lines, parsed, in order."""
+
+    def __init__(self, herald_bin, gateway, token: str, device: str, state):
+        self.proc = subprocess.Popen(
+            [str(herald_bin), "watch", "--url", gateway.base, "--token", token, "--device", device,
+             "--platform", "other", "--tags", "lang:en,team:ops", "--state", str(state)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.lines: queue.Queue = queue.Queue()
+        self.seen: list[dict] = []
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self):
+        for raw in iter(self.proc.stdout.readline, b""):
+            self.lines.put(json.loads(raw))   # every line must be JSON
+        self.lines.put(None)
+
+    def send(self, command: str) -> None:
+        self.proc.stdin.write(command.encode() + b"\n")
+        self.proc.stdin.flush()
+
+    def expect(self, pred: Callable[[dict], bool], what: str, earlier: bool = False) -> dict:
+        """The next line matching `pred` (lines before it are kept in `seen`);
+        `earlier`: or one already seen."""
+        if earlier:
+            for line in self.seen:
+                if pred(line):
+                    return line
+        while True:
+            try:
+                line = self.lines.get(timeout=LINE_WAIT)
+            except queue.Empty:
+                raise AssertionError(f"no {what} within {LINE_WAIT}s; lines: {self.seen}")
+            assert line is not None, f"watch ended before {what}: {self.proc.stderr.read()!r}; lines: {self.seen}"
+            self.seen.append(line)
+            if pred(line):
+                return line
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        return self.proc.wait(10)
+
+
+def test_watch_prints_events_and_its_dismiss_reaches_the_other_device(herald_bin, gateway, user, tmp_path):
+    laptop, _, _ = gateway.connect(user, "laptop", platform="web")
+    watch = Watch(herald_bin, gateway, gateway.token(user), "terminal", tmp_path / "watch.db")
+    try:
+        with laptop:
+            watch.expect(lambda l: l == {"event": "connection", "state": "live", "transport": "websocket"}, "live")
+            n = gateway.publish(user, "deploy-1", payload={"title": "Deploy finished"})["notification"]
+            got = watch.expect(lambda l: l.get("event") == "upserted", "the published notification")
+            assert got == {"event": "upserted", "notification": n}
+            watch.expect(lambda l: l == {"event": "unread", "count": 1}, "the unread count")
+            laptop.expect_changes(1)
+
+            watch.send(f"dismiss {n['id']}")
+            reply = watch.expect(lambda l: "reply" in l, "the dismiss's answer")
+            assert reply["reply"] == "dismiss" and reply["ok"] is True and reply["id"] == n["id"], reply
+            assert reply["notification"]["userActionState"] == "dismissed"
+            assert reply["notification"]["version"] == 2
+            # The change reaches the laptop, and the watch itself (before or after the ack).
+            frames = laptop.collect_until(
+                lambda fs: any(c["op"] == "upsert" and c["notification"]["userActionState"] == "dismissed"
+                               for c in changes_in(fs)), what="the dismiss", timeout=FRAME_WAIT)
+            assert [c["notification"] for c in changes_in(frames)] == [reply["notification"]]
+            watch.expect(lambda l: l.get("event") == "upserted" and l["notification"] == reply["notification"],
+                         "the dismiss as a change", earlier=True)
+            assert gateway.get_notification(user, n["id"])["userActionState"] == "dismissed"
+
+            # Errors are answers too; the watch goes on.
+            watch.send("read n_nosuchnotification")
+            reply = watch.expect(lambda l: "reply" in l, "the refused read's answer")
+            assert reply == {"reply": "read", "id": "n_nosuchnotification", "ok": False,
+                             "error": {"code": "not_found", "message": reply["error"]["message"]}}, reply
+            watch.send("frobnicate")
+            reply = watch.expect(lambda l: "reply" in l, "the unknown command's answer")
+            assert reply["ok"] is False and reply["error"]["code"] == "bad_command", reply
+
+            watch.send(f"delete {n['id']}")
+            reply = watch.expect(lambda l: "reply" in l, "the delete's answer")
+            assert reply == {"reply": "delete", "id": n["id"], "ok": True}, reply
+            watch.expect(lambda l: l == {"event": "removed", "id": n["id"], "reason": "deleted"}, "the removal",
+                         earlier=True)
+
+            watch.send("quit")
+            watch.expect(lambda l: l == {"reply": "quit", "ok": True}, "quit's answer")
+            assert watch.proc.wait(10) == 0
+    finally:
+        watch.stop()
+    assert (tmp_path / "watch.db").exists()
