@@ -5,7 +5,7 @@ import XCTest
 
 /// HeraldClient against a real gateway process (memory store).
 final class HeraldClientTests: XCTestCase {
-    private var directory: URL!
+    var directory: URL!
 
     override func setUpWithError() throws {
         directory = FileManager.default.temporaryDirectory.appendingPathComponent("herald-client-\(UUID().uuidString)")
@@ -16,19 +16,22 @@ final class HeraldClientTests: XCTestCase {
         try? FileManager.default.removeItem(at: directory)
     }
 
-    private func client(_ gateway: GatewayProcess, user: String, device: String, platform: Platform = .other,
-                        file: String, token: HeraldClient.TokenProvider? = nil) async throws -> HeraldClient {
+    /// A client of `gateway` (or of `url`, a front of it).
+    func client(_ gateway: GatewayProcess, url: String? = nil, user: String, device: String,
+                platform: Platform = .other, file: String, token: HeraldClient.TokenProvider? = nil,
+                configure: (inout HeraldClient.Options) -> Void = { _ in }) async throws -> HeraldClient {
         let fixed = try await gateway.token(user: user)
-        var options = HeraldClient.Options(url: gateway.baseURL, deviceId: device, platform: platform,
+        var options = HeraldClient.Options(url: url ?? gateway.baseURL, deviceId: device, platform: platform,
                                            stateFile: directory.appendingPathComponent(file).path)
         // Quick retries keep the reconnect tests short; they wait for events, not for time.
         options.reconnect.initial = .milliseconds(50)
         options.reconnect.cap = .milliseconds(500)
+        configure(&options)
         return try HeraldClient(options: options, token: token ?? { fixed })
     }
 
     /// The client's local set in the form the server listing is compared in.
-    private func snapshots(_ client: HeraldClient) async -> [String: Snapshot] {
+    func snapshots(_ client: HeraldClient) async -> [String: Snapshot] {
         Dictionary(uniqueKeysWithValues: await client.notifications.map { ($0.id, Snapshot($0)) })
     }
 
@@ -226,7 +229,7 @@ final class HeraldClientTests: XCTestCase {
     }
 
     /// A self-signed certificate for `subjectAltName` (and its key), in the test's directory.
-    private func certificate(_ name: String, altName: String) throws -> (cert: String, key: String) {
+    func certificate(_ name: String, altName: String) throws -> (cert: String, key: String) {
         let cert = directory.appendingPathComponent("\(name).crt").path
         let key = directory.appendingPathComponent("\(name).key").path
         let openssl = Process()
