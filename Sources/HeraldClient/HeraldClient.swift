@@ -21,6 +21,7 @@ public actor HeraldClient {
         /// An SQLite file this client owns (created if absent).
         public var stateFile: String
         public var reconnect = Backoff()
+        public var fallback = Fallback()
 
         public init(url: String, deviceId: String, platform: Platform? = nil, tags: [String]? = nil, stateFile: String) {
             self.url = url; self.deviceId = deviceId; self.platform = platform; self.tags = tags
@@ -42,6 +43,19 @@ public actor HeraldClient {
         }
     }
 
+    /// When WebSocket upgrades keep failing (a proxy that refuses them), the
+    /// client syncs by long-poll over HTTP, and tries the WebSocket again
+    /// every `webSocketRetry`.
+    public struct Fallback: Sendable {
+        /// Failed upgrades in a row before the client polls.
+        public var afterFailures = 2
+        public var webSocketRetry: Duration = .seconds(60)
+        /// How long the gateway holds each poll (1–60 s); below the idle
+        /// timeout of proxies on the way.
+        public var pollWait: Duration = .seconds(25)
+        public init() {}
+    }
+
     /// Returns a device token for this user (and device), e.g. from the
     /// app's own server. Called at start, when the gateway says the token
     /// expires soon, and after the gateway refused one (close 4001).
@@ -53,7 +67,8 @@ public actor HeraldClient {
 
     private let options: Options
     private let endpoint: Endpoint
-    private let transport: any WebSocketTransport
+    private let transport: any HeraldTransport
+    private let api: DeviceAPI
     private let tokenProvider: TokenProvider
     private let file: StateFile
     private var state: LocalState
@@ -75,12 +90,13 @@ public actor HeraldClient {
     public var notifications: [HeraldNotification] { state.sorted }
     public func notification(id: String) -> HeraldNotification? { state.notifications[id] }
 
-    public init(options: Options, transport: any WebSocketTransport = LWSTransport(),
+    public init(options: Options, transport: any HeraldTransport = LWSTransport(),
                 token: @escaping TokenProvider) throws(HeraldClientError) {
         guard let endpoint = Endpoint(baseURL: options.url) else { throw .badURL(options.url) }
         self.options = options
         self.endpoint = endpoint
         self.transport = transport
+        api = DeviceAPI(endpoint: endpoint, transport: transport, deviceId: options.deviceId)
         self.tokenProvider = token
         file = try StateFile(path: options.stateFile)
         let saved = try file.load()
@@ -121,13 +137,24 @@ public actor HeraldClient {
 
     // MARK: Actions (answered by the gateway's `ack`)
 
+    // Over the WebSocket while it is live, else over HTTP (PROTOCOL.md 4).
+
+    /// Sets the read and/or action state; `ifVersion` makes it conditional
+    /// (`.server(code: "precondition_failed", ...)` when the version moved on).
     @discardableResult
     public func update(_ id: String, readState: ReadState? = nil, userActionState: UserActionState? = nil,
                        ifVersion: Int64? = nil) async throws(HeraldClientError) -> HeraldNotification? {
-        var fields: [(String, JSON)] = [("id", .string(id))]
-        if let readState { fields.append(("readState", .string(readState.rawValue))) }
-        if let userActionState { fields.append(("userActionState", .string(userActionState.rawValue))) }
-        if let ifVersion { fields.append(("ifVersion", .int(ifVersion))) }
+        var fields = JSONObject()
+        if let readState { fields["readState"] = .string(readState.rawValue) }
+        if let userActionState { fields["userActionState"] = .string(userActionState.rawValue) }
+        guard isWebSocketLive else {
+            let api = self.api
+            return try await withToken { token throws(HeraldClientError) in
+                try await api.update(token: token, id: id, fields: fields, ifVersion: ifVersion)
+            }
+        }
+        fields["id"] = .string(id)
+        if let ifVersion { fields["ifVersion"] = .int(ifVersion) }
         let ack = try await request("update", fields)
         return ack["notification"].flatMap(HeraldNotification.init(json:))
     }
@@ -160,25 +187,94 @@ public actor HeraldClient {
     /// Deletes the notification for the user on every device. The WebSocket
     /// `delete` takes no `ifVersion` (PROTOCOL.md 6.4).
     public func delete(_ id: String) async throws(HeraldClientError) {
-        _ = try await request("delete", [("id", .string(id))])
+        guard isWebSocketLive else {
+            let api = self.api
+            return try await withToken { token throws(HeraldClientError) in try await api.delete(token: token, id: id) }
+        }
+        var fields = JSONObject()
+        fields["id"] = .string(id)
+        _ = try await request("delete", fields)
+    }
+
+    /// Marks every unread notification this device may see read; answers
+    /// how many. Their changes arrive like any other.
+    @discardableResult
+    public func readAll() async throws(HeraldClientError) -> Int {
+        let api = self.api
+        return try await withToken { token throws(HeraldClientError) in try await api.readAll(token: token) }
+    }
+
+    // MARK: Queries (HTTP, on demand; the local set is `notifications`)
+
+    /// A page of the gateway's history: live notifications this device may
+    /// see, newest first, optionally filtered. `limit` 1–500.
+    public func history(limit: Int = 50, before: String? = nil, readState: ReadState? = nil,
+                        userActionState: UserActionState? = nil) async throws(HeraldClientError) -> HistoryPage {
+        let api = self.api
+        return try await withToken { token throws(HeraldClientError) in
+            try await api.history(token: token, limit: limit, before: before, readState: readState,
+                                  userActionState: userActionState)
+        }
+    }
+
+    public func counts() async throws(HeraldClientError) -> Counts {
+        let api = self.api
+        return try await withToken { token throws(HeraldClientError) in try await api.counts(token: token) }
+    }
+
+    /// Runs an HTTP call with the current token; a token the gateway
+    /// refuses is replaced through the provider once.
+    private func withToken<T: Sendable>(_ call: (String) async throws(HeraldClientError) -> T) async throws(HeraldClientError) -> T {
+        var retried = false
+        while true {
+            let token: String
+            do {
+                token = try await currentToken()
+            } catch {
+                throw .tokenUnavailable(String(describing: error))
+            }
+            do {
+                return try await call(token)
+            } catch .server(code: "unauthorized", let message) {
+                if self.token == token { self.token = nil }
+                if retried { throw .server(code: "unauthorized", message: message) }
+                retried = true
+            }
+        }
     }
 
     // MARK: Connection
 
     private enum Ending {
-        case retry(wasLive: Bool, authFailed: Bool)
+        /// `opened`: the upgrade was accepted.
+        case retry(opened: Bool, wasLive: Bool, authFailed: Bool)
         case stop
     }
 
     private func run() async {
         var attempt = 0
+        var refusedUpgrades = 0
         while !Task.isCancelled {
-            setConnection(.connecting)
+            // Trying the WebSocket again from a working fallback is no outage.
+            if connection != .live(transport: "poll") { setConnection(.connecting) }
             let started = ContinuousClock.now
-            guard case .retry(let wasLive, let authFailed) = await connectOnce(), !Task.isCancelled else { break }
+            guard case .retry(let opened, let wasLive, let authFailed) = await connectOnce(), !Task.isCancelled
+            else { break }
             // Only a connection that lasted resets the backoff: a gateway
             // that accepts and drops at once must not be hammered.
             if wasLive && ContinuousClock.now - started > .seconds(10) { attempt = 0 }
+            refusedUpgrades = opened ? 0 : refusedUpgrades + 1
+            if refusedUpgrades >= options.fallback.afterFailures {
+                switch await poll(until: .now + options.fallback.webSocketRetry) {
+                case .stop: break
+                case .polled:
+                    attempt = 0
+                    continue  // time to try the WebSocket again
+                case .failed:
+                    break  // HTTP fails too: back off as for any failure
+                }
+                if Task.isCancelled { break }
+            }
             // A refused token is retried at once with a fresh one, then with backoff.
             let delay = authFailed && attempt == 0 ? .zero : options.reconnect.delay(attempt: attempt)
             attempt += 1
@@ -195,17 +291,18 @@ public actor HeraldClient {
             token = try await currentToken()
         } catch {
             emit(.problem(.tokenUnavailable(String(describing: error))))
-            return .retry(wasLive: false, authFailed: false)
+            return .retry(opened: false, wasLive: false, authFailed: false)
         }
         guard !Task.isCancelled else { return .stop }
         adoptScope(of: token)
         let channel = transport.open(endpoint)
         self.channel = channel
         defer { connectionEnded() }
-        var wasLive = false
+        var wasLive = false, opened = false
         for await event in channel.events {
             switch event {
             case .open:
+                opened = true
                 channel.send(hello(token: token))
             case .text(let text):
                 receive(text)
@@ -217,7 +314,7 @@ public actor HeraldClient {
                 }
                 emit(.problem(.connectionLost(closeCode: code, reason: reason)))
                 if code == 4001 { self.token = nil }
-                return .retry(wasLive: wasLive, authFailed: code == 4001)
+                return .retry(opened: opened, wasLive: wasLive, authFailed: code == 4001)
             }
         }
         channel.close()  // cancelled by stop()
@@ -225,6 +322,72 @@ public actor HeraldClient {
     }
 
     private var isLive: Bool { if case .live = connection { return true }; return false }
+    private var isWebSocketLive: Bool { connection == .live(transport: "websocket") && channel != nil }
+
+    // MARK: Long-poll fallback
+
+    private enum PollEnding { case polled, failed, stop }
+
+    /// Syncs by `GET /v1/me/sync` with `wait` until `deadline` (the poll
+    /// held then may end a little later), applying answers like WebSocket
+    /// frames. `.polled` once any poll worked, `.failed` if the first did not.
+    private func poll(until deadline: ContinuousClock.Instant) async -> PollEnding {
+        var worked = false
+        while !Task.isCancelled {
+            let (cursor, epoch) = (state.cursor, state.epoch)
+            let api = self.api, wait = options.fallback.pollWait
+            do {
+                let answer = try await withToken { token throws(HeraldClientError) in
+                    try await api.sync(token: token, cursor: cursor, epoch: epoch, wait: wait)
+                }
+                let more = try await apply(answer)
+                if !worked {
+                    worked = true
+                    setConnection(.live(transport: "poll"))
+                }
+                if !more && ContinuousClock.now >= deadline { return .polled }
+            } catch .cancelled {
+                return .stop
+            } catch {
+                emit(.problem(error))
+                return worked ? .polled : .failed
+            }
+        }
+        return .stop
+    }
+
+    /// Applies a sync answer through the same state rules as frames; a
+    /// reset's older pages are read from history first, so the local set
+    /// is replaced whole. Answers whether more changes are waiting.
+    private func apply(_ answer: SyncAnswer) async throws(HeraldClientError) -> Bool {
+        switch answer {
+        case .changes(let changes, let cursor, let epoch, let hasMore):
+            apply(.changes(changes, cursor: cursor))
+            // Same epoch as sent (another one comes as a reset): taken for a first sync.
+            if state.epoch == nil { apply(.welcome(cursor: cursor, epoch: epoch, unread: state.unread)) }
+            setUnread(state.unread)
+            return hasMore
+        case .reset(var all, var next, let cursor, let epoch):
+            let api = self.api
+            while let before = next {
+                let page = try await withToken { token throws(HeraldClientError) in
+                    try await api.history(token: token, limit: 500, before: before, readState: nil, userActionState: nil)
+                }
+                all += page.notifications
+                next = page.next
+            }
+            apply(.reset(all, cursor: cursor, epoch: epoch, final: true))
+            setUnread(state.unread)
+            return false
+        }
+    }
+
+    /// Applies the feed part of a frame and persists and reports what it did.
+    private func apply(_ frame: ServerFrame) {
+        let applied = state.apply(frame)
+        if applied.needsSave { persist(changedIds: applied.changedIds, replaced: applied.replaced) }
+        applied.events.forEach(emit)
+    }
 
     private func currentToken() async throws -> String {
         if let token { return token }
@@ -235,7 +398,7 @@ public actor HeraldClient {
 
     /// A state file saved for another gateway, user or device starts over.
     private func adoptScope(of token: String) {
-        let now = "\(endpoint.host):\(endpoint.port)\(endpoint.path) \(TokenScope.appAndUser(of: token) ?? "?") \(options.deviceId)"
+        let now = "\(endpoint.host):\(endpoint.port)\(endpoint.webSocketPath) \(TokenScope.appAndUser(of: token) ?? "?") \(options.deviceId)"
         guard now != scope else { return }
         let hadState = scope != nil
         scope = now
@@ -280,9 +443,7 @@ public actor HeraldClient {
             emit(.problem(error))
             return
         }
-        let applied = state.apply(frame)
-        if applied.needsSave { persist(changedIds: applied.changedIds, replaced: applied.replaced) }
-        applied.events.forEach(emit)
+        apply(frame)
         switch frame {
         case .welcome(_, _, let count):
             setConnection(.live(transport: "websocket"))
@@ -320,7 +481,9 @@ public actor HeraldClient {
         guard fresh != inUse, later else { return }
         token = fresh
         do {
-            _ = try await request("refresh", [("token", .string(fresh))])
+            var fields = JSONObject()
+            fields["token"] = .string(fresh)
+            _ = try await request("refresh", fields)
         } catch {
             // Refused: the connection keeps the old token, and the next
             // connection asks the provider again rather than present this one.
@@ -329,14 +492,14 @@ public actor HeraldClient {
         }
     }
 
-    private func request(_ type: String, _ fields: [(String, JSON)]) async throws(HeraldClientError) -> JSONObject {
-        guard isLive, let channel else { throw .notConnected }
+    private func request(_ type: String, _ fields: JSONObject) async throws(HeraldClientError) -> JSONObject {
+        guard isWebSocketLive, let channel else { throw .notConnected }
         nextRef += 1
         let ref = "r\(nextRef)"
         var o = JSONObject()
         o["type"] = .string(type)
         o["ref"] = .string(ref)
-        for (key, value) in fields { o[key] = value }
+        for (key, value) in fields.pairs { o[key] = value }
         let text = JSON.object(o).encodedString
         do {
             return try await withCheckedThrowingContinuation { c in

@@ -2,164 +2,89 @@ import CLibWebSockets
 import Foundation
 import Synchronization
 
-/// WebSocket connections through the libwebsockets client API. Each
-/// connection has its own lws context and service thread, which ends with
-/// the connection: a device holds one connection, so this costs one thread
-/// and keeps lws's single-thread rule trivially true.
+/// WebSockets and HTTP requests through the libwebsockets client API, each
+/// connection on a thread of its own (`LWSClientConnection`).
 ///
-/// `wss://` verifies the gateway's certificate chain and host name against
-/// `caFile` (PEM), or OpenSSL's default bundle (the system trust store on
-/// Debian) when nil. A certificate that does not verify fails the
-/// connection (`.closed(code: 1006, reason: <lws's reason>)`).
-public struct LWSTransport: WebSocketTransport {
+/// `wss://` and `https://` verify the gateway's certificate chain and host
+/// name against `caFile` (PEM), or OpenSSL's default bundle (the system
+/// trust store on Debian) when nil. A certificate that does not verify
+/// fails the connection (WebSocket: `.closed(code: 1006, reason:)`; HTTP:
+/// `HeraldClientError.unreachable`), never silently accepted.
+public struct LWSTransport: HeraldTransport {
     public var caFile: String?
 
     public init(caFile: String? = nil) { self.caFile = caFile }
 
+    private var trustedCAs: String { caFile ?? String(cString: X509_get_default_cert_file()) }
+
     public func open(_ endpoint: Endpoint) -> any WebSocketChannel {
-        LWSChannel(endpoint: endpoint, caFile: caFile ?? String(cString: X509_get_default_cert_file()))
+        LWSChannel(endpoint: endpoint, caFile: trustedCAs)
+    }
+
+    public func send(_ request: HTTPRequest, to endpoint: Endpoint) async throws -> HTTPResponse {
+        try await LWSHTTPExchange.send(request, to: endpoint, caFile: trustedCAs)
     }
 }
 
-/// Loop-thread state (`wsi`, `writes`, `message`, close details) is touched
-/// only on the connection's thread; what other threads touch is in `shared`.
-final class LWSChannel: WebSocketChannel, @unchecked Sendable {  // see above: thread-confined state plus a Mutex
+/// A WebSocket connection. Loop-thread state (`writes`, `message`, close
+/// details) is touched only on the connection's thread; what other threads
+/// touch is in `shared`.
+final class LWSChannel: LWSClientConnection, WebSocketChannel, @unchecked Sendable {  // see above
     struct Shared {
         var outbox: [String] = []
         var closeRequested = false
-        /// The context's address while it exists (0 otherwise), so that
-        /// `lws_cancel_service` never races `lws_context_destroy`.
-        var context: UInt = 0
     }
 
     let events: AsyncStream<SocketEvent>
     private let continuation: AsyncStream<SocketEvent>.Continuation
     private let shared = Mutex(Shared())
-    private let endpoint: Endpoint
-    private let caFile: String
 
     // Connection thread only.
-    private var wsi: OpaquePointer?
     private var established = false
     private var writes: [[UInt8]] = []
     private var message: [UInt8] = []
     private var closeCode = 1006
     private var closeReason = "connection lost"
-    /// Why OpenSSL refused the gateway's certificate, for the error
-    /// (lws's own connection error text does not say).
-    private var certificateProblem: String?
-    private var finished = false
 
     /// The gateway's frames are at most 1 MiB (PROTOCOL.md 6.2); leave room.
     static let maxMessage = 2 << 20
-    /// A library does not write to the app's stderr: what goes wrong is
-    /// reported in `.closed` reasons instead.
-    private static let quietLogs: Void = lws_set_log_level(0, nil)
 
     init(endpoint: Endpoint, caFile: String) {
-        self.endpoint = endpoint
-        self.caFile = caFile
         (events, continuation) = AsyncStream.makeStream(bufferingPolicy: .unbounded)
-        let thread = Thread { [self] in run() }
-        thread.name = "herald-client-ws"
-        thread.start()
+        super.init(endpoint: endpoint, caFile: caFile, path: endpoint.webSocketPath, method: nil,
+                   timeout: .seconds(20), threadName: "herald-client-ws")
+        start()
     }
 
     func send(_ text: String) {
-        wake { $0.outbox.append(text) }
+        shared.withLock { $0.outbox.append(text) }
+        wake()
     }
 
     func close() {
-        wake { $0.closeRequested = true }
-    }
-
-    private func wake(_ change: (inout Shared) -> Void) {
-        shared.withLock { s in
-            change(&s)
-            if let ctx = OpaquePointer(bitPattern: s.context) { lws_cancel_service(ctx) }
-        }
+        shared.withLock { $0.closeRequested = true }
+        wake()
     }
 
     // MARK: Connection thread
 
-    private func run() {
-        Self.quietLogs
-        // C strings and tables lws keeps pointers to: they outlive the context.
-        let name = strdup("herald-client")!, host = strdup(endpoint.host)!, path = strdup(endpoint.path)!
-        let ca = strdup(caFile)!
-        let protocols = UnsafeMutablePointer<lws_protocols>.allocate(capacity: 2)
-        let retry = UnsafeMutablePointer<lws_retry_bo_t>.allocate(capacity: 1)
-        defer {
-            for s in [name, host, path, ca] { free(s) }
-            protocols.deallocate()
-            retry.deallocate()
-        }
-        protocols.initialize(repeating: lws_protocols(), count: 2)
-        protocols[0].name = UnsafePointer(name)
-        protocols[0].callback = heraldClientCallback
-        protocols[0].rx_buffer_size = 64 * 1024
-        // The gateway pings after 30 s of silence; these catch a gateway
-        // that vanished without a FIN, where TCP alone would wait minutes.
-        retry.initialize(to: lws_retry_bo_t())
-        retry.pointee.secs_since_valid_ping = 20
-        retry.pointee.secs_since_valid_hangup = 40
-
-        var info = lws_context_creation_info()
-        info.port = CONTEXT_PORT_NO_LISTEN
-        info.protocols = UnsafePointer(protocols)
-        info.gid = -1
-        info.uid = -1
-        info.options = UInt64(LWS_SERVER_OPTION_DO_SSL_GLOBAL_INIT)
-        info.client_ssl_ca_filepath = UnsafePointer(ca)
-        info.user = Unmanaged.passUnretained(self).toOpaque()
-        guard let ctx = lws_create_context(&info) else {
-            finish(code: 1006, reason: "libwebsockets could not create a client context")
-            return
-        }
-        shared.withLock { $0.context = UInt(bitPattern: Int(bitPattern: UnsafeRawPointer(ctx))) }
-
-        var ci = lws_client_connect_info()
-        ci.context = ctx
-        ci.address = UnsafePointer(host)
-        ci.host = UnsafePointer(host)
-        ci.origin = UnsafePointer(host)
-        ci.port = Int32(endpoint.port)
-        ci.path = UnsafePointer(path)
-        ci.local_protocol_name = UnsafePointer(name)
-        ci.ssl_connection = endpoint.secure ? Int32(LCCSCF_USE_SSL.rawValue) : 0
-        ci.retry_and_idle_policy = UnsafePointer(retry)
-        wsi = lws_client_connect_via_info(&ci)
-        if wsi == nil { finish(code: 1006, reason: "could not connect to \(endpoint.host):\(endpoint.port)") }
-
-        while !finished {
-            if lws_service(ctx, 0) < 0 { finish(code: 1006, reason: "the libwebsockets service failed") }
-        }
-        shared.withLock { $0.context = 0 }
-        lws_context_destroy(ctx)
-    }
-
     private func finish(code: Int, reason: String) {
         guard !finished else { return }
-        finished = true
+        endLoop()
         continuation.yield(.closed(code: code, reason: reason))
         continuation.finish()
     }
 
-    /// nil: let lws's default handler take it.
-    fileprivate func handle(_ wsi: OpaquePointer, _ reason: lws_callback_reasons, _ user: UnsafeMutableRawPointer?,
-                            _ input: UnsafeMutableRawPointer?, _ length: Int) -> Int32? {
+    override func failed(_ reason: String) { finish(code: 1006, reason: reason) }
+
+    override func wakeUp() { takeOutbox() }
+
+    override func handle(_ wsi: OpaquePointer, _ reason: lws_callback_reasons, _ user: UnsafeMutableRawPointer?,
+                         _ input: UnsafeMutableRawPointer?, _ length: Int) -> Int32? {
         switch reason {
-        case LWS_CALLBACK_OPENSSL_PERFORM_SERVER_CERT_VERIFICATION:
-            // `length` is OpenSSL's preverify_ok, `user` its X509_STORE_CTX.
-            // Returning 0 keeps OpenSSL's verdict.
-            if length == 0, let store = user {
-                certificateProblem = String(cString: X509_verify_cert_error_string(Int(X509_STORE_CTX_get_error(OpaquePointer(store)))))
-            }
         case LWS_CALLBACK_CLIENT_ESTABLISHED:
             established = true
             continuation.yield(.open)
-            takeOutbox()
-        case LWS_CALLBACK_EVENT_WAIT_CANCELLED:
             takeOutbox()
         case LWS_CALLBACK_CLIENT_RECEIVE:
             guard wsi == self.wsi else { return 0 }
@@ -195,10 +120,6 @@ final class LWSChannel: WebSocketChannel, @unchecked Sendable {  // see above: t
                 closeCode = Int(bytes[0]) << 8 | Int(bytes[1])
                 closeReason = String(decoding: bytes.dropFirst(2), as: UTF8.self)
             }
-        case LWS_CALLBACK_CLIENT_CONNECTION_ERROR:
-            let why = input.map { String(cString: $0.assumingMemoryBound(to: CChar.self)) } ?? "connection failed"
-            self.wsi = nil
-            finish(code: 1006, reason: certificateProblem.map { "the gateway's certificate was refused: \($0)" } ?? why)
         case LWS_CALLBACK_CLIENT_CLOSED:
             self.wsi = nil
             finish(code: closeCode, reason: closeReason)
@@ -230,14 +151,4 @@ final class LWSChannel: WebSocketChannel, @unchecked Sendable {  // see above: t
         for t in texts { writes.append([UInt8](repeating: 0, count: Int(herald_lws_pre)) + Array(t.utf8)) }
         if !writes.isEmpty || closing { lws_callback_on_writable(wsi) }
     }
-}
-
-private func heraldClientCallback(_ wsi: OpaquePointer?, _ reason: lws_callback_reasons,
-                                  _ user: UnsafeMutableRawPointer?, _ input: UnsafeMutableRawPointer?,
-                                  _ length: Int) -> Int32 {
-    if let wsi, let ctx = lws_get_context(wsi), let owner = lws_context_user(ctx) {
-        let channel = Unmanaged<LWSChannel>.fromOpaque(owner).takeUnretainedValue()
-        if let answer = channel.handle(wsi, reason, user, input, length) { return answer }
-    }
-    return lws_callback_http_dummy(wsi, reason, user, input, length)
 }

@@ -1,10 +1,13 @@
-/// Where the gateway's WebSocket is: parsed from the base URL the app gives.
+/// Where the gateway is: parsed from the base URL the app gives.
 public struct Endpoint: Sendable, Equatable {
     public var secure: Bool
     public var host: String
     public var port: Int
-    /// The request path of the WebSocket route (`/v1/ws` under the base path).
-    public var path: String
+    /// The path the gateway's routes are under: empty, or `/herald` without
+    /// a trailing slash.
+    public var basePath: String
+    /// The request path of the WebSocket route.
+    public var webSocketPath: String { basePath + "/v1/ws" }
 
     /// Accepts `http://`, `https://`, `ws://` and `wss://` base URLs
     /// (`https://herald.example.com`, `http://127.0.0.1:8080/herald`); nil
@@ -27,7 +30,7 @@ public struct Endpoint: Sendable, Equatable {
         }
         if host.hasPrefix("["), host.hasSuffix("]") { host = String(host.dropFirst().dropLast()) }
         guard !host.isEmpty, !host.contains("@") else { return nil }
-        self.secure = secure; self.host = host; self.port = port; self.path = base + "/v1/ws"
+        self.secure = secure; self.host = host; self.port = port; self.basePath = base
     }
 }
 
@@ -50,8 +53,42 @@ public protocol WebSocketChannel: Sendable {
     func close()
 }
 
-/// Opens WebSocket connections. `LWSTransport` is the one shipped (Linux,
-/// libwebsockets); another platform's transport conforms to this alone.
+/// Opens WebSocket connections.
 public protocol WebSocketTransport: Sendable {
     func open(_ endpoint: Endpoint) -> any WebSocketChannel
 }
+
+public struct HTTPRequest: Sendable {
+    public var method: String
+    /// Path and query under the endpoint's base path: `/v1/me/sync?cursor=4`.
+    public var target: String
+    /// Besides `Host` and `Content-Length`, which the transport adds.
+    public var headers: [(String, String)]
+    public var body: [UInt8]
+    /// For connecting and for the whole answer (a held poll included).
+    public var timeout: Duration
+
+    public init(method: String, target: String, headers: [(String, String)] = [], body: [UInt8] = [],
+                timeout: Duration = .seconds(30)) {
+        self.method = method; self.target = target; self.headers = headers; self.body = body; self.timeout = timeout
+    }
+}
+
+public struct HTTPResponse: Sendable {
+    public var status: Int
+    public var body: [UInt8]
+
+    public init(status: Int, body: [UInt8]) { self.status = status; self.body = body }
+}
+
+/// Sends HTTP requests: one answer per request, redirects not followed.
+/// Throws `HeraldClientError.unreachable` when no answer came (refused,
+/// dropped, timed out, certificate refused), and `CancellationError` when
+/// the calling task is cancelled (the request is abandoned at once).
+public protocol HTTPTransport: Sendable {
+    func send(_ request: HTTPRequest, to endpoint: Endpoint) async throws -> HTTPResponse
+}
+
+/// What the client needs from a platform: `LWSTransport` is the one shipped
+/// (Linux, libwebsockets); another platform's transport conforms to this alone.
+public typealias HeraldTransport = WebSocketTransport & HTTPTransport

@@ -30,6 +30,11 @@ public enum HeraldClientError: Error, Sendable, Equatable {
     case badFrame(String)
     /// A frame type this client does not know; skipped (newer gateway).
     case unknownFrame(type: String)
+    /// An HTTP request got no answer: refused, dropped, timed out, or a
+    /// certificate that did not verify.
+    case unreachable(String)
+    /// The task waiting for the answer was cancelled.
+    case cancelled
     /// The token provider threw; the client retries with backoff.
     case tokenUnavailable(String)
     /// The state file could not be opened, read or written.
@@ -39,7 +44,8 @@ public enum HeraldClientError: Error, Sendable, Equatable {
 
 public enum ConnectionState: Sendable, Equatable {
     case connecting
-    /// Caught up and receiving live changes.
+    /// Caught up and receiving live changes: `transport` is `websocket`, or
+    /// `poll` while WebSocket upgrades are refused (held long-polls).
     case live(transport: String)
     /// Not connected; the next attempt is at `nextRetry` (nil: stopped).
     case offline(nextRetry: ContinuousClock.Instant?)

@@ -115,6 +115,8 @@ struct Watch {
         case .tokenUnavailable(let m): return o("token_unavailable", m)
         case .stateFile(let m): return o("state_file", m)
         case .badURL(let url): return o("bad_url", url)
+        case .unreachable(let m): return o("unreachable", m)
+        case .cancelled: return o("cancelled", "the request was abandoned")
         }
     }
 

@@ -17,16 +17,19 @@ class ClientTestCase: XCTestCase {
         try? FileManager.default.removeItem(at: directory)
     }
 
-    /// A client of `user` on `gateway` with its state in `file` (in the test's
-    /// directory); `token` defaults to one hour-long token for the user.
-    func client(_ gateway: GatewayProcess, user: String, device: String, platform: Platform = .other,
-                file: String, token: HeraldClient.TokenProvider? = nil) async throws -> HeraldClient {
+    /// A client of `user` on `gateway` (or on `url`, a front of it) with its
+    /// state in `file` (in the test's directory); `token` defaults to one
+    /// hour-long token for the user.
+    func client(_ gateway: GatewayProcess, url: String? = nil, user: String, device: String,
+                platform: Platform = .other, file: String, token: HeraldClient.TokenProvider? = nil,
+                configure: (inout HeraldClient.Options) -> Void = { _ in }) async throws -> HeraldClient {
         let fixed = try await gateway.token(user: user)
-        var options = HeraldClient.Options(url: gateway.baseURL, deviceId: device, platform: platform,
+        var options = HeraldClient.Options(url: url ?? gateway.baseURL, deviceId: device, platform: platform,
                                            stateFile: directory.appendingPathComponent(file).path)
         // Quick retries keep the reconnect tests short; they wait for events, not for time.
         options.reconnect.initial = .milliseconds(50)
         options.reconnect.cap = .milliseconds(500)
+        configure(&options)
         return try HeraldClient(options: options, token: token ?? { fixed })
     }
 
@@ -42,5 +45,21 @@ class ClientTestCase: XCTestCase {
     /// The client's local set in the form the server listing is compared in.
     func snapshots(_ client: HeraldClient) async -> [String: Snapshot] {
         Dictionary(uniqueKeysWithValues: await client.notifications.map { ($0.id, Snapshot($0)) })
+    }
+
+    /// A self-signed certificate for `subjectAltName` (and its key), in the test's directory.
+    func certificate(_ name: String, altName: String) throws -> (cert: String, key: String) {
+        let cert = directory.appendingPathComponent("\(name).crt").path
+        let key = directory.appendingPathComponent("\(name).key").path
+        let openssl = Process()
+        openssl.executableURL = URL(fileURLWithPath: "/usr/bin/openssl")
+        openssl.arguments = ["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+                             "-days", "2", "-subj", "/CN=\(name)", "-addext", "subjectAltName=\(altName)",
+                             "-keyout", key, "-out", cert]
+        openssl.standardError = FileHandle.nullDevice
+        try openssl.run()
+        openssl.waitUntilExit()
+        XCTAssertEqual(openssl.terminationStatus, 0)
+        return (cert, key)
     }
 }

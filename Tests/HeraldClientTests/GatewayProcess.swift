@@ -40,13 +40,7 @@ final class GatewayProcess: @unchecked Sendable {
         process.standardError = try FileHandle(forWritingTo: log)
         try process.run()
         // The one stdout line, once it accepts connections: `listening on http://HOST:PORT`.
-        var line = Data()
-        while !line.contains(UInt8(ascii: "\n")) {
-            let chunk = out.fileHandleForReading.availableData
-            if chunk.isEmpty { break }  // the process ended
-            line.append(chunk)
-        }
-        let text = String(decoding: line, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
+        let text = Self.firstLine(of: out)
         guard text.hasPrefix("listening on ") else {
             kill(process.processIdentifier, SIGTERM)
             process.waitUntilExit()
@@ -54,6 +48,17 @@ final class GatewayProcess: @unchecked Sendable {
         }
         baseURL = String(text.dropFirst("listening on ".count))
         self.port = Int(baseURL.split(separator: ":").last!)!
+    }
+
+    /// The first line a process writes to `pipe` (empty if it ended first).
+    static func firstLine(of pipe: Pipe) -> String {
+        var line = Data()
+        while !line.contains(UInt8(ascii: "\n")) {
+            let chunk = pipe.fileHandleForReading.availableData
+            if chunk.isEmpty { break }  // the process ended
+            line.append(chunk)
+        }
+        return String(decoding: line, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
     }
 
     /// SIGTERM, then waits for the exit.

@@ -198,22 +198,6 @@ final class HeraldClientTests: ClientTestCase {
         await phone.stop()
     }
 
-    /// A self-signed certificate for `subjectAltName` (and its key), in the test's directory.
-    private func certificate(_ name: String, altName: String) throws -> (cert: String, key: String) {
-        let cert = directory.appendingPathComponent("\(name).crt").path
-        let key = directory.appendingPathComponent("\(name).key").path
-        let openssl = Process()
-        openssl.executableURL = URL(fileURLWithPath: "/usr/bin/openssl")
-        openssl.arguments = ["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
-                             "-days", "2", "-subj", "/CN=\(name)", "-addext", "subjectAltName=\(altName)",
-                             "-keyout", key, "-out", cert]
-        openssl.standardError = FileHandle.nullDevice
-        try openssl.run()
-        openssl.waitUntilExit()
-        XCTAssertEqual(openssl.terminationStatus, 0)
-        return (cert, key)
-    }
-
     /// Starts a client over wss:// and answers the reason of its first failed
     /// connection, or nil once it is live.
     private func firstFailure(_ gateway: GatewayProcess, caFile: String?, device: String) async throws -> String? {
