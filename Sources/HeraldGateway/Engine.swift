@@ -54,6 +54,8 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
     private var undo: [() -> Void] = []
     /// Who follows which user, and which devices are connected.
     let registry = FollowerRegistry()
+    /// In a cluster: this node's devices as the other nodes see them.
+    let cluster: ClusterConnections?
     private var maintenance = Maintenance()
 
     static let maxBatch = 512
@@ -63,6 +65,11 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
     init(store: NotificationStore, bus: Bus?, limits: GatewayLimits, metrics: Metrics, clock: Clock) {
         self.store = store; self.bus = bus; self.limits = limits; self.metrics = metrics; self.clock = clock
         health = StoreHealth(clock: clock)
+        if let bus, let directory = store as? ClusterDirectory {
+            cluster = ClusterConnections(node: bus.node, directory: directory, registry: registry)
+        } else {
+            cluster = nil
+        }
     }
 
     /// Starts the engine thread. (Tests instead call `runQueued` on theirs.)
@@ -163,6 +170,7 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
             maintenance.run(self, now: clock.now(), force: done)
             if done { break }
         }
+        cluster?.retire(self)
         finished.signal()
     }
 

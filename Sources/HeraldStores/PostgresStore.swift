@@ -377,3 +377,60 @@ public final class PostgresStore: NotificationStore {
         return try db.execute("DELETE FROM devices WHERE last_seen_at < $1", [.int(before)])
     }
 }
+
+// MARK: Presence across nodes
+
+/// Times are the database's (`now()`, the transaction's start), so the
+/// nodes' clocks need not agree.
+extension PostgresStore: ClusterDirectory {
+    public func renewLease(node: String, millis: Int64) throws(StoreError) -> Bool {
+        try check()
+        let lease: [PostgresValue] = [.text(node), .int(millis)]
+        if try db.execute("UPDATE herald_nodes SET lease_until = now() + $2 * interval '1 millisecond' WHERE node = $1", lease) > 0 {
+            return true
+        }
+        try db.execute("INSERT INTO herald_nodes (node, lease_until) VALUES ($1, now() + $2 * interval '1 millisecond')", lease)
+        return false
+    }
+
+    public func setConnection(node: String, _ user: UserKey, device: String, transport: String?, millis: Int64?) throws(StoreError) {
+        try check()
+        let key = Self.key(user) + [.text(device), .text(node)]
+        guard let transport else {
+            try db.execute("DELETE FROM herald_connections WHERE app = $1 AND user_id = $2 AND device_id = $3 AND node = $4", key)
+            return
+        }
+        try db.execute("""
+            INSERT INTO herald_connections (app, user_id, device_id, node, transport, until)
+            VALUES ($1, $2, $3, $4, $5, now() + $6::bigint * interval '1 millisecond')
+            ON CONFLICT (app, user_id, device_id, node) DO UPDATE SET transport = excluded.transport, until = excluded.until
+            """, key + [.text(transport), millis.map(PostgresValue.int) ?? .null])
+    }
+
+    public func connections(_ user: UserKey, otherThan node: String) throws(StoreError) -> [(device: String, transport: String)] {
+        try check()
+        let r = try db.query("""
+            SELECT c.device_id, c.transport FROM herald_connections c JOIN herald_nodes n ON n.node = c.node
+            WHERE c.app = $1 AND c.user_id = $2 AND c.node <> $3 AND n.lease_until > now()
+              AND (c.until IS NULL OR c.until > now())
+            """, Self.key(user) + [.text(node)])
+        return try (0..<r.count).map { i throws(StoreError) in
+            guard let d = r.text(i, 0), let t = r.text(i, 1) else { throw reads.corrupt("connection") }
+            return (d, t)
+        }
+    }
+
+    public func pruneConnections(node: String) throws(StoreError) {
+        try check()
+        try db.execute("""
+            WITH gone AS (DELETE FROM herald_nodes WHERE lease_until < now() - interval '1 minute' RETURNING node)
+            DELETE FROM herald_connections WHERE node IN (SELECT node FROM gone) OR (node = $1 AND until < now())
+            """, [.text(node)])
+    }
+
+    public func retire(node: String) throws(StoreError) {
+        try check()
+        try db.execute("DELETE FROM herald_connections WHERE node = $1", [.text(node)])
+        try db.execute("DELETE FROM herald_nodes WHERE node = $1", [.text(node)])
+    }
+}

@@ -11,10 +11,12 @@ import os
 import random
 import subprocess
 import threading
+import time
 
 import pytest
 
-from herald_helpers import CONFIG, Gateway, changes_in, check_notification, uid, wait_until
+from herald_helpers import CONFIG, Gateway, changes_in, check_notification, mint_token, uid, wait_until
+from test_fallback import Sse
 from test_postgres import store_url  # noqa: F401  (the fixture: a schema per test)
 
 REDIS = os.environ.get("HERALD_TEST_REDIS_URL")
@@ -23,21 +25,61 @@ pytestmark = pytest.mark.skipif(not (REDIS and os.environ.get("HERALD_TEST_POSTG
                                 reason="no test PostgreSQL and Redis (scripts/test-servers starts them)")
 
 
+class Cluster:
+    """Gateway processes on one store and one bus: started, killed -9 and
+    started again (with a new node id, as after a crash) by the test."""
+
+    def __init__(self, herald_bin, tmp_path, store_url):
+        # A database number of its own scopes this test's channels.
+        self.args = dict(store=store_url, extra_args=["--bus", f"{REDIS}/{random.randrange(1, 1 << 30)}"])
+        self.herald_bin, self.tmp_path = herald_bin, tmp_path
+        self.nodes: list[Gateway] = []
+        self.killed: list[Gateway] = []
+        self.starts = 0
+
+    def start(self, n: int) -> list[Gateway]:
+        for _ in range(n):
+            self.nodes.append(self._started())
+        for g in self.nodes:
+            self.wait_subscribed(g)
+        return self.nodes
+
+    def _started(self) -> Gateway:
+        self.starts += 1
+        return Gateway(self.herald_bin, self.tmp_path / f"n{self.starts}", CONFIG, **self.args).start()
+
+    @staticmethod
+    def wait_subscribed(g: Gateway) -> None:
+        wait_until(lambda: g.metric("herald_bus_connected") == 1, "the bus subscribed")
+
+    def kill(self, i: int) -> None:
+        """kill -9 of node i: no clean shutdown, its presence left behind."""
+        self.nodes[i].kill()
+        self.killed.append(self.nodes[i])
+
+    def restart(self, i: int) -> Gateway:
+        self.nodes[i] = self._started()
+        self.wait_subscribed(self.nodes[i])
+        return self.nodes[i]
+
+    def stop(self) -> None:
+        for g in self.nodes:
+            if g not in self.killed:
+                assert g.terminate(10) == 0, g.stderr_tail()
+
+
 @pytest.fixture
-def nodes(herald_bin, tmp_path, store_url):  # noqa: F811
-    # A database number of its own scopes this test's channels.
-    bus = f"{REDIS}/{random.randrange(1, 1 << 30)}"
-    started = []
+def cluster(herald_bin, tmp_path, store_url):  # noqa: F811
+    c = Cluster(herald_bin, tmp_path, store_url)
     try:
-        for name in ("n1", "n2"):
-            started.append(Gateway(herald_bin, tmp_path / name, CONFIG, store=store_url,
-                                   extra_args=["--bus", bus]).start())
-        for g in started:
-            wait_until(lambda: g.metric("herald_bus_connected") == 1, "the bus subscribed")
-        yield started
+        yield c
     finally:
-        for g in started:
-            assert g.terminate(10) == 0, g.stderr_tail()
+        c.stop()
+
+
+@pytest.fixture
+def nodes(cluster):
+    return cluster.start(2)
 
 
 def test_publish_and_dismiss_on_one_node_reach_a_device_on_the_other(nodes):
@@ -95,3 +137,42 @@ def test_redis_killed_and_restarted_in_a_burst_loses_and_repeats_nothing(nodes):
             assert got == want, "every change, in seq order, once, on the same connection"
     for g in nodes:
         assert g.http.get(g.base + "/healthz").json()["bus"] == "connected"
+
+
+# docs/PROTOCOL.md, devices listing: a node that dies has its devices shown
+# disconnected by the other nodes within its presence lease.
+PRESENCE_LEASE = 10.0
+
+
+def test_presence_shows_devices_on_other_nodes_and_drops_a_dead_node_s_within_the_lease(cluster):
+    n1, n2 = cluster.start(2)
+    user = uid("user")
+    ws, _, _ = n2.connect(user, "tablet")
+    watch, _, _ = n2.connect(user, "watch")
+    sse = Sse(n2, mint_token(user), deviceId="browser")
+    r = n2.me("GET", "/sync", mint_token(user), params={"deviceId": "poller"})
+    assert r.status_code == 200, r.text
+    try:
+        assert sse.next()["event"] == "reset"
+        want = {"tablet": "websocket", "watch": "websocket", "browser": "sse", "poller": "poll"}
+
+        def transports():
+            return {d: v["transport"] for d, v in n1.devices(user).items() if v["connected"]}
+
+        wait_until(lambda: transports() == want, "node 1 listing node 2's devices", timeout=5)
+        # A connection that closes is seen at once, not at the lease's end.
+        watch.close()
+        del want["watch"]
+        wait_until(lambda: transports() == want, "node 1 seeing the watch disconnect", timeout=3)
+
+        cluster.kill(1)
+        died = time.monotonic()
+        wait_until(lambda: transports() == {}, "node 2's devices listed disconnected", timeout=PRESENCE_LEASE + 5)
+        gone = time.monotonic() - died
+        print(f"a dead node's devices were listed disconnected after {gone:.1f} s")
+        assert gone <= PRESENCE_LEASE + 0.5, gone
+        listed = n1.devices(user)
+        assert all(not d["connected"] and d["transport"] is None for d in listed.values()), listed
+    finally:
+        sse.close()
+        ws.close()
