@@ -92,9 +92,13 @@ final class PostgresConnection {
         prepared.removeAll()
     }
 
-    func error(_ context: String, _ detail: String) -> StoreError {
-        StoreError("postgres (\(name)): \(context): \(detail)")
+    func error(_ context: String, _ detail: String, conflict: Bool = false) -> StoreError {
+        StoreError("postgres (\(name)): \(context): \(detail)", conflict: conflict)
     }
+
+    /// deadlock_detected, serialization_failure: PostgreSQL rolled the
+    /// transaction back for another's sake; it may be run again.
+    static let conflictStates: Set<String> = ["40P01", "40001"]
 
     private func connect() throws(StoreError) {
         close()
@@ -186,7 +190,8 @@ final class PostgresConnection {
             if message == "unknown error" || message.isEmpty { message = Self.message(conn.flatMap { PQerrorMessage($0) }) }
             PQclear(res)
             let lost = !isConnected ? " (connection lost)" : ""
-            throw error(String(sql.prefix(60)), message + (state.map { " (SQLSTATE \($0))" } ?? "") + lost)
+            throw error(String(sql.prefix(60)), message + (state.map { " (SQLSTATE \($0))" } ?? "") + lost,
+                        conflict: state.map(Self.conflictStates.contains) ?? false)
         }
         return PostgresRows(res)
     }

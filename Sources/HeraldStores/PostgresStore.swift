@@ -18,8 +18,8 @@ import HeraldCore
 /// never committed after a larger seq of the same user: a device that has
 /// read up to seq N never later finds a change below N that it skipped.
 /// Two batches locking two users in opposite orders deadlock; PostgreSQL
-/// aborts one of them (after `deadlock_timeout`, 1 s by default), whose
-/// requests are answered 503 and retried by their clients.
+/// aborts one of them (after `deadlock_timeout`, 1 s by default) with a
+/// `StoreError` marked `conflict`, and the engine runs that batch again.
 ///
 /// The epoch is made by the first migration and stored in the database, so
 /// every node of one database has the same one, for the life of the
