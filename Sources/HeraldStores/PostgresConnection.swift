@@ -132,6 +132,21 @@ final class PostgresConnection {
         if !isConnected { try connect() }
     }
 
+    /// Starts a transaction with `sql`. A connection found dead here (the
+    /// server restarted since its last use, which libpq notices only when it
+    /// next talks to it) is replaced once, as nothing of the transaction
+    /// has run yet.
+    func begin(_ sql: String = "BEGIN") throws(StoreError) {
+        try reconnectIfLost()
+        do throws(StoreError) {
+            try script(sql)
+        } catch {
+            guard !isConnected else { throw error }
+            try reconnectIfLost()
+            try script(sql)
+        }
+    }
+
     /// Inside a transaction (also a failed one, which only a rollback ends).
     var inTransaction: Bool {
         guard let c = conn else { return false }

@@ -67,23 +67,9 @@ public final class PostgresStore: NotificationStore {
         if db.transactionFailed { throw db.error("transaction", "rolled back after an earlier error; roll back and retry") }
     }
 
-    /// Starts a transaction; a connection found dead here (the server
-    /// restarted since the last batch) is replaced once, as nothing of the
-    /// transaction has run yet.
-    private func start() throws(StoreError) {
-        try db.reconnectIfLost()
-        do throws(StoreError) {
-            try db.script("BEGIN")
-        } catch {
-            guard !db.isConnected else { throw error }
-            try db.reconnectIfLost()
-            try db.script("BEGIN")
-        }
-    }
-
     public func begin() throws(StoreError) {
         guard !inTransaction else { throw db.error("begin", "inside an open transaction") }
-        try start()
+        try db.begin()
         inTransaction = true
     }
 
@@ -111,7 +97,7 @@ public final class PostgresStore: NotificationStore {
     private func write<T>(_ body: () throws(StoreError) -> T) throws(StoreError) -> T {
         try check()
         if inTransaction { return try body() }
-        try start()
+        try db.begin()
         inTransaction = true
         do throws(StoreError) {
             let r = try body()

@@ -319,7 +319,11 @@ final class PostgresStoreTests: XCTestCase {
     func testServerDownThenBack() throws {
         let store = try PostgresStore(url: database.url)
         let reader = try XCTUnwrap(store.makeReader())
+        // Not used while the server is away: its first read after finds the
+        // connection dead, and must make a new one rather than fail.
+        let idle = try XCTUnwrap(store.makeReader())
         _ = try store.upsert(alice, note("n_1"), previous: nil, at: t0)
+        _ = try idle.read { r throws(StoreError) in try r.feed(alice) }
         try PostgresTestDatabase.control("stop")
         var restarted = false
         defer { if !restarted { try? PostgresTestDatabase.control("start") } }
@@ -333,6 +337,7 @@ final class PostgresStoreTests: XCTestCase {
         try store.commit()
         XCTAssertEqual(try reader.feed(alice).head, 2)
         XCTAssertEqual(try reader.read { r throws(StoreError) in try r.history(alice, after: nil, limit: 10).count }, 2)
+        XCTAssertEqual(try idle.read { r throws(StoreError) in try r.feed(alice).head }, 2)
     }
 }
 
