@@ -48,5 +48,9 @@ public struct HeraldError: Error, Sendable, Equatable, CustomStringConvertible {
 /// A failure of the storage layer (I/O, locking, corruption): answered 503.
 public struct StoreError: Error, Sendable, CustomStringConvertible {
     public let description: String
-    public init(_ d: String) { description = d }
+    /// The transaction lost a conflict with another one (a deadlock, a
+    /// serialization failure) and was rolled back: running it again from
+    /// its start may well succeed.
+    public let conflict: Bool
+    public init(_ d: String, conflict: Bool = false) { description = d; self.conflict = conflict }
 }

@@ -112,3 +112,28 @@ public protocol NotificationStore: StoreReading {
     /// owner's thread may read this store (MemoryStore).
     func makeReader() throws(StoreError) -> StoreReader?
 }
+
+/// Which devices are connected to which gateway node, kept where all nodes
+/// of one store can read it (docs/ARCHITECTURE.md, "Presence across
+/// nodes"). Each node records its own devices under its node id, behind a
+/// lease it renews; records of a node whose lease ran out are not answered.
+/// Called on the engine thread, inside its transactions.
+public protocol ClusterDirectory: AnyObject {
+    /// Extends `node`'s lease to `millis` from now (the store's clock).
+    /// False when the node held none, so its records may be gone (a first
+    /// start, a lease pruned after it lapsed, a database restarted after a
+    /// crash): the node must write them all again.
+    func renewLease(node: String, millis: Int64) throws(StoreError) -> Bool
+    /// Records that `device` of `user` is connected to `node` by `transport`
+    /// (for as long as the lease runs, or at most `millis` when given), or,
+    /// with nil, that it is not.
+    func setConnection(node: String, _ user: UserKey, device: String, transport: String?, millis: Int64?) throws(StoreError)
+    /// `user`'s devices connected to nodes other than `node` whose lease
+    /// runs, with their transports (a device may have several).
+    func connections(_ user: UserKey, otherThan node: String) throws(StoreError) -> [(device: String, transport: String)]
+    /// Drops the records of nodes whose lease lapsed more than a minute
+    /// ago, and `node`'s own expired ones.
+    func pruneConnections(node: String) throws(StoreError)
+    /// A node stopping: its lease and records go at once.
+    func retire(node: String) throws(StoreError)
+}

@@ -15,6 +15,9 @@ public protocol Bus: AnyObject, Sendable {
     func stop()
     /// For `/healthz`: `connected`, `connecting` or `disconnected`.
     var state: String { get }
+    /// This node's id, new for each process: on its records, and its
+    /// devices' presence (`ClusterConnections`).
+    var node: String { get }
 }
 
 /// What a bus reports to; called on the bus's own threads.
@@ -64,6 +67,7 @@ public final class MemoryBus: Bus {
     private let hub: Hub
     private let receiver = Locked<BusReceiver?>(nil)
     private let connected = Atomic<Bool>(true)
+    public let node = Random.hex(8)
 
     public init(hub: Hub) { self.hub = hub }
 

@@ -16,7 +16,8 @@ public protocol LoopExecutor: AnyObject, Sendable {
 /// - Nothing a batch did is visible to anyone until its commit returned:
 ///   replies and fan-out are effects queued during the batch and run after
 ///   the commit, in the order they were queued. A failed commit rolls the
-///   batch back and answers each of its commands `unavailable`.
+///   batch back and answers each of its commands `unavailable`; one that
+///   lost a conflict with another node (a deadlock) runs again first.
 /// - Changes of one user reach each shard in commit order, through the
 ///   shard's FIFO inbox.
 public final class Engine: @unchecked Sendable {  // the queue is under `cond`; the rest is engine-thread state, checked
@@ -54,15 +55,25 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
     private var undo: [() -> Void] = []
     /// Who follows which user, and which devices are connected.
     let registry = FollowerRegistry()
+    /// In a cluster: this node's devices as the other nodes see them.
+    let cluster: ClusterConnections?
     private var maintenance = Maintenance()
 
     static let maxBatch = 512
+    /// How many times a batch runs when it keeps losing conflicts with
+    /// other nodes' (PostgreSQL deadlocks) before it is answered 503.
+    static let conflictAttempts = 3
 
     let health: StoreHealth
 
     init(store: NotificationStore, bus: Bus?, limits: GatewayLimits, metrics: Metrics, clock: Clock) {
         self.store = store; self.bus = bus; self.limits = limits; self.metrics = metrics; self.clock = clock
         health = StoreHealth(clock: clock)
+        if let bus, let directory = store as? ClusterDirectory {
+            cluster = ClusterConnections(node: bus.node, directory: directory, registry: registry)
+        } else {
+            cluster = nil
+        }
     }
 
     /// Starts the engine thread. (Tests instead call `runQueued` on theirs.)
@@ -163,6 +174,7 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
             maintenance.run(self, now: clock.now(), force: done)
             if done { break }
         }
+        cluster?.retire(self)
         finished.signal()
     }
 
@@ -188,17 +200,29 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
         cond.unlock()
         if batch.isEmpty { return false }
         let t0 = DispatchTime.now().uptimeNanoseconds
-        do {
-            try store.begin()
-            for c in batch { try c.run(self) }
-            try store.commit()
-        } catch {
-            rolledBack()
-            health.failed("batch of \(batch.count) (rolled back)", error)
-            for c in batch {
-                if let f = c.control { f(self) } else { c.failed(StoreHealth.unavailable) }
+        var attempt = 1
+        while true {
+            do {
+                try store.begin()
+                for c in batch { try c.run(self) }
+                try store.commit()
+                break
+            } catch {
+                rolledBack()
+                // A deadlock or serialization failure with another node's
+                // batch: nothing of it happened (effects and bookkeeping were
+                // undone), so the same commands run again from the start.
+                if (error as? StoreError)?.conflict == true, attempt < Self.conflictAttempts {
+                    attempt += 1
+                    metrics.storeConflictRetries.add(1, ordering: .relaxed)
+                    continue
+                }
+                health.failed("batch of \(batch.count) (rolled back)", error)
+                for c in batch {
+                    if let f = c.control { f(self) } else { c.failed(StoreHealth.unavailable) }
+                }
+                return true
             }
-            return true
         }
         health.succeeded()
         metrics.storeLatency.observe(nanos: DispatchTime.now().uptimeNanoseconds - t0)

@@ -99,17 +99,20 @@ extension Engine {
     func registerDevice(_ user: UserKey, deviceId: String, _ reg: DeviceRegistration, now: Millis) throws(StoreError) -> JSON {
         _ = try registerViewer(user, deviceId: deviceId, registration: reg, now: now)
         guard let d = try store.device(user, id: deviceId) else { throw StoreError("device \(deviceId) vanished after saving") }
-        return deviceJSON(user, d, now: now)
+        return deviceJSON(user, d, elsewhere: try cluster?.elsewhere(user)[deviceId], now: now)
     }
 
-    /// `GET /v1/apps/{app}/users/{user}/devices`.
+    /// `GET /v1/apps/{app}/users/{user}/devices`: connected to this node or,
+    /// in a cluster, to another live one.
     func deviceListing(_ user: UserKey, now: Millis) throws(StoreError) -> JSON {
-        .array(try store.devices(user).map { deviceJSON(user, $0, now: now) })
+        let elsewhere = try cluster?.elsewhere(user) ?? [:]
+        return .array(try store.devices(user).map { deviceJSON(user, $0, elsewhere: elsewhere[$0.deviceId], now: now) })
     }
 
-    private func deviceJSON(_ user: UserKey, _ d: Device, now: Millis) -> JSON {
+    private func deviceJSON(_ user: UserKey, _ d: Device, elsewhere: TransportKind?, now: Millis) -> JSON {
         let c = registry.connections(user, device: d.deviceId)
-        let transport = c?.transport(now: now)
+        let here = c?.transport(now: now)
+        let transport = here.map { h in elsewhere.map { TransportKind.best(h, $0) } ?? h } ?? elsewhere
         return ["deviceId": .string(d.deviceId), "platform": .string(d.platform.rawValue),
                 "tags": .array(d.allTags(userId: user.user).map(JSON.string)),
                 "connected": .bool(transport != nil), "transport": transport.map { .string($0.rawValue) } ?? .null,

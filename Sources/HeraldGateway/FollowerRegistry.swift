@@ -13,6 +13,10 @@ final class FollowerRegistry {
     private var devices: [UserKey: [String: DeviceConnections]] = [:]
     /// Devices whose lastSeenAt moved since the last flush to the store.
     private(set) var seenDirty: [UserKey: Set<String>] = [:]
+    /// In a cluster (`ClusterConnections`): devices whose connections
+    /// changed since they were last recorded for the other nodes; nil on a
+    /// single node, which records nothing.
+    var presenceDirty: [UserKey: Set<String>]? = nil
     /// With a bus: per followed user, the last seq handed to its shards,
     /// when known (docs/ARCHITECTURE.md, "Changes across nodes").
     private var delivered: [UserKey: Int64] = [:]
@@ -61,12 +65,14 @@ final class FollowerRegistry {
     func opened(_ user: UserKey, device: String?, _ transport: TransportKind, now: Millis) {
         guard let device else { return }
         devices[user, default: [:]][device, default: DeviceConnections()].open(transport, now: now)
+        presenceDirty?[user, default: []].insert(device)
     }
 
     func closed(_ user: UserKey, device: String?, _ transport: TransportKind, now: Millis) {
         guard let device, devices[user]?[device] != nil else { return }
         devices[user]![device]!.close(transport, now: now)
         seenDirty[user, default: []].insert(device)
+        presenceDirty?[user, default: []].insert(device)
     }
 
     /// A poll that was answered at once: the device shows as `poll` for 60 s.
@@ -74,6 +80,7 @@ final class FollowerRegistry {
         guard let device else { return }
         devices[user, default: [:]][device, default: DeviceConnections()].lastPollAt = now
         seen(user, device: device, at: now)
+        presenceDirty?[user, default: []].insert(device)
     }
 
     func seen(_ user: UserKey, device: String, at: Millis) {
@@ -95,6 +102,9 @@ final class FollowerRegistry {
     }
 
     var knownDevices: Int { devices.values.reduce(0) { $0 + $1.count } }
+
+    /// Every device with a connection or a recent poll.
+    var connectedDevices: [UserKey: Set<String>] { devices.mapValues { Set($0.keys) } }
 }
 
 /// A device's open connections, as the devices listing shows them.

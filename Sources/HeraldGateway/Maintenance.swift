@@ -1,8 +1,8 @@
 import HeraldCore
 
 /// The engine's periodic store work: the expiry sweep (SPEC 3: expired
-/// notifications announced within 2 s), the lastSeenAt flush, and pruning
-/// of old changes and lapsed registrations.
+/// notifications announced within 2 s), presence across nodes, the
+/// lastSeenAt flush, and pruning of old changes and lapsed registrations.
 struct Maintenance {
     private var nextSweep: Millis = 0
     private var nextPrune: Millis = 0
@@ -14,6 +14,7 @@ struct Maintenance {
             nextSweep = now + 250
             e.transaction("expiry sweep") { () throws(StoreError) in try Self.sweepExpired(e, now: now) }
         }
+        e.cluster?.flush(e, now: now)
         if now >= nextSeenFlush || force {
             nextSeenFlush = now + 30_000
             e.transaction("lastSeen flush") { () throws(StoreError) in try Self.flushSeen(e, now: now) }

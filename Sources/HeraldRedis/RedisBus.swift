@@ -33,7 +33,7 @@ public final class RedisBus: Bus, @unchecked Sendable {  // mutable state is und
 
     public let endpoint: RedisEndpoint
     /// Tells this node's records from others' when they come back.
-    public let node = (0..<8).map { _ in String(format: "%02x", UInt8.random(in: 0...255)) }.joined()
+    public let node = Random.hex(8)
 
     private let cond = NSCondition()
     private var queue: [(channel: Int, payload: [UInt8])] = []

@@ -92,9 +92,13 @@ final class PostgresConnection {
         prepared.removeAll()
     }
 
-    func error(_ context: String, _ detail: String) -> StoreError {
-        StoreError("postgres (\(name)): \(context): \(detail)")
+    func error(_ context: String, _ detail: String, conflict: Bool = false) -> StoreError {
+        StoreError("postgres (\(name)): \(context): \(detail)", conflict: conflict)
     }
+
+    /// deadlock_detected, serialization_failure: PostgreSQL rolled the
+    /// transaction back for another's sake; it may be run again.
+    static let conflictStates: Set<String> = ["40P01", "40001"]
 
     private func connect() throws(StoreError) {
         close()
@@ -126,6 +130,21 @@ final class PostgresConnection {
     /// transaction of ours can be open: a new session has none.
     func reconnectIfLost() throws(StoreError) {
         if !isConnected { try connect() }
+    }
+
+    /// Starts a transaction with `sql`. A connection found dead here (the
+    /// server restarted since its last use, which libpq notices only when it
+    /// next talks to it) is replaced once, as nothing of the transaction
+    /// has run yet.
+    func begin(_ sql: String = "BEGIN") throws(StoreError) {
+        try reconnectIfLost()
+        do throws(StoreError) {
+            try script(sql)
+        } catch {
+            guard !isConnected else { throw error }
+            try reconnectIfLost()
+            try script(sql)
+        }
     }
 
     /// Inside a transaction (also a failed one, which only a rollback ends).
@@ -186,7 +205,8 @@ final class PostgresConnection {
             if message == "unknown error" || message.isEmpty { message = Self.message(conn.flatMap { PQerrorMessage($0) }) }
             PQclear(res)
             let lost = !isConnected ? " (connection lost)" : ""
-            throw error(String(sql.prefix(60)), message + (state.map { " (SQLSTATE \($0))" } ?? "") + lost)
+            throw error(String(sql.prefix(60)), message + (state.map { " (SQLSTATE \($0))" } ?? "") + lost,
+                        conflict: state.map(Self.conflictStates.contains) ?? false)
         }
         return PostgresRows(res)
     }

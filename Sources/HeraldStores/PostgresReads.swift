@@ -131,8 +131,11 @@ final class PostgresStoreReader: StoreReader {
         let db = try ready().db
         // Nested: the outer snapshot serves it.
         guard !db.inTransaction else { return try body(self) }
-        // The snapshot is taken at the first statement, not at BEGIN: take it now.
-        try db.script("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SELECT 1")
+        // The snapshot is taken at the first statement, not at BEGIN: take it
+        // now. A connection the server dropped while it idled is replaced
+        // here; else the first catch-up after a restart failed and ended its
+        // WebSocket.
+        try db.begin("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SELECT 1")
         do throws(StoreError) {
             let r = try body(self)
             try db.script("COMMIT")

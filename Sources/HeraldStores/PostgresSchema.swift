@@ -108,6 +108,30 @@ enum PostgresSchema {
         );
         CREATE INDEX devices_by_last_seen ON devices (last_seen_at);
         """,
+        // 2: presence across nodes (ClusterDirectory). UNLOGGED: it is
+        // rewritten every few seconds and worth nothing after a crash, so
+        // it costs no WAL; a crash empties it, and each node's next lease
+        // renewal finds its lease gone and writes its records again.
+        """
+        -- The gateway nodes and until when each is taken to be alive.
+        CREATE UNLOGGED TABLE herald_nodes (
+            node        text COLLATE "C" PRIMARY KEY,
+            lease_until timestamptz NOT NULL
+        );
+
+        -- Devices connected to a node; `until` NULL for an open connection
+        -- (as long as the node's lease runs), else the end of a poll's minute.
+        CREATE UNLOGGED TABLE herald_connections (
+            app       text COLLATE "C" NOT NULL,
+            user_id   text COLLATE "C" NOT NULL,
+            device_id text COLLATE "C" NOT NULL,
+            node      text COLLATE "C" NOT NULL,
+            transport text NOT NULL,
+            until     timestamptz,
+            PRIMARY KEY (app, user_id, device_id, node)
+        );
+        CREATE INDEX herald_connections_by_node ON herald_connections (node);
+        """,
     ]
 
     /// Brings the database to the current version and returns its epoch,

@@ -18,8 +18,8 @@ import HeraldCore
 /// never committed after a larger seq of the same user: a device that has
 /// read up to seq N never later finds a change below N that it skipped.
 /// Two batches locking two users in opposite orders deadlock; PostgreSQL
-/// aborts one of them (after `deadlock_timeout`, 1 s by default), whose
-/// requests are answered 503 and retried by their clients.
+/// aborts one of them (after `deadlock_timeout`, 1 s by default) with a
+/// `StoreError` marked `conflict`, and the engine runs that batch again.
 ///
 /// The epoch is made by the first migration and stored in the database, so
 /// every node of one database has the same one, for the life of the
@@ -67,23 +67,9 @@ public final class PostgresStore: NotificationStore {
         if db.transactionFailed { throw db.error("transaction", "rolled back after an earlier error; roll back and retry") }
     }
 
-    /// Starts a transaction; a connection found dead here (the server
-    /// restarted since the last batch) is replaced once, as nothing of the
-    /// transaction has run yet.
-    private func start() throws(StoreError) {
-        try db.reconnectIfLost()
-        do throws(StoreError) {
-            try db.script("BEGIN")
-        } catch {
-            guard !db.isConnected else { throw error }
-            try db.reconnectIfLost()
-            try db.script("BEGIN")
-        }
-    }
-
     public func begin() throws(StoreError) {
         guard !inTransaction else { throw db.error("begin", "inside an open transaction") }
-        try start()
+        try db.begin()
         inTransaction = true
     }
 
@@ -111,7 +97,7 @@ public final class PostgresStore: NotificationStore {
     private func write<T>(_ body: () throws(StoreError) -> T) throws(StoreError) -> T {
         try check()
         if inTransaction { return try body() }
-        try start()
+        try db.begin()
         inTransaction = true
         do throws(StoreError) {
             let r = try body()
@@ -375,5 +361,62 @@ public final class PostgresStore: NotificationStore {
     public func pruneDevices(lastSeenBefore before: Millis) throws(StoreError) -> Int {
         try check()
         return try db.execute("DELETE FROM devices WHERE last_seen_at < $1", [.int(before)])
+    }
+}
+
+// MARK: Presence across nodes
+
+/// Times are the database's (`now()`, the transaction's start), so the
+/// nodes' clocks need not agree.
+extension PostgresStore: ClusterDirectory {
+    public func renewLease(node: String, millis: Int64) throws(StoreError) -> Bool {
+        try check()
+        let lease: [PostgresValue] = [.text(node), .int(millis)]
+        if try db.execute("UPDATE herald_nodes SET lease_until = now() + $2 * interval '1 millisecond' WHERE node = $1", lease) > 0 {
+            return true
+        }
+        try db.execute("INSERT INTO herald_nodes (node, lease_until) VALUES ($1, now() + $2 * interval '1 millisecond')", lease)
+        return false
+    }
+
+    public func setConnection(node: String, _ user: UserKey, device: String, transport: String?, millis: Int64?) throws(StoreError) {
+        try check()
+        let key = Self.key(user) + [.text(device), .text(node)]
+        guard let transport else {
+            try db.execute("DELETE FROM herald_connections WHERE app = $1 AND user_id = $2 AND device_id = $3 AND node = $4", key)
+            return
+        }
+        try db.execute("""
+            INSERT INTO herald_connections (app, user_id, device_id, node, transport, until)
+            VALUES ($1, $2, $3, $4, $5, now() + $6::bigint * interval '1 millisecond')
+            ON CONFLICT (app, user_id, device_id, node) DO UPDATE SET transport = excluded.transport, until = excluded.until
+            """, key + [.text(transport), millis.map(PostgresValue.int) ?? .null])
+    }
+
+    public func connections(_ user: UserKey, otherThan node: String) throws(StoreError) -> [(device: String, transport: String)] {
+        try check()
+        let r = try db.query("""
+            SELECT c.device_id, c.transport FROM herald_connections c JOIN herald_nodes n ON n.node = c.node
+            WHERE c.app = $1 AND c.user_id = $2 AND c.node <> $3 AND n.lease_until > now()
+              AND (c.until IS NULL OR c.until > now())
+            """, Self.key(user) + [.text(node)])
+        return try (0..<r.count).map { i throws(StoreError) in
+            guard let d = r.text(i, 0), let t = r.text(i, 1) else { throw reads.corrupt("connection") }
+            return (d, t)
+        }
+    }
+
+    public func pruneConnections(node: String) throws(StoreError) {
+        try check()
+        try db.execute("""
+            WITH gone AS (DELETE FROM herald_nodes WHERE lease_until < now() - interval '1 minute' RETURNING node)
+            DELETE FROM herald_connections WHERE node IN (SELECT node FROM gone) OR (node = $1 AND until < now())
+            """, [.text(node)])
+    }
+
+    public func retire(node: String) throws(StoreError) {
+        try check()
+        try db.execute("DELETE FROM herald_connections WHERE node = $1", [.text(node)])
+        try db.execute("DELETE FROM herald_nodes WHERE node = $1", [.text(node)])
     }
 }

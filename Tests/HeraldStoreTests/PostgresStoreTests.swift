@@ -279,12 +279,51 @@ final class PostgresStoreTests: XCTestCase {
         XCTAssertEqual(try store.history(alice, after: nil, limit: 10).map(\.id).sorted(), ["n_1", "n_4"])
     }
 
+    // MARK: Presence across nodes
+
+    /// A node's records are seen by the others while its lease runs, a poll's
+    /// only until its own end; a lapsed lease hides them, and once pruned the
+    /// node is told to write them again.
+    func testConnectionsBehindLeases() throws {
+        let a = try PostgresStore(url: database.url), b = try PostgresStore(url: database.url)
+        func seen(by store: PostgresStore, as node: String) throws -> [String] {
+            try store.connections(alice, otherThan: node).map { "\($0.device) \($0.transport)" }.sorted()
+        }
+        XCTAssertFalse(try a.renewLease(node: "a", millis: 60_000), "a first lease")
+        XCTAssertTrue(try a.renewLease(node: "a", millis: 60_000))
+        try a.setConnection(node: "a", alice, device: "phone", transport: "websocket", millis: nil)
+        try a.setConnection(node: "a", alice, device: "poller", transport: "poll", millis: 60_000)
+        try a.setConnection(node: "a", alice, device: "gone", transport: "poll", millis: -1)
+        XCTAssertEqual(try seen(by: b, as: "b"), ["phone websocket", "poller poll"])
+        XCTAssertEqual(try seen(by: a, as: "a"), [], "a node's own records are its registry's business")
+        try a.setConnection(node: "a", alice, device: "poller", transport: nil, millis: nil)
+        XCTAssertEqual(try seen(by: b, as: "b"), ["phone websocket"])
+
+        XCTAssertTrue(try a.renewLease(node: "a", millis: -1), "a lease that just ran out")
+        XCTAssertEqual(try seen(by: b, as: "b"), [], "a dead node's devices are not connected")
+        try b.pruneConnections(node: "b")
+        XCTAssertTrue(try a.renewLease(node: "a", millis: -61_000), "not pruned within a minute of lapsing")
+        try b.pruneConnections(node: "b")
+        XCTAssertFalse(try a.renewLease(node: "a", millis: 60_000), "pruned: a must write its records again")
+        XCTAssertEqual(try seen(by: b, as: "b"), [], "pruned with its records")
+
+        try b.setConnection(node: "b", alice, device: "tablet", transport: "sse", millis: nil)
+        _ = try b.renewLease(node: "b", millis: 60_000)
+        XCTAssertEqual(try seen(by: a, as: "a"), ["tablet sse"])
+        try b.retire(node: "b")
+        XCTAssertEqual(try seen(by: a, as: "a"), [], "a stopping node's devices go at once")
+    }
+
     /// The server stops: batches and reads fail with a StoreError; it comes
     /// back: the next ones work, nothing committed was lost.
     func testServerDownThenBack() throws {
         let store = try PostgresStore(url: database.url)
         let reader = try XCTUnwrap(store.makeReader())
+        // Not used while the server is away: its first read after finds the
+        // connection dead, and must make a new one rather than fail.
+        let idle = try XCTUnwrap(store.makeReader())
         _ = try store.upsert(alice, note("n_1"), previous: nil, at: t0)
+        _ = try idle.read { r throws(StoreError) in try r.feed(alice) }
         try PostgresTestDatabase.control("stop")
         var restarted = false
         defer { if !restarted { try? PostgresTestDatabase.control("start") } }
@@ -298,6 +337,7 @@ final class PostgresStoreTests: XCTestCase {
         try store.commit()
         XCTAssertEqual(try reader.feed(alice).head, 2)
         XCTAssertEqual(try reader.read { r throws(StoreError) in try r.history(alice, after: nil, limit: 10).count }, 2)
+        XCTAssertEqual(try idle.read { r throws(StoreError) in try r.feed(alice).head }, 2)
     }
 }
 

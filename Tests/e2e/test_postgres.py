@@ -8,12 +8,14 @@ schema of its own in that database."""
 from __future__ import annotations
 
 import os
+import queue
 import subprocess
+import threading
 import uuid
 
 import pytest
 
-from herald_helpers import CONFIG, Gateway, uid
+from herald_helpers import CONFIG, Gateway, uid, wait_until
 
 URL = os.environ.get("HERALD_TEST_POSTGRES_URL")
 pytestmark = pytest.mark.skipif(not URL, reason="no test PostgreSQL: set HERALD_TEST_POSTGRES_URL "
@@ -70,3 +72,63 @@ def test_unreachable_server_at_start_exits_1_with_one_line(herald_bin):
     lines = r.stderr.decode().splitlines()
     assert len(lines) == 1 and "cannot connect" in lines[0], lines
     assert "secret" not in lines[0], "the password is never printed"
+
+
+class PsqlSession:
+    """One interactive psql connection, to hold locks while the gateway works."""
+
+    def __init__(self, url: str):
+        self.proc = subprocess.Popen(["psql", url, "-q", "-X", "-v", "ON_ERROR_STOP=1"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+        self.lines: queue.Queue = queue.Queue()
+        threading.Thread(target=lambda: [self.lines.put(line) for line in self.proc.stdout], daemon=True).start()
+
+    def run(self, sql: str, timeout: float = 30) -> None:
+        """Runs `sql` and waits until it is done."""
+        marker = uid("done")
+        self.proc.stdin.write(f"{sql}\n\\echo {marker}\n")
+        self.proc.stdin.flush()
+        while (line := self.lines.get(timeout=timeout).strip()) != marker:
+            assert not line.startswith(("ERROR", "psql:")), line
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(10)
+
+
+def test_a_deadlock_with_another_transaction_is_run_again_not_answered_503(herald_bin, tmp_path, store_url):
+    gw = Gateway(herald_bin, tmp_path / "a", CONFIG, store=store_url).start()
+    alice, bob = uid("alice"), uid("bob")
+    other = PsqlSession(store_url)
+    try:
+        for u in (alice, bob):
+            gw.publish(u, "first")  # their feeds rows, the per-user locks
+        # This session waits longer than the gateway's before looking for a
+        # deadlock, so the gateway's transaction is the one PostgreSQL ends.
+        other.run(f"SET deadlock_timeout = '60s'; BEGIN; SELECT 1 FROM feeds WHERE user_id = '{bob}' FOR UPDATE;")
+        answer = {}
+        # One batch that locks alice, then waits for bob.
+        send = threading.Thread(target=lambda: answer.update(r=gw.server(
+            "POST", "/notifications", json={"userIds": [alice, bob], "appNotificationId": "both", "payload": {}})))
+        send.start()
+
+        def gateway_waiting() -> bool:
+            r = subprocess.run(["psql", URL, "-tAX", "-c", "SELECT count(*) FROM pg_stat_activity "
+                                "WHERE application_name = 'herald' AND wait_event_type = 'Lock'"],
+                               check=True, capture_output=True, text=True)
+            return r.stdout.strip() == "1"
+
+        wait_until(gateway_waiting, "the gateway's batch waiting for bob")
+        # Waits for alice: a deadlock, which the gateway's session finds after its 1 s.
+        other.run(f"SELECT 1 FROM feeds WHERE user_id = '{alice}' FOR UPDATE; ROLLBACK;")
+        send.join(30)
+        assert answer["r"].status_code == 202, answer["r"].text
+        for u in (alice, bob):
+            assert "both" in {n["appNotificationId"] for n in gw.list_all(u)}
+        # Twice when the run again locks alice before this session's
+        # waiting lock does (row locks are taken again after a wake-up), and
+        # so deadlocks a second time.
+        assert gw.metric("herald_store_conflict_retries_total") in (1, 2)
+    finally:
+        other.close()
+        assert gw.terminate(10) == 0, gw.stderr_tail()
