@@ -4,7 +4,8 @@
 //   herald serve --demo --port 8080 &
 //   herald-client-example http://127.0.0.1:8080 alice phone-1
 //
-// then type `dismiss <id>`, `read <id>`, `delete <id>`, `signout` or `quit`.
+// then type `dismiss <id>`, `read <id>`, `history`, `unread`, `readall`,
+// `delete <id>`, `signout` or `quit`.
 import Foundation
 #if canImport(FoundationNetworking)
 import FoundationNetworking
@@ -71,6 +72,21 @@ let watcher = Task.detached {
     }
 }
 
+// MARK: 5. Page history
+
+/// Every notification the gateway keeps for this device (or only the unread
+/// ones), a page of 100 at a time.
+func printHistory(unreadOnly: Bool) async throws(HeraldClientError) {
+    var next: String?
+    repeat {
+        let page = try await client.history(limit: 100, before: next, readState: unreadOnly ? .unread : nil)
+        for n in page.notifications { print("  \(n.id)  \(n.payload["title"]?.stringValue ?? "")") }
+        next = page.next
+    } while next != nil
+    let counts = try await client.counts()
+    print("— \(counts.total) in all, \(counts.unread) unread")
+}
+
 // MARK: 4. Handle a dismiss (and the other actions)
 
 while let line = readLine() {
@@ -79,15 +95,19 @@ while let line = readLine() {
         switch (words.first, words.count) {
         case ("dismiss", 2): try await client.dismiss(words[1])
         case ("read", 2): try await client.markRead(words[1])
+        case ("history", 1): try await printHistory(unreadOnly: false)
+        case ("unread", 1): try await printHistory(unreadOnly: true)
+        case ("readall", 1): print("marked \(try await client.readAll()) read")
+        // MARK: 6. Delete
         case ("delete", 2): try await client.delete(words[1])
-        // MARK: 5. Sign out: forget this device's state
+        // MARK: 7. Sign out: forget this device's state
         case ("signout", 1):
             await client.signOut()
             exit(0)
         case ("quit", 1):
             await client.stop()
             exit(0)
-        default: print("commands: dismiss ID, read ID, delete ID, signout, quit")
+        default: print("commands: dismiss ID, read ID, history, unread, readall, delete ID, signout, quit")
         }
     } catch .server(let code, let message) {
         print("refused: \(code) (\(message))")
