@@ -365,7 +365,7 @@ public actor HeraldClient {
             apply(.changes(changes, cursor: cursor))
             // Same epoch as sent (another one comes as a reset): taken for a first sync.
             if state.epoch == nil { apply(.welcome(cursor: cursor, epoch: epoch, unread: state.unread)) }
-            setUnread(state.unread)
+            if state.unread != unread { setUnread(state.unread) }
             return hasMore
         case .reset(var all, var next, let cursor, let epoch):
             let api = self.api
