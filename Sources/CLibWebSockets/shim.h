@@ -1,5 +1,5 @@
 // The C side of Herald's transport: libwebsockets plus the few socket calls
-// Swift cannot reach (accept4) or spell (unions, OpenSSL's macros).
+// Swift cannot reach (accept4, signalfd, prctl) or spell (unions, OpenSSL's macros).
 #include <libwebsockets.h>
 #include <openssl/ssl.h>
 #include <openssl/err.h>
