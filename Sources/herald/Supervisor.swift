@@ -253,6 +253,7 @@ final class Supervisor {
             }
             wait(timeout: left)
             _ = takeSignals()  // a second SIGTERM changes nothing
+            readPipes()  // else a pipe at its end keeps poll from waiting
             while true {
                 var status: Int32 = 0
                 let pid = waitpid(-1, &status, WNOHANG)

@@ -11,14 +11,17 @@ these tests skip."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
 import signal
+import socket
 import subprocess
 import time
 
 import pytest
+import requests
 
 from herald_helpers import CONFIG, Gateway, changes_in, check_notification, mint_token, uid, wait_until
 from test_postgres import store_url  # noqa: F401  (the fixture: a schema per test)
@@ -66,6 +69,20 @@ def holders(pids: set[int], server_port: int) -> dict[int, int]:
             if int(local.split(":")[1], 16) == server_port and inode in inodes:
                 out[int(remote.split(":")[1], 16)] = inodes[inode]
     return out
+
+
+def port_free(port: int) -> bool:
+    """Whether a listener can take the port, as herald would (SO_REUSEADDR: TIME_WAIT does not count)."""
+    s = socket.socket()
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", port))
+        s.listen()
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
 
 
 def client_port(ws) -> int:
@@ -227,6 +244,29 @@ def test_sigterm_ends_every_worker_with_status_0_within_10_s(workers):
     assert code == 1001
     for p in pids:
         assert not os.path.exists(f"/proc/{p}"), f"worker {p} outlived its supervisor"
+
+
+def test_sighup_reloads_every_worker_and_a_dead_supervisor_takes_its_workers_along(workers):
+    w = workers(3)
+    pids = w.pids()
+    config = json.loads(w.gw.config_path.read_text())
+    config["apps"].append({"id": "app.new", "serverKey": "sk-new", "tokenSecret": "ts-new"})
+    w.gw.config_path.write_text(json.dumps(config))
+    w.gw.proc.send_signal(signal.SIGHUP)
+    wait_until(lambda: len(set(re.findall(r" worker (\d+): config reloaded .*added app\.new", w.gw.stderr_tail(1 << 20)))) == 3,
+               "every worker reloaded")
+    # Fresh connections land on any worker: each knows the new app.
+    for i in range(12):
+        r = requests.post(f"{w.gw.base}/v1/apps/app.new/users/{uid('user')}/notifications", timeout=10,
+                          headers={"Authorization": "Bearer sk-new", "Connection": "close"},
+                          json={"appNotificationId": f"n{i}", "payload": {}})
+        assert r.status_code in (200, 201), r.text
+
+    # kill -9 of the supervisor: every worker gets SIGTERM and stops, and the port is free.
+    w.gw.kill()
+    wait_until(lambda: not any(os.path.exists(f"/proc/{p}") for p in pids), "the workers gone with their supervisor", timeout=10)
+    wait_until(lambda: port_free(w.gw.port), "the port free", timeout=5)
+    assert len(re.findall(r" worker \d+: stopped", w.gw.stderr_tail(1 << 20))) == 3
 
 
 def test_workers_need_postgres_and_redis_and_a_port_in_use_is_exit_2(workers, herald_bin, tmp_path):
