@@ -36,7 +36,7 @@ let package = Package(
         .target(name: "HeraldTransport", dependencies: ["HeraldGateway", "CLibWebSockets"]),
         // Parses flags and wires things up.
         .executableTarget(name: "herald",
-                          dependencies: ["HeraldCore", "HeraldStores", "HeraldGateway", "HeraldRedis", "HeraldTransport",
+                          dependencies: ["HeraldCore", "HeraldStores", "HeraldGateway", "HeraldRedis", "HeraldTransport", "CLibWebSockets",
                                          "HeraldClient"]),
 
         // The device-side library: local state kept in step with the gateway

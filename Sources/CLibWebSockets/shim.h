@@ -1,5 +1,5 @@
 // The C side of Herald's transport: libwebsockets plus the few socket calls
-// Swift cannot reach (accept4) or spell (unions, OpenSSL's macros).
+// Swift cannot reach (accept4, signalfd, prctl) or spell (unions, OpenSSL's macros).
 #include <libwebsockets.h>
 #include <openssl/ssl.h>
 #include <openssl/err.h>
@@ -12,6 +12,9 @@
 #include <unistd.h>
 #include <errno.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
 
 // LWS_PRE is a function-like macro Swift cannot import: the room lws_write
 // needs before a payload (HeraldClient frames through lws).
@@ -41,6 +44,37 @@ static inline int herald_listen(const char *host, int port, int *bound) {
     getsockname(fd, (struct sockaddr *)&sa, &len);
     *bound = ntohs(sa.sin_port);
     return fd;
+}
+
+// The port a listening socket is bound to, or -1 if fd is not an IPv4
+// socket that listens (a worker checks the descriptor it was handed).
+static inline int herald_listening_port(int fd) {
+    int listening = 0;
+    socklen_t n = sizeof listening;
+    if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &n) < 0 || !listening) return -1;
+    struct sockaddr_in sa;
+    socklen_t len = sizeof sa;
+    if (getsockname(fd, (struct sockaddr *)&sa, &len) < 0 || sa.sin_family != AF_INET) return -1;
+    return ntohs(sa.sin_port);
+}
+
+// For `herald serve --workers N`: the supervisor waits for signals (blocked
+// in every thread) on a descriptor, beside its workers' pipes, in one
+// poll. Swift cannot reach signalfd.h, nor call prctl (variadic).
+static inline int herald_signalfd(const sigset_t *set) { return signalfd(-1, set, SFD_CLOEXEC | SFD_NONBLOCK); }
+
+// The number of the next signal on a herald_signalfd descriptor, 0 if none.
+static inline int herald_read_signal(int fd) {
+    struct signalfd_siginfo si;
+    return read(fd, &si, sizeof si) == (ssize_t)sizeof si ? (int)si.ssi_signo : 0;
+}
+
+// A worker asks for SIGTERM when its supervisor dies, however it dies (so
+// a kill -9 of the supervisor leaves no orphan serving the port). False if
+// the supervisor is already gone (the worker was re-parented before this).
+static inline int herald_die_with_parent(pid_t parent) {
+    if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0) return 0;
+    return getppid() == parent;
 }
 
 // Accepts one connection, non-blocking, with TCP_NODELAY (lws sets it only

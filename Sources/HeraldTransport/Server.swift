@@ -43,6 +43,35 @@ final class Admission: Sendable {
     func release() { open.subtract(1, ordering: .relaxed) }
 }
 
+/// A bound, listening TCP socket: the gateway's own, or one a worker of
+/// `herald serve --workers N` was handed by its supervisor, which bound it
+/// (Supervisor.swift). No SO_REUSEPORT either way (shim.h, herald_listen).
+public struct ListeningSocket: Sendable {
+    public let fd: Int32
+    public let port: Int
+
+    /// Binds and listens (port 0: a free one). A port in use throws `addressInUse`.
+    public init(host: String, port: Int) throws(ServerError) {
+        var bound: Int32 = 0
+        let fd = herald_listen(host, Int32(port), &bound)
+        guard fd >= 0 else {
+            throw ServerError("cannot listen on \(host):\(port): \(String(cString: strerror(-fd)))", addressInUse: -fd == EADDRINUSE)
+        }
+        self.fd = fd
+        self.port = Int(bound)
+    }
+
+    /// A descriptor inherited across exec: checked to be an IPv4 socket
+    /// that listens, and made close-on-exec again.
+    public init(inherited fd: Int32) throws(ServerError) {
+        let port = herald_listening_port(fd)
+        guard port >= 0 else { throw ServerError("descriptor \(fd) is not a listening IPv4 socket") }
+        _ = fcntl(fd, F_SETFD, FD_CLOEXEC)
+        self.fd = fd
+        self.port = Int(port)
+    }
+}
+
 /// Serves a gateway on `threads` libwebsockets loops sharing one port.
 public final class Server: @unchecked Sendable {  // started and stopped from the main thread only; loops are reached by `post`
     let gateway: Gateway
@@ -53,9 +82,14 @@ public final class Server: @unchecked Sendable {  // started and stopped from th
     let eventLoop: EventLoopKind
     let tls: TLSFiles?
     let admission: Admission
+    /// A listening socket bound already (a worker's, bound by its
+    /// supervisor), or nil: `start` binds one itself.
+    private let given: ListeningSocket?
 
-    public init(gateway: Gateway, host: String, port: Int, threads: Int, eventLoop: EventLoopKind = .default, tls: TLSFiles? = nil) {
+    public init(gateway: Gateway, host: String, port: Int, threads: Int, eventLoop: EventLoopKind = .default, tls: TLSFiles? = nil,
+                listening: ListeningSocket? = nil) {
         self.gateway = gateway
+        given = listening
         self.port = port
         self.host = host
         self.threads = max(1, threads)
@@ -80,16 +114,13 @@ public final class Server: @unchecked Sendable {  // started and stopped from th
         max(1, descriptors - max(64, descriptors / 20))
     }
 
-    /// Binds the port (resolving port 0), then starts the engine and every
+    /// Binds the port (resolving port 0) unless given a socket, then starts the engine and every
     /// loop, each watching its own duplicate of the listening socket (so
     /// each closes its own at shutdown). A port in use throws `addressInUse`.
     public func start() throws {
-        var bound: Int32 = 0
-        let fd = herald_listen(host, Int32(port), &bound)
-        guard fd >= 0 else {
-            throw ServerError("cannot listen on \(host):\(port): \(String(cString: strerror(-fd)))", addressInUse: -fd == EADDRINUSE)
-        }
-        port = Int(bound)
+        let socket = try given ?? ListeningSocket(host: host, port: port)
+        let fd = socket.fd
+        port = socket.port
         defer { close(fd) }
         loops = (0..<threads).map {
             ServiceLoop(index: $0, listenFd: dup(fd), gateway: gateway, admission: admission, eventLoop: eventLoop, tls: tls)

@@ -220,7 +220,9 @@ struct Settings {
     var tlsCert: String?
     var tlsKey: String?
 
-    init(_ f: Flags) throws(UsageError) {
+    /// A worker's store and bus are its supervisor's, whatever the config
+    /// file says when the worker (re)starts or reloads.
+    init(_ f: Flags, worker: WorkerRole? = nil) throws(UsageError) {
         var file = ConfigFile()
         if let path = f["config"] { file = try ConfigFile(path: path) }
         apps = file.apps
@@ -244,6 +246,7 @@ struct Settings {
         port = try f.int("port", in: 0...65535) ?? file.port ?? 8080
         store = f["store"] ?? file.store ?? "sqlite:herald.db"
         bus = f["bus"] ?? file.bus
+        if let worker { store = worker.store; bus = worker.bus }
         limits = file.limits
         tlsCert = f["tls-cert"] ?? file.tlsCert
         tlsKey = f["tls-key"] ?? file.tlsKey

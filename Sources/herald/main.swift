@@ -14,7 +14,7 @@ usage: herald serve [--host 127.0.0.1] [--port 8080] [--config herald.json]
                     [--store sqlite:herald.db | memory | postgres://USER@HOST:PORT/DATABASE]
                     [--bus redis://[:PASSWORD@]HOST[:PORT][/DB]]
                     [--app ID --server-key KEY --token-secret SECRET [--allowed-origins ORIGIN,...]]
-                    [--demo] [--threads N] [--web-root DIR]
+                    [--demo] [--threads N] [--workers N] [--web-root DIR]
                     [--durability full|normal|off] [--event-loop libev|poll] [--log-format text|json]
                     [--tls-cert FILE --tls-key FILE]
        herald token --app ID --user USER [--ttl 3600] [--device ID] [--config herald.json | --token-secret SECRET]
@@ -30,12 +30,15 @@ func fail(_ m: String) -> Never {
 
 func serve(_ args: ArraySlice<String>) throws(UsageError) -> Never {
     let f = try Flags(args, valued: ["host", "port", "config", "store", "bus", "app", "server-key", "token-secret", "allowed-origins",
-                                     "threads", "web-root", "durability", "event-loop", "log-format", "tls-cert", "tls-key"],
+                                     "threads", "workers", "web-root", "durability", "event-loop", "log-format", "tls-cert", "tls-key"],
                       switches: ["demo"])
     if let l = f["log-format"] {
         guard let format = Log.Format(rawValue: l) else { throw UsageError("--log-format must be text or json") }
         Log.use(format)
     }
+    // A worker of `--workers N` (Supervisor.swift): its supervisor's socket, store and bus.
+    let worker = try WorkerRole.inherited()
+    if let worker { Log.use(worker: worker.index) }
     // SIGTERM, SIGINT and SIGHUP stay blocked in every thread (the mask is
     // set before any thread starts, which inherit it) and are taken with
     // sigwait below, so one that arrives while we start is kept pending
@@ -45,9 +48,10 @@ func serve(_ args: ArraySlice<String>) throws(UsageError) -> Never {
     for s in [SIGTERM, SIGINT, SIGHUP] { sigaddset(&signals, s) }
     pthread_sigmask(SIG_BLOCK, &signals, nil)
     signal(SIGPIPE, SIG_IGN)
-    let settings = try Settings(f)
+    let settings = try Settings(f, worker: worker)
     let demo = f.switches.contains("demo")
-    let threads = try f.int("threads", in: 1...64) ?? ProcessInfo.processInfo.activeProcessorCount
+    let workers = try f.int("workers", in: 1...64) ?? 1
+    let threads = try f.int("threads", in: 1...64) ?? max(1, ProcessInfo.processInfo.activeProcessorCount / workers)
     var eventLoop = EventLoopKind.default
     if let e = f["event-loop"] {
         guard let k = EventLoopKind(rawValue: e) else { throw UsageError("--event-loop must be libev or poll") }
@@ -61,6 +65,13 @@ func serve(_ args: ArraySlice<String>) throws(UsageError) -> Never {
         do { try tls?.validate() } catch { throw UsageError(error.description) }
     default: throw UsageError("--tls-cert and --tls-key go together")
     }
+    if workers > 1 {
+        guard isPostgres(settings.store), let busURL = settings.bus else {
+            throw UsageError("--workers 2 or more needs --store postgres://... and --bus redis://...: workers share changes and history only through them")
+        }
+        _ = try openBus(busURL, store: settings.store)
+        supervise(workers: workers, args: args, settings: settings, threads: f["threads"] == nil ? threads : nil, tls: tls != nil)
+    }
     let bus = try settings.bus.map { url throws(UsageError) in try openBus(url, store: settings.store) }
     let store = try openStore(settings.store, durability: f["durability"])
 
@@ -72,7 +83,8 @@ func serve(_ args: ArraySlice<String>) throws(UsageError) -> Never {
         FileHandle.standardError.write("herald: \(error)\n".data(using: .utf8)!)
         exit(1)
     }
-    let server = Server(gateway: gateway, host: settings.host, port: settings.port, threads: threads, eventLoop: eventLoop, tls: tls)
+    let server = Server(gateway: gateway, host: settings.host, port: settings.port, threads: threads, eventLoop: eventLoop, tls: tls,
+                        listening: worker?.listening)
     do { try server.start() } catch {
         FileHandle.standardError.write("herald: \(error)\n".data(using: .utf8)!)
         exit((error as? ServerError)?.addressInUse == true ? 2 : 1)
@@ -82,7 +94,7 @@ func serve(_ args: ArraySlice<String>) throws(UsageError) -> Never {
     var running = settings
     var received: Int32 = 0
     while sigwait(&signals, &received) == 0, received == SIGHUP {
-        reload(f, running: &running, gateway: gateway, server: server)
+        reload(f, worker: worker, running: &running, gateway: gateway, server: server)
     }
     Log.info("shutting down")
     server.shutdown()
@@ -100,7 +112,7 @@ func serve(_ args: ArraySlice<String>) throws(UsageError) -> Never {
 /// connection whose token still verifies. Files that do not read or validate
 /// change nothing; settings only a restart applies are logged as such.
 /// Everything a reload applies goes here.
-func reload(_ f: Flags, running: inout Settings, gateway: Gateway, server: Server) {
+func reload(_ f: Flags, worker: WorkerRole?, running: inout Settings, gateway: Gateway, server: Server) {
     if server.servesTLS {
         do {
             try server.reloadTLS()
@@ -114,7 +126,7 @@ func reload(_ f: Flags, running: inout Settings, gateway: Gateway, server: Serve
         return
     }
     let next: Settings
-    do { next = try Settings(f) } catch { return Log.error("config reload refused, nothing changed: \(error.message)") }
+    do { next = try Settings(f, worker: worker) } catch { return Log.error("config reload refused, nothing changed: \(error.message)") }
     let restartOnly = [("host", next.host != running.host), ("port", next.port != running.port),
                        ("store", next.store != running.store), ("bus", next.bus != running.bus), ("limits", next.limits != running.limits),
                        ("TLS certificate or key path", next.tlsCert != running.tlsCert || next.tlsKey != running.tlsKey)]
@@ -156,11 +168,35 @@ func openStore(_ spec: String, durability: String?) throws(UsageError) -> Notifi
     throw UsageError("--store must be memory, sqlite:PATH or postgres://...")
 }
 
+/// `--workers N`, N ≥ 2: binds the port here (a port in use: exit 2 at
+/// once), then runs N workers of this binary on it; never returns.
+/// A worker's command line is this one without `--workers`, and with
+/// `--threads` set to this machine's cores shared out when not given.
+func supervise(workers: Int, args: ArraySlice<String>, settings: Settings, threads: Int?, tls: Bool) -> Never {
+    let listening: ListeningSocket
+    do { listening = try ListeningSocket(host: settings.host, port: settings.port) } catch {
+        FileHandle.standardError.write("herald: \(error)\n".data(using: .utf8)!)
+        exit(error.addressInUse ? 2 : 1)
+    }
+    var rest: [String] = ["serve"]
+    var i = args.startIndex
+    while i < args.endIndex {
+        if args[i] == "--workers" { i += 2; continue }
+        if !args[i].hasPrefix("--workers=") { rest.append(args[i]) }
+        i += 1
+    }
+    if let threads { rest += ["--threads", String(threads)] }
+    let url = "\(tls ? "https" : "http")://\(settings.host):\(listening.port)"
+    Supervisor(count: workers, arguments: rest, listening: listening, url: url, store: settings.store, bus: settings.bus ?? "").run()
+}
+
+func isPostgres(_ store: String) -> Bool { store.hasPrefix("postgres://") || store.hasPrefix("postgresql://") }
+
 /// `--bus redis://...`: only between nodes that share one store, so only
 /// with PostgreSQL. Redis need not be up yet: the bus connects (and keeps
 /// reconnecting) on its own.
 func openBus(_ url: String, store: String) throws(UsageError) -> RedisBus {
-    guard store.hasPrefix("postgres://") || store.hasPrefix("postgresql://") else {
+    guard isPostgres(store) else {
         throw UsageError("--bus needs --store postgres://...: the nodes on a bus must share one store")
     }
     do { return RedisBus(try RedisEndpoint(url: url)) } catch { throw UsageError("--bus: \(error)") }
