@@ -29,9 +29,11 @@ struct DeviceAPI: Sendable {
     let deviceId: String
 
     func sync(token: String, cursor: Int64?, epoch: String?, wait: Duration) async throws(HeraldClientError) -> SyncAnswer {
-        var query: [(String, String?)] = [("cursor", cursor.map(String.init)), ("epoch", cursor == nil ? nil : epoch)]
-        query.append(("wait", String(wait.components.seconds)))
-        let o = try await call("GET", "/v1/me/sync", query, token: token, timeout: wait + .seconds(15))
+        // The gateway holds a poll 1–60 s.
+        let seconds = min(60, max(1, wait.components.seconds))
+        let query: [(String, String?)] = [("cursor", cursor.map(String.init)), ("epoch", cursor == nil ? nil : epoch),
+                                          ("wait", String(seconds))]
+        let o = try await call("GET", "/v1/me/sync", query, token: token, timeout: .seconds(seconds + 15))
         if o["reset"]?.boolValue == true {
             guard let list = o["notifications"]?.arrayValue, let cursor = o["cursor"]?.int64Value,
                   let epoch = o["epoch"]?.stringValue else { throw .badFrame("a malformed sync reset") }

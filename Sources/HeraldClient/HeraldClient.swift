@@ -247,33 +247,37 @@ public actor HeraldClient {
 
     private enum Ending {
         /// `opened`: the upgrade was accepted.
-        case retry(opened: Bool, wasLive: Bool, authFailed: Bool)
+        /// `upgradeRefused`: the server answered the upgrade but did not
+        /// switch, or switched and dropped the connection before `welcome`.
+        case retry(upgradeRefused: Bool, wasLive: Bool, authFailed: Bool)
         case stop
     }
 
     private func run() async {
         var attempt = 0
         var refusedUpgrades = 0
-        while !Task.isCancelled {
+        connecting: while !Task.isCancelled {
             // Trying the WebSocket again from a working fallback is no outage.
             if connection != .live(transport: "poll") { setConnection(.connecting) }
             let started = ContinuousClock.now
-            guard case .retry(let opened, let wasLive, let authFailed) = await connectOnce(), !Task.isCancelled
-            else { break }
+            guard case .retry(let upgradeRefused, let wasLive, let authFailed) = await connectOnce(), !Task.isCancelled
+            else { break connecting }
             // Only a connection that lasted resets the backoff: a gateway
             // that accepts and drops at once must not be hammered.
             if wasLive && ContinuousClock.now - started > .seconds(10) { attempt = 0 }
-            refusedUpgrades = opened ? 0 : refusedUpgrades + 1
+            // Only refusals count: a gateway that is down (restarting, say)
+            // is waited for, not polled for a minute once it is back.
+            if upgradeRefused { refusedUpgrades += 1 } else if wasLive { refusedUpgrades = 0 }
             if refusedUpgrades >= options.fallback.afterFailures {
                 switch await poll(until: .now + options.fallback.webSocketRetry) {
-                case .stop: break
+                case .stop, .refused:
+                    break connecting
                 case .polled:
                     attempt = 0
                     continue  // time to try the WebSocket again
                 case .failed:
                     break  // HTTP fails too: back off as for any failure
                 }
-                if Task.isCancelled { break }
             }
             // A refused token is retried at once with a fresh one, then with backoff.
             let delay = authFailed && attempt == 0 ? .zero : options.reconnect.delay(attempt: attempt)
@@ -291,10 +295,9 @@ public actor HeraldClient {
             token = try await currentToken()
         } catch {
             emit(.problem(.tokenUnavailable(String(describing: error))))
-            return .retry(opened: false, wasLive: false, authFailed: false)
+            return .retry(upgradeRefused: false, wasLive: false, authFailed: false)
         }
         guard !Task.isCancelled else { return .stop }
-        adoptScope(of: token)
         let channel = transport.open(endpoint)
         self.channel = channel
         defer { connectionEnded() }
@@ -306,7 +309,11 @@ public actor HeraldClient {
                 channel.send(hello(token: token))
             case .text(let text):
                 receive(text)
-                wasLive = wasLive || isLive
+                wasLive = wasLive || isWebSocketLive
+            case .refused(let status, let reason):
+                let answer = status.map { " (HTTP \($0))" } ?? ""
+                emit(.problem(.connectionLost(closeCode: 1006, reason: "the WebSocket upgrade was refused\(answer): \(reason)")))
+                return .retry(upgradeRefused: true, wasLive: false, authFailed: false)
             case .closed(let code, let reason):
                 if code == 4003 || code == 1008 {
                     emit(.problem(.refused(closeCode: code, reason: reason)))
@@ -314,7 +321,8 @@ public actor HeraldClient {
                 }
                 emit(.problem(.connectionLost(closeCode: code, reason: reason)))
                 if code == 4001 { self.token = nil }
-                return .retry(opened: opened, wasLive: wasLive, authFailed: code == 4001)
+                return .retry(upgradeRefused: opened && !wasLive && code != 4001, wasLive: wasLive,
+                              authFailed: code == 4001)
             }
         }
         channel.close()  // cancelled by stop()
@@ -326,7 +334,7 @@ public actor HeraldClient {
 
     // MARK: Long-poll fallback
 
-    private enum PollEnding { case polled, failed, stop }
+    private enum PollEnding { case polled, failed, refused, stop }
 
     /// Syncs by `GET /v1/me/sync` with `wait` until `deadline` (the poll
     /// held then may end a little later), applying answers like WebSocket
@@ -337,6 +345,7 @@ public actor HeraldClient {
             let (cursor, epoch) = (state.cursor, state.epoch)
             let api = self.api, wait = options.fallback.pollWait
             do {
+                let asked = ContinuousClock.now
                 let answer = try await withToken { token throws(HeraldClientError) in
                     try await api.sync(token: token, cursor: cursor, epoch: epoch, wait: wait)
                 }
@@ -346,8 +355,16 @@ public actor HeraldClient {
                     setConnection(.live(transport: "poll"))
                 }
                 if !more && ContinuousClock.now >= deadline { return .polled }
+                // A front that does not hold polls must not make this a busy loop.
+                if !more, case .changes([], _, _, _) = answer, ContinuousClock.now - asked < .seconds(1) {
+                    try? await Task.sleep(for: .seconds(1))
+                }
             } catch .cancelled {
                 return .stop
+            } catch .server(code: "forbidden", let message) {
+                // As the WebSocket's 4003: the token names another device, or the device was deleted.
+                emit(.problem(.refused(closeCode: 4003, reason: message)))
+                return .refused
             } catch {
                 emit(.problem(error))
                 return worked ? .polled : .failed
@@ -393,6 +410,7 @@ public actor HeraldClient {
         if let token { return token }
         let fresh = try await tokenProvider()
         token = fresh
+        adoptScope(of: fresh)
         return fresh
     }
 

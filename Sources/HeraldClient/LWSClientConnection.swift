@@ -59,7 +59,9 @@ class LWSClientConnection: @unchecked Sendable {  // thread-confined loop state;
     // MARK: Overridden by subclasses (connection thread)
 
     /// The connection could not be made or failed before it was up.
-    func failed(_ reason: String) {}
+    /// `answered`: the server did answer, with an HTTP status the handshake
+    /// did not accept (`status`, 0 when unknown).
+    func failed(_ reason: String, answered: Bool = false, status: Int = 0) {}
     /// After `wake()`, and once the context exists.
     func wakeUp() {}
     /// nil: let lws's default handler take it.
@@ -72,11 +74,17 @@ class LWSClientConnection: @unchecked Sendable {  // thread-confined loop state;
         Self.quietLogs
         // C strings and tables lws keeps pointers to: they outlive the context.
         let name = strdup("herald-client")!, host = strdup(endpoint.host)!, path = strdup(path)!
+        // The Host header carries a port other than the scheme's (lws drops
+        // it again for the certificate's name check).
+        let hostHeader = strdup(endpoint.port == (endpoint.secure ? 443 : 80) ? endpoint.host
+                                : "\(endpoint.host):\(endpoint.port)")!
+        // The gateway speaks HTTP/1.1 only; so does this client, whatever a TLS front offers.
+        let alpn = strdup("http/1.1")!
         let ca = strdup(caFile)!, method = method.map { strdup($0)! }
         let protocols = UnsafeMutablePointer<lws_protocols>.allocate(capacity: 2)
         let retry = UnsafeMutablePointer<lws_retry_bo_t>.allocate(capacity: 1)
         defer {
-            for s in [name, host, path, ca, method].compactMap({ $0 }) { free(s) }
+            for s in [name, host, hostHeader, alpn, path, ca, method].compactMap({ $0 }) { free(s) }
             protocols.deallocate()
             retry.deallocate()
         }
@@ -109,8 +117,9 @@ class LWSClientConnection: @unchecked Sendable {  // thread-confined loop state;
         var ci = lws_client_connect_info()
         ci.context = ctx
         ci.address = UnsafePointer(host)
-        ci.host = UnsafePointer(host)
+        ci.host = UnsafePointer(hostHeader)
         ci.origin = UnsafePointer(host)
+        ci.alpn = UnsafePointer(alpn)
         ci.port = Int32(endpoint.port)
         ci.path = UnsafePointer(path)
         ci.local_protocol_name = UnsafePointer(name)
@@ -147,8 +156,12 @@ class LWSClientConnection: @unchecked Sendable {  // thread-confined loop state;
             return 0
         case LWS_CALLBACK_CLIENT_CONNECTION_ERROR:
             let why = input.map { String(cString: $0.assumingMemoryBound(to: CChar.self)) } ?? "connection failed"
+            // lws's handshake errors ("HS: ...") mean an HTTP answer came.
+            let answered = why.hasPrefix("HS:")
+            let status = answered ? Int(lws_http_client_http_response(wsi)) : 0
             self.wsi = nil
-            failed(certificateProblem.map { "the gateway's certificate was refused: \($0)" } ?? why)
+            failed(certificateProblem.map { "the gateway's certificate was refused: \($0)" } ?? why,
+                   answered: answered, status: status)
             return 0
         default:
             return handle(wsi, reason, user, input, length)

@@ -44,7 +44,9 @@ final class LWSHTTPExchange: LWSClientConnection, @unchecked Sendable {  // loop
         answer.resume(with: result)
     }
 
-    override func failed(_ reason: String) { finish(.failure(HeraldClientError.unreachable(reason))) }
+    override func failed(_ reason: String, answered: Bool, status: Int) {
+        finish(.failure(HeraldClientError.unreachable(reason)))
+    }
 
     override func wakeUp() {
         if cancelled.withLock({ $0 }) { finish(.failure(CancellationError())) }
@@ -87,6 +89,8 @@ final class LWSHTTPExchange: LWSClientConnection, @unchecked Sendable {  // loop
             if written < request.body.count { return -1 }
         case LWS_CALLBACK_ESTABLISHED_CLIENT_HTTP:
             status = Int(lws_http_client_http_response(wsi))
+            // The context's timeout covered connecting and the head; this bounds the body.
+            lws_set_timeout(wsi, PENDING_TIMEOUT_HTTP_CONTENT, Int32(max(1, request.timeout.components.seconds)))
         case LWS_CALLBACK_RECEIVE_CLIENT_HTTP:
             // Pulls what arrived; lws calls back RECEIVE_CLIENT_HTTP_READ with it, unchunked.
             var buffer = [CChar](repeating: 0, count: Int(herald_lws_pre) + 16 * 1024)
@@ -106,6 +110,12 @@ final class LWSHTTPExchange: LWSClientConnection, @unchecked Sendable {  // loop
         case LWS_CALLBACK_CLOSED_CLIENT_HTTP:
             self.wsi = nil
             finish(.failure(HeraldClientError.unreachable("the connection closed before the answer was complete")))
+        case LWS_CALLBACK_WSI_DESTROY:
+            // Covers a connection lws gave up on without one of the above.
+            if wsi == self.wsi {
+                self.wsi = nil
+                finish(.failure(HeraldClientError.unreachable("the connection ended before the answer")))
+            }
         default:
             return nil
         }

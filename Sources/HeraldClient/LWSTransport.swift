@@ -75,7 +75,12 @@ final class LWSChannel: LWSClientConnection, WebSocketChannel, @unchecked Sendab
         continuation.finish()
     }
 
-    override func failed(_ reason: String) { finish(code: 1006, reason: reason) }
+    override func failed(_ reason: String, answered: Bool, status: Int) {
+        guard answered, !finished else { return finish(code: 1006, reason: reason) }
+        endLoop()
+        continuation.yield(.refused(status: status == 0 ? nil : status, reason: reason))
+        continuation.finish()
+    }
 
     override func wakeUp() { takeOutbox() }
 

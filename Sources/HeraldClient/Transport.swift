@@ -34,10 +34,15 @@ public struct Endpoint: Sendable, Equatable {
     }
 }
 
-/// What a WebSocket connection reports, in order. `.closed` comes once, last.
+/// What a WebSocket connection reports, in order. `.closed` or `.refused`
+/// comes once, last.
 public enum SocketEvent: Sendable, Equatable {
     case open
     case text(String)
+    /// The server answered the upgrade request but did not switch protocols:
+    /// `status` is its HTTP status when known (403 from a proxy that refuses
+    /// WebSockets, say). Comes instead of `.open`.
+    case refused(status: Int?, reason: String)
     /// `code` is the peer's close code, 1000 after our own `close()`, and
     /// 1006 when the connection failed or dropped without a close frame
     /// (`reason` then says why, e.g. a refused certificate).

@@ -100,6 +100,12 @@ final class ClientHTTPTests: ClientTestCase {
             return state == .live(transport: "poll") && n != nil
         }
 
+        let refusal = await log.events(of: "phone").contains {
+            if case .problem(.connectionLost(1006, let reason)) = $0 { return reason.hasPrefix("the WebSocket upgrade was refused (HTTP 403)") }
+            return false
+        }
+        XCTAssert(refusal, "the 403 was not reported")
+
         // Live changes both ways while polling.
         let live = try await gateway.publish(user: user, appNotificationId: "live", title: "while polling")
         try await log.eventually("a publish reaches the polling phone") { await phone.notification(id: live) != nil }

@@ -79,9 +79,10 @@ final class ClientRecoveryTests: ClientTestCase {
         let gateway = try GatewayProcess()
         defer { gateway.stop() }
         let user = "heidi-\(UUID().uuidString.prefix(8))"
-        // The first token has 5 s left: `tokenExpiring` comes right after
-        // `welcome`, and without a refresh the gateway closes 4001 at its exp.
-        let lifetime: Int64 = 5
+        // The first token has 8 s left (room for a slow start): `tokenExpiring`
+        // comes right after `welcome`, and without a refresh the gateway
+        // closes 4001 at its exp.
+        let lifetime: Int64 = 8
         let short = GatewayProcess.mintToken(user: user, exp: Int64(Date().timeIntervalSince1970) + lifetime)
         let shortEnds = ContinuousClock.now + .seconds(lifetime)
         let long = try await gateway.token(user: user)
@@ -120,7 +121,7 @@ final class ClientRecoveryTests: ClientTestCase {
         // An app that caches its token until it has expired: the same one
         // until its exp, then a new one. Refreshing with the same token would
         // only have the gateway warn again at once, and again.
-        let exp = Int64(Date().timeIntervalSince1970) + 3
+        let exp = Int64(Date().timeIntervalSince1970) + 8
         let short = GatewayProcess.mintToken(user: user, exp: exp)
         let long = try await gateway.token(user: user)
         let calls = Mutex(0)
@@ -128,7 +129,7 @@ final class ClientRecoveryTests: ClientTestCase {
             calls.withLock { $0 += 1 }
             return Date().timeIntervalSince1970 < Double(exp) ? short : long
         })
-        try await log.eventually("back with the new token after the old one's exp") {
+        try await log.eventually("back with the new token after the old one's exp", timeout: .seconds(30)) {
             await log.events(of: "phone").count { $0 == .connection(.live(transport: "websocket")) } == 2
         }
         // At start, at the warning (the same token: nothing to send), after the 4001 at exp.

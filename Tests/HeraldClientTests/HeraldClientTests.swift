@@ -179,6 +179,8 @@ final class HeraldClientTests: ClientTestCase {
         XCTAssertEqual(local, server)
         let resets = await log.events(of: "phone").filter { if case .reset = $0 { return true }; return false }
         XCTAssertEqual(resets.count, 1, "only the first connection's reset: the reconnect resumed")
+        let polled = await log.events(of: "phone").contains(.connection(.live(transport: "poll")))
+        XCTAssertFalse(polled, "a gateway that was down is no refused upgrade: no long-poll fallback")
         await phone.stop()
     }
 
