@@ -241,6 +241,7 @@ static double ms(uint64_t ns) { return (double)ns / 1e6; }
 #define MAX_HDRS 16
 #define MAX_STEPS 64
 #define MAX_PIDS 64
+#define MAX_SUB_URLS 16
 
 enum { TS_HYBRID = 0, TS_INTENDED, TS_ACTUAL };
 typedef enum { M_FANOUT, M_IDLE, M_DISMISS, M_RECONNECT } mode_t_;
@@ -248,7 +249,8 @@ typedef enum { M_FANOUT, M_IDLE, M_DISMISS, M_RECONNECT } mode_t_;
 static struct {
     mode_t_ mode;
     long users, devices, conns; /* conns = users*devices */
-    char *sub_url;              /* ws://ip:port/path-template */
+    char *sub_urls[MAX_SUB_URLS]; /* ws://ip:port/path-template; connection k uses k mod n */
+    int n_sub_urls;
     char *hello;                /* optional first text frame template */
     char *resume_hello;         /* reconnect: hello with {cursor}/{epoch} */
     char *ready_match;          /* substring that marks a subscriber ready */
@@ -295,7 +297,11 @@ typedef struct {
     char *path; /* template */
     int tls;    /* wss:// or https:// */
 } url_t;
-static url_t SUB_URL, PUB_URL;
+static url_t SUB_URLS[MAX_SUB_URLS], PUB_URL;
+/* several --sub-url (several gateway nodes): connection uidx*devices+didx
+   goes to URL number (that) mod n, so with n = devices, device d of every
+   user is on URL d, and with one device per user, users alternate */
+#define SC_URL(c) (&SUB_URLS[((c)->uidx * O.devices + (c)->didx) % O.n_sub_urls])
 
 static void parse_url(const char *s, url_t *u, int ws) {
     const char *p = s;
@@ -710,7 +716,7 @@ static void sc_start(sconn_t *c) {
         W.failed++;
         return;
     }
-    if (connect(fd, (struct sockaddr *)&SUB_URL.addr, sizeof SUB_URL.addr) < 0 && errno != EINPROGRESS) {
+    if (connect(fd, (struct sockaddr *)&SC_URL(c)->addr, sizeof SC_URL(c)->addr) < 0 && errno != EINPROGRESS) {
         w_note_err("connect: %s", strerror(errno));
         close(fd);
         c->state = S_FAILED;
@@ -772,7 +778,7 @@ static tvars_t sc_vars(sconn_t *c) {
 static void sc_send_upgrade(sconn_t *c) {
     tvars_t v = sc_vars(c);
     buf_t path = {0};
-    expand(&path, SUB_URL.path, &v);
+    expand(&path, SC_URL(c)->path, &v);
     unsigned char key[16];
     for (int i = 0; i < 16; i++) key[i] = (unsigned char)random();
     buf_t k = {0};
@@ -788,7 +794,7 @@ static void sc_send_upgrade(sconn_t *c) {
     buf_addf(&c->w,
              "GET %s HTTP/1.1\r\nHost: %s\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
              "Sec-WebSocket-Key: %s\r\nSec-WebSocket-Version: 13\r\n",
-             path.p, SUB_URL.hostport, k.p);
+             path.p, SC_URL(c)->hostport, k.p);
     for (int i = 0; i < O.n_sub_headers; i++) {
         buf_t h = {0};
         expand(&h, O.sub_headers[i], &v);
@@ -1053,8 +1059,8 @@ static void sc_on_event(sconn_t *c, uint32_t evs) {
                 sc_fail(c, why);
                 return;
             }
-            if (SUB_URL.tls) {
-                c->ssl = tls_new(c->fd, &SUB_URL);
+            if (SC_URL(c)->tls) {
+                c->ssl = tls_new(c->fd, SC_URL(c));
                 c->state = S_HANDSHAKE;
                 sc_handshake(c);
             } else sc_send_upgrade(c);
@@ -1957,7 +1963,10 @@ int main(int argc, char **argv) {
         } else if (!strcmp(a, "--users")) O.users = atol(NEXT());
         else if (!strcmp(a, "--devices")) O.devices = atol(NEXT());
         else if (!strcmp(a, "--conns")) idle_conns = atol(NEXT());
-        else if (!strcmp(a, "--sub-url")) O.sub_url = NEXT();
+        else if (!strcmp(a, "--sub-url")) {
+            if (O.n_sub_urls >= MAX_SUB_URLS) die("too many --sub-url");
+            O.sub_urls[O.n_sub_urls++] = NEXT();
+        }
         else if (!strcmp(a, "--hello")) O.hello = NEXT();
         else if (!strcmp(a, "--resume-hello")) O.resume_hello = NEXT();
         else if (!strcmp(a, "--ready-match")) O.ready_match = NEXT();
@@ -2013,7 +2022,7 @@ int main(int argc, char **argv) {
         else die("unknown flag %s (see bench/README.md)", a);
 #undef NEXT
     }
-    if (!O.sub_url) usage();
+    if (!O.n_sub_urls) usage();
     if (O.mode == M_IDLE && idle_conns > 0) { /* --conns N: N single-device users */
         O.users = (idle_conns + O.devices - 1) / O.devices;
     }
@@ -2026,9 +2035,13 @@ int main(int argc, char **argv) {
         if (!O.ready_match) O.ready_match = "\"type\":\"welcome\"";
     }
     O.conns = O.users * O.devices;
-    parse_url(O.sub_url, &SUB_URL, 1);
+    int sub_tls = 0;
+    for (int i = 0; i < O.n_sub_urls; i++) {
+        parse_url(O.sub_urls[i], &SUB_URLS[i], 1);
+        sub_tls |= SUB_URLS[i].tls;
+    }
     if (O.pub_url) parse_url(O.pub_url, &PUB_URL, 0);
-    if (SUB_URL.tls || PUB_URL.tls) tls_init();
+    if (sub_tls || PUB_URL.tls) tls_init();
     raise_nofile();
     signal(SIGPIPE, SIG_IGN);
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -2116,9 +2129,11 @@ int main(int argc, char **argv) {
     printf("setup: %ld of %ld ready, %ld failed in %.2f s (%.0f connections/s), handshake p50 %.2f ms p99 %.2f ms max %.2f ms\n",
            rs.ready, O.conns, rs.failed, rs.setup_s, rs.setup_rate, ms(h_pct(&rs.setup, .5)), ms(h_pct(&rs.setup, .99)),
            ms(rs.setup.max));
-    printf("RESULT mode=%s phase=setup conns=%ld ready=%ld failed=%ld setup_s=%.3f setup_rate=%.0f hs_p50_ms=%.3f hs_p99_ms=%.3f server_cpu_s=%.3f\n",
+    /* the servers' summed RSS once every subscriber is ready (0 without --server-pids) */
+    long rss_ready = O.n_server_pids ? rss_kib() : 0;
+    printf("RESULT mode=%s phase=setup conns=%ld ready=%ld failed=%ld setup_s=%.3f setup_rate=%.0f hs_p50_ms=%.3f hs_p99_ms=%.3f server_cpu_s=%.3f rss_before_kib=%ld rss_ready_kib=%ld\n",
            mname[O.mode], O.conns, rs.ready, rs.failed, rs.setup_s, rs.setup_rate, ms(h_pct(&rs.setup, .5)),
-           ms(h_pct(&rs.setup, .99)), cpu_setup1 - cpu_setup0);
+           ms(h_pct(&rs.setup, .99)), cpu_setup1 - cpu_setup0, rss0, rss_ready);
     int exit_code = (rs.failed > 0) ? 1 : 0;
     if (rs.ready == 0) {
         fprintf(stderr, "no subscriber became ready: stopping\n");
