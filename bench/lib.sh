@@ -94,11 +94,13 @@ res() { # file filter key
 
 # ---------------------------------------------------------------- herald
 # the loadgen command line for Herald's wire contract: subscribers on each
-# SUB_PORT in turn (connection k on the (k mod n)-th), publishes to PUB_PORT;
+# SUB_PORT in turn (connection k on the (k mod n)-th), publishes to each of
+# PUB_PORTS (a space-separated list) in turn, by publisher connection;
 # s = "s" for wss:// and https:// verified against CA
-herald_loadgen_args() { # s ca pub-port sub-port...
-    local s=$1 ca=() pub=$3 p subs=()
+herald_loadgen_args() { # s ca pub-ports sub-port...
+    local s=$1 ca=() p subs=() pubs=()
     [ -n "$2" ] && ca=(--ca "$2")
+    for p in $3; do pubs+=(--pub-url "http$s://127.0.0.1:$p/v1/apps/{app}/users/{user}/notifications"); done
     shift 3
     for p in "$@"; do subs+=(--sub-url "ws$s://127.0.0.1:$p/v1/ws"); done
     HERALD_ARGS=("$LOADGEN"
@@ -108,7 +110,7 @@ herald_loadgen_args() { # s ca pub-port sub-port...
         --ready-match '"type":"welcome"'
         --msg-filter '"type":"change'
         --app bench --key bench-key --secret bench-secret
-        --pub-url "http$s://127.0.0.1:$pub/v1/apps/{app}/users/{user}/notifications"
+        "${pubs[@]}"
         --pub-header 'Authorization: Bearer {key}'
         --pub-header 'Content-Type: application/json'
         --pub-body '{"appNotificationId":"m{n}","payload":{"t":{ts},"n":{n}}}'

@@ -251,12 +251,14 @@ static struct {
     long users, devices, conns; /* conns = users*devices */
     char *sub_urls[MAX_SUB_URLS]; /* ws://ip:port/path-template; connection k uses k mod n */
     int n_sub_urls;
+    int url_by_user; /* --url-by user: all devices of user u on URL u mod n */
     char *hello;                /* optional first text frame template */
     char *resume_hello;         /* reconnect: hello with {cursor}/{epoch} */
     char *ready_match;          /* substring that marks a subscriber ready */
     char *sub_headers[MAX_HDRS];
     int n_sub_headers;
-    char *pub_url; /* http://ip:port/path-template */
+    char *pub_urls[MAX_SUB_URLS]; /* http://ip:port/path-template; publisher connection k uses k mod n */
+    int n_pub_urls;
     char *pub_method;
     char *pub_headers[MAX_HDRS];
     int n_pub_headers;
@@ -297,11 +299,13 @@ typedef struct {
     char *path; /* template */
     int tls;    /* wss:// or https:// */
 } url_t;
-static url_t SUB_URLS[MAX_SUB_URLS], PUB_URL;
+static url_t SUB_URLS[MAX_SUB_URLS], PUB_URLS[MAX_SUB_URLS];
 /* several --sub-url (several gateway nodes): connection uidx*devices+didx
    goes to URL number (that) mod n, so with n = devices, device d of every
-   user is on URL d, and with one device per user, users alternate */
-#define SC_URL(c) (&SUB_URLS[((c)->uidx * O.devices + (c)->didx) % O.n_sub_urls])
+   user is on URL d, and with one device per user, users alternate;
+   --url-by user: every device of user u on URL u mod n */
+#define SC_URL(c) \
+    (&SUB_URLS[(O.url_by_user ? (c)->uidx : (c)->uidx * O.devices + (c)->didx) % O.n_sub_urls])
 
 static void parse_url(const char *s, url_t *u, int ws) {
     const char *p = s;
@@ -1339,6 +1343,8 @@ static void p_note(const char *fmt, ...) {
 }
 
 static void p_flush(pconn_t *c);
+/* several --pub-url (several nodes): publisher connection k on URL k mod n */
+#define PC_URL(c) (&PUB_URLS[((c) - P.c) % O.n_pub_urls])
 static int p_connect(pconn_t *c) {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) return -1;
@@ -1346,7 +1352,7 @@ static int p_connect(pconn_t *c) {
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     struct timeval tv = {.tv_sec = 2};
     setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-    if (connect(fd, (struct sockaddr *)&PUB_URL.addr, sizeof PUB_URL.addr) < 0) {
+    if (connect(fd, (struct sockaddr *)&PC_URL(c)->addr, sizeof PC_URL(c)->addr) < 0) {
         p_note("publisher connect: %s", strerror(errno));
         close(fd);
         return -1;
@@ -1358,8 +1364,8 @@ static int p_connect(pconn_t *c) {
     c->r.len = 0;
     c->w.len = c->woff = 0;
     struct epoll_event ev = {.events = EPOLLIN, .data.u64 = (uint64_t)(c - P.c)};
-    if (PUB_URL.tls) { /* the handshake starts once epoll says writable */
-        c->ssl = tls_new(fd, &PUB_URL);
+    if (PC_URL(c)->tls) { /* the handshake starts once epoll says writable */
+        c->ssl = tls_new(fd, PC_URL(c));
         c->hs = 1;
         c->want_out = 1;
         ev.events |= EPOLLOUT;
@@ -1456,9 +1462,9 @@ static void p_send(pconn_t *c, int64_t n, uint64_t ts) {
     v.n = n;
     v.ts = ts;
     buf_t path = {0}, body = {0};
-    expand(&path, PUB_URL.path, &v);
+    expand(&path, PC_URL(c)->path, &v);
     if (O.pub_body) expand(&body, O.pub_body, &v);
-    buf_addf(&c->w, "%s %s HTTP/1.1\r\nHost: %s\r\n", O.pub_method, path.p, PUB_URL.hostport);
+    buf_addf(&c->w, "%s %s HTTP/1.1\r\nHost: %s\r\n", O.pub_method, path.p, PC_URL(c)->hostport);
     for (int i = 0; i < O.n_pub_headers; i++) {
         buf_t h = {0};
         expand(&h, O.pub_headers[i], &v);
@@ -1967,13 +1973,20 @@ int main(int argc, char **argv) {
             if (O.n_sub_urls >= MAX_SUB_URLS) die("too many --sub-url");
             O.sub_urls[O.n_sub_urls++] = NEXT();
         }
-        else if (!strcmp(a, "--hello")) O.hello = NEXT();
+        else if (!strcmp(a, "--url-by")) {
+            const char *m = NEXT();
+            if (!strcmp(m, "user")) O.url_by_user = 1;
+            else if (strcmp(m, "connection")) die("--url-by takes user or connection");
+        } else if (!strcmp(a, "--hello")) O.hello = NEXT();
         else if (!strcmp(a, "--resume-hello")) O.resume_hello = NEXT();
         else if (!strcmp(a, "--ready-match")) O.ready_match = NEXT();
         else if (!strcmp(a, "--sub-header")) {
             if (O.n_sub_headers >= MAX_HDRS) die("too many --sub-header");
             O.sub_headers[O.n_sub_headers++] = NEXT();
-        } else if (!strcmp(a, "--pub-url")) O.pub_url = NEXT();
+        } else if (!strcmp(a, "--pub-url")) {
+            if (O.n_pub_urls >= MAX_SUB_URLS) die("too many --pub-url");
+            O.pub_urls[O.n_pub_urls++] = NEXT();
+        }
         else if (!strcmp(a, "--pub-method")) O.pub_method = NEXT();
         else if (!strcmp(a, "--pub-header")) {
             if (O.n_pub_headers >= MAX_HDRS) die("too many --pub-header");
@@ -2028,7 +2041,7 @@ int main(int argc, char **argv) {
     }
     if (O.users < 1 || O.devices < 1) die("--users and --devices must be >= 1");
     if (O.mode == M_DISMISS && O.devices < 2) die("dismiss needs --devices >= 2");
-    if (O.mode != M_IDLE && !O.pub_url) die("--pub-url is required for this mode");
+    if (O.mode != M_IDLE && !O.n_pub_urls) die("--pub-url is required for this mode");
     if (O.conns_per_proc < 1 || O.pub_conns < 1 || O.pub_procs < 1 || O.connect_conc < 1) die("bad process/connection counts");
     if (O.duration <= 0 || O.duration > 3600 || O.max_run <= 0 || O.max_run > 7200) die("bad --duration/--max-run");
     if (O.mode == M_DISMISS || O.mode == M_RECONNECT) {
@@ -2040,8 +2053,11 @@ int main(int argc, char **argv) {
         parse_url(O.sub_urls[i], &SUB_URLS[i], 1);
         sub_tls |= SUB_URLS[i].tls;
     }
-    if (O.pub_url) parse_url(O.pub_url, &PUB_URL, 0);
-    if (sub_tls || PUB_URL.tls) tls_init();
+    for (int i = 0; i < O.n_pub_urls; i++) {
+        parse_url(O.pub_urls[i], &PUB_URLS[i], 0);
+        sub_tls |= PUB_URLS[i].tls;
+    }
+    if (sub_tls) tls_init();
     raise_nofile();
     signal(SIGPIPE, SIG_IGN);
     setvbuf(stdout, NULL, _IOLBF, 0);
