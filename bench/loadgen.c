@@ -1666,7 +1666,11 @@ static void pub_publish(const cmd_t *m, int res_fd) {
     for (int64_t j = i; j < m->count; j += P.nprocs) unsent++;
     for (int k = 0; k < P.nc; k++)
         if (P.c[k].busy) {
+            /* counted as failed, never sent again: the server may have
+               committed it already, and a second copy would be delivered
+               as a change of its own (a duplicate) */
             p_note("publish response timeout");
+            P.c[k].retried = 1;
             p_reset(&P.c[k]);
         }
     r->a[A_OK] = P.ok;
@@ -1842,7 +1846,7 @@ static ready_sum_t sum_ready(res_t *rs) {
 }
 
 typedef struct {
-    uint64_t ok, err, unsent, t_first, t_last, t_last_resp, stalls;
+    uint64_t ok, err, unsent, t_first, t_last, t_last_resp, stalls, retries;
     hist_t lag;
 } pub_sum_t;
 
@@ -1858,6 +1862,7 @@ static pub_sum_t run_publish(int step, int64_t n0, int64_t count, double rate) {
         s.err += rs[i].a[A_ERR];
         s.unsent += rs[i].a[A_UNSENT];
         s.stalls += rs[i].a[A_STALLS];
+        s.retries += rs[i].a[A_RETRIES];
         if (rs[i].a[A_T_FIRST_SEND] && rs[i].a[A_T_FIRST_SEND] < s.t_first) s.t_first = rs[i].a[A_T_FIRST_SEND];
         if (rs[i].a[A_T_LAST_SEND] > s.t_last) s.t_last = rs[i].a[A_T_LAST_SEND];
         if (rs[i].a[A_T_LAST_RESP] > s.t_last_resp) s.t_last_resp = rs[i].a[A_T_LAST_RESP];
@@ -2197,8 +2202,10 @@ int main(int argc, char **argv) {
             int ok = lost <= 0 && p.err == 0 && p.unsent == 0 && ms(p99) <= O.max_p99_ms && r.dup == 0 &&
                      pub_rate >= 0.95 * O.rates[s];
             printf("step %d: target %.0f publishes/s x %.1f s -> published %" PRIu64 " ok, %" PRIu64 " failed, %" PRIu64
-                   " unsent (%.0f/s achieved; send lag p99 %.3f ms max %.3f ms; %" PRIu64 " stalls on busy connections)\n",
-                   s, O.rates[s], O.duration, p.ok, p.err, p.unsent, pub_rate, ms(h_pct(&p.lag, .99)), ms(p.lag.max), p.stalls);
+                   " unsent (%.0f/s achieved; send lag p99 %.3f ms max %.3f ms; %" PRIu64 " stalls on busy connections; %" PRIu64
+                   " sent again after the server closed a keep-alive connection unanswered)\n",
+                   s, O.rates[s], O.duration, p.ok, p.err, p.unsent, pub_rate, ms(h_pct(&p.lag, .99)), ms(p.lag.max), p.stalls,
+                   p.retries);
             printf("  deliveries %" PRIu64 " of %" PRIu64 " expected (%.0f/s), lost %" PRId64 ", duplicates %" PRIu64
                    ", misrouted %" PRIu64 ", unparsed %" PRIu64 ", dropped connections %" PRIu64 "\n",
                    r.unique, expected, dps, lost > 0 ? lost : 0, r.dup, r.misrouted, r.badnum, r.dropped);
