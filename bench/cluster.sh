@@ -21,6 +21,7 @@
 #   SPREAD_USERS [1500] (spread: the same, but device d of every user on node
 #     d mod BIG_NODES, so each user's hellos and presence reach every node at once)
 #   BIG_CONNS_PER_PROC [8000]  loadgen subscribers per process (one source address each)
+#   BIG_DRAIN [20]     s after a step's last publish before what has not arrived counts as lost
 #   BASE_PORT [18180]  node i listens on BASE_PORT + i
 #   PG_FSYNC [on]      fsync of the throwaway PostgreSQL (scripts/test-servers: off for tests); on,
 #                      so PostgreSQL commits are as durable as SQLite's (--durability full)
@@ -51,6 +52,7 @@ BIG_DEVICES=${BIG_DEVICES:-4}
 BIG_RATE=${BIG_RATE:-1000,5000}
 BIG_SECONDS=${BIG_SECONDS:-10}
 BIG_CONNS_PER_PROC=${BIG_CONNS_PER_PROC:-8000}
+BIG_DRAIN=${BIG_DRAIN:-20} # s after a step's last publish before deliveries are counted
 SPREAD_USERS=${SPREAD_USERS:-1500}
 BASE_PORT=${BASE_PORT:-18180}
 PG_FSYNC=${PG_FSYNC:-on}
@@ -121,22 +123,16 @@ scrape_metrics() { # name
 ports() { local i; for i in "$@"; do echo $((BASE_PORT + i)); done; }
 
 # ---------------------------------------------------------------- scenarios
-# dismiss: device 0 of each user on node A sends a WebSocket update; the
-# user's devices 1 and 2 on node B receive the change
-dismiss() { # name nodeA nodeB
-    local name=$1 a b
-    a=$(ports "$2") b=$(ports "$3")
-    herald_loadgen_args "" "" "$a" "$a" "$b" "$b"
-    local log=$OUT/cluster-$name.log lg i
-    "${HERALD_ARGS[@]}" --mode dismiss --users "$DISMISS_USERS" --devices 3 --rate "$DISMISS_RATE" \
-        --user-prefix "cd${RUN_ID}${name}u" --setup-timeout 60 --max-run 300 > "$log" 2>&1 &
+# runs a loadgen command line into bench/out/cluster-NAME.log, scraping every
+# node's /metrics when a line matching MARKER appears (NAME-pre) and at the end
+scraped_run() { # name marker command...
+    local name=$1 marker=$2 log=$OUT/cluster-$1.log lg i
+    shift 2
+    "$@" > "$log" 2>&1 &
     lg=$!
     STARTED_PIDS+=("$lg")
-    # the nodes' histograms once the seed notifications are delivered (the
-    # updates start right after that line) and at the end: their difference
-    # is the updates alone
-    for i in $(seq 1 3000); do
-        grep -q '^seed:' "$log" && break
+    for i in $(seq 1 6000); do
+        grep -q -- "$marker" "$log" && break
         kill -0 "$lg" 2>/dev/null || break
         sleep 0.1
     done
@@ -144,6 +140,19 @@ dismiss() { # name nodeA nodeB
     wait "$lg" || true
     forget_pid "$lg"
     scrape_metrics "$name"
+}
+
+# dismiss: device 0 of each user on node A sends a WebSocket update; the
+# user's devices 1 and 2 on node B receive the change
+dismiss() { # name nodeA nodeB
+    local name=$1 a b
+    a=$(ports "$2") b=$(ports "$3")
+    herald_loadgen_args "" "" "$a" "$a" "$b" "$b"
+    # the nodes' histograms once the seed notifications are delivered (the
+    # updates start right after that line) and at the end: their difference
+    # is the updates alone
+    scraped_run "$name" '^seed:' "${HERALD_ARGS[@]}" --mode dismiss --users "$DISMISS_USERS" --devices 3 \
+        --rate "$DISMISS_RATE" --user-prefix "cd${RUN_ID}${name}u" --setup-timeout 60 --max-run 300
     grep -v '^RESULT' "$OUT/cluster-$name.log" | sed "s/^/[$name] /" >&2
 }
 
@@ -153,9 +162,9 @@ fanout() { # name nodeP nodeS
     local name=$1 p s
     p=$(ports "$2") s=$(ports "$3")
     herald_loadgen_args "" "" "$p" "$s"
-    "${HERALD_ARGS[@]}" --mode fanout --users "$FANOUT_USERS" --devices "$FANOUT_DEVICES" --rate "$FANOUT_RATES" \
-        --duration "$FANOUT_SECONDS" --max-p99-ms 1e9 --pub-conns 64 --user-prefix "cf${RUN_ID}${name}u" \
-        --server-pids "$(node_pids)" --setup-timeout 60 --max-run 600 > "$OUT/cluster-$name.log" 2>&1 || true
+    scraped_run "$name" '^setup:' "${HERALD_ARGS[@]}" --mode fanout --users "$FANOUT_USERS" --devices "$FANOUT_DEVICES" \
+        --rate "$FANOUT_RATES" --duration "$FANOUT_SECONDS" --max-p99-ms 1e9 --pub-conns 64 \
+        --user-prefix "cf${RUN_ID}${name}u" --server-pids "$(node_pids)" --setup-timeout 60 --max-run 600
     grep -v '^RESULT' "$OUT/cluster-$name.log" | sed "s/^/[$name] /" >&2
 }
 
@@ -165,9 +174,9 @@ durable() { # name conns
     local name=$1 p
     p=$(ports 1)
     herald_loadgen_args "" "" "$p" "$p"
-    "${HERALD_ARGS[@]}" --mode fanout --users "$FANOUT_USERS" --devices 1 --rate "$DURABLE_RAMP" \
-        --duration "$RAMP_SECONDS" --max-p99-ms "$MAX_P99_MS" --pub-conns "$2" --user-prefix "cu${RUN_ID}${name}u" \
-        --server-pids "$(node_pids)" --setup-timeout 60 --max-run 900 > "$OUT/cluster-$name.log" 2>&1 || true
+    scraped_run "$name" '^setup:' "${HERALD_ARGS[@]}" --mode fanout --users "$FANOUT_USERS" --devices 1 \
+        --rate "$DURABLE_RAMP" --duration "$RAMP_SECONDS" --max-p99-ms "$MAX_P99_MS" --pub-conns "$2" \
+        --user-prefix "cu${RUN_ID}${name}u" --server-pids "$(node_pids)" --setup-timeout 60 --max-run 900
     grep -E '^(step|saturation|  stopping)' "$OUT/cluster-$name.log" | sed "s/^/[$name] /" >&2
 }
 
@@ -181,7 +190,7 @@ big() { # name users placement
     for i in $(seq 1 "$BIG_NODES"); do subs+=($(ports "$i")); done
     herald_loadgen_args "" "" "${subs[*]}" "${subs[@]}"
     "${HERALD_ARGS[@]}" --mode fanout --users "$2" --devices "$BIG_DEVICES" --url-by "$3" --rate "$BIG_RATE" \
-        --duration "$BIG_SECONDS" --max-p99-ms 1e9 --pub-conns 64 --conns-per-proc "$BIG_CONNS_PER_PROC" \
+        --duration "$BIG_SECONDS" --drain "$BIG_DRAIN" --max-p99-ms 1e9 --pub-conns 64 --conns-per-proc "$BIG_CONNS_PER_PROC" \
         --connect-concurrency 100 --user-prefix "cb${RUN_ID}${name}u" --server-pids "$(node_pids)" \
         --setup-timeout 300 --max-run 900 > "$OUT/cluster-$name.log" 2>&1 || true
     grep -v '^RESULT' "$OUT/cluster-$name.log" | sed "s/^/[$name] /" >&2
@@ -212,7 +221,7 @@ big_table() { # name placement
             echo "| fan-out at $r/s: published ok / failed / unsent | $(na "$(res "$F" "step=$st " published)") / $(na "$(res "$F" "step=$st " pub_errors)") / $(na "$(res "$F" "step=$st " unsent)") |"
             echo "| fan-out at $r/s: deliveries / expected; lost; duplicates | $(na "$(res "$F" "step=$st " delivered)") / $(na "$(res "$F" "step=$st " expected)"); $(na "$(res "$F" "step=$st " lost)"); $(na "$(res "$F" "step=$st " dup)") |"
             echo "| fan-out at $r/s: deliveries/s; p50 / p99 / max (ms) | $(na "$(res "$F" "step=$st " dps)"); $(na "$(res "$F" "step=$st " p50_ms)") / $(na "$(res "$F" "step=$st " p99_ms)") / $(na "$(res "$F" "step=$st " max_ms)") |"
-            [ -n "$cpu" ] && echo "| fan-out at $r/s: server CPU, all nodes (s over the step + 2 s drain; cores) | $cpu; $(awk -v c="$cpu" -v s="$BIG_SECONDS" 'BEGIN { printf "%.2f", c / (s + 2) }') |"
+            [ -n "$cpu" ] && echo "| fan-out at $r/s: server CPU, all nodes (s over the step + drain; cores) | $cpu; $(awk -v c="$cpu" -v s="$BIG_SECONDS" -v d="$BIG_DRAIN" 'BEGIN { printf "%.2f", c / (s + d) }') |"
         done
         grep '^RESULT mode=node' "$F" | while read -r line; do
             echo "| node $(echo "$line" | tr ' ' '\n' | awk -F= '$1=="node" {print $2}') at the end: RSS KiB, open files | $(echo "$line" | tr ' ' '\n' | awk -F= '$1=="rss_kib" {r=$2} $1=="fds" {f=$2} END {print r ", " f}') |"
@@ -291,14 +300,23 @@ hist_ms() { # file earlier-file metric q
               if (c[n - 1] <= 0) exit
               for (i = 0; i < n; i++) if (c[i] >= q * c[n - 1]) { print (le[i] == "+Inf" ? "inf" : le[i] * 1000); exit } }' "$1" "$2"
 }
+# node 1's store time (BEGIN to COMMIT, summed) per publish after the
+# subscribers were ready, in ms: how much of the engine thread each publish
+# costs in the store
+store_ms_per_publish() { # log-name
+    local a=$OUT/cluster-$1-metrics-n1.txt b=$OUT/cluster-$1-pre-metrics-n1.txt
+    [ -f "$a" ] && [ -f "$b" ] || return 0
+    awk '$1 == "herald_store_latency_seconds_sum" { s[FILENAME] = $2 } $1 == "herald_publishes_total" { p[FILENAME] = $2 }
+         END { n = p[ARGV[1]] - p[ARGV[2]]; if (n > 0) printf "%.3f", 1000 * (s[ARGV[1]] - s[ARGV[2]]) / n }' "$a" "$b"
+}
 hist_pair() { # prefix node metric: "≤p50 / ≤p99" in ms over the updates
     echo "≤$(na "$(hist_ms "$1-metrics-$2.txt" "$1-pre-metrics-$2.txt" "$3" .5)") / ≤$(na "$(hist_ms "$1-metrics-$2.txt" "$1-pre-metrics-$2.txt" "$3" .99)")"
 }
 na() { echo "${1:-—}"; }
 step_row() { # label log step
     local f=$OUT/cluster-$2.log
-    printf '| %s | %s | %s | %s | %s | %s / %s | %s |\n' "$1" \
-        "$(na "$(res "$f" "step=$3 " target_rate)")" "$(na "$(res "$f" "step=$3 " p50_ms)")" \
+    printf '| %s | %s | %s | %s | %s | %s | %s / %s | %s |\n' "$1" \
+        "$(na "$(res "$f" "step=$3 " target_rate)")" "$(na "$(res "$f" "step=$3 " pub_rate)")" "$(na "$(res "$f" "step=$3 " p50_ms)")" \
         "$(na "$(res "$f" "step=$3 " p99_ms)")" "$(na "$(res "$f" "step=$3 " max_ms)")" \
         "$(na "$(res "$f" "step=$3 " lost)")" "$(na "$(res "$f" "step=$3 " dup)")" \
         "$(na "$(res "$f" "step=$3 " cpu_s_per_m)")"
@@ -339,13 +357,17 @@ step_row() { # label log step
     echo
     echo "Publish-to-delivery ($FANOUT_USERS users x $FANOUT_DEVICES devices, publishes on node 1, $FANOUT_SECONDS s per rate):"
     echo
-    echo "| setup | publishes/s | p50 ms | p99 ms | max ms | lost / dup | server CPU s per million deliveries |"
-    echo "|---|---|---|---|---|---|---|"
+    echo "| setup | publishes/s | achieved | p50 ms | p99 ms | max ms | lost / dup | server CPU s per million deliveries |"
+    echo "|---|---|---|---|---|---|---|---|"
     for k in sqlite-1node pg-1node pg-2nodes; do
         for s in 0 1 2 3; do
             [ -n "$(v "fanout-$k" "step=$s " target_rate)" ] && step_row "$k" "fanout-$k" "$s"
         done
     done
+    echo
+    echo "Node 1's store time per publish (BEGIN to COMMIT summed over its batches, divided by its publishes, ms):"
+    echo "fan-out $(for k in sqlite-1node pg-1node pg-2nodes; do printf '%s %s; ' "$k" "$(na "$(store_ms_per_publish "fanout-$k")")"; done)"
+    echo "durable $(for c in $DURABLE_CONNS; do for st in sqlite pg; do printf '%s-%s %s; ' "$st" "$c" "$(na "$(store_ms_per_publish "durable-$st-$c")")"; done; done)"
     echo
     echo "Durable publishes ($DURABLE_RAMP, $RAMP_SECONDS s steps, 1 device per user): best step with p99 ≤ $MAX_P99_MS ms and nothing lost:"
     echo
