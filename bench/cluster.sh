@@ -16,7 +16,8 @@
 #   FANOUT_USERS [1000] FANOUT_DEVICES [3] FANOUT_RATES [1000,5000] FANOUT_SECONDS [10]
 #   DURABLE_RAMP [ramp:1000:1000:12000] DURABLE_CONNS [64 512] RAMP_SECONDS [5]
 #   MAX_P99_MS [100]  (durable: the best step with p99 under it and nothing lost)
-#   BIG_NODES [4] BIG_USERS [15000] BIG_DEVICES [4] BIG_RATE [1000,5000] (one step each; a step with losses ends the run) BIG_SECONDS [10]
+#   BIG_NODES [4] BIG_USERS [15000] BIG_DEVICES [4] BIG_RATE [1500,5000] (one step each, all run: the first, 15,000 publishes, gives
+#     every user its first change, which each node follows with a catch-up read) BIG_SECONDS [10]
 #     (big: every device of user u on node u mod BIG_NODES: 4 x 15,000 connections)
 #   SPREAD_USERS [1500] (spread: the same, but device d of every user on node
 #     d mod BIG_NODES, so each user's hellos and presence reach every node at once)
@@ -49,7 +50,7 @@ MAX_P99_MS=${MAX_P99_MS:-100}
 BIG_NODES=${BIG_NODES:-4}
 BIG_USERS=${BIG_USERS:-15000}
 BIG_DEVICES=${BIG_DEVICES:-4}
-BIG_RATE=${BIG_RATE:-1000,5000}
+BIG_RATE=${BIG_RATE:-1500,5000}
 BIG_SECONDS=${BIG_SECONDS:-10}
 BIG_CONNS_PER_PROC=${BIG_CONNS_PER_PROC:-8000}
 BIG_DRAIN=${BIG_DRAIN:-20} # s after a step's last publish before deliveries are counted
@@ -189,10 +190,10 @@ big() { # name users placement
     local name=$1 i subs=()
     for i in $(seq 1 "$BIG_NODES"); do subs+=($(ports "$i")); done
     herald_loadgen_args "" "" "${subs[*]}" "${subs[@]}"
-    "${HERALD_ARGS[@]}" --mode fanout --users "$2" --devices "$BIG_DEVICES" --url-by "$3" --rate "$BIG_RATE" \
-        --duration "$BIG_SECONDS" --drain "$BIG_DRAIN" --max-p99-ms 1e9 --pub-conns 64 --conns-per-proc "$BIG_CONNS_PER_PROC" \
-        --connect-concurrency 100 --user-prefix "cb${RUN_ID}${name}u" --server-pids "$(node_pids)" \
-        --setup-timeout 300 --max-run 900 > "$OUT/cluster-$name.log" 2>&1 || true
+    scraped_run "$name" '^setup:' "${HERALD_ARGS[@]}" --mode fanout --users "$2" --devices "$BIG_DEVICES" --url-by "$3" \
+        --rate "$BIG_RATE" --keep-going --duration "$BIG_SECONDS" --drain "$BIG_DRAIN" --max-p99-ms 1e9 --pub-conns 64 \
+        --conns-per-proc "$BIG_CONNS_PER_PROC" --connect-concurrency 100 --user-prefix "cb${RUN_ID}${name}u" \
+        --server-pids "$(node_pids)" --setup-timeout 300 --max-run 900
     grep -v '^RESULT' "$OUT/cluster-$name.log" | sed "s/^/[$name] /" >&2
     for i in "${!NODE_PIDS[@]}"; do # what each process held at the end
         echo "RESULT mode=node node=$((i + 1)) pid=${NODE_PIDS[$i]} rss_kib=$(rss_kib "${NODE_PIDS[$i]}") fds=$(ls "/proc/${NODE_PIDS[$i]}/fd" 2>/dev/null | wc -l)" >> "$OUT/cluster-$name.log"
@@ -222,6 +223,11 @@ big_table() { # name placement
             echo "| fan-out at $r/s: deliveries / expected; lost; duplicates | $(na "$(res "$F" "step=$st " delivered)") / $(na "$(res "$F" "step=$st " expected)"); $(na "$(res "$F" "step=$st " lost)"); $(na "$(res "$F" "step=$st " dup)") |"
             echo "| fan-out at $r/s: deliveries/s; p50 / p99 / max (ms) | $(na "$(res "$F" "step=$st " dps)"); $(na "$(res "$F" "step=$st " p50_ms)") / $(na "$(res "$F" "step=$st " p99_ms)") / $(na "$(res "$F" "step=$st " max_ms)") |"
             [ -n "$cpu" ] && echo "| fan-out at $r/s: server CPU, all nodes (s over the step + drain; cores) | $cpu; $(awk -v c="$cpu" -v s="$BIG_SECONDS" -v d="$BIG_DRAIN" 'BEGIN { printf "%.2f", c / (s + d) }') |"
+        done
+        local n
+        for n in $(seq 1 "$BIG_NODES"); do
+            [ -f "$OUT/cluster-$1-metrics-n$n.txt" ] || continue
+            echo "| node $n: bus catch-ups; store time per publish (ms) | $(awk '$1 == "herald_bus_catchups_total" {print $2}' "$OUT/cluster-$1-metrics-n$n.txt"); $(na "$(store_ms_per_publish "$1" "n$n")") |"
         done
         grep '^RESULT mode=node' "$F" | while read -r line; do
             echo "| node $(echo "$line" | tr ' ' '\n' | awk -F= '$1=="node" {print $2}') at the end: RSS KiB, open files | $(echo "$line" | tr ' ' '\n' | awk -F= '$1=="rss_kib" {r=$2} $1=="fds" {f=$2} END {print r ", " f}') |"
@@ -300,11 +306,11 @@ hist_ms() { # file earlier-file metric q
               if (c[n - 1] <= 0) exit
               for (i = 0; i < n; i++) if (c[i] >= q * c[n - 1]) { print (le[i] == "+Inf" ? "inf" : le[i] * 1000); exit } }' "$1" "$2"
 }
-# node 1's store time (BEGIN to COMMIT, summed) per publish after the
+# a node's store time (BEGIN to COMMIT, summed) per publish after the
 # subscribers were ready, in ms: how much of the engine thread each publish
 # costs in the store
-store_ms_per_publish() { # log-name
-    local a=$OUT/cluster-$1-metrics-n1.txt b=$OUT/cluster-$1-pre-metrics-n1.txt
+store_ms_per_publish() { # log-name [node: n1]
+    local a=$OUT/cluster-$1-metrics-${2:-n1}.txt b=$OUT/cluster-$1-pre-metrics-${2:-n1}.txt
     [ -f "$a" ] && [ -f "$b" ] || return 0
     awk '$1 == "herald_store_latency_seconds_sum" { s[FILENAME] = $2 } $1 == "herald_publishes_total" { p[FILENAME] = $2 }
          END { n = p[ARGV[1]] - p[ARGV[2]]; if (n > 0) printf "%.3f", 1000 * (s[ARGV[1]] - s[ARGV[2]]) / n }' "$a" "$b"

@@ -252,6 +252,7 @@ static struct {
     char *sub_urls[MAX_SUB_URLS]; /* ws://ip:port/path-template; connection k uses k mod n */
     int n_sub_urls;
     int url_by_user; /* --url-by user: all devices of user u on URL u mod n */
+    int keep_going;  /* run every step of a multi-step run, whatever the last one did */
     char *hello;                /* optional first text frame template */
     char *resume_hello;         /* reconnect: hello with {cursor}/{epoch} */
     char *ready_match;          /* substring that marks a subscriber ready */
@@ -1978,6 +1979,7 @@ int main(int argc, char **argv) {
             if (O.n_sub_urls >= MAX_SUB_URLS) die("too many --sub-url");
             O.sub_urls[O.n_sub_urls++] = NEXT();
         }
+        else if (!strcmp(a, "--keep-going")) O.keep_going = 1;
         else if (!strcmp(a, "--url-by")) {
             const char *m = NEXT();
             if (!strcmp(m, "user")) O.url_by_user = 1;
@@ -2224,7 +2226,9 @@ int main(int argc, char **argv) {
             }
             if (!ok) {
                 exit_code = exit_code ? exit_code : (nsteps > 1 ? 0 : 1);
-                if (nsteps > 1) {
+                if (nsteps > 1 && O.keep_going) {
+                    printf("  step not passed (--keep-going: on to the next)\n");
+                } else if (nsteps > 1) {
                     printf("  stopping the ramp: %s\n",
                            ms(p99) > O.max_p99_ms ? "p99 over the limit"
                            : lost > 0             ? "deliveries lost"
