@@ -125,10 +125,13 @@ ports() { local i; for i in "$@"; do echo $((BASE_PORT + i)); done; }
 
 # ---------------------------------------------------------------- scenarios
 # runs a loadgen command line into bench/out/cluster-NAME.log, scraping every
-# node's /metrics when a line matching MARKER appears (NAME-pre) and at the end
+# node's /metrics when a line matching MARKER appears (NAME-pre) and at the
+# end; and the CPU time PostgreSQL (all its processes), Redis and the nodes
+# used from start to end (a RESULT mode=cpu line)
 scraped_run() { # name marker command...
-    local name=$1 marker=$2 log=$OUT/cluster-$1.log lg i
+    local name=$1 marker=$2 log=$OUT/cluster-$1.log lg i t0 pg0 rd0 nd0
     shift 2
+    t0=$(date +%s.%N) pg0=$(cpu_s $(pg_pids)) rd0=$(cpu_s $(redis_pid)) nd0=$(cpu_s "${NODE_PIDS[@]}")
     "$@" > "$log" 2>&1 &
     lg=$!
     STARTED_PIDS+=("$lg")
@@ -141,7 +144,24 @@ scraped_run() { # name marker command...
     wait "$lg" || true
     forget_pid "$lg"
     scrape_metrics "$name"
+    echo "RESULT mode=cpu wall_s=$(echo "$(date +%s.%N) $t0" | awk '{printf "%.1f", $1 - $2}') pg_s=$(echo "$(cpu_s $(pg_pids)) $pg0" | awk '{printf "%.1f", $1 - $2}') redis_s=$(echo "$(cpu_s $(redis_pid)) $rd0" | awk '{printf "%.1f", $1 - $2}') nodes_s=$(echo "$(cpu_s "${NODE_PIDS[@]}") $nd0" | awk '{printf "%.1f", $1 - $2}')" >> "$log"
 }
+# utime + stime (s) summed over the given pids
+cpu_s() {
+    local p t=0 hz
+    hz=$(getconf CLK_TCK)
+    for p in "$@"; do
+        t=$((t + $(sed 's/^.*) //' "/proc/$p/stat" 2>/dev/null | awk '{print $12 + $13}' || echo 0)))
+    done
+    awk -v t="$t" -v hz="$hz" 'BEGIN { printf "%.2f", t / hz }'
+}
+# the throwaway PostgreSQL's postmaster and its children; the Redis server
+pg_pids() {
+    local pm
+    pm=$(head -1 "$(dirname "$HERALD_TEST_POSTGRES_CTL")/data/postmaster.pid" 2>/dev/null) || return 0
+    echo "$pm" $(pgrep -P "$pm")
+}
+redis_pid() { cat "$(dirname "$HERALD_TEST_REDIS_CTL")/pid" 2>/dev/null || true; }
 
 # dismiss: device 0 of each user on node A sends a WebSocket update; the
 # user's devices 1 and 2 on node B receive the change
@@ -224,6 +244,7 @@ big_table() { # name placement
             echo "| fan-out at $r/s: deliveries/s; p50 / p99 / max (ms) | $(na "$(res "$F" "step=$st " dps)"); $(na "$(res "$F" "step=$st " p50_ms)") / $(na "$(res "$F" "step=$st " p99_ms)") / $(na "$(res "$F" "step=$st " max_ms)") |"
             [ -n "$cpu" ] && echo "| fan-out at $r/s: server CPU, all nodes (s over the step + drain; cores) | $cpu; $(awk -v c="$cpu" -v s="$BIG_SECONDS" -v d="$BIG_DRAIN" 'BEGIN { printf "%.2f", c / (s + d) }') |"
         done
+        echo "| CPU over the whole run ($(na "$(res "$F" mode=cpu wall_s)") s: setup, steps, drains): nodes / PostgreSQL / Redis (s) | $(na "$(res "$F" mode=cpu nodes_s)") / $(na "$(res "$F" mode=cpu pg_s)") / $(na "$(res "$F" mode=cpu redis_s)") |"
         local n
         for n in $(seq 1 "$BIG_NODES"); do
             [ -f "$OUT/cluster-$1-metrics-n$n.txt" ] || continue
@@ -374,6 +395,9 @@ step_row() { # label log step
     echo "Node 1's store time per publish (BEGIN to COMMIT summed over its batches, divided by its publishes, ms):"
     echo "fan-out $(for k in sqlite-1node pg-1node pg-2nodes; do printf '%s %s; ' "$k" "$(na "$(store_ms_per_publish "fanout-$k")")"; done)"
     echo "durable $(for c in $DURABLE_CONNS; do for st in sqlite pg; do printf '%s-%s %s; ' "$st" "$c" "$(na "$(store_ms_per_publish "durable-$st-$c")")"; done; done)"
+    echo
+    echo "CPU seconds over each whole run (setup, steps, drains), nodes / PostgreSQL / Redis:"
+    echo "$(for k in fanout-sqlite-1node fanout-pg-1node fanout-pg-2nodes; do printf '%s %s / %s / %s (%s s); ' "$k" "$(na "$(v "$k" mode=cpu nodes_s)")" "$(na "$(v "$k" mode=cpu pg_s)")" "$(na "$(v "$k" mode=cpu redis_s)")" "$(na "$(v "$k" mode=cpu wall_s)")"; done)"
     echo
     echo "Durable publishes ($DURABLE_RAMP, $RAMP_SECONDS s steps, 1 device per user): best step with p99 ≤ $MAX_P99_MS ms and nothing lost:"
     echo
