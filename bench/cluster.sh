@@ -251,9 +251,20 @@ big_table() { # name placement
             echo "| node $n: bus catch-ups; store time per publish (ms) | $(awk '$1 == "herald_bus_catchups_total" {print $2}' "$OUT/cluster-$1-metrics-n$n.txt"); $(na "$(store_ms_per_publish "$1" "n$n")") |"
         done
         grep '^RESULT mode=node' "$F" | while read -r line; do
-            echo "| node $(echo "$line" | tr ' ' '\n' | awk -F= '$1=="node" {print $2}') at the end: RSS KiB, open files | $(echo "$line" | tr ' ' '\n' | awk -F= '$1=="rss_kib" {r=$2} $1=="fds" {f=$2} END {print r ", " f}') |"
+            echo "| node $(echo "$line" | tr ' ' '\n' | awk -F= '$1=="node" {print $2}') after the run (connections closed): RSS KiB, open files | $(echo "$line" | tr ' ' '\n' | awk -F= '$1=="rss_kib" {r=$2} $1=="fds" {f=$2} END {print r ", " f}') |"
         done
     fi
+}
+
+# a scenario on one SQLite node, one PostgreSQL + Redis node, then across two
+# of those (node 1 to node 2)
+three_setups() { # scenario
+    start_nodes sq 1 sqlite && "$1" "$1-sqlite-1node" 1 1
+    sleep "$SETTLE"
+    start_nodes pg1 1 postgres && "$1" "$1-pg-1node" 1 1
+    sleep "$SETTLE"
+    start_nodes pg2 2 postgres && "$1" "$1-pg-2nodes" 1 2
+    sleep "$SETTLE"
 }
 
 want() { [[ " $SCENARIOS " == *" $1 "* ]]; }
@@ -270,21 +281,11 @@ if [ "${TABLE_ONLY:-0}" != 1 ]; then
     ulimit -n "$(ulimit -Hn)"
     if want dismiss; then
         log "=== cross-node dismiss ==="
-        start_nodes sq 1 sqlite && dismiss dismiss-sqlite-1node 1 1
-        sleep "$SETTLE"
-        start_nodes pg1 1 postgres && dismiss dismiss-pg-1node 1 1
-        sleep "$SETTLE"
-        start_nodes pg2 2 postgres && dismiss dismiss-pg-2nodes 1 2
-        sleep "$SETTLE"
+        three_setups dismiss
     fi
     if want fanout; then
         log "=== publish-to-delivery, one node vs two ==="
-        start_nodes sq 1 sqlite && fanout fanout-sqlite-1node 1 1
-        sleep "$SETTLE"
-        start_nodes pg1 1 postgres && fanout fanout-pg-1node 1 1
-        sleep "$SETTLE"
-        start_nodes pg2 2 postgres && fanout fanout-pg-2nodes 1 2
-        sleep "$SETTLE"
+        three_setups fanout
     fi
     if want durable; then
         log "=== durable publishes/s ==="
