@@ -11,7 +11,8 @@
 # loopback (scripts/test-servers, installed with apt if missing) and the
 # Herald nodes, and stops all of them by pid when it ends.
 # Environment overrides (defaults in brackets):
-#   SCENARIOS [dismiss fanout durable spread big]
+#   SCENARIOS [dismiss fanout durable spread big]; also dismiss-paths: on one
+#     two-node cluster, dismiss within node 1, within node 2, then node 1 to node 2
 #   DISMISS_USERS [2000] DISMISS_RATE [1000]   (2 samples per user)
 #   FANOUT_USERS [1000] FANOUT_DEVICES [3] FANOUT_RATES [1000,5000] FANOUT_SECONDS [10]
 #   DURABLE_RAMP [ramp:1000:1000:12000] DURABLE_CONNS [64 512] RAMP_SECONDS [5]
@@ -271,7 +272,7 @@ want() { [[ " $SCENARIOS " == *" $1 "* ]]; }
 
 # ---------------------------------------------------------------- run
 if [ "${TABLE_ONLY:-0}" != 1 ]; then
-    rm -f "$OUT"/cluster-*.log
+    rm -f "$OUT"/cluster-*.log "$OUT"/cluster-*-metrics-n*.txt
     measure_background
     build_loadgen
     build_herald
@@ -282,6 +283,17 @@ if [ "${TABLE_ONLY:-0}" != 1 ]; then
     if want dismiss; then
         log "=== cross-node dismiss ==="
         three_setups dismiss
+    fi
+    if want dismiss-paths; then
+        # one two-node cluster, fresh users each time: is it the bus hop, or
+        # being in a cluster at all?
+        log "=== dismiss on one two-node cluster: on node 1, on node 2, node 1 to node 2 ==="
+        if start_nodes pgp 2 postgres; then
+            dismiss dismiss-paths-1to1 1 1
+            dismiss dismiss-paths-2to2 2 2
+            dismiss dismiss-paths-1to2 1 2
+        fi
+        sleep "$SETTLE"
     fi
     if want fanout; then
         log "=== publish-to-delivery, one node vs two ==="
@@ -361,7 +373,8 @@ step_row() { # label log step
     echo
     echo "| setup | samples | p50 ms | p99 ms | p99.9 ms | max ms | missing |"
     echo "|---|---|---|---|---|---|---|"
-    for k in sqlite-1node pg-1node pg-2nodes; do
+    for k in sqlite-1node pg-1node pg-2nodes paths-1to1 paths-2to2 paths-1to2; do
+        [ -f "$OUT/cluster-dismiss-$k.log" ] || continue
         printf '| %s | %s | %s | %s | %s | %s | %s |\n' "$k" "$(na "$(v "dismiss-$k" mode=dismiss received)")" \
             "$(na "$(v "dismiss-$k" mode=dismiss p50_ms)")" "$(na "$(v "dismiss-$k" mode=dismiss p99_ms)")" \
             "$(na "$(v "dismiss-$k" mode=dismiss p999_ms)")" "$(na "$(v "dismiss-$k" mode=dismiss max_ms)")" \
