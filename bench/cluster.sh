@@ -14,6 +14,7 @@
 #   SCENARIOS [dismiss fanout durable spread big]; also dismiss-paths: on one
 #     two-node cluster, dismiss within node 1, within node 2, then node 1 to node 2
 #   DISMISS_USERS [2000] DISMISS_RATE [1000]   (2 samples per user)
+#   DISMISS_DRAIN [2]  s between the seed notifications and the updates
 #   FANOUT_USERS [1000] FANOUT_DEVICES [3] FANOUT_RATES [1000,5000] FANOUT_SECONDS [10]
 #   DURABLE_RAMP [ramp:1000:1000:12000] DURABLE_CONNS [64 512] RAMP_SECONDS [5]
 #   MAX_P99_MS [100]  (durable: the best step with p99 under it and nothing lost)
@@ -40,6 +41,7 @@ QUICK=${QUICK:-0}
 SCENARIOS=${SCENARIOS:-dismiss fanout durable spread big}
 DISMISS_USERS=${DISMISS_USERS:-2000}
 DISMISS_RATE=${DISMISS_RATE:-1000}
+DISMISS_DRAIN=${DISMISS_DRAIN:-2} # s between the seed's last publish and the first update
 FANOUT_USERS=${FANOUT_USERS:-1000}
 FANOUT_DEVICES=${FANOUT_DEVICES:-3}
 FANOUT_RATES=${FANOUT_RATES:-1000,5000}
@@ -174,7 +176,7 @@ dismiss() { # name nodeA nodeB
     # updates start right after that line) and at the end: their difference
     # is the updates alone
     scraped_run "$name" '^seed:' "${HERALD_ARGS[@]}" --mode dismiss --users "$DISMISS_USERS" --devices 3 \
-        --rate "$DISMISS_RATE" --user-prefix "cd${RUN_ID}${name}u" --setup-timeout 60 --max-run 300
+        --rate "$DISMISS_RATE" --drain "$DISMISS_DRAIN" --user-prefix "cd${RUN_ID}${name}u" --setup-timeout 60 --max-run 300
     grep -v '^RESULT' "$OUT/cluster-$name.log" | sed "s/^/[$name] /" >&2
 }
 
