@@ -241,6 +241,7 @@ static double ms(uint64_t ns) { return (double)ns / 1e6; }
 #define MAX_HDRS 16
 #define MAX_STEPS 64
 #define MAX_PIDS 64
+#define MAX_SUB_URLS 16
 
 enum { TS_HYBRID = 0, TS_INTENDED, TS_ACTUAL };
 typedef enum { M_FANOUT, M_IDLE, M_DISMISS, M_RECONNECT } mode_t_;
@@ -248,13 +249,17 @@ typedef enum { M_FANOUT, M_IDLE, M_DISMISS, M_RECONNECT } mode_t_;
 static struct {
     mode_t_ mode;
     long users, devices, conns; /* conns = users*devices */
-    char *sub_url;              /* ws://ip:port/path-template */
+    char *sub_urls[MAX_SUB_URLS]; /* ws://ip:port/path-template; connection k uses k mod n */
+    int n_sub_urls;
+    int url_by_user; /* --url-by user: all devices of user u on URL u mod n */
+    int keep_going;  /* run every step of a multi-step run, whatever the last one did */
     char *hello;                /* optional first text frame template */
     char *resume_hello;         /* reconnect: hello with {cursor}/{epoch} */
     char *ready_match;          /* substring that marks a subscriber ready */
     char *sub_headers[MAX_HDRS];
     int n_sub_headers;
-    char *pub_url; /* http://ip:port/path-template */
+    char *pub_urls[MAX_SUB_URLS]; /* http://ip:port/path-template; publisher connection k uses k mod n */
+    int n_pub_urls;
     char *pub_method;
     char *pub_headers[MAX_HDRS];
     int n_pub_headers;
@@ -295,7 +300,13 @@ typedef struct {
     char *path; /* template */
     int tls;    /* wss:// or https:// */
 } url_t;
-static url_t SUB_URL, PUB_URL;
+static url_t SUB_URLS[MAX_SUB_URLS], PUB_URLS[MAX_SUB_URLS];
+/* several --sub-url (several gateway nodes): connection uidx*devices+didx
+   goes to URL number (that) mod n, so with n = devices, device d of every
+   user is on URL d, and with one device per user, users alternate;
+   --url-by user: every device of user u on URL u mod n */
+#define SC_URL(c) \
+    (&SUB_URLS[(O.url_by_user ? (c)->uidx : (c)->uidx * O.devices + (c)->didx) % O.n_sub_urls])
 
 static void parse_url(const char *s, url_t *u, int ws) {
     const char *p = s;
@@ -710,7 +721,7 @@ static void sc_start(sconn_t *c) {
         W.failed++;
         return;
     }
-    if (connect(fd, (struct sockaddr *)&SUB_URL.addr, sizeof SUB_URL.addr) < 0 && errno != EINPROGRESS) {
+    if (connect(fd, (struct sockaddr *)&SC_URL(c)->addr, sizeof SC_URL(c)->addr) < 0 && errno != EINPROGRESS) {
         w_note_err("connect: %s", strerror(errno));
         close(fd);
         c->state = S_FAILED;
@@ -772,7 +783,7 @@ static tvars_t sc_vars(sconn_t *c) {
 static void sc_send_upgrade(sconn_t *c) {
     tvars_t v = sc_vars(c);
     buf_t path = {0};
-    expand(&path, SUB_URL.path, &v);
+    expand(&path, SC_URL(c)->path, &v);
     unsigned char key[16];
     for (int i = 0; i < 16; i++) key[i] = (unsigned char)random();
     buf_t k = {0};
@@ -788,7 +799,7 @@ static void sc_send_upgrade(sconn_t *c) {
     buf_addf(&c->w,
              "GET %s HTTP/1.1\r\nHost: %s\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
              "Sec-WebSocket-Key: %s\r\nSec-WebSocket-Version: 13\r\n",
-             path.p, SUB_URL.hostport, k.p);
+             path.p, SC_URL(c)->hostport, k.p);
     for (int i = 0; i < O.n_sub_headers; i++) {
         buf_t h = {0};
         expand(&h, O.sub_headers[i], &v);
@@ -1053,8 +1064,8 @@ static void sc_on_event(sconn_t *c, uint32_t evs) {
                 sc_fail(c, why);
                 return;
             }
-            if (SUB_URL.tls) {
-                c->ssl = tls_new(c->fd, &SUB_URL);
+            if (SC_URL(c)->tls) {
+                c->ssl = tls_new(c->fd, SC_URL(c));
                 c->state = S_HANDSHAKE;
                 sc_handshake(c);
             } else sc_send_upgrade(c);
@@ -1333,6 +1344,8 @@ static void p_note(const char *fmt, ...) {
 }
 
 static void p_flush(pconn_t *c);
+/* several --pub-url (several nodes): publisher connection k on URL k mod n */
+#define PC_URL(c) (&PUB_URLS[((c) - P.c) % O.n_pub_urls])
 static int p_connect(pconn_t *c) {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) return -1;
@@ -1340,7 +1353,7 @@ static int p_connect(pconn_t *c) {
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     struct timeval tv = {.tv_sec = 2};
     setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-    if (connect(fd, (struct sockaddr *)&PUB_URL.addr, sizeof PUB_URL.addr) < 0) {
+    if (connect(fd, (struct sockaddr *)&PC_URL(c)->addr, sizeof PC_URL(c)->addr) < 0) {
         p_note("publisher connect: %s", strerror(errno));
         close(fd);
         return -1;
@@ -1352,8 +1365,8 @@ static int p_connect(pconn_t *c) {
     c->r.len = 0;
     c->w.len = c->woff = 0;
     struct epoll_event ev = {.events = EPOLLIN, .data.u64 = (uint64_t)(c - P.c)};
-    if (PUB_URL.tls) { /* the handshake starts once epoll says writable */
-        c->ssl = tls_new(fd, &PUB_URL);
+    if (PC_URL(c)->tls) { /* the handshake starts once epoll says writable */
+        c->ssl = tls_new(fd, PC_URL(c));
         c->hs = 1;
         c->want_out = 1;
         ev.events |= EPOLLOUT;
@@ -1450,9 +1463,9 @@ static void p_send(pconn_t *c, int64_t n, uint64_t ts) {
     v.n = n;
     v.ts = ts;
     buf_t path = {0}, body = {0};
-    expand(&path, PUB_URL.path, &v);
+    expand(&path, PC_URL(c)->path, &v);
     if (O.pub_body) expand(&body, O.pub_body, &v);
-    buf_addf(&c->w, "%s %s HTTP/1.1\r\nHost: %s\r\n", O.pub_method, path.p, PUB_URL.hostport);
+    buf_addf(&c->w, "%s %s HTTP/1.1\r\nHost: %s\r\n", O.pub_method, path.p, PC_URL(c)->hostport);
     for (int i = 0; i < O.n_pub_headers; i++) {
         buf_t h = {0};
         expand(&h, O.pub_headers[i], &v);
@@ -1654,7 +1667,11 @@ static void pub_publish(const cmd_t *m, int res_fd) {
     for (int64_t j = i; j < m->count; j += P.nprocs) unsent++;
     for (int k = 0; k < P.nc; k++)
         if (P.c[k].busy) {
+            /* counted as failed, never sent again: the server may have
+               committed it already, and a second copy would be delivered
+               as a change of its own (a duplicate) */
             p_note("publish response timeout");
+            P.c[k].retried = 1;
             p_reset(&P.c[k]);
         }
     r->a[A_OK] = P.ok;
@@ -1830,7 +1847,7 @@ static ready_sum_t sum_ready(res_t *rs) {
 }
 
 typedef struct {
-    uint64_t ok, err, unsent, t_first, t_last, t_last_resp, stalls;
+    uint64_t ok, err, unsent, t_first, t_last, t_last_resp, stalls, retries;
     hist_t lag;
 } pub_sum_t;
 
@@ -1846,6 +1863,7 @@ static pub_sum_t run_publish(int step, int64_t n0, int64_t count, double rate) {
         s.err += rs[i].a[A_ERR];
         s.unsent += rs[i].a[A_UNSENT];
         s.stalls += rs[i].a[A_STALLS];
+        s.retries += rs[i].a[A_RETRIES];
         if (rs[i].a[A_T_FIRST_SEND] && rs[i].a[A_T_FIRST_SEND] < s.t_first) s.t_first = rs[i].a[A_T_FIRST_SEND];
         if (rs[i].a[A_T_LAST_SEND] > s.t_last) s.t_last = rs[i].a[A_T_LAST_SEND];
         if (rs[i].a[A_T_LAST_RESP] > s.t_last_resp) s.t_last_resp = rs[i].a[A_T_LAST_RESP];
@@ -1957,14 +1975,25 @@ int main(int argc, char **argv) {
         } else if (!strcmp(a, "--users")) O.users = atol(NEXT());
         else if (!strcmp(a, "--devices")) O.devices = atol(NEXT());
         else if (!strcmp(a, "--conns")) idle_conns = atol(NEXT());
-        else if (!strcmp(a, "--sub-url")) O.sub_url = NEXT();
-        else if (!strcmp(a, "--hello")) O.hello = NEXT();
+        else if (!strcmp(a, "--sub-url")) {
+            if (O.n_sub_urls >= MAX_SUB_URLS) die("too many --sub-url");
+            O.sub_urls[O.n_sub_urls++] = NEXT();
+        }
+        else if (!strcmp(a, "--keep-going")) O.keep_going = 1;
+        else if (!strcmp(a, "--url-by")) {
+            const char *m = NEXT();
+            if (!strcmp(m, "user")) O.url_by_user = 1;
+            else if (strcmp(m, "connection")) die("--url-by takes user or connection");
+        } else if (!strcmp(a, "--hello")) O.hello = NEXT();
         else if (!strcmp(a, "--resume-hello")) O.resume_hello = NEXT();
         else if (!strcmp(a, "--ready-match")) O.ready_match = NEXT();
         else if (!strcmp(a, "--sub-header")) {
             if (O.n_sub_headers >= MAX_HDRS) die("too many --sub-header");
             O.sub_headers[O.n_sub_headers++] = NEXT();
-        } else if (!strcmp(a, "--pub-url")) O.pub_url = NEXT();
+        } else if (!strcmp(a, "--pub-url")) {
+            if (O.n_pub_urls >= MAX_SUB_URLS) die("too many --pub-url");
+            O.pub_urls[O.n_pub_urls++] = NEXT();
+        }
         else if (!strcmp(a, "--pub-method")) O.pub_method = NEXT();
         else if (!strcmp(a, "--pub-header")) {
             if (O.n_pub_headers >= MAX_HDRS) die("too many --pub-header");
@@ -2013,22 +2042,29 @@ int main(int argc, char **argv) {
         else die("unknown flag %s (see bench/README.md)", a);
 #undef NEXT
     }
-    if (!O.sub_url) usage();
+    if (!O.n_sub_urls) usage();
     if (O.mode == M_IDLE && idle_conns > 0) { /* --conns N: N single-device users */
         O.users = (idle_conns + O.devices - 1) / O.devices;
     }
     if (O.users < 1 || O.devices < 1) die("--users and --devices must be >= 1");
     if (O.mode == M_DISMISS && O.devices < 2) die("dismiss needs --devices >= 2");
-    if (O.mode != M_IDLE && !O.pub_url) die("--pub-url is required for this mode");
+    if (O.mode != M_IDLE && !O.n_pub_urls) die("--pub-url is required for this mode");
     if (O.conns_per_proc < 1 || O.pub_conns < 1 || O.pub_procs < 1 || O.connect_conc < 1) die("bad process/connection counts");
     if (O.duration <= 0 || O.duration > 3600 || O.max_run <= 0 || O.max_run > 7200) die("bad --duration/--max-run");
     if (O.mode == M_DISMISS || O.mode == M_RECONNECT) {
         if (!O.ready_match) O.ready_match = "\"type\":\"welcome\"";
     }
     O.conns = O.users * O.devices;
-    parse_url(O.sub_url, &SUB_URL, 1);
-    if (O.pub_url) parse_url(O.pub_url, &PUB_URL, 0);
-    if (SUB_URL.tls || PUB_URL.tls) tls_init();
+    int sub_tls = 0;
+    for (int i = 0; i < O.n_sub_urls; i++) {
+        parse_url(O.sub_urls[i], &SUB_URLS[i], 1);
+        sub_tls |= SUB_URLS[i].tls;
+    }
+    for (int i = 0; i < O.n_pub_urls; i++) {
+        parse_url(O.pub_urls[i], &PUB_URLS[i], 0);
+        sub_tls |= PUB_URLS[i].tls;
+    }
+    if (sub_tls) tls_init();
     raise_nofile();
     signal(SIGPIPE, SIG_IGN);
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -2116,9 +2152,11 @@ int main(int argc, char **argv) {
     printf("setup: %ld of %ld ready, %ld failed in %.2f s (%.0f connections/s), handshake p50 %.2f ms p99 %.2f ms max %.2f ms\n",
            rs.ready, O.conns, rs.failed, rs.setup_s, rs.setup_rate, ms(h_pct(&rs.setup, .5)), ms(h_pct(&rs.setup, .99)),
            ms(rs.setup.max));
-    printf("RESULT mode=%s phase=setup conns=%ld ready=%ld failed=%ld setup_s=%.3f setup_rate=%.0f hs_p50_ms=%.3f hs_p99_ms=%.3f server_cpu_s=%.3f\n",
+    /* the servers' summed RSS once every subscriber is ready (0 without --server-pids) */
+    long rss_ready = O.n_server_pids ? rss_kib() : 0;
+    printf("RESULT mode=%s phase=setup conns=%ld ready=%ld failed=%ld setup_s=%.3f setup_rate=%.0f hs_p50_ms=%.3f hs_p99_ms=%.3f server_cpu_s=%.3f rss_before_kib=%ld rss_ready_kib=%ld\n",
            mname[O.mode], O.conns, rs.ready, rs.failed, rs.setup_s, rs.setup_rate, ms(h_pct(&rs.setup, .5)),
-           ms(h_pct(&rs.setup, .99)), cpu_setup1 - cpu_setup0);
+           ms(h_pct(&rs.setup, .99)), cpu_setup1 - cpu_setup0, rss0, rss_ready);
     int exit_code = (rs.failed > 0) ? 1 : 0;
     if (rs.ready == 0) {
         fprintf(stderr, "no subscriber became ready: stopping\n");
@@ -2166,8 +2204,10 @@ int main(int argc, char **argv) {
             int ok = lost <= 0 && p.err == 0 && p.unsent == 0 && ms(p99) <= O.max_p99_ms && r.dup == 0 &&
                      pub_rate >= 0.95 * O.rates[s];
             printf("step %d: target %.0f publishes/s x %.1f s -> published %" PRIu64 " ok, %" PRIu64 " failed, %" PRIu64
-                   " unsent (%.0f/s achieved; send lag p99 %.3f ms max %.3f ms; %" PRIu64 " stalls on busy connections)\n",
-                   s, O.rates[s], O.duration, p.ok, p.err, p.unsent, pub_rate, ms(h_pct(&p.lag, .99)), ms(p.lag.max), p.stalls);
+                   " unsent (%.0f/s achieved; send lag p99 %.3f ms max %.3f ms; %" PRIu64 " stalls on busy connections; %" PRIu64
+                   " sent again after the server closed a keep-alive connection unanswered)\n",
+                   s, O.rates[s], O.duration, p.ok, p.err, p.unsent, pub_rate, ms(h_pct(&p.lag, .99)), ms(p.lag.max), p.stalls,
+                   p.retries);
             printf("  deliveries %" PRIu64 " of %" PRIu64 " expected (%.0f/s), lost %" PRId64 ", duplicates %" PRIu64
                    ", misrouted %" PRIu64 ", unparsed %" PRIu64 ", dropped connections %" PRIu64 "\n",
                    r.unique, expected, dps, lost > 0 ? lost : 0, r.dup, r.misrouted, r.badnum, r.dropped);
@@ -2186,7 +2226,9 @@ int main(int argc, char **argv) {
             }
             if (!ok) {
                 exit_code = exit_code ? exit_code : (nsteps > 1 ? 0 : 1);
-                if (nsteps > 1) {
+                if (nsteps > 1 && O.keep_going) {
+                    printf("  step not passed (--keep-going: on to the next)\n");
+                } else if (nsteps > 1) {
                     printf("  stopping the ramp: %s\n",
                            ms(p99) > O.max_p99_ms ? "p99 over the limit"
                            : lost > 0             ? "deliveries lost"

@@ -25,10 +25,8 @@
 # Only loopback addresses are used; every step is bounded in time.
 set -euo pipefail
 
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
-BENCH=$ROOT/bench
-OUT=$BENCH/out
-mkdir -p "$OUT"
+LOG_TAG=run.sh
+source "$(dirname "$0")/lib.sh"
 
 QUICK=${QUICK:-0}
 IDLE_CONNS=${IDLE_CONNS:-10000}
@@ -61,78 +59,11 @@ if [ "$QUICK" = 1 ]; then
     IDLE_CONNS=${QUICK_IDLE_CONNS:-4000}
 fi
 
-LOADGEN=$BENCH/loadgen
-RUN_ID=$(date +%s)
-WORK=$(mktemp -d /tmp/herald-bench.XXXXXX)
 TLS_CERT=$WORK/tls/cert.pem   # a throwaway self-signed certificate (HERALD_TLS)
 TLS_KEY=$WORK/tls/key.pem
-STARTED_PIDS=()   # processes this script started (stopped on exit, by pid)
 
-log() { printf '[run.sh] %s\n' "$*" >&2; }
-
-cleanup() {
-    local p
-    for p in "${STARTED_PIDS[@]:-}"; do
-        [ -n "$p" ] && kill "$p" 2>/dev/null || true
-    done
-    sleep 0.3
-    for p in "${STARTED_PIDS[@]:-}"; do
-        [ -n "$p" ] && kill -9 "$p" 2>/dev/null || true
-    done
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
-
-# ---------------------------------------------------------------- quiet machine?
-# the load generator and the servers share this machine's cores: anything else
-# busy (a compiler, a test suite) skews every number, so measure and report it
-busy_pct() { # percent of all CPU time not idle over $1 seconds
-    local a b
-    a=$(awk '/^cpu / {print $2+$3+$4+$7+$8+$9, $5+$6}' /proc/stat)
-    sleep "$1"
-    b=$(awk '/^cpu / {print $2+$3+$4+$7+$8+$9, $5+$6}' /proc/stat)
-    echo "$a $b" | awk '{ busy = $3 - $1; idle = $4 - $2; if (busy + idle == 0) print 0; else printf "%.0f", 100 * busy / (busy + idle) }'
-}
-BG_BUSY=$(busy_pct 2)
-LOAD_START=$(cut -d' ' -f1-3 /proc/loadavg)
-if [ "$BG_BUSY" -gt 10 ]; then
-    log "warning: the machine is already ${BG_BUSY}% busy before the benchmark; results will be noisy"
-fi
-
-# ---------------------------------------------------------------- build
-log "building the load generator"
-need=()
-for tool in make gcc curl; do command -v "$tool" >/dev/null || need+=("$tool"); done
-[ "$HERALD_TLS" = 0 ] || command -v openssl >/dev/null || need+=(openssl)
-[ -f /usr/include/openssl/hmac.h ] || need+=(libssl-dev)
-if [ ${#need[@]} -gt 0 ]; then
-    log "installing ${need[*]} (Debian)"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
-fi
-make -s -C "$BENCH" loadgen
-
-# ---------------------------------------------------------------- helpers
-# sum of VmRSS (KiB) over the given pids
-rss_kib() {
-    local t=0 p v
-    for p in "$@"; do
-        v=$(awk '/^VmRSS:/ {print $2}' "/proc/$p/status" 2>/dev/null || echo 0)
-        t=$((t + ${v:-0}))
-    done
-    echo "$t"
-}
-
-# value of key=... in the last RESULT line of a log matching a filter
-res() { # file filter key
-    { grep '^RESULT' "$1" | grep -- "$2" | tail -1 | tr ' ' '\n' | awk -F= -v k="$3" '$1==k {print $2}'; } 2>/dev/null || true
-}
-
-# forget a pid this script waited for, so cleanup never signals a reused pid
-forget_pid() {
-    local p keep=()
-    for p in "${STARTED_PIDS[@]:-}"; do [ "$p" != "$1" ] && [ -n "$p" ] && keep+=("$p"); done
-    STARTED_PIDS=("${keep[@]:-}")
-}
+measure_background
+if [ "$HERALD_TLS" = 0 ]; then build_loadgen; else build_loadgen openssl; fi
 
 # ---------------------------------------------------------------- nchan
 NCHAN_PIDS=""
@@ -177,12 +108,7 @@ HERALD_OK=0
 HERALD_WHY=""
 prepare_herald() {
     if [ "${SKIP_HERALD:-0}" = 1 ]; then HERALD_WHY="skipped (SKIP_HERALD=1)"; return 1; fi
-    if [ "${SKIP_HERALD_BUILD:-0}" != 1 ] && [ -f "$ROOT/Package.swift" ] && command -v swift >/dev/null; then
-        log "building Herald: swift build -c release (log: bench/out/herald-build.log)"
-        if ! (cd "$ROOT" && swift build -c release --product herald) > "$OUT/herald-build.log" 2>&1; then
-            log "swift build -c release failed (see bench/out/herald-build.log)"
-        fi
-    fi
+    build_herald
     if [ ! -x "$HERALD_BIN" ]; then
         HERALD_WHY="no Herald binary at $HERALD_BIN"
         return 1
@@ -192,47 +118,22 @@ prepare_herald() {
 # the loadgen command line for the Herald that runs: ws:// and http://, or
 # wss:// and https:// verified against the run's certificate
 set_herald_args() { # plain|tls
-    local port=$HERALD_PORT s="" ca=()
-    if [ "$1" = tls ]; then port=$HERALD_TLS_PORT s=s ca=(--ca "$TLS_CERT"); fi
-    HERALD_ARGS=("$LOADGEN"
-        --sub-url "ws$s://127.0.0.1:$port/v1/ws"
-        --hello '{"type":"hello","token":"{token}","deviceId":"{device}"}'
-        --resume-hello '{"type":"hello","token":"{token}","deviceId":"{device}","cursor":{cursor},"epoch":"{epoch}"}'
-        --ready-match '"type":"welcome"'
-        --msg-filter '"type":"change'
-        --app bench --key bench-key --secret bench-secret
-        --pub-url "http$s://127.0.0.1:$port/v1/apps/{app}/users/{user}/notifications"
-        --pub-header 'Authorization: Bearer {key}'
-        --pub-header 'Content-Type: application/json'
-        --pub-body '{"appNotificationId":"m{n}","payload":{"t":{ts},"n":{n}}}'
-        "${ca[@]}")
+    if [ "$1" = tls ]; then
+        herald_loadgen_args s "$TLS_CERT" "$HERALD_TLS_PORT" "$HERALD_TLS_PORT"
+    else
+        herald_loadgen_args "" "" "$HERALD_PORT" "$HERALD_PORT"
+    fi
 }
 start_herald() { # name [store: memory (default) or sqlite, a fresh file] [plain (default) or tls]
     local name=$1 d=$WORK/herald store=memory port=$HERALD_PORT tlsargs=()
-    rm -rf "$d"
-    mkdir -p "$d"
     [ "${2:-memory}" = sqlite ] && store="sqlite:$d/herald.db"
     if [ "${3:-plain}" = tls ]; then port=$HERALD_TLS_PORT tlsargs=(--tls-cert "$TLS_CERT" --tls-key "$TLS_KEY"); fi
     set_herald_args "${3:-plain}"
-    cat > "$d/herald.json" <<'EOF'
-{"apps":[{"id":"bench","serverKey":"bench-key","tokenSecret":"bench-secret"}]}
-EOF
-    "$HERALD_BIN" serve --host 127.0.0.1 --port "$port" --store "$store" --config "$d/herald.json" "${tlsargs[@]}" \
-        > "$d/stdout" 2> "$OUT/$name-server.log" &
-    HERALD_PID=$!
-    STARTED_PIDS+=("$HERALD_PID")
-    local i
-    for i in $(seq 1 100); do
-        grep -q '^listening on' "$d/stdout" 2>/dev/null && break
-        kill -0 "$HERALD_PID" 2>/dev/null || break
-        sleep 0.1
-    done
-    if ! grep -q '^listening on' "$d/stdout" 2>/dev/null; then
+    if ! herald_spawn "$name" "$d" "$port" --store "$store" "${tlsargs[@]}"; then
         HERALD_WHY="herald serve did not print 'listening on' (see bench/out/$name-server.log)"
-        stop_herald
         return 1
     fi
-    log "herald pid $HERALD_PID ($store): $(head -1 "$d/stdout")"
+    HERALD_PID=$SPAWNED_PID
     # does it speak /v1/ws? one subscriber must get its welcome
     if ! "${HERALD_ARGS[@]}" --mode idle --users 1 --devices 1 --user-prefix "probe${RUN_ID}u" \
         --setup-timeout 10 --max-run 30 > "$OUT/$name-probe.log" 2>&1; then
@@ -243,13 +144,7 @@ EOF
     return 0
 }
 stop_herald() {
-    [ -n "$HERALD_PID" ] || return 0
-    kill -TERM "$HERALD_PID" 2>/dev/null || true
-    local i
-    for i in $(seq 1 120); do kill -0 "$HERALD_PID" 2>/dev/null || break; sleep 0.1; done
-    kill -0 "$HERALD_PID" 2>/dev/null && kill -9 "$HERALD_PID" 2>/dev/null || true
-    wait "$HERALD_PID" 2>/dev/null || true
-    forget_pid "$HERALD_PID"
+    herald_stop "$HERALD_PID"
     HERALD_PID=""
 }
 

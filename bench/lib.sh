@@ -1,0 +1,157 @@
+# Helpers shared by bench/run.sh and bench/cluster.sh (sourced, not run).
+#
+# Sets ROOT, BENCH, OUT (bench/out, made), LOADGEN, RUN_ID, WORK (a temporary
+# folder, removed on exit), STARTED_PIDS (processes to stop on exit, by pid),
+# and installs bench_cleanup as the EXIT trap. The sourcing script sets
+# LOG_TAG (its name in log lines) first.
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BENCH=$ROOT/bench
+OUT=$BENCH/out
+mkdir -p "$OUT"
+LOADGEN=$BENCH/loadgen
+RUN_ID=$(date +%s)
+WORK=$(mktemp -d /tmp/herald-bench.XXXXXX)
+STARTED_PIDS=()   # processes this script started (stopped on exit, by pid)
+
+log() { printf '[%s] %s\n' "${LOG_TAG:-bench}" "$*" >&2; }
+
+bench_cleanup() {
+    local p
+    for p in "${STARTED_PIDS[@]:-}"; do
+        [ -n "$p" ] && kill "$p" 2>/dev/null || true
+    done
+    sleep 0.3
+    for p in "${STARTED_PIDS[@]:-}"; do
+        [ -n "$p" ] && kill -9 "$p" 2>/dev/null || true
+    done
+    rm -rf "$WORK"
+}
+trap bench_cleanup EXIT
+
+# forget a pid this script waited for, so cleanup never signals a reused pid
+forget_pid() {
+    local p keep=()
+    for p in "${STARTED_PIDS[@]:-}"; do [ "$p" != "$1" ] && [ -n "$p" ] && keep+=("$p"); done
+    STARTED_PIDS=("${keep[@]:-}")
+}
+
+# ---------------------------------------------------------------- quiet machine?
+# the load generator and the servers share this machine's cores: anything else
+# busy (a compiler, a test suite) skews every number, so measure and report it
+busy_pct() { # percent of all CPU time not idle over $1 seconds
+    local a b
+    a=$(awk '/^cpu / {print $2+$3+$4+$7+$8+$9, $5+$6}' /proc/stat)
+    sleep "$1"
+    b=$(awk '/^cpu / {print $2+$3+$4+$7+$8+$9, $5+$6}' /proc/stat)
+    echo "$a $b" | awk '{ busy = $3 - $1; idle = $4 - $2; if (busy + idle == 0) print 0; else printf "%.0f", 100 * busy / (busy + idle) }'
+}
+measure_background() { # sets BG_BUSY and LOAD_START
+    BG_BUSY=$(busy_pct 2)
+    LOAD_START=$(cut -d' ' -f1-3 /proc/loadavg)
+    if [ "$BG_BUSY" -gt 10 ]; then
+        log "warning: the machine is already ${BG_BUSY}% busy before the benchmark; results will be noisy"
+    fi
+}
+
+# ---------------------------------------------------------------- build
+build_loadgen() { # [more tools to install if missing]
+    log "building the load generator"
+    local need=() tool
+    for tool in make gcc curl "$@"; do command -v "$tool" >/dev/null || need+=("$tool"); done
+    [ -f /usr/include/openssl/hmac.h ] || need+=(libssl-dev)
+    if [ ${#need[@]} -gt 0 ]; then
+        log "installing ${need[*]} (Debian)"
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+    fi
+    make -s -C "$BENCH" loadgen
+}
+
+build_herald() { # unless SKIP_HERALD_BUILD=1; log in bench/out/herald-build.log
+    if [ "${SKIP_HERALD_BUILD:-0}" != 1 ] && [ -f "$ROOT/Package.swift" ] && command -v swift >/dev/null; then
+        log "building Herald: swift build -c release (log: bench/out/herald-build.log)"
+        if ! (cd "$ROOT" && swift build -c release --product herald) > "$OUT/herald-build.log" 2>&1; then
+            log "swift build -c release failed (see bench/out/herald-build.log)"
+        fi
+    fi
+}
+
+# ---------------------------------------------------------------- results
+# sum of VmRSS (KiB) over the given pids
+rss_kib() {
+    local t=0 p v
+    for p in "$@"; do
+        v=$(awk '/^VmRSS:/ {print $2}' "/proc/$p/status" 2>/dev/null || echo 0)
+        t=$((t + ${v:-0}))
+    done
+    echo "$t"
+}
+
+# value of key=... in the last RESULT line of a log matching a filter
+res() { # file filter key
+    { grep '^RESULT' "$1" | grep -- "$2" | tail -1 | tr ' ' '\n' | awk -F= -v k="$3" '$1==k {print $2}'; } 2>/dev/null || true
+}
+
+# ---------------------------------------------------------------- herald
+# the loadgen command line for Herald's wire contract: subscribers on each
+# SUB_PORT in turn (connection k on the (k mod n)-th), publishes to each of
+# PUB_PORTS (a space-separated list) in turn, by publisher connection;
+# s = "s" for wss:// and https:// verified against CA
+herald_loadgen_args() { # s ca pub-ports sub-port...
+    local s=$1 ca=() p subs=() pubs=()
+    [ -n "$2" ] && ca=(--ca "$2")
+    for p in $3; do pubs+=(--pub-url "http$s://127.0.0.1:$p/v1/apps/{app}/users/{user}/notifications"); done
+    shift 3
+    for p in "$@"; do subs+=(--sub-url "ws$s://127.0.0.1:$p/v1/ws"); done
+    HERALD_ARGS=("$LOADGEN"
+        "${subs[@]}"
+        --hello '{"type":"hello","token":"{token}","deviceId":"{device}"}'
+        --resume-hello '{"type":"hello","token":"{token}","deviceId":"{device}","cursor":{cursor},"epoch":"{epoch}"}'
+        --ready-match '"type":"welcome"'
+        --msg-filter '"type":"change'
+        --app bench --key bench-key --secret bench-secret
+        "${pubs[@]}"
+        --pub-header 'Authorization: Bearer {key}'
+        --pub-header 'Content-Type: application/json'
+        --pub-body '{"appNotificationId":"m{n}","payload":{"t":{ts},"n":{n}}}'
+        "${ca[@]}")
+}
+
+# starts `herald serve --host 127.0.0.1 --port PORT --config <the bench app>
+# ARGS...` in DIR (made fresh), stderr to bench/out/NAME-server.log; sets
+# SPAWNED_PID and waits for its `listening on` line (1 if it never comes)
+herald_spawn() { # name dir port args...
+    local name=$1 d=$2 port=$3
+    shift 3
+    rm -rf "$d"
+    mkdir -p "$d"
+    cat > "$d/herald.json" <<'EOF'
+{"apps":[{"id":"bench","serverKey":"bench-key","tokenSecret":"bench-secret"}]}
+EOF
+    "$HERALD_BIN" serve --host 127.0.0.1 --port "$port" --config "$d/herald.json" "$@" \
+        > "$d/stdout" 2> "$OUT/$name-server.log" &
+    SPAWNED_PID=$!
+    STARTED_PIDS+=("$SPAWNED_PID")
+    local i
+    for i in $(seq 1 100); do
+        grep -q '^listening on' "$d/stdout" 2>/dev/null && break
+        kill -0 "$SPAWNED_PID" 2>/dev/null || break
+        sleep 0.1
+    done
+    if ! grep -q '^listening on' "$d/stdout" 2>/dev/null; then
+        herald_stop "$SPAWNED_PID"
+        return 1
+    fi
+    log "$name: herald pid $SPAWNED_PID: $(head -1 "$d/stdout")"
+}
+
+# SIGTERM, up to 12 s to finish, then SIGKILL
+herald_stop() { # pid
+    [ -n "$1" ] || return 0
+    kill -TERM "$1" 2>/dev/null || true
+    local i
+    for i in $(seq 1 120); do kill -0 "$1" 2>/dev/null || break; sleep 0.1; done
+    kill -0 "$1" 2>/dev/null && kill -9 "$1" 2>/dev/null || true
+    wait "$1" 2>/dev/null || true
+    forget_pid "$1"
+}
