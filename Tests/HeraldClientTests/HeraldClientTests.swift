@@ -63,9 +63,7 @@ final class HeraldClientTests: ClientTestCase {
         let gateway = try GatewayProcess()
         defer { gateway.stop() }
         let user = "bob-\(UUID().uuidString.prefix(8))"
-        let first = try await client(gateway, user: user, device: "phone", file: "phone.db")
-        let firstLog = EventLog()
-        try await firstLog.startLive(first, as: "phone")
+        let (first, firstLog) = try await livePhone(gateway, user: user)
         let kept = try await gateway.publish(user: user, appNotificationId: "kept", title: "one")
         let deleted = try await gateway.publish(user: user, appNotificationId: "deleted", title: "two")
         try await firstLog.eventually("both arrived") { await first.notifications.count == 2 }
@@ -157,9 +155,7 @@ final class HeraldClientTests: ClientTestCase {
         var gateway = try GatewayProcess(store: store)
         defer { gateway.stop() }
         let user = "carol-\(UUID().uuidString.prefix(8))"
-        let phone = try await client(gateway, user: user, device: "phone", file: "phone.db")
-        let log = EventLog()
-        try await log.startLive(phone, as: "phone")
+        let (phone, log) = try await livePhone(gateway, user: user)
         let before = try await gateway.publish(user: user, appNotificationId: "before", title: "one")
         try await log.eventually("the first arrived") { await phone.notification(id: before) != nil }
 
