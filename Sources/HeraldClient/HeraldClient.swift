@@ -148,8 +148,7 @@ public actor HeraldClient {
         if let readState { fields["readState"] = .string(readState.rawValue) }
         if let userActionState { fields["userActionState"] = .string(userActionState.rawValue) }
         guard isWebSocketLive else {
-            let api = self.api
-            return try await withToken { token throws(HeraldClientError) in
+            return try await withAPI { api, token throws(HeraldClientError) in
                 try await api.update(token: token, id: id, fields: fields, ifVersion: ifVersion)
             }
         }
@@ -188,8 +187,7 @@ public actor HeraldClient {
     /// `delete` takes no `ifVersion` (PROTOCOL.md 6.4).
     public func delete(_ id: String) async throws(HeraldClientError) {
         guard isWebSocketLive else {
-            let api = self.api
-            return try await withToken { token throws(HeraldClientError) in try await api.delete(token: token, id: id) }
+            return try await withAPI { api, token throws(HeraldClientError) in try await api.delete(token: token, id: id) }
         }
         var fields = JSONObject()
         fields["id"] = .string(id)
@@ -200,8 +198,7 @@ public actor HeraldClient {
     /// how many. Their changes arrive like any other.
     @discardableResult
     public func readAll() async throws(HeraldClientError) -> Int {
-        let api = self.api
-        return try await withToken { token throws(HeraldClientError) in try await api.readAll(token: token) }
+        return try await withAPI { api, token throws(HeraldClientError) in try await api.readAll(token: token) }
     }
 
     // MARK: Queries (HTTP, on demand; the local set is `notifications`)
@@ -210,21 +207,19 @@ public actor HeraldClient {
     /// see, newest first, optionally filtered. `limit` 1–500.
     public func history(limit: Int = 50, before: String? = nil, readState: ReadState? = nil,
                         userActionState: UserActionState? = nil) async throws(HeraldClientError) -> HistoryPage {
-        let api = self.api
-        return try await withToken { token throws(HeraldClientError) in
+        return try await withAPI { api, token throws(HeraldClientError) in
             try await api.history(token: token, limit: limit, before: before, readState: readState,
                                   userActionState: userActionState)
         }
     }
 
     public func counts() async throws(HeraldClientError) -> Counts {
-        let api = self.api
-        return try await withToken { token throws(HeraldClientError) in try await api.counts(token: token) }
+        return try await withAPI { api, token throws(HeraldClientError) in try await api.counts(token: token) }
     }
 
     /// Runs an HTTP call with the current token; a token the gateway
     /// refuses is replaced through the provider once.
-    private func withToken<T: Sendable>(_ call: (String) async throws(HeraldClientError) -> T) async throws(HeraldClientError) -> T {
+    private func withAPI<T: Sendable>(_ call: (DeviceAPI, String) async throws(HeraldClientError) -> T) async throws(HeraldClientError) -> T {
         var retried = false
         while true {
             let token: String
@@ -234,7 +229,7 @@ public actor HeraldClient {
                 throw .tokenUnavailable(String(describing: error))
             }
             do {
-                return try await call(token)
+                return try await call(api, token)
             } catch .server(code: "unauthorized", let message) {
                 if self.token == token { self.token = nil }
                 if retried { throw .server(code: "unauthorized", message: message) }
@@ -343,10 +338,10 @@ public actor HeraldClient {
         var worked = false
         while !Task.isCancelled {
             let (cursor, epoch) = (state.cursor, state.epoch)
-            let api = self.api, wait = options.fallback.pollWait
+            let wait = options.fallback.pollWait
             do {
                 let asked = ContinuousClock.now
-                let answer = try await withToken { token throws(HeraldClientError) in
+                let answer = try await withAPI { api, token throws(HeraldClientError) in
                     try await api.sync(token: token, cursor: cursor, epoch: epoch, wait: wait)
                 }
                 let more = try await apply(answer)
@@ -385,9 +380,8 @@ public actor HeraldClient {
             if state.unread != unread { setUnread(state.unread) }
             return hasMore
         case .reset(var all, var next, let cursor, let epoch):
-            let api = self.api
             while let before = next {
-                let page = try await withToken { token throws(HeraldClientError) in
+                let page = try await withAPI { api, token throws(HeraldClientError) in
                     try await api.history(token: token, limit: 500, before: before, readState: nil, userActionState: nil)
                 }
                 all += page.notifications

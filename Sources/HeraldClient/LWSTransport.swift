@@ -68,18 +68,16 @@ final class LWSChannel: LWSClientConnection, WebSocketChannel, @unchecked Sendab
 
     // MARK: Connection thread
 
-    private func finish(code: Int, reason: String) {
+    /// Reports the connection's last event (`.closed` or `.refused`), once.
+    private func finish(_ last: SocketEvent) {
         guard !finished else { return }
         endLoop()
-        continuation.yield(.closed(code: code, reason: reason))
+        continuation.yield(last)
         continuation.finish()
     }
 
     override func failed(_ reason: String, answered: Bool, status: Int) {
-        guard answered, !finished else { return finish(code: 1006, reason: reason) }
-        endLoop()
-        continuation.yield(.refused(status: status == 0 ? nil : status, reason: reason))
-        continuation.finish()
+        finish(answered ? .refused(status: status == 0 ? nil : status, reason: reason) : .closed(code: 1006, reason: reason))
     }
 
     override func wakeUp() { takeOutbox() }
@@ -127,12 +125,12 @@ final class LWSChannel: LWSClientConnection, WebSocketChannel, @unchecked Sendab
             }
         case LWS_CALLBACK_CLIENT_CLOSED:
             self.wsi = nil
-            finish(code: closeCode, reason: closeReason)
+            finish(.closed(code: closeCode, reason: closeReason))
         case LWS_CALLBACK_WSI_DESTROY:
             // Covers a connection lws gave up on without one of the above.
             if wsi == self.wsi {
                 self.wsi = nil
-                finish(code: closeCode, reason: closeReason)
+                finish(.closed(code: closeCode, reason: closeReason))
             }
         default:
             return nil
@@ -149,7 +147,7 @@ final class LWSChannel: LWSClientConnection, WebSocketChannel, @unchecked Sendab
             return (s.outbox, s.closeRequested)
         }
         if closing && !established {
-            finish(code: 1000, reason: "closed by the client")
+            finish(.closed(code: 1000, reason: "closed by the client"))
             return
         }
         guard established, let wsi else { return }
