@@ -4,11 +4,12 @@ public enum Priority: String, Sendable, CaseIterable { case normal, high }
 public enum Platform: String, Sendable, CaseIterable { case web, ios, android, windows, other }
 
 /// A user's identity inside one app: the unit of every feed, lock and fan-out.
-public struct UserKey: Hashable, Sendable, CustomStringConvertible {
+public struct UserKey: Hashable, Sendable, Comparable, CustomStringConvertible {
     public let app: String
     public let user: String
     public init(app: String, user: String) { self.app = app; self.user = user }
     public var description: String { "\(app)/\(user)" }
+    public static func < (a: UserKey, b: UserKey) -> Bool { (a.app, a.user) < (b.app, b.user) }
 }
 
 /// Who may see a notification: its `targetPlatforms` and `targetTags`.

@@ -87,6 +87,11 @@ public protocol NotificationStore: StoreReading {
     func begin() throws(StoreError)
     func commit() throws(StoreError)
     func rollback()
+    /// Inside a transaction, takes now what the writes to `users` would take
+    /// on first touch (PostgreSQL: each user's feed lock), in one order
+    /// every node shares, so that transactions of several users never wait
+    /// on each other in a cycle. Stores with a single writer need nothing.
+    func claim(_ users: [UserKey]) throws(StoreError)
 
     func notification(_ user: UserKey, appNotificationId: String) throws(StoreError) -> Notification?
 
@@ -111,6 +116,10 @@ public protocol NotificationStore: StoreReading {
     /// A read-only connection for one other thread, or nil when only the
     /// owner's thread may read this store (MemoryStore).
     func makeReader() throws(StoreError) -> StoreReader?
+}
+
+extension NotificationStore {
+    public func claim(_ users: [UserKey]) throws(StoreError) {}
 }
 
 /// Which devices are connected to which gateway node, kept where all nodes

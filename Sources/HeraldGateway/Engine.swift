@@ -22,6 +22,8 @@ public protocol LoopExecutor: AnyObject, Sendable {
 ///   shard's FIFO inbox.
 public final class Engine: @unchecked Sendable {  // the queue is under `cond`; the rest is engine-thread state, checked
     struct Command {
+        /// The users it writes, claimed before the batch runs (see `runBatch`).
+        var users: [UserKey] = []
         let run: @Sendable (Engine) throws -> Void
         let failed: @Sendable (HeraldError) -> Void
         /// Bookkeeping that needs no store: runs in order after the batch,
@@ -99,21 +101,17 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
     /// loop once the batch committed: with `body`'s result, or with
     /// `unavailable` when the batch was rolled back (nothing of it happened).
     /// Effects `body` queued (deliveries, `afterCommit`) reach the shard
-    /// before the reply.
-    func perform<T: Sendable>(on shard: Shard, _ body: @escaping @Sendable (Engine) throws(StoreError) -> T,
+    /// before the reply. `users` are those `body` will write (all that are
+    /// known before it runs).
+    func perform<T: Sendable>(on shard: Shard, users: [UserKey],
+                              _ body: @escaping @Sendable (Engine) throws(StoreError) -> T,
                               reply: @escaping (Result<T, HeraldError>) -> Void) {
         let reply = LoopBound(reply, owner: shard.thread)
-        submit({ e in
+        let command = Command(users: users, run: { e in
             let value = try body(e)
             e.afterCommit { shard.post { reply.value(.success(value)) } }
         }, failed: { err in shard.post { reply.value(.failure(err)) } })
-    }
-
-    /// Queues `run` for the engine thread. `failed` is called instead of the
-    /// command's effects when its batch could not be committed.
-    func submit(_ run: @escaping @Sendable (Engine) throws -> Void,
-                failed: @escaping @Sendable (HeraldError) -> Void) {
-        enqueue(Command(run: run, failed: failed), evenWhenStopping: false)
+        enqueue(command, evenWhenStopping: false)
     }
 
     /// Queues engine-thread bookkeeping (follower and presence counts): it
@@ -128,6 +126,7 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
         let accepted = !stopping || evenWhenStopping
         if accepted {
             queue.append(c)
+            metrics.engineQueue.add(1, ordering: .relaxed)
             if queue.count == 1 { cond.signal() }
         }
         cond.unlock()
@@ -199,11 +198,16 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
         queue.removeFirst(take)
         cond.unlock()
         if batch.isEmpty { return false }
+        metrics.engineQueue.subtract(take, ordering: .relaxed)
         let t0 = DispatchTime.now().uptimeNanoseconds
+        // Every user the batch names, locked up front in the store's one
+        // order, so batches on different nodes never deadlock on each other.
+        let users = batch.flatMap(\.users)
         var attempt = 1
         while true {
             do {
                 try store.begin()
+                try store.claim(users)
                 for c in batch { try c.run(self) }
                 try store.commit()
                 break

@@ -31,9 +31,10 @@ extension Engine {
 
     /// One notification per user of the audience (SPEC section 3, bulk send).
     func bulkSend(app: String, _ send: BulkSend, now: Millis) throws(StoreError) -> Result<Int, HeraldError> {
-        let users = try audience(app: app, send.audience)
+        let users = try audience(app: app, send.audience).map { UserKey(app: app, user: $0) }
+        try store.claim(users)  // those found by tags, in the shared order
         for u in users {
-            if case .failure(let err) = try upsertNotification(UserKey(app: app, user: u), send.draft, now: now) {
+            if case .failure(let err) = try upsertNotification(u, send.draft, now: now) {
                 return .failure(err)
             }
         }

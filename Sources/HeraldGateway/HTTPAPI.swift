@@ -50,8 +50,10 @@ extension Gateway {
             case .bulkSend(let appId):
                 let app = try serverAuth(req, appId)
                 let send = try BulkSend(bytes: req.body)
-                if case .users(let ids) = send.audience { try admitPublishes(app.id, ids.count) } else { try admitPublishes(app.id, 1) }
-                x.write { e throws(StoreError) in
+                var named: [UserKey] = []
+                if case .users(let ids) = send.audience { named = ids.map { UserKey(app: app.id, user: $0) } }
+                try admitPublishes(app.id, max(named.count, 1))
+                x.write(named) { e throws(StoreError) in
                     try e.bulkSend(app: app.id, send, now: clock.now()).map { .json(202, ["users": .int($0)]) }
                 }
             case .publish(let appId, let userId):
@@ -60,7 +62,7 @@ extension Gateway {
                 let draft = try NotificationDraft(reading: &f)
                 try f.finish()
                 try admitPublishes(user.app, 1)
-                x.write { e throws(StoreError) in
+                x.write([user]) { e throws(StoreError) in
                     try e.upsertNotification(user, draft, now: clock.now()).map { (n, seq, created) in
                         .json(created ? 201 : 200, ["notification": n.json, "seq": .int(seq)])
                     }
@@ -86,24 +88,24 @@ extension Gateway {
             case .updateNotification(let owner, let id):
                 let (user, device) = try self.owner(owner, req)
                 let u = try StateUpdate(bytes: req.body, ifMatch: req.headers["if-match"])
-                x.write { e throws(StoreError) in
+                x.write([user]) { e throws(StoreError) in
                     let now = clock.now()
                     let v = try e.registerViewer(user, deviceId: device, now: now)
                     return try e.updateState(user, id: id, u, viewer: v, now: now).map { .json(200, ["notification": $0.0.json, "seq": .int($0.seq)]) }
                 }
             case .deleteNotification(let owner, let id):
                 let (user, device) = try self.owner(owner, req)
-                x.write { e throws(StoreError) in
+                x.write([user]) { e throws(StoreError) in
                     let now = clock.now()
                     let v = try e.registerViewer(user, deviceId: device, now: now)
                     return try e.deleteNotification(user, id: id, viewer: v, now: now).map { _ in .noContent }
                 }
             case .listDevices(let appId, let userId):
                 let user = try serverUser(req, appId, userId)
-                x.write { e throws(StoreError) in .success(.json(200, ["devices": try e.deviceListing(user, now: clock.now())])) }
+                x.write([user]) { e throws(StoreError) in .success(.json(200, ["devices": try e.deviceListing(user, now: clock.now())])) }
             case .readAll:
                 let d = try deviceAuth(req)
-                x.write { e throws(StoreError) in
+                x.write([d.user]) { e throws(StoreError) in
                     let now = clock.now()
                     let v = try e.registerViewer(d.user, deviceId: d.deviceId, now: now)
                     let (n, seq) = try e.markAllRead(d.user, viewer: v, now: now)
@@ -126,11 +128,11 @@ extension Gateway {
                 }
                 if case .registerDevice = route {
                     let reg = try DeviceRegistration(bytes: req.body)
-                    x.write { e throws(StoreError) in
+                    x.write([d.user]) { e throws(StoreError) in
                         .success(.json(200, ["device": try e.registerDevice(d.user, deviceId: id, reg, now: clock.now())]))
                     }
                 } else {
-                    x.write { e throws(StoreError) in
+                    x.write([d.user]) { e throws(StoreError) in
                         try e.deleteDevice(d.user, deviceId: id) ? .success(.noContent) : .failure(HeraldError(.notFound, "no such device"))
                     }
                 }
@@ -147,8 +149,9 @@ extension Gateway {
         let shard: Shard
         let responder: HTTPResponder
 
-        func write(_ body: @escaping @Sendable (Engine) throws(StoreError) -> Result<HTTPResponse, HeraldError>) {
-            gateway.engine.perform(on: shard, body) { [responder] r in responder.respond(Self.response(r.flatMap { $0 })) }
+        /// `users`: those `body` writes, as far as known before it runs.
+        func write(_ users: [UserKey], _ body: @escaping @Sendable (Engine) throws(StoreError) -> Result<HTTPResponse, HeraldError>) {
+            gateway.engine.perform(on: shard, users: users, body) { [responder] r in responder.respond(Self.response(r.flatMap { $0 })) }
         }
 
         /// Resolves the viewer (a named device unknown so far is registered,
@@ -188,7 +191,7 @@ extension Gateway {
                 engine.control { e in e.registry.seen(user, device: deviceId, at: now) }
                 then(.success(Viewer(userId: user.user, device: device)))
             case .success(nil):
-                engine.perform(on: shard, { e throws(StoreError) in try e.registerViewer(user, deviceId: deviceId, now: now) }, reply: then)
+                engine.perform(on: shard, users: [user], { e throws(StoreError) in try e.registerViewer(user, deviceId: deviceId, now: now) }, reply: then)
             }
         }
     }

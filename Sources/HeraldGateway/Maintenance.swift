@@ -40,6 +40,7 @@ struct Maintenance {
     }
 
     private static func flushSeen(_ e: Engine, now: Millis) throws(StoreError) {
+        try e.store.claim(Array(e.registry.seenDirty.keys))
         for (user, ids) in e.registry.seenDirty {
             for var d in try e.store.devices(user) where ids.contains(d.deviceId) {
                 if let seen = e.registry.connections(user, device: d.deviceId)?.lastSeenAt, seen > d.lastSeenAt {

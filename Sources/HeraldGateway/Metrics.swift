@@ -24,6 +24,8 @@ public final class Metrics: Sendable {
     public let deliveries = Atomic<Int>(0)
     public let deliveryLatency = Histogram()
     public let storeLatency = Histogram()
+    /// Commands waiting for the engine thread.
+    public let engineQueue = Atomic<Int>(0)
     /// Batches run again after losing a conflict (a PostgreSQL deadlock).
     public let storeConflictRetries = Atomic<Int>(0)
     /// Shown once a bus is configured.
@@ -50,6 +52,8 @@ public final class Metrics: Sendable {
         s += "herald_deliveries_total \(deliveries.load(ordering: .relaxed))\n"
         s += deliveryLatency.text(name: "herald_delivery_latency_seconds", help: "From the commit of a change to its hand-off to the followers' sockets, one observation per user and shard.")
         s += storeLatency.text(name: "herald_store_latency_seconds", help: "Store batch time, begin to commit.")
+        s += "# HELP herald_engine_queue Commands waiting for the engine (store writes and what must follow them).\n# TYPE herald_engine_queue gauge\n"
+        s += "herald_engine_queue \(engineQueue.load(ordering: .relaxed))\n"
         s += "# HELP herald_store_conflict_retries_total Batches run again after a deadlock or serialization failure with another node.\n# TYPE herald_store_conflict_retries_total counter\n"
         s += "herald_store_conflict_retries_total \(storeConflictRetries.load(ordering: .relaxed))\n"
         s += "# HELP herald_dropped_connections_total Connections closed by the gateway.\n# TYPE herald_dropped_connections_total counter\n"

@@ -25,7 +25,7 @@ public final class Reads: Sendable {
     func read<T: Sendable>(on shard: Shard, _ body: @escaping @Sendable (StoreReading) throws(StoreError) -> T,
                            reply: @escaping (Result<T, HeraldError>) -> Void) {
         guard let reader else {
-            return engine.perform(on: shard, { e throws(StoreError) in try body(e.store) }, reply: reply)
+            return engine.perform(on: shard, users: [], { e throws(StoreError) in try body(e.store) }, reply: reply)
         }
         let reply = LoopBound(reply, owner: shard.thread)
         let health = engine.health

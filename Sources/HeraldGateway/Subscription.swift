@@ -139,7 +139,7 @@ final class Subscription {
     func start() {
         shard.thread.assertCurrent()
         let r = request, index = shard.index, now = gateway.clock.now()
-        gateway.engine.perform(on: shard, { e throws(StoreError) in try e.admit(r, shard: index, now: now) }) { [self] result in
+        gateway.engine.perform(on: shard, users: [r.user], { e throws(StoreError) in try e.admit(r, shard: index, now: now) }) { [self] result in
             switch result {
             case .failure(let err): end(.failed(err))
             case .success(.refused(let err)): end(.refused(err))

@@ -17,9 +17,14 @@ import HeraldCore
 /// and each reads what the previous one committed. A seq is therefore
 /// never committed after a larger seq of the same user: a device that has
 /// read up to seq N never later finds a change below N that it skipped.
-/// Two batches locking two users in opposite orders deadlock; PostgreSQL
-/// aborts one of them (after `deadlock_timeout`, 1 s by default) with a
-/// `StoreError` marked `conflict`, and the engine runs that batch again.
+///
+/// Deadlocks: two batches locking two users in opposite orders would wait
+/// on each other. So a batch first `claim`s every user it names, in
+/// (app, user) order, the one order all nodes share; only users found while
+/// it runs (an app-wide send by tags) are locked later. A deadlock that
+/// still happens (PostgreSQL aborts one side after `deadlock_timeout`, 1 s
+/// by default) is a `StoreError` marked `conflict`, and the engine runs
+/// that batch again.
 ///
 /// The epoch is made by the first migration and stored in the database, so
 /// every node of one database has the same one, for the life of the
@@ -124,6 +129,40 @@ public final class PostgresStore: NotificationStore {
             try db.query(lockSQL, Self.key(user))
         }
         locked.insert(user)
+    }
+
+    /// Locks the feeds rows of `users` not locked yet, creating missing ones
+    /// at head 0, in (app, user) order: one statement per 500 users, which
+    /// takes the locks in the order of its input (an `ON CONFLICT DO UPDATE`
+    /// locks the existing row even when its `WHERE` updates nothing).
+    public func claim(_ users: [UserKey]) throws(StoreError) {
+        guard inTransaction else { return }
+        let todo = Set(users).subtracting(locked).sorted()
+        guard !todo.isEmpty else { return }
+        try check()
+        for start in stride(from: 0, to: todo.count, by: 500) {
+            let part = todo[start..<min(start + 500, todo.count)]
+            try db.execute("""
+                INSERT INTO feeds (app, user_id, head, floor)
+                SELECT app, user_id, 0, 0 FROM unnest($1::text[], $2::text[]) AS u(app, user_id)
+                ON CONFLICT (app, user_id) DO UPDATE SET head = feeds.head WHERE false
+                """, [.text(Self.arrayLiteral(part.map(\.app))), .text(Self.arrayLiteral(part.map(\.user)))])
+            locked.formUnion(part)
+        }
+    }
+
+    /// A text[] parameter: every element quoted, `"` and `\` escaped.
+    private static func arrayLiteral(_ items: [String]) -> String {
+        var out = "{"
+        for (i, item) in items.enumerated() {
+            out += i == 0 ? "\"" : ",\""
+            for c in item.unicodeScalars {
+                if c == "\"" || c == "\\" { out += "\\" }
+                out.unicodeScalars.append(c)
+            }
+            out += "\""
+        }
+        return out + "}"
     }
 
     /// The reads of one user, after `check` and `lock`.

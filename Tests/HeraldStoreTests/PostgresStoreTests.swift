@@ -220,6 +220,32 @@ final class PostgresStoreTests: XCTestCase {
         XCTAssertEqual(bRead.values, [2], "then reads what a committed")
     }
 
+    /// `claim` locks every user it is given at once, past its 500-user
+    /// statements and whatever the ids hold, creating their feeds at head 0.
+    func testClaimLocksEveryUserGivenAtOnce() throws {
+        let url = database.url
+        let a = try PostgresStore(url: url), b = try PostgresStore(url: url)
+        let users = (0..<1_001).map { UserKey(app: "app1", user: "u\($0)") } + [UserKey(app: "app1", user: #"q"\{,}"#)]
+        try a.begin()
+        try a.claim(users.reversed())
+        let bDone = DispatchSemaphore(value: 0)
+        let other = Unchecked(b), last = users[1_000], odd = users[1_001]
+        Thread.detachNewThread {
+            do {
+                try other.value.begin()
+                XCTAssertEqual(try other.value.feed(last).head, 0)
+                XCTAssertEqual(try other.value.feed(odd).head, 0)
+                try other.value.commit()
+            } catch { XCTFail("\(error)") }
+            bDone.signal()
+        }
+        XCTAssertEqual(bDone.wait(timeout: .now() + 0.5), .timedOut, "node b waits for node a's claim")
+        try a.commit()
+        XCTAssertEqual(bDone.wait(timeout: .now() + 10), .success)
+        _ = try a.upsert(odd, note("n_1"), previous: nil, at: t0)
+        XCTAssertEqual(try a.feed(odd).head, 1)
+    }
+
     // MARK: Readers
 
     func testReaderReadIsOneSnapshot() throws {

@@ -96,6 +96,14 @@ class PsqlSession:
         self.proc.wait(10)
 
 
+def gateway_waiting() -> bool:
+    """True while one of the gateway's sessions waits for a lock."""
+    r = subprocess.run(["psql", URL, "-tAX", "-c", "SELECT count(*) FROM pg_stat_activity "
+                        "WHERE application_name = 'herald' AND wait_event_type = 'Lock'"],
+                       check=True, capture_output=True, text=True)
+    return r.stdout.strip() == "1"
+
+
 def test_a_deadlock_with_another_transaction_is_run_again_not_answered_503(herald_bin, tmp_path, store_url):
     gw = Gateway(herald_bin, tmp_path / "a", CONFIG, store=store_url).start()
     alice, bob = uid("alice"), uid("bob")
@@ -112,12 +120,6 @@ def test_a_deadlock_with_another_transaction_is_run_again_not_answered_503(heral
             "POST", "/notifications", json={"userIds": [alice, bob], "appNotificationId": "both", "payload": {}})))
         send.start()
 
-        def gateway_waiting() -> bool:
-            r = subprocess.run(["psql", URL, "-tAX", "-c", "SELECT count(*) FROM pg_stat_activity "
-                                "WHERE application_name = 'herald' AND wait_event_type = 'Lock'"],
-                               check=True, capture_output=True, text=True)
-            return r.stdout.strip() == "1"
-
         wait_until(gateway_waiting, "the gateway's batch waiting for bob")
         # Waits for alice: a deadlock, which the gateway's session finds after its 1 s.
         other.run(f"SELECT 1 FROM feeds WHERE user_id = '{alice}' FOR UPDATE; ROLLBACK;")
@@ -129,6 +131,56 @@ def test_a_deadlock_with_another_transaction_is_run_again_not_answered_503(heral
         # waiting lock does (row locks are taken again after a wake-up), and
         # so deadlocks a second time.
         assert gw.metric("herald_store_conflict_retries_total") in (1, 2)
+    finally:
+        other.close()
+        assert gw.terminate(10) == 0, gw.stderr_tail()
+
+
+def test_a_batch_locks_its_users_in_one_order_so_it_never_deadlocks_with_one_that_keeps_it(herald_bin, tmp_path, store_url):
+    """Another node's batch for the same users, played by a psql session
+    that locks in (app, user) order: it holds alice and then takes bob. The
+    gateway's batch publishes to bob, then alice. Locking on first touch it
+    would hold bob and wait for alice, a deadlock (the old behaviour: one
+    conflict retry and a 1 s stall); claiming both up front in order it
+    waits for alice holding nothing, and both go through."""
+    gw = Gateway(herald_bin, tmp_path / "a", CONFIG, store=store_url).start()
+    alice, bob, zed = uid("alice"), uid("bob"), uid("zed")
+    other = PsqlSession(store_url)
+    answers: dict[str, object] = {}
+
+    def publish(user: str) -> threading.Thread:
+        t = threading.Thread(target=lambda: answers.update({user: gw.publish_raw(user, {
+            "appNotificationId": "x", "payload": {}})}))
+        t.start()
+        return t
+
+    try:
+        for u in (alice, bob, zed):
+            gw.publish(u, "first")
+        other.run(f"SET deadlock_timeout = '60s'; BEGIN; SELECT 1 FROM feeds WHERE user_id = '{alice}' FOR UPDATE; "
+                  f"SAVEPOINT s; SELECT 1 FROM feeds WHERE user_id = '{zed}' FOR UPDATE;")
+        # Holds the engine in a batch of its own (waiting for zed) while the
+        # next batch queues: bob, then alice.
+        waiting_for_zed = publish(zed)
+        wait_until(gateway_waiting, "the gateway's batch waiting for zed")
+        threads = [publish(bob)]
+        wait_until(lambda: gw.metric("herald_engine_queue") == 1, "bob's publish queued")
+        threads.append(publish(alice))
+        wait_until(lambda: gw.metric("herald_engine_queue") == 2, "alice's publish queued behind it")
+        other.run("ROLLBACK TO SAVEPOINT s;")  # zed released, alice still held
+        waiting_for_zed.join(30)
+        assert answers[zed].status_code == 201, answers[zed].text
+        wait_until(gateway_waiting, "the batch of bob and alice waiting for alice")
+        # Takes bob as the other node's next lock. Were the gateway holding
+        # bob this would be a deadlock, which the gateway's session finds
+        # after its 1 s and loses.
+        other.run(f"SELECT 1 FROM feeds WHERE user_id = '{bob}' FOR UPDATE; COMMIT;")
+        for t in threads:
+            t.join(30)
+        assert [answers[u].status_code for u in (bob, alice)] == [201, 201], [answers[u].text for u in (bob, alice)]
+        assert [answers[u].json()["seq"] for u in (bob, alice)] == [2, 2]
+        assert gw.metric("herald_store_conflict_retries_total") == 0
+        assert gw.metric("herald_engine_queue") == 0
     finally:
         other.close()
         assert gw.terminate(10) == 0, gw.stderr_tail()
