@@ -26,7 +26,12 @@ final class FollowerRegistry {
 
     func shards(following user: UserKey) -> Dictionary<Int, Int>.Keys { (following[user] ?? [:]).keys }
 
-    func follow(_ user: UserKey, shard: Int) {
+    /// `head`: with a bus, the user's feed head read in the batch that
+    /// follows (under the user's lock, so every later change has a larger
+    /// seq). For a user no one followed yet it is the last seq delivered:
+    /// the next change is then no gap and needs no catch-up from the store.
+    func follow(_ user: UserKey, shard: Int, head: Int64? = nil) {
+        if following[user] == nil, let head { delivered[user] = head }
         following[user, default: [:]][shard, default: 0] += 1
     }
 
@@ -42,8 +47,8 @@ final class FollowerRegistry {
     /// Drops the records at or below the last seq delivered (a duplicate, or
     /// one a catch-up already covered) and says whether some may be missing
     /// before the rest: a seq past the next one (PostgreSQL's seqs per user
-    /// are consecutive), or no known last seq (a new follow, a resubscribed
-    /// bus). Then the followers must be caught up from the store, whose
+    /// are consecutive), or no known last seq (a resubscribed bus). Then
+    /// the followers must be caught up from the store, whose
     /// snapshot, read after this record committed, holds what is missing.
     func sequence(_ user: UserKey, _ records: [ChangeRecord]) -> (fresh: [ChangeRecord], gap: Bool) {
         var last = delivered[user]

@@ -85,7 +85,7 @@ public final class BusMetrics: Sendable {
     /// Records never published: the queue was full while Redis was away.
     public let dropped = Atomic<Int>(0)
     /// Users whose followers were caught up from the store: a seq past the
-    /// next one expected, or a first change after a follow or resubscription.
+    /// next one expected, or a first change after a resubscription.
     public let catchUps = Atomic<Int>(0)
 
     public init() {}
@@ -100,7 +100,7 @@ public final class BusMetrics: Sendable {
             + line("received_total", "counter", "Change records received from other nodes.", received)
             + line("publish_queue", "gauge", "Change records waiting to be published.", queued)
             + line("dropped_total", "counter", "Change records never published (queue full while the bus was away).", dropped)
-            + line("catchups_total", "counter", "Users whose followers were caught up from the store: a seq past the next expected, or a first change after a follow or resubscription.", catchUps)
+            + line("catchups_total", "counter", "Users whose followers were caught up from the store: a seq past the next expected, or a first change after a resubscription.", catchUps)
     }
 }
 

@@ -370,7 +370,8 @@ extension Engine {
         }
         let v = try registerViewer(r.user, deviceId: r.deviceId, registration: r.registration, now: now)
         if r.follows {
-            registry.follow(r.user, shard: shard)
+            let head = bus != nil && registry.followers(of: r.user) == 0 ? try store.feed(r.user).head : nil
+            registry.follow(r.user, shard: shard, head: head)
             registry.opened(r.user, device: r.deviceId, r.transport, now: now)
             onRollback { [registry] in
                 registry.unfollow(r.user, shard: shard)
