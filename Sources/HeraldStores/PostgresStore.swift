@@ -46,6 +46,10 @@ public final class PostgresStore: NotificationStore {
     private let reads: PostgresReads
     /// Inside `begin()` … `commit()`/`rollback()`.
     private var inTransaction = false
+    /// The open transaction was started on the server: `BEGIN` waits for
+    /// its first statement, so a batch that touches no data (it only
+    /// delivers what came over the bus) costs no round trip.
+    private var started = false
     /// The users whose feeds row the open transaction holds locked.
     private var locked: Set<UserKey> = []
 
@@ -65,22 +69,28 @@ public final class PostgresStore: NotificationStore {
     // MARK: Transactions
 
     /// Refuses work inside a transaction that an error doomed or whose
-    /// connection is gone; outside one, connects again if it was lost.
+    /// connection is gone, and starts one not started yet; outside one,
+    /// connects again if it was lost.
     private func check() throws(StoreError) {
         if !inTransaction { return try db.reconnectIfLost() }
+        if !started {
+            try db.begin()
+            started = true
+        }
         if !db.isConnected { throw db.error("transaction", "the connection was lost; roll back and retry") }
         if db.transactionFailed { throw db.error("transaction", "rolled back after an earlier error; roll back and retry") }
     }
 
     public func begin() throws(StoreError) {
         guard !inTransaction else { throw db.error("begin", "inside an open transaction") }
-        try db.begin()
         inTransaction = true
+        started = false
     }
 
     public func commit() throws(StoreError) {
         guard inTransaction else { return }
         defer { inTransaction = false; locked.removeAll() }
+        guard started else { return }
         do throws(StoreError) {
             try check()
             try db.script("COMMIT")
@@ -100,16 +110,15 @@ public final class PostgresStore: NotificationStore {
     /// Runs a multi-statement write atomically: in the open transaction,
     /// else as its own.
     private func write<T>(_ body: () throws(StoreError) -> T) throws(StoreError) -> T {
-        try check()
-        if inTransaction { return try body() }
-        try db.begin()
-        inTransaction = true
+        let own = !inTransaction
+        if own { try begin() }
         do throws(StoreError) {
+            try check()
             let r = try body()
-            try commit()
+            if own { try commit() }
             return r
         } catch {
-            rollback()
+            if own { rollback() }
             throw error
         }
     }

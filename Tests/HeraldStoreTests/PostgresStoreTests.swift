@@ -353,8 +353,13 @@ final class PostgresStoreTests: XCTestCase {
         try PostgresTestDatabase.control("stop")
         var restarted = false
         defer { if !restarted { try? PostgresTestDatabase.control("start") } }
-        XCTAssertThrowsError(try store.begin()) { e in XCTAssertTrue(e is StoreError) }
-        XCTAssertThrowsError(try store.begin(), "still down")
+        for attempt in ["down", "still down"] {
+            try store.begin()  // BEGIN is sent with the first statement
+            XCTAssertThrowsError(try store.upsert(alice, note("n_x"), previous: nil, at: t0), attempt) { e in
+                XCTAssertTrue(e is StoreError)
+            }
+            store.rollback()
+        }
         XCTAssertThrowsError(try reader.feed(alice))
         try PostgresTestDatabase.control("start")
         restarted = true
