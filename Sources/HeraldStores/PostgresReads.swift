@@ -74,7 +74,7 @@ struct PostgresReads {
 
     func counts(_ user: UserKey) throws(StoreError) -> [TargetingCounts] {
         let r = try db.query("""
-            SELECT platforms, tags, unread, no_interaction, total FROM counts WHERE app = $1 AND user_id = $2
+            SELECT platforms, tags, unread, no_interaction, total FROM counts WHERE app = $1 AND user_id = $2 AND total > 0
             """, key(user))
         var out: [TargetingCounts] = []
         for i in 0..<r.count {

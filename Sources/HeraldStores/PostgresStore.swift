@@ -50,8 +50,9 @@ public final class PostgresStore: NotificationStore {
     /// its first statement, so a batch that touches no data (it only
     /// delivers what came over the bus) costs no round trip.
     private var started = false
-    /// The users whose feeds row the open transaction holds locked.
-    private var locked: Set<UserKey> = []
+    /// The users whose feeds row the open transaction holds locked, with
+    /// their head: the seqs it assigned, or what it read under the lock.
+    private var heads: [UserKey: Int64] = [:]
 
     /// Checks the form of a connection URL without connecting: its
     /// host:port/database, or nil when it is not one libpq accepts.
@@ -89,7 +90,7 @@ public final class PostgresStore: NotificationStore {
 
     public func commit() throws(StoreError) {
         guard inTransaction else { return }
-        defer { inTransaction = false; locked.removeAll() }
+        defer { inTransaction = false; heads.removeAll() }
         guard started else { return }
         do throws(StoreError) {
             try check()
@@ -103,7 +104,7 @@ public final class PostgresStore: NotificationStore {
     public func rollback() {
         guard inTransaction else { return }
         inTransaction = false
-        locked.removeAll()
+        heads.removeAll()
         if db.inTransaction { _ = try? db.script("ROLLBACK") }
     }
 
@@ -126,37 +127,50 @@ public final class PostgresStore: NotificationStore {
     private static func key(_ user: UserKey) -> [PostgresValue] { [.text(user.app), .text(user.user)] }
 
     /// Inside a transaction, locks `user`'s feeds row (creating it at head 0
-    /// if missing) until the transaction ends, once per transaction: see the
-    /// class comment. Outside one, nothing to hold a lock for.
+    /// if missing) until the transaction ends, once per transaction, and
+    /// notes its head: see the class comment. Outside one, nothing to hold
+    /// a lock for.
     private func lock(_ user: UserKey) throws(StoreError) {
-        guard inTransaction, !locked.contains(user) else { return }
-        let lockSQL = "SELECT 1 FROM feeds WHERE app = $1 AND user_id = $2 FOR UPDATE"
-        if try db.query(lockSQL, Self.key(user)).count == 0 {
+        guard inTransaction, heads[user] == nil else { return }
+        let lockSQL = "SELECT head FROM feeds WHERE app = $1 AND user_id = $2 FOR UPDATE"
+        var r = try db.query(lockSQL, Self.key(user))
+        if r.count == 0 {
             // Another node creating it at once: ours waits for its commit, then does nothing.
             try db.execute("INSERT INTO feeds (app, user_id, head, floor) VALUES ($1, $2, 0, 0) ON CONFLICT DO NOTHING",
                            Self.key(user))
-            try db.query(lockSQL, Self.key(user))
+            r = try db.query(lockSQL, Self.key(user))
         }
-        locked.insert(user)
+        guard r.count == 1 else { throw db.error("lock", "no feed row for \(user)") }
+        heads[user] = r.int64(0, 0)
     }
 
     /// Locks the feeds rows of `users` not locked yet, creating missing ones
-    /// at head 0, in (app, user) order: one statement per 500 users, which
-    /// takes the locks in the order of its input (an `ON CONFLICT DO UPDATE`
-    /// locks the existing row even when its `WHERE` updates nothing).
+    /// at head 0, in (app, user) order, and notes their heads: per 500 users
+    /// one statement that takes the locks in the order of its input (an
+    /// `ON CONFLICT DO UPDATE` locks the existing row even when its `WHERE`
+    /// updates nothing), then one that reads the heads, under the locks.
     public func claim(_ users: [UserKey]) throws(StoreError) {
         guard inTransaction else { return }
-        let todo = Set(users).subtracting(locked).sorted()
+        let todo = Set(users).filter { heads[$0] == nil }.sorted()
         guard !todo.isEmpty else { return }
         try check()
         for start in stride(from: 0, to: todo.count, by: 500) {
             let part = todo[start..<min(start + 500, todo.count)]
+            let keys: [PostgresValue] = [.text(Self.arrayLiteral(part.map(\.app))), .text(Self.arrayLiteral(part.map(\.user)))]
             try db.execute("""
                 INSERT INTO feeds (app, user_id, head, floor)
                 SELECT app, user_id, 0, 0 FROM unnest($1::text[], $2::text[]) AS u(app, user_id)
                 ON CONFLICT (app, user_id) DO UPDATE SET head = feeds.head WHERE false
-                """, [.text(Self.arrayLiteral(part.map(\.app))), .text(Self.arrayLiteral(part.map(\.user)))])
-            locked.formUnion(part)
+                """, keys)
+            let r = try db.query("""
+                SELECT f.app, f.user_id, f.head FROM feeds f JOIN unnest($1::text[], $2::text[]) AS u(app, user_id)
+                ON f.app = u.app AND f.user_id = u.user_id
+                """, keys)
+            for i in 0..<r.count {
+                guard let app = r.text(i, 0), let user = r.text(i, 1) else { throw reads.corrupt("feed") }
+                heads[UserKey(app: app, user: user)] = r.int64(i, 2)
+            }
+            guard part.allSatisfy({ heads[$0] != nil }) else { throw db.error("claim", "a feed row is missing") }
         }
     }
 
@@ -212,17 +226,17 @@ public final class PostgresStore: NotificationStore {
         try check()
         guard limit > 0 else { return [] }
         let r = try db.query("""
-            SELECT n.app, n.user_id, n.json FROM notifications n
+            SELECT n.app, n.user_id, f.head, n.json FROM notifications n
             JOIN feeds f ON f.app = n.app AND f.user_id = n.user_id
             WHERE n.expires_at <= $1 ORDER BY n.expires_at, n.app, n.user_id, n.id LIMIT $2
             FOR UPDATE OF n, f SKIP LOCKED
             """, [.int(until), .int(Int64(limit))])
-        let ns = try reads.notifications(r, 2)
+        let ns = try reads.notifications(r, 3)
         var out: [(UserKey, Notification)] = []
         for (i, n) in ns.enumerated() {
             guard let app = r.text(i, 0), let u = r.text(i, 1) else { throw reads.corrupt("notification") }
             let user = UserKey(app: app, user: u)
-            if inTransaction { locked.insert(user) }
+            if inTransaction, heads[user] == nil { heads[user] = r.int64(i, 2) }
             out.append((user, n))
         }
         return out
@@ -250,24 +264,50 @@ public final class PostgresStore: NotificationStore {
 
     // MARK: Writing notifications and their changes
 
-    /// Assigns the user's next seq: `head + 1` of its feeds row, which stays
-    /// locked until the transaction ends (see the class comment).
+    /// Assigns the user's next seq: `head + 1` of its feeds row, locked
+    /// until the transaction ends (see the class comment), so no other node
+    /// can move it meanwhile. The write that uses the seq stores it as the
+    /// new head (`moveHead`). Inside a transaction only (`write`).
     private func nextSeq(_ user: UserKey) throws(StoreError) -> Int64 {
-        let r = try db.query("""
-            INSERT INTO feeds (app, user_id, head, floor) VALUES ($1, $2, 1, 0)
-            ON CONFLICT (app, user_id) DO UPDATE SET head = feeds.head + 1
-            RETURNING head
-            """, Self.key(user))
-        guard r.count == 1, let seq = r.optionalInt64(0, 0) else { throw db.error("seq", "no seq assigned") }
-        if inTransaction { locked.insert(user) }
-        return seq
+        try lock(user)
+        guard let head = heads[user] else { throw db.error("seq", "outside a transaction") }
+        heads[user] = head + 1
+        return head + 1
     }
 
-    /// Appends a change: parameters $1...$11 of the statements that use it.
-    private static let appendChange = """
-        INSERT INTO changes (app, user_id, seq, at, change, before_unread, before_platforms, before_tags,
-                             after_unread, after_platforms, after_tags)
-        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+    /// The rest of every write statement, after its CTEs `old` (what the
+    /// notification counted for before: read_state, user_action_state,
+    /// count_platforms, count_tags; no row for a new one) and `new` (the
+    /// same after; no row for a delete): appends the change (parameters
+    /// $1...$11), makes its seq ($3) the feed's head, and moves the user's
+    /// counts by the difference. A counts row left at 0 is dropped by
+    /// `pruneChanges`, so a write needs no statement after this one.
+    private static let appendAndCount = """
+        appended AS (
+            INSERT INTO changes (app, user_id, seq, at, change, before_unread, before_platforms, before_tags,
+                                 after_unread, after_platforms, after_tags)
+            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+        ), head AS (
+            UPDATE feeds SET head = $3 WHERE app = $1 AND user_id = $2
+        ), delta AS (
+            SELECT count_platforms AS platforms, count_tags AS tags,
+                   -(read_state = '\(ReadState.unread.rawValue)')::int AS unread,
+                   -(user_action_state = '\(UserActionState.noInteraction.rawValue)')::int AS no_interaction,
+                   -1 AS total
+            FROM old
+            UNION ALL
+            SELECT count_platforms, count_tags, (read_state = '\(ReadState.unread.rawValue)')::int,
+                   (user_action_state = '\(UserActionState.noInteraction.rawValue)')::int, 1
+            FROM new
+        ), counted AS (
+            INSERT INTO counts (app, user_id, platforms, tags, unread, no_interaction, total)
+            SELECT $1, $2, platforms, tags, sum(unread), sum(no_interaction), sum(total) FROM delta
+            GROUP BY platforms, tags HAVING sum(unread) <> 0 OR sum(no_interaction) <> 0 OR sum(total) <> 0
+            ON CONFLICT (app, user_id, platforms, tags) DO UPDATE SET
+                unread = counts.unread + excluded.unread, no_interaction = counts.no_interaction + excluded.no_interaction,
+                total = counts.total + excluded.total
+        )
+        SELECT 1
         """
 
     private static func appendParameters(_ user: UserKey, _ r: ChangeRecord) -> [PostgresValue] {
@@ -279,51 +319,24 @@ public final class PostgresStore: NotificationStore {
         return key(user) + [.int(r.seq), .int(r.at), .utf8(r.encoded)] + presence(r.before) + presence(r.after)
     }
 
-    /// What the notification a statement returned as read_state,
-    /// user_action_state, count_platforms, count_tags added to the counts;
-    /// nil when it returned none.
-    private func counted(_ r: PostgresRows) throws(StoreError) -> Counted? {
-        guard r.count > 0 else { return nil }
-        guard let platforms = r.text(0, 2), let tags = r.text(0, 3),
-              let targeting = TargetingKey(platforms: platforms, tags: tags).targeting
-        else { throw reads.corrupt("notification targeting") }
-        return Counted(targeting: targeting, unread: r.text(0, 0) == ReadState.unread.rawValue,
-                       noInteraction: r.text(0, 1) == UserActionState.noInteraction.rawValue)
-    }
-
-    /// Applies `deltas` to `user`'s counts, deleting a row whose total reaches 0.
-    private func count(_ user: UserKey, _ deltas: [CountDelta]) throws(StoreError) {
-        for d in deltas {
-            let key = Self.key(user) + [.text(d.key.platforms), .text(d.key.tags)]
-            let total = try db.query("""
-                INSERT INTO counts (app, user_id, platforms, tags, unread, no_interaction, total)
-                VALUES ($1, $2, $3, $4, $5, $6, $7)
-                ON CONFLICT (app, user_id, platforms, tags) DO UPDATE SET
-                    unread = counts.unread + excluded.unread, no_interaction = counts.no_interaction + excluded.no_interaction,
-                    total = counts.total + excluded.total
-                RETURNING total
-                """, key + [.int(Int64(d.unread)), .int(Int64(d.noInteraction)), .int(Int64(d.total))])
-            if total.optionalInt64(0, 0) == 0 {
-                try db.execute("DELETE FROM counts WHERE app = $1 AND user_id = $2 AND platforms = $3 AND tags = $4", key)
-            }
-        }
-    }
-
     // The counts move by what was stored, not by the caller's `previous` or
     // `n`: they stay those of the live notifications whatever a caller passes.
+    // One round trip per write: all parts of a statement read one snapshot,
+    // so `old` is the row before the statement's own changes.
 
     public func upsert(_ user: UserKey, _ n: Notification, previous: Notification?, at: Millis) throws(StoreError) -> ChangeRecord {
         try write { () throws(StoreError) -> ChangeRecord in
             let seq = try nextSeq(user)
             let r = ChangeRecord(change: Change(seq: seq, op: .upsert(n)), before: previous.map(Presence.init),
                                  after: Presence(n), at: at)
-            let new = Counted(n)
-            // One round trip: the stored notification before (all parts of a
-            // statement read one snapshot), the replace, the change.
-            let old = try db.query("""
+            let key = TargetingKey(n.targeting)
+            try db.execute("""
                 WITH old AS (
                     SELECT read_state, user_action_state, count_platforms, count_tags FROM notifications
                     WHERE app = $1 AND user_id = $2 AND id = $12
+                ), new AS (
+                    SELECT $16::text AS read_state, $17::text AS user_action_state,
+                           $19::text AS count_platforms, $20::text AS count_tags
                 ), saved AS (
                     INSERT INTO notifications (app, user_id, id, app_notification_id, created_at, expires_at, read_state,
                                                user_action_state, version, count_platforms, count_tags, json)
@@ -333,15 +346,11 @@ public final class PostgresStore: NotificationStore {
                         expires_at = excluded.expires_at, read_state = excluded.read_state,
                         user_action_state = excluded.user_action_state, version = excluded.version,
                         count_platforms = excluded.count_platforms, count_tags = excluded.count_tags, json = excluded.json
-                ), appended AS (
-                    \(Self.appendChange)
-                )
-                SELECT * FROM old
+                ), \(Self.appendAndCount)
                 """, Self.appendParameters(user, r)
                     + [.text(n.id), .text(n.appNotificationId), .int(n.createdAt), .int(n.expiresAt),
                        .text(n.readState.rawValue), .text(n.userActionState.rawValue), .int(n.version),
-                       .text(new.key.platforms), .text(new.key.tags), .utf8(n.json.encoded)])
-            try count(user, CountDelta.replacing(try counted(old), by: new))
+                       .text(key.platforms), .text(key.tags), .utf8(n.json.encoded)])
             return r
         }
     }
@@ -351,16 +360,14 @@ public final class PostgresStore: NotificationStore {
             let seq = try nextSeq(user)
             let op = Change.Op.delete(id: n.id, appNotificationId: n.appNotificationId, reason: reason)
             let r = ChangeRecord(change: Change(seq: seq, op: op), before: Presence(n), after: nil, at: at)
-            let gone = try db.query("""
-                WITH gone AS (
+            try db.execute("""
+                WITH old AS (
                     DELETE FROM notifications WHERE app = $1 AND user_id = $2 AND id = $12
                     RETURNING read_state, user_action_state, count_platforms, count_tags
-                ), appended AS (
-                    \(Self.appendChange)
-                )
-                SELECT * FROM gone
+                ), new AS (
+                    SELECT * FROM old WHERE false
+                ), \(Self.appendAndCount)
                 """, Self.appendParameters(user, r) + [.text(n.id)])
-            try count(user, CountDelta.replacing(try counted(gone), by: nil))
             return r
         }
     }
@@ -370,10 +377,14 @@ public final class PostgresStore: NotificationStore {
     /// Drops, for every user, the changes up to the last one recorded before
     /// `before` and raises the feed's floor to it. Users another transaction
     /// holds are skipped (pruned next time) rather than waited for, so the
-    /// sweep never deadlocks with a batch.
+    /// sweep never deadlocks with a batch. Also drops the counts rows that
+    /// writes left at 0 (see `appendAndCount`), as skipping.
     public func pruneChanges(before: Millis) throws(StoreError) -> Int {
         try write { () throws(StoreError) -> Int in
             try db.execute("""
+                DELETE FROM counts WHERE ctid = ANY(ARRAY(SELECT ctid FROM counts WHERE total = 0 FOR UPDATE SKIP LOCKED))
+                """)
+            return try db.execute("""
                 WITH cuts AS (
                     SELECT app, user_id, max(seq) AS seq FROM changes WHERE at < $1 GROUP BY app, user_id
                 ), mine AS (

@@ -246,6 +246,20 @@ final class PostgresStoreTests: XCTestCase {
         XCTAssertEqual(try a.feed(odd).head, 1)
     }
 
+    /// A write moves the counts in its one statement and leaves a row that
+    /// reaches 0 in place; readers skip it and pruning drops it.
+    func testCountsRowsLeftAtZeroAreSkippedThenPruned() throws {
+        let store = try PostgresStore(url: database.url)
+        _ = try store.upsert(alice, note("n_1"), previous: nil, at: t0)
+        XCTAssertEqual(try store.counts(alice).map(\.total), [1])
+        _ = try store.delete(alice, note("n_1"), reason: .deleted, at: t0 + 1)
+        XCTAssertEqual(try store.counts(alice).map(\.total), [])
+        XCTAssertEqual(try store.makeReader()?.counts(alice).map(\.total), [])
+        XCTAssertEqual(try store.db.query("SELECT count(*) FROM counts").int64(0, 0), 1)
+        _ = try store.pruneChanges(before: t0)
+        XCTAssertEqual(try store.db.query("SELECT count(*) FROM counts").int64(0, 0), 0)
+    }
+
     // MARK: Readers
 
     func testReaderReadIsOneSnapshot() throws {
