@@ -55,6 +55,8 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
     private var effects: [Effect] = []
     /// Undoes the open batch's bookkeeping outside the store if it rolls back.
     private var undo: [() -> Void] = []
+    /// Notifications the open batch published: `herald_publishes_total` once it commits.
+    var publishedInBatch = 0
     /// Who follows which user, and which devices are connected.
     let registry = FollowerRegistry()
     /// In a cluster: this node's devices as the other nodes see them.
@@ -156,6 +158,7 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
     private func rolledBack() {
         store.rollback()
         effects.removeAll()
+        publishedInBatch = 0
         for f in undo.reversed() { f() }
         undo.removeAll()
     }
@@ -250,6 +253,8 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
 
     private func runEffects() {
         undo.removeAll()
+        metrics.publishes.add(publishedInBatch, ordering: .relaxed)
+        publishedInBatch = 0
         let list = effects
         effects.removeAll(keepingCapacity: true)
         // Each user's records in commit order, users in order of first change:

@@ -13,7 +13,7 @@ extension Engine {
         do { n = try draft.notification(replacing: existing, userId: user.user, now: now) } catch { return .failure(error) }
         let r = try store.upsert(user, n, previous: existing, at: now)
         deliverAfterCommit(user, r)
-        metrics.publishes.add(1, ordering: .relaxed)
+        publishedInBatch += 1
         return .success((n, r.seq, existing == nil))
     }
 

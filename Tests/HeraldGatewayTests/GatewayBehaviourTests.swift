@@ -25,6 +25,7 @@ final class GatewayBehaviourTests: XCTestCase {
         XCTAssertEqual(answers.map { $0.json?["error"]?.objectValue?["code"] }, ["unavailable", "unavailable", "unavailable"])
         XCTAssertEqual(answers.map { $0.response?.header("Retry-After") }, ["2", "2", "2"])
         XCTAssertEqual(changeSeqs(s.frames), [], "nothing of the batch was delivered")
+        XCTAssertEqual(h.gateway.metrics.publishes.load(ordering: .relaxed), 0, "nor counted as published")
         let health = h.request("GET", "/healthz")
         XCTAssertEqual(health.json?["store"], "unavailable")
         let history = h.request("GET", "/v1/apps/\(Harness.app.id)/users/u/notifications")
@@ -35,6 +36,7 @@ final class GatewayBehaviourTests: XCTestCase {
         h.settle(); s.read()
         XCTAssertEqual(ok.response?.status, 201)
         XCTAssertEqual(changeSeqs(s.frames), [1])
+        XCTAssertEqual(h.gateway.metrics.publishes.load(ordering: .relaxed), 1)
         XCTAssertEqual(h.request("GET", "/healthz").json?["store"], "ok")
     }
 
