@@ -90,6 +90,8 @@ final class PostgresConnection {
         if let c = conn { PQfinish(c) }
         conn = nil
         prepared.removeAll()
+        pipelining = false
+        unread.removeAll()
     }
 
     func error(_ context: String, _ detail: String, conflict: Bool = false) -> StoreError {
@@ -169,6 +171,18 @@ final class PostgresConnection {
     @discardableResult
     func query(_ sql: String, _ args: [PostgresValue] = []) throws(StoreError) -> PostgresRows {
         guard let c = conn else { throw error(String(sql.prefix(60)), "not connected") }
+        if pipelining {
+            do throws(StoreError) {
+                try enqueue(sql, args)
+                let mine = unread.removeLast()
+                try drain()
+                PQsendFlushRequest(c)
+                return try nextResult(c, mine)
+            } catch {
+                abandon()
+                throw error
+            }
+        }
         let statement = try prepare(c, sql, args.count)
         let res = Self.withCStrings(args) { values in PQexecPrepared(c, statement, Int32(args.count), values, nil, nil, 0) }
         return try check(res, sql)
@@ -179,6 +193,133 @@ final class PostgresConnection {
     func execute(_ sql: String, _ args: [PostgresValue] = []) throws(StoreError) -> Int {
         let rows = try query(sql, args)
         return rows.changed
+    }
+
+    // MARK: Pipelined transactions
+
+    /// Statements sent in the open pipeline whose results are not read yet.
+    private var unread: [String] = []
+    /// Inside `beginPipelined()` … `finish`/`abandon`.
+    private(set) var pipelining = false
+
+    /// Starts a transaction in libpq's pipeline mode: BEGIN and every
+    /// statement given to `send` go out without waiting for an answer, so a
+    /// batch of writes costs the round trips of its reads and its COMMIT,
+    /// not one per write. Their results are checked in order before the
+    /// next `query` returns, or at `finish`; the first error is thrown there
+    /// and ends the pipeline (PostgreSQL skipped the rest of it), leaving a
+    /// failed transaction for the owner to roll back.
+    func beginPipelined() throws(StoreError) {
+        try begin("BEGIN")  // replaces a dead connection before anything is pipelined
+        guard let c = conn, PQenterPipelineMode(c) == 1 else {
+            _ = try? script("ROLLBACK")
+            throw error("BEGIN", "cannot enter pipeline mode: \(Self.message(conn.flatMap { PQerrorMessage($0) }))")
+        }
+        pipelining = true
+    }
+
+    /// Sends a statement whose result needs no reading, only checking:
+    /// pipelined inside `beginPipelined()`, else run at once.
+    func send(_ sql: String, _ args: [PostgresValue] = []) throws(StoreError) {
+        if pipelining { return try enqueue(sql, args) }
+        try execute(sql, args)
+    }
+
+    private func enqueue(_ sql: String, _ args: [PostgresValue]) throws(StoreError) {
+        guard let c = conn else { throw error(String(sql.prefix(60)), "not connected") }
+        let statement: String
+        if let name = prepared[sql] {
+            statement = name
+        } else {
+            // Preparing is synchronous, which pipeline mode forbids: leave it
+            // for a moment (once per statement and session).
+            try drain()
+            PQexitPipelineMode(c)
+            defer { PQenterPipelineMode(c) }
+            statement = try prepare(c, sql, args.count)
+        }
+        let sent = Self.withCStrings(args) { values in PQsendQueryPrepared(c, statement, Int32(args.count), values, nil, nil, 0) }
+        guard sent == 1 else { throw error(String(sql.prefix(60)), Self.message(PQerrorMessage(c))) }
+        unread.append(sql)
+    }
+
+    /// Reads the results of what was sent, in order; throws the first error
+    /// (the caller then abandons the pipeline).
+    private func drain() throws(StoreError) {
+        guard !unread.isEmpty, let c = conn else { return }
+        PQsendFlushRequest(c)
+        var failure: StoreError?
+        while !unread.isEmpty {
+            let sql = unread.removeFirst()
+            do throws(StoreError) {
+                _ = try nextResult(c, sql)
+            } catch {
+                if failure == nil { failure = error }
+                if !isConnected { unread.removeAll() }
+            }
+        }
+        if let failure { throw failure }
+    }
+
+    /// The one result of the next pipelined statement, then the NULL that ends it.
+    private func nextResult(_ c: OpaquePointer, _ sql: String) throws(StoreError) -> PostgresRows {
+        PQflush(c)
+        let res = PQgetResult(c)
+        if res != nil { while let extra = PQgetResult(c) { PQclear(extra) } }
+        if let res, PQresultStatus(res) == PGRES_PIPELINE_ABORTED {
+            PQclear(res)
+            throw error(String(sql.prefix(60)), "skipped after an earlier error in the transaction")
+        }
+        return try check(res, sql)
+    }
+
+    /// Ends the pipeline with `sql` (COMMIT): sends it and a sync, reads
+    /// every result and leaves pipeline mode; throws the first error.
+    func finish(_ sql: String) throws(StoreError) {
+        guard pipelining else { return try script(sql) }
+        do throws(StoreError) {
+            try enqueue(sql, [])
+        } catch {
+            abandon()
+            throw error
+        }
+        if let failure = endPipeline() { throw failure }
+    }
+
+    /// Leaves the pipeline whatever is pending, its results discarded. The
+    /// transaction, if one is still open, is left for the caller to roll back.
+    func abandon() { endPipeline() }
+
+    /// Sends a sync after what was sent, reads every result up to it and
+    /// leaves pipeline mode: one round trip. Returns the first error.
+    @discardableResult private func endPipeline() -> StoreError? {
+        guard pipelining else { return nil }
+        pipelining = false
+        let pending = unread
+        unread.removeAll()
+        guard let c = conn, isConnected else { return error("pipeline", "the connection was lost") }
+        guard PQpipelineSync(c) == 1 else {
+            close()
+            return error("pipeline", "the connection was lost")
+        }
+        var failure: StoreError?
+        for sql in pending where isConnected {
+            do throws(StoreError) { _ = try nextResult(c, sql) } catch { if failure == nil { failure = error } }
+        }
+        // Up to the sync: also the results of statements a failed `query` left unread.
+        while isConnected {
+            guard let res = PQgetResult(c) else { continue }
+            let status = PQresultStatus(res)
+            PQclear(res)
+            if status == PGRES_PIPELINE_SYNC { break }
+        }
+        // Still in pipeline mode (the sync never came): a fresh session is
+        // simpler than finding out why.
+        if !isConnected || PQexitPipelineMode(c) != 1 {
+            close()
+            return failure ?? error("pipeline", "the connection was lost")
+        }
+        return failure
     }
 
     /// Runs several statements without parameters or preparing (schema

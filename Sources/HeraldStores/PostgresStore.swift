@@ -75,7 +75,7 @@ public final class PostgresStore: NotificationStore {
     private func check() throws(StoreError) {
         if !inTransaction { return try db.reconnectIfLost() }
         if !started {
-            try db.begin()
+            try db.beginPipelined()
             started = true
         }
         if !db.isConnected { throw db.error("transaction", "the connection was lost; roll back and retry") }
@@ -94,8 +94,9 @@ public final class PostgresStore: NotificationStore {
         guard started else { return }
         do throws(StoreError) {
             try check()
-            try db.script("COMMIT")
+            try db.finish("COMMIT")
         } catch {
+            db.abandon()
             if db.inTransaction { _ = try? db.script("ROLLBACK") }
             throw error
         }
@@ -105,6 +106,7 @@ public final class PostgresStore: NotificationStore {
         guard inTransaction else { return }
         inTransaction = false
         heads.removeAll()
+        db.abandon()
         if db.inTransaction { _ = try? db.script("ROLLBACK") }
     }
 
@@ -157,7 +159,7 @@ public final class PostgresStore: NotificationStore {
         for start in stride(from: 0, to: todo.count, by: 500) {
             let part = todo[start..<min(start + 500, todo.count)]
             let keys: [PostgresValue] = [.text(Self.arrayLiteral(part.map(\.app))), .text(Self.arrayLiteral(part.map(\.user)))]
-            try db.execute("""
+            try db.send("""
                 INSERT INTO feeds (app, user_id, head, floor)
                 SELECT app, user_id, 0, 0 FROM unnest($1::text[], $2::text[]) AS u(app, user_id)
                 ON CONFLICT (app, user_id) DO UPDATE SET head = feeds.head WHERE false
@@ -330,7 +332,7 @@ public final class PostgresStore: NotificationStore {
             let r = ChangeRecord(change: Change(seq: seq, op: .upsert(n)), before: previous.map(Presence.init),
                                  after: Presence(n), at: at)
             let key = TargetingKey(n.targeting)
-            try db.execute("""
+            try db.send("""
                 WITH old AS (
                     SELECT read_state, user_action_state, count_platforms, count_tags FROM notifications
                     WHERE app = $1 AND user_id = $2 AND id = $12
@@ -360,7 +362,7 @@ public final class PostgresStore: NotificationStore {
             let seq = try nextSeq(user)
             let op = Change.Op.delete(id: n.id, appNotificationId: n.appNotificationId, reason: reason)
             let r = ChangeRecord(change: Change(seq: seq, op: op), before: Presence(n), after: nil, at: at)
-            try db.execute("""
+            try db.send("""
                 WITH old AS (
                     DELETE FROM notifications WHERE app = $1 AND user_id = $2 AND id = $12
                     RETURNING read_state, user_action_state, count_platforms, count_tags
@@ -402,7 +404,7 @@ public final class PostgresStore: NotificationStore {
     // MARK: Writing devices
 
     public func saveDevice(_ user: UserKey, _ device: Device) throws(StoreError) {
-        try reading(user).db.execute("""
+        try reading(user).db.send("""
             INSERT INTO devices (app, user_id, device_id, platform, tags, last_seen_at, view_generation)
             VALUES ($1, $2, $3, $4, $5, $6, $7)
             ON CONFLICT (app, user_id, device_id) DO UPDATE SET
@@ -442,10 +444,10 @@ extension PostgresStore: ClusterDirectory {
         try check()
         let key = Self.key(user) + [.text(device), .text(node)]
         guard let transport else {
-            try db.execute("DELETE FROM herald_connections WHERE app = $1 AND user_id = $2 AND device_id = $3 AND node = $4", key)
+            try db.send("DELETE FROM herald_connections WHERE app = $1 AND user_id = $2 AND device_id = $3 AND node = $4", key)
             return
         }
-        try db.execute("""
+        try db.send("""
             INSERT INTO herald_connections (app, user_id, device_id, node, transport, until)
             VALUES ($1, $2, $3, $4, $5, now() + $6::bigint * interval '1 millisecond')
             ON CONFLICT (app, user_id, device_id, node) DO UPDATE SET transport = excluded.transport, until = excluded.until
