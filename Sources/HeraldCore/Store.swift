@@ -87,11 +87,13 @@ public protocol NotificationStore: StoreReading {
     func begin() throws(StoreError)
     func commit() throws(StoreError)
     func rollback()
-    /// Inside a transaction, takes now what the writes to `users` would take
-    /// on first touch (PostgreSQL: each user's feed lock), in one order
-    /// every node shares, so that transactions of several users never wait
-    /// on each other in a cycle. Stores with a single writer need nothing.
-    func claim(_ users: [UserKey]) throws(StoreError)
+    /// Inside a transaction, takes now what the writes to `users` (and to
+    /// the users of `lookups`) would take on first touch (PostgreSQL: each
+    /// user's feed lock), in one order every node shares, so that
+    /// transactions of several users never wait on each other in a cycle;
+    /// and may read the notifications `lookups` name at once, for the
+    /// transaction's later lookups. Stores with a single writer need nothing.
+    func claim(_ users: [UserKey], lookups: [NotificationLookup]) throws(StoreError)
 
     func notification(_ user: UserKey, appNotificationId: String) throws(StoreError) -> Notification?
 
@@ -119,7 +121,20 @@ public protocol NotificationStore: StoreReading {
 }
 
 extension NotificationStore {
-    public func claim(_ users: [UserKey]) throws(StoreError) {}
+    public func claim(_ users: [UserKey], lookups: [NotificationLookup]) throws(StoreError) {}
+    public func claim(_ users: [UserKey]) throws(StoreError) { try claim(users, lookups: []) }
+}
+
+/// A notification a transaction will look up, named before it runs (`claim`).
+public enum NotificationLookup: Hashable, Sendable {
+    case id(UserKey, String)
+    case appNotificationId(UserKey, String)
+
+    public var user: UserKey {
+        switch self {
+        case .id(let u, _), .appNotificationId(let u, _): u
+        }
+    }
 }
 
 /// Which devices are connected to which gateway node, kept where all nodes

@@ -22,8 +22,10 @@ public protocol LoopExecutor: AnyObject, Sendable {
 ///   shard's FIFO inbox.
 public final class Engine: @unchecked Sendable {  // the queue is under `cond`; the rest is engine-thread state, checked
     struct Command {
-        /// The users it writes, claimed before the batch runs (see `runBatch`).
+        /// The users it writes, claimed before the batch runs (see `runBatch`),
+        /// and the notifications it will look up, read ahead then.
         var users: [UserKey] = []
+        var lookups: [NotificationLookup] = []
         let run: @Sendable (Engine) throws -> Void
         let failed: @Sendable (HeraldError) -> Void
         /// Bookkeeping that needs no store: runs in order after the batch,
@@ -104,12 +106,12 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
     /// `unavailable` when the batch was rolled back (nothing of it happened).
     /// Effects `body` queued (deliveries, `afterCommit`) reach the shard
     /// before the reply. `users` are those `body` will write (all that are
-    /// known before it runs).
-    func perform<T: Sendable>(on shard: Shard, users: [UserKey],
+    /// known before it runs), `lookups` the notifications it will read.
+    func perform<T: Sendable>(on shard: Shard, users: [UserKey], lookups: [NotificationLookup] = [],
                               _ body: @escaping @Sendable (Engine) throws(StoreError) -> T,
                               reply: @escaping (Result<T, HeraldError>) -> Void) {
         let reply = LoopBound(reply, owner: shard.thread)
-        let command = Command(users: users, run: { e in
+        let command = Command(users: users, lookups: lookups, run: { e in
             let value = try body(e)
             e.afterCommit { shard.post { reply.value(.success(value)) } }
         }, failed: { err in shard.post { reply.value(.failure(err)) } })
@@ -204,13 +206,14 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
         metrics.engineQueue.subtract(take, ordering: .relaxed)
         let t0 = DispatchTime.now().uptimeNanoseconds
         // Every user the batch names, locked up front in the store's one
-        // order, so batches on different nodes never deadlock on each other.
-        let users = batch.flatMap(\.users)
+        // order, so batches on different nodes never deadlock on each other;
+        // and the notifications it will look up, read in one go.
+        let users = batch.flatMap(\.users), lookups = batch.flatMap(\.lookups)
         var attempt = 1
         while true {
             do {
                 try store.begin()
-                try store.claim(users)
+                try store.claim(users, lookups: lookups)
                 for c in batch { try c.run(self) }
                 try store.commit()
                 break

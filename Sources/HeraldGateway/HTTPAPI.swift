@@ -53,7 +53,7 @@ extension Gateway {
                 var named: [UserKey] = []
                 if case .users(let ids) = send.audience { named = ids.map { UserKey(app: app.id, user: $0) } }
                 try admitPublishes(app.id, max(named.count, 1))
-                x.write(named) { e throws(StoreError) in
+                x.write(named, named.map { .appNotificationId($0, send.draft.appNotificationId) }) { e throws(StoreError) in
                     try e.bulkSend(app: app.id, send, now: clock.now()).map { .json(202, ["users": .int($0)]) }
                 }
             case .publish(let appId, let userId):
@@ -62,7 +62,7 @@ extension Gateway {
                 let draft = try NotificationDraft(reading: &f)
                 try f.finish()
                 try admitPublishes(user.app, 1)
-                x.write([user]) { e throws(StoreError) in
+                x.write([user], [.appNotificationId(user, draft.appNotificationId)]) { e throws(StoreError) in
                     try e.upsertNotification(user, draft, now: clock.now()).map { (n, seq, created) in
                         .json(created ? 201 : 200, ["notification": n.json, "seq": .int(seq)])
                     }
@@ -88,14 +88,14 @@ extension Gateway {
             case .updateNotification(let owner, let id):
                 let (user, device) = try self.owner(owner, req)
                 let u = try StateUpdate(bytes: req.body, ifMatch: req.headers["if-match"])
-                x.write([user]) { e throws(StoreError) in
+                x.write([user], [.id(user, id)]) { e throws(StoreError) in
                     let now = clock.now()
                     let v = try e.registerViewer(user, deviceId: device, now: now)
                     return try e.updateState(user, id: id, u, viewer: v, now: now).map { .json(200, ["notification": $0.0.json, "seq": .int($0.seq)]) }
                 }
             case .deleteNotification(let owner, let id):
                 let (user, device) = try self.owner(owner, req)
-                x.write([user]) { e throws(StoreError) in
+                x.write([user], [.id(user, id)]) { e throws(StoreError) in
                     let now = clock.now()
                     let v = try e.registerViewer(user, deviceId: device, now: now)
                     return try e.deleteNotification(user, id: id, viewer: v, now: now).map { _ in .noContent }
@@ -149,9 +149,11 @@ extension Gateway {
         let shard: Shard
         let responder: HTTPResponder
 
-        /// `users`: those `body` writes, as far as known before it runs.
-        func write(_ users: [UserKey], _ body: @escaping @Sendable (Engine) throws(StoreError) -> Result<HTTPResponse, HeraldError>) {
-            gateway.engine.perform(on: shard, users: users, body) { [responder] r in responder.respond(Self.response(r.flatMap { $0 })) }
+        /// `users`: those `body` writes, as far as known before it runs;
+        /// `lookups`: the notifications it reads.
+        func write(_ users: [UserKey], _ lookups: [NotificationLookup] = [],
+                   _ body: @escaping @Sendable (Engine) throws(StoreError) -> Result<HTTPResponse, HeraldError>) {
+            gateway.engine.perform(on: shard, users: users, lookups: lookups, body) { [responder] r in responder.respond(Self.response(r.flatMap { $0 })) }
         }
 
         /// Resolves the viewer (a named device unknown so far is registered,

@@ -166,11 +166,11 @@ public final class WebSocketSession {
         case .refresh(let ref, let token):
             refresh(ref: ref, token: token)
         case .update(let ref, let id, let u):
-            request(ref, user) { e throws(StoreError) in
+            request(ref, user, id) { e throws(StoreError) in
                 try e.updateState(user, id: id, u, viewer: v, now: clock.now()).map { ["notification": $0.0.json, "seq": .int($0.seq)] }
             }
         case .delete(let ref, let id):
-            request(ref, user) { e throws(StoreError) in
+            request(ref, user, id) { e throws(StoreError) in
                 try e.deleteNotification(user, id: id, viewer: v, now: clock.now()).map { ["seq": .int($0)] }
             }
         case .sync(let ref, let position):
@@ -181,9 +181,10 @@ public final class WebSocketSession {
         }
     }
 
-    /// Runs `body` (a write to `user`) on the engine and answers `ack` (with its fields) or `error`.
-    private func request(_ ref: String?, _ user: UserKey, _ body: @escaping @Sendable (Engine) throws(StoreError) -> Result<JSONObject, HeraldError>) {
-        gateway.engine.perform(on: shard, users: [user], body) { [self] r in
+    /// Runs `body` (a write to notification `id` of `user`) on the engine and answers `ack` (with its fields) or `error`.
+    private func request(_ ref: String?, _ user: UserKey, _ id: String,
+                         _ body: @escaping @Sendable (Engine) throws(StoreError) -> Result<JSONObject, HeraldError>) {
+        gateway.engine.perform(on: shard, users: [user], lookups: [.id(user, id)], body) { [self] r in
             switch r.flatMap({ $0 }) {
             case .success(let extra): send(ServerFrame.ack(ref: ref, extra: extra))
             case .failure(let err): send(ServerFrame.error(ref: ref, err))

@@ -53,6 +53,9 @@ public final class PostgresStore: NotificationStore {
     /// The users whose feeds row the open transaction holds locked, with
     /// their head: the seqs it assigned, or what it read under the lock.
     private var heads: [UserKey: Int64] = [:]
+    /// Notifications of locked users as the open transaction has them
+    /// (nil: none), read ahead by `claim` and kept up by its own writes.
+    private var known: [NotificationLookup: Notification?] = [:]
 
     /// Checks the form of a connection URL without connecting: its
     /// host:port/database, or nil when it is not one libpq accepts.
@@ -90,7 +93,7 @@ public final class PostgresStore: NotificationStore {
 
     public func commit() throws(StoreError) {
         guard inTransaction else { return }
-        defer { inTransaction = false; heads.removeAll() }
+        defer { inTransaction = false; heads.removeAll(); known.removeAll() }
         guard started else { return }
         do throws(StoreError) {
             try check()
@@ -106,6 +109,7 @@ public final class PostgresStore: NotificationStore {
         guard inTransaction else { return }
         inTransaction = false
         heads.removeAll()
+        known.removeAll()
         db.abandon()
         if db.inTransaction { _ = try? db.script("ROLLBACK") }
     }
@@ -151,10 +155,10 @@ public final class PostgresStore: NotificationStore {
     /// one statement that takes the locks in the order of its input (an
     /// `ON CONFLICT DO UPDATE` locks the existing row even when its `WHERE`
     /// updates nothing), then one that reads the heads, under the locks.
-    public func claim(_ users: [UserKey]) throws(StoreError) {
+    public func claim(_ users: [UserKey], lookups: [NotificationLookup]) throws(StoreError) {
         guard inTransaction else { return }
-        let todo = Set(users).filter { heads[$0] == nil }.sorted()
-        guard !todo.isEmpty else { return }
+        let todo = Set(users + lookups.map(\.user)).filter { heads[$0] == nil }.sorted()
+        guard !todo.isEmpty || !lookups.isEmpty else { return }
         try check()
         for start in stride(from: 0, to: todo.count, by: 500) {
             let part = todo[start..<min(start + 500, todo.count)]
@@ -174,6 +178,44 @@ public final class PostgresStore: NotificationStore {
             }
             guard part.allSatisfy({ heads[$0] != nil }) else { throw db.error("claim", "a feed row is missing") }
         }
+        try readAhead(Array(Set(lookups.filter { known[$0] == nil })))
+    }
+
+    /// Reads the notifications `lookups` name, 500 a statement, into `known`
+    /// (their users are locked: nothing but this transaction changes them).
+    private func readAhead(_ lookups: [NotificationLookup]) throws(StoreError) {
+        for start in stride(from: 0, to: lookups.count, by: 500) {
+            let part = lookups[start..<min(start + 500, lookups.count)]
+            var byId: [[String]] = [[], [], []], byApp: [[String]] = [[], [], []]
+            for l in part {
+                switch l {
+                case .id(let u, let id): byId[0].append(u.app); byId[1].append(u.user); byId[2].append(id)
+                case .appNotificationId(let u, let a): byApp[0].append(u.app); byApp[1].append(u.user); byApp[2].append(a)
+                }
+            }
+            let r = try db.query("""
+                SELECT n.app, n.user_id, n.json FROM notifications n
+                JOIN unnest($1::text[], $2::text[], $3::text[]) AS k(app, user_id, id)
+                  ON n.app = k.app AND n.user_id = k.user_id AND n.id = k.id
+                UNION ALL
+                SELECT n.app, n.user_id, n.json FROM notifications n
+                JOIN unnest($4::text[], $5::text[], $6::text[]) AS k(app, user_id, anid)
+                  ON n.app = k.app AND n.user_id = k.user_id AND n.app_notification_id = k.anid
+                """, (byId + byApp).map { .text(Self.arrayLiteral($0)) })
+            for l in part { known.updateValue(nil, forKey: l) }
+            for (i, n) in try reads.notifications(r, 2).enumerated() {
+                guard let app = r.text(i, 0), let user = r.text(i, 1) else { throw reads.corrupt("notification") }
+                remember(UserKey(app: app, user: user), n)
+            }
+        }
+    }
+
+    /// Notes what the open transaction now has for `n`'s id and
+    /// appNotificationId: `n`, or none once deleted.
+    private func remember(_ user: UserKey, _ n: Notification, deleted: Bool = false) {
+        guard inTransaction else { return }
+        known.updateValue(deleted ? nil : n, forKey: .id(user, n.id))
+        known.updateValue(deleted ? nil : n, forKey: .appNotificationId(user, n.appNotificationId))
     }
 
     /// A text[] parameter: every element quoted, `"` and `\` escaped.
@@ -202,11 +244,13 @@ public final class PostgresStore: NotificationStore {
     public func feed(_ user: UserKey) throws(StoreError) -> FeedState { try reading(user).feed(user) }
 
     public func notification(_ user: UserKey, id: String) throws(StoreError) -> Notification? {
-        try reading(user).notification(user, id: id)
+        if let hit = known[.id(user, id)] { return hit }
+        return try reading(user).notification(user, id: id)
     }
 
     public func notification(_ user: UserKey, appNotificationId: String) throws(StoreError) -> Notification? {
-        try reading(user).notification(user, appNotificationId: appNotificationId)
+        if let hit = known[.appNotificationId(user, appNotificationId)] { return hit }
+        return try reading(user).notification(user, appNotificationId: appNotificationId)
     }
 
     public func changes(_ user: UserKey, after: Int64, limit: Int) throws(StoreError) -> [ChangeRecord] {
@@ -353,6 +397,7 @@ public final class PostgresStore: NotificationStore {
                     + [.text(n.id), .text(n.appNotificationId), .int(n.createdAt), .int(n.expiresAt),
                        .text(n.readState.rawValue), .text(n.userActionState.rawValue), .int(n.version),
                        .text(key.platforms), .text(key.tags), .utf8(n.json.encoded)])
+            remember(user, n)
             return r
         }
     }
@@ -370,6 +415,7 @@ public final class PostgresStore: NotificationStore {
                     SELECT * FROM old WHERE false
                 ), \(Self.appendAndCount)
                 """, Self.appendParameters(user, r) + [.text(n.id)])
+            remember(user, n, deleted: true)
             return r
         }
     }

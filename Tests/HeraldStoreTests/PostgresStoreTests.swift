@@ -246,6 +246,34 @@ final class PostgresStoreTests: XCTestCase {
         XCTAssertEqual(try a.feed(odd).head, 1)
     }
 
+    /// What `claim` reads ahead answers the transaction's lookups, and its
+    /// own writes keep those answers current.
+    func testClaimReadsLookupsAheadAndWritesKeepThemCurrent() throws {
+        let store = try PostgresStore(url: database.url)
+        let bob = UserKey(app: "app1", user: "bob")
+        _ = try store.upsert(alice, note("n_1"), previous: nil, at: t0)
+        try store.begin()
+        try store.claim([], lookups: [.id(alice, "n_1"), .appNotificationId(alice, "a-n_1"), .id(alice, "n_9"),
+                                      .appNotificationId(bob, "a-n_2")])
+        XCTAssertEqual(try store.notification(alice, id: "n_1")?.version, 1)
+        XCTAssertEqual(try store.notification(alice, appNotificationId: "a-n_1")?.id, "n_1")
+        XCTAssertNil(try store.notification(alice, id: "n_9"))
+        XCTAssertNil(try store.notification(bob, appNotificationId: "a-n_2"))
+        var n = note("n_1")
+        n.version = 2
+        _ = try store.upsert(alice, n, previous: note("n_1"), at: t0 + 1)
+        _ = try store.upsert(bob, note("n_2", user: bob), previous: nil, at: t0 + 1)
+        XCTAssertEqual(try store.notification(alice, appNotificationId: "a-n_1")?.version, 2)
+        XCTAssertEqual(try store.notification(bob, appNotificationId: "a-n_2")?.id, "n_2")
+        _ = try store.delete(alice, n, reason: .deleted, at: t0 + 2)
+        XCTAssertNil(try store.notification(alice, id: "n_1"))
+        XCTAssertNil(try store.notification(alice, appNotificationId: "a-n_1"))
+        try store.commit()
+        XCTAssertNil(try store.notification(alice, id: "n_1"))
+        XCTAssertEqual(try store.notification(bob, id: "n_2")?.appNotificationId, "a-n_2")
+        XCTAssertEqual(try store.feed(alice).head, 3)
+    }
+
     /// A write moves the counts in its one statement and leaves a row that
     /// reaches 0 in place; readers skip it and pruning drops it.
     func testCountsRowsLeftAtZeroAreSkippedThenPruned() throws {
