@@ -153,6 +153,11 @@ NCHAN_ARGS=("$LOADGEN"
     --sub-url "ws://127.0.0.1:$NCHAN_PORT/sub/{user}"
     --pub-url "http://127.0.0.1:$NCHAN_PORT/pub/{user}"
     --pub-body '{"t":{ts},"n":{n}}')
+# The same work in bytes: Nchan relays a body shaped and sized like the
+# change frame Herald delivers for its publish (same fields, same lengths;
+# Herald's ids and times are of fixed length), instead of 30 bytes.
+NCHAN_SAME_BYTES_ARGS=("${NCHAN_ARGS[@]:0:5}"
+    --pub-body '{"type":"change","change":{"seq":{n},"op":"upsert","notification":{"id":"n_01KAVQ3ZP5B8M2R6W9X0YB7CEH","appNotificationId":"m{n}","userId":"{user}","payload":{"t":{ts},"n":{n}},"priority":"normal","groupName":null,"displayTimeToLive":null,"targetPlatforms":null,"targetTags":null,"createdAt":"2026-11-24T10:00:00.000Z","updatedAt":"2026-11-24T10:00:00.000Z","expiresAt":"2026-12-24T10:00:00.000Z","readState":"unread","userActionState":"noInteraction","version":1}}}')
 
 # idle: RSS before/after opening IDLE_CONNS connections, measured here while
 # the loadgen holds them
@@ -222,14 +227,16 @@ server_alive() { # name pids scenario
     done
 }
 
-run_target() { # name pids idle-connections large(1|0) args...
+run_target() { # name pids idle-connections (0: no idle scenario) large(1|0) args...
     local name=$1 pids=$2 idle=$3 large=$4
     shift 4
     # each scenario starts after the last one's connections are closed and
     # their timers have run (Herald's hello deadline is 10 s)
-    scenario_idle "$name" "$pids" "$idle" "$@"
-    server_alive "$name" "$pids" idle || return 1
-    sleep "$SETTLE_SECONDS"
+    if [ "$idle" -gt 0 ]; then
+        scenario_idle "$name" "$pids" "$idle" "$@"
+        server_alive "$name" "$pids" idle || return 1
+        sleep "$SETTLE_SECONDS"
+    fi
     scenario_fanout "$name" "$pids" fanout "$FANOUT_USERS" "$FANOUT_RATE" "$@"
     server_alive "$name" "$pids" fan-out || return 1
     if [ "$large" = 1 ]; then
@@ -283,6 +290,10 @@ if [ "${SKIP_NCHAN:-0}" != 1 ] && [ "$HERALD_TLS" != only ]; then
     start_nchan
     run_target nchan "$NCHAN_PIDS" "$IDLE_CONNS" 1 "${NCHAN_ARGS[@]}" || true
     stop_nchan
+    log "=== nginx + Nchan, bodies of Herald's frame size ==="
+    start_nchan
+    run_target nchan-same "$NCHAN_PIDS" 0 1 "${NCHAN_SAME_BYTES_ARGS[@]}" || true
+    stop_nchan
     HAVE_NCHAN=1
 fi
 
@@ -330,9 +341,9 @@ ratio() { # herald nchan
         echo "—"
     fi
 }
-row() { # label herald nchan [better]
-    local h=${2:-} n=${3:-}
-    printf '| %s | %s | %s | %s |\n' "$1" "${h:-—}" "${n:-—}" "$(ratio "$h" "$n")"
+row() { # label herald nchan [nchan with bodies of Herald's frame size]
+    local h=${2:-} n=${3:-} e=${4:-}
+    printf '| %s | %s | %s | %s | %s | %s |\n' "$1" "${h:-—}" "${n:-—}" "$(ratio "$h" "$n")" "${e:-—}" "$(ratio "$h" "$e")"
 }
 
 steps() { # saturation log: one line per step
@@ -343,8 +354,8 @@ steps() { # saturation log: one line per step
 main_table() {
     if [ "$HAVE_HERALD" = 0 ]; then echo "**Herald not benchmarked:** ${HERALD_WHY:-unavailable}."; echo; fi
     if [ "$HAVE_NCHAN" = 0 ]; then echo "**Nchan not benchmarked** (SKIP_NCHAN=1)."; echo; fi
-    echo "| metric | Herald | Nchan | Herald/Nchan |"
-    echo "|---|---|---|---|"
+    echo "| metric | Herald | Nchan | Herald/Nchan | Nchan, same bytes | Herald/Nchan, same bytes |"
+    echo "|---|---|---|---|---|---|"
     row "idle: WebSocket connections held" "$(val herald idle phase=setup ready)" "$(val nchan idle phase=setup ready)"
     row "idle: server RSS per connection (bytes, lower is better)" "$(val herald idle script_rss bytes_per_conn)" "$(val nchan idle script_rss bytes_per_conn)"
     row "idle: connection setup rate (connections/s)" "$(val herald idle phase=setup setup_rate)" "$(val nchan idle phase=setup setup_rate)"
@@ -352,20 +363,21 @@ main_table() {
         users=$FANOUT_USERS rate=$FANOUT_RATE
         [ "$kind" = large ] && users=$LARGE_USERS rate=$LARGE_RATE
         F="fan-out ${users}×${FANOUT_DEVICES} at ${rate}/s, ${FANOUT_SECONDS} s"
-        row "$F: deliveries/s" "$(val herald $kind step=0 dps)" "$(val nchan $kind step=0 dps)"
-        row "$F: p50 latency (ms)" "$(val herald $kind step=0 p50_ms)" "$(val nchan $kind step=0 p50_ms)"
-        row "$F: p99 latency (ms)" "$(val herald $kind step=0 p99_ms)" "$(val nchan $kind step=0 p99_ms)"
-        row "$F: p99.9 latency (ms)" "$(val herald $kind step=0 p999_ms)" "$(val nchan $kind step=0 p999_ms)"
-        row "$F: max latency (ms)" "$(val herald $kind step=0 max_ms)" "$(val nchan $kind step=0 max_ms)"
+        row "$F: deliveries/s" "$(val herald $kind step=0 dps)" "$(val nchan $kind step=0 dps)" "$(val nchan-same $kind step=0 dps)"
+        row "$F: p50 latency (ms)" "$(val herald $kind step=0 p50_ms)" "$(val nchan $kind step=0 p50_ms)" "$(val nchan-same $kind step=0 p50_ms)"
+        row "$F: p99 latency (ms)" "$(val herald $kind step=0 p99_ms)" "$(val nchan $kind step=0 p99_ms)" "$(val nchan-same $kind step=0 p99_ms)"
+        row "$F: p99.9 latency (ms)" "$(val herald $kind step=0 p999_ms)" "$(val nchan $kind step=0 p999_ms)" "$(val nchan-same $kind step=0 p999_ms)"
+        row "$F: max latency (ms)" "$(val herald $kind step=0 max_ms)" "$(val nchan $kind step=0 max_ms)" "$(val nchan-same $kind step=0 max_ms)"
         row "$F: lost / duplicate deliveries" "$(val herald $kind step=0 lost) / $(val herald $kind step=0 dup)" \
-            "$(val nchan $kind step=0 lost) / $(val nchan $kind step=0 dup)"
-        row "$F: server CPU s per million deliveries" "$(val herald $kind step=0 cpu_s_per_m)" "$(val nchan $kind step=0 cpu_s_per_m)"
+            "$(val nchan $kind step=0 lost) / $(val nchan $kind step=0 dup)" \
+            "$(val nchan-same $kind step=0 lost) / $(val nchan-same $kind step=0 dup)"
+        row "$F: server CPU s per million deliveries" "$(val herald $kind step=0 cpu_s_per_m)" "$(val nchan $kind step=0 cpu_s_per_m)" "$(val nchan-same $kind step=0 cpu_s_per_m)"
     done
     S="saturation ($RAMP, ${RAMP_SECONDS} s steps): max deliveries/s with p99 ≤ ${MAX_P99_MS} ms and no loss"
-    row "$S" "$(val herald saturation mode=saturation max_dps)" "$(val nchan saturation mode=saturation max_dps)"
-    row "… at publishes/s" "$(val herald saturation mode=saturation at_rate)" "$(val nchan saturation mode=saturation at_rate)"
+    row "$S" "$(val herald saturation mode=saturation max_dps)" "$(val nchan saturation mode=saturation max_dps)" "$(val nchan-same saturation mode=saturation max_dps)"
+    row "… at publishes/s" "$(val herald saturation mode=saturation at_rate)" "$(val nchan saturation mode=saturation at_rate)" "$(val nchan-same saturation mode=saturation at_rate)"
     row "$S, Herald on SQLite (Nchan in memory)" "$(val herald sqlite-saturation mode=saturation max_dps)" \
-        "$(val nchan saturation mode=saturation max_dps)"
+        "$(val nchan saturation mode=saturation max_dps)" "$(val nchan-same saturation mode=saturation max_dps)"
     if [ -f "$OUT/herald-dismiss.log" ] || [ -f "$OUT/herald-reconnect.log" ]; then
         echo
         echo "Herald only (Nchan has no equivalent):"
@@ -392,6 +404,14 @@ main_table() {
     echo '```'
     steps "$OUT/nchan-saturation.log"
     echo '```'
+    if [ -f "$OUT/nchan-same-saturation.log" ]; then
+        echo
+        echo "Saturation steps — Nchan, bodies of Herald's frame size:"
+        echo
+        echo '```'
+        steps "$OUT/nchan-same-saturation.log"
+        echo '```'
+    fi
     for kind in saturation sqlite-saturation durable; do
         [ -f "$OUT/herald-$kind.log" ] || continue
         echo
