@@ -6,13 +6,19 @@ public enum TransportKind: String, CaseIterable, Sendable { case websocket, sse,
 /// Who follows which user, and which devices are connected: the engine's
 /// record, so the engine knows which shards to deliver a user's changes to
 /// and the devices listing can say who is connected. Engine thread only.
+///
+/// The maps are flat (keyed by user and shard, or user and device) rather
+/// than a small dictionary per user: with one device per user, per-user
+/// dictionaries cost several hundred bytes of every idle connection.
 final class FollowerRegistry {
-    /// Per user: how many followers each shard has.
-    private var following: [UserKey: [Int: Int]] = [:]
-    /// Open connections and recent polls per user and device.
-    private var devices: [UserKey: [String: DeviceConnections]] = [:]
+    /// Per followed user: its followers on all shards, and which shards.
+    private var following: [UserKey: Following] = [:]
+    /// Followers per user and shard.
+    private var perShard: [ShardKey: Int] = [:]
+    /// Open connections and recent polls per device.
+    private var devices: [DeviceKey: DeviceConnections] = [:]
     /// Devices whose lastSeenAt moved since the last flush to the store.
-    private(set) var seenDirty: [UserKey: Set<String>] = [:]
+    private(set) var seenDirty: Set<DeviceKey> = []
     /// In a cluster (`ClusterConnections`): devices whose connections
     /// changed since they were last recorded for the other nodes; nil on a
     /// single node, which records nothing.
@@ -22,9 +28,9 @@ final class FollowerRegistry {
     private var delivered: [UserKey: Int64] = [:]
 
     /// Live followers of `user` on every shard.
-    func followers(of user: UserKey) -> Int { following[user]?.values.reduce(0, +) ?? 0 }
+    func followers(of user: UserKey) -> Int { following[user]?.total ?? 0 }
 
-    func shards(following user: UserKey) -> Dictionary<Int, Int>.Keys { (following[user] ?? [:]).keys }
+    func shards(following user: UserKey) -> ShardSet { following[user]?.shards ?? ShardSet() }
 
     /// `head`: with a bus, the user's feed head read in the batch that
     /// follows (under the user's lock, so every later change has a larger
@@ -32,14 +38,19 @@ final class FollowerRegistry {
     /// the next change is then no gap and needs no catch-up from the store.
     func follow(_ user: UserKey, shard: Int, head: Int64? = nil) {
         if following[user] == nil, let head { delivered[user] = head }
-        following[user, default: [:]][shard, default: 0] += 1
+        following[user, default: Following()].total += 1
+        following[user]!.shards.insert(shard)
+        perShard[ShardKey(user: user, shard: shard), default: 0] += 1
     }
 
     func unfollow(_ user: UserKey, shard: Int) {
-        guard var m = following[user], let n = m[shard] else { return }
-        m[shard] = n > 1 ? n - 1 : nil
-        following[user] = m.isEmpty ? nil : m
-        if m.isEmpty { delivered[user] = nil }
+        let key = ShardKey(user: user, shard: shard)
+        guard let n = perShard[key], var f = following[user] else { return }
+        perShard[key] = n > 1 ? n - 1 : nil
+        if n == 1 { f.shards.remove(shard) }
+        f.total -= 1
+        following[user] = f.total > 0 ? f : nil
+        if f.total == 0 { delivered[user] = nil }
     }
 
     /// The cross-node ordering invariant: a followed user's records reach
@@ -69,47 +80,92 @@ final class FollowerRegistry {
 
     func opened(_ user: UserKey, device: String?, _ transport: TransportKind, now: Millis) {
         guard let device else { return }
-        devices[user, default: [:]][device, default: DeviceConnections()].open(transport, now: now)
+        devices[DeviceKey(user: user, device: device), default: DeviceConnections()].open(transport, now: now)
         presenceDirty?[user, default: []].insert(device)
     }
 
     func closed(_ user: UserKey, device: String?, _ transport: TransportKind, now: Millis) {
-        guard let device, devices[user]?[device] != nil else { return }
-        devices[user]![device]!.close(transport, now: now)
-        seenDirty[user, default: []].insert(device)
+        guard let device else { return }
+        let key = DeviceKey(user: user, device: device)
+        guard devices[key] != nil else { return }
+        devices[key]!.close(transport, now: now)
+        seenDirty.insert(key)
         presenceDirty?[user, default: []].insert(device)
     }
 
     /// A poll that was answered at once: the device shows as `poll` for 60 s.
     func polled(_ user: UserKey, device: String?, now: Millis) {
         guard let device else { return }
-        devices[user, default: [:]][device, default: DeviceConnections()].lastPollAt = now
+        devices[DeviceKey(user: user, device: device), default: DeviceConnections()].lastPollAt = now
         seen(user, device: device, at: now)
         presenceDirty?[user, default: []].insert(device)
     }
 
     func seen(_ user: UserKey, device: String, at: Millis) {
-        devices[user, default: [:]][device, default: DeviceConnections()].lastSeenAt = at
-        seenDirty[user, default: []].insert(device)
+        let key = DeviceKey(user: user, device: device)
+        devices[key, default: DeviceConnections()].lastSeenAt = at
+        seenDirty.insert(key)
     }
 
-    func connections(_ user: UserKey, device: String) -> DeviceConnections? { devices[user]?[device] }
+    func connections(_ user: UserKey, device: String) -> DeviceConnections? { devices[DeviceKey(user: user, device: device)] }
 
     /// After a flush of lastSeenAt to the store: forgets the devices with
     /// nothing open and no poll within the listing's minute, so the map
     /// holds connected devices, not every device ever seen.
     func flushed(now: Millis) {
         seenDirty.removeAll()
-        for (user, m) in devices {
-            let kept = m.filter { $0.value.transport(now: now) != nil }
-            devices[user] = kept.isEmpty ? nil : kept
-        }
+        devices = devices.filter { $0.value.transport(now: now) != nil }
     }
 
-    var knownDevices: Int { devices.values.reduce(0) { $0 + $1.count } }
+    var knownDevices: Int { devices.count }
 
     /// Every device with a connection or a recent poll.
-    var connectedDevices: [UserKey: Set<String>] { devices.mapValues { Set($0.keys) } }
+    var connectedDevices: [UserKey: Set<String>] {
+        var out: [UserKey: Set<String>] = [:]
+        for key in devices.keys { out[key.user, default: []].insert(key.device) }
+        return out
+    }
+}
+
+/// A device of a user.
+struct DeviceKey: Hashable {
+    let user: UserKey
+    let device: String
+}
+
+private struct ShardKey: Hashable {
+    let user: UserKey
+    let shard: Int
+}
+
+private struct Following {
+    var total = 0
+    var shards = ShardSet()
+}
+
+/// A set of shard indexes, as bits: a gateway has at most 64 shards (one per
+/// service loop; `--threads` is 1–64).
+struct ShardSet: Sequence {
+    private var bits: UInt64 = 0
+
+    var isEmpty: Bool { bits == 0 }
+    mutating func insert(_ shard: Int) {
+        precondition(shard >= 0 && shard < 64, "at most 64 shards")
+        bits |= 1 << UInt64(shard)
+    }
+    mutating func remove(_ shard: Int) { bits &= ~(1 << UInt64(shard)) }
+
+    func makeIterator() -> Iterator { Iterator(rest: bits) }
+
+    struct Iterator: IteratorProtocol {
+        var rest: UInt64
+        mutating func next() -> Int? {
+            guard rest != 0 else { return nil }
+            let shard = rest.trailingZeroBitCount
+            rest &= rest - 1
+            return shard
+        }
+    }
 }
 
 /// A device's open connections, as the devices listing shows them.

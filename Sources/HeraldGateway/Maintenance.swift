@@ -40,8 +40,10 @@ struct Maintenance {
     }
 
     private static func flushSeen(_ e: Engine, now: Millis) throws(StoreError) {
-        try e.store.claim(Array(e.registry.seenDirty.keys))
-        for (user, ids) in e.registry.seenDirty {
+        let dirty = Dictionary(grouping: e.registry.seenDirty, by: \.user)
+        try e.store.claim(Array(dirty.keys))
+        for (user, keys) in dirty {
+            let ids = Set(keys.map(\.device))
             for var d in try e.store.devices(user) where ids.contains(d.deviceId) {
                 if let seen = e.registry.connections(user, device: d.deviceId)?.lastSeenAt, seen > d.lastSeenAt {
                     d.lastSeenAt = seen

@@ -13,7 +13,7 @@ public final class Shard: @unchecked Sendable {  // loop-thread state, checked b
     let executor: LoopExecutor
     /// The loop's thread; the transport claims it when the loop starts.
     public let thread: ThreadOwner
-    private var subscriptions: [UserKey: [ObjectIdentifier: Subscription]] = [:]
+    private var subscriptions: [UserKey: Subscribers] = [:]
     private var timers = Heap<TimerEntry>()
     private var timerSerial: UInt64 = 0
     /// Timers cancelled but still in the heap (dropped when due, or all at
@@ -30,21 +30,20 @@ public final class Shard: @unchecked Sendable {  // loop-thread state, checked b
 
     func add(_ s: Subscription) {
         thread.assertCurrent()
-        subscriptions[s.user, default: [:]][ObjectIdentifier(s)] = s
+        subscriptions[s.user] = subscriptions[s.user].map { $0.adding(s) } ?? .one(s)
     }
 
     func remove(_ s: Subscription) {
         thread.assertCurrent()
-        guard var m = subscriptions[s.user] else { return }
-        m[ObjectIdentifier(s)] = nil
-        subscriptions[s.user] = m.isEmpty ? nil : m
+        guard let m = subscriptions[s.user] else { return }
+        subscriptions[s.user] = m.removing(s)
     }
 
     /// `committedAt`: monotonic nanoseconds when the records' batch committed.
     func deliver(_ user: UserKey, _ records: [ChangeRecord], committedAt: UInt64) {
         thread.assertCurrent()
         guard let m = subscriptions[user] else { return }
-        for s in m.values { s.deliver(records) }
+        m.forEach { $0.deliver(records) }
         gateway.metrics.deliveryLatency.observe(nanos: DispatchTime.now().uptimeNanoseconds &- committedAt)
     }
 
@@ -53,20 +52,20 @@ public final class Shard: @unchecked Sendable {  // loop-thread state, checked b
     func recover(_ user: UserKey?) {
         thread.assertCurrent()
         if let user {
-            for s in subscriptions[user]?.values ?? [:].values { s.recover() }
+            subscriptions[user]?.forEach { $0.recover() }
         } else {
-            for m in subscriptions.values { for s in m.values { s.recover() } }
+            for m in subscriptions.values { m.forEach { $0.recover() } }
         }
     }
 
     func viewerChanged(_ user: UserKey, deviceId: String, viewer: Viewer) {
         thread.assertCurrent()
-        for s in subscriptions[user]?.values ?? [:].values where s.deviceId == deviceId { s.viewerChanged(viewer) }
+        subscriptions[user]?.forEach { s in if s.deviceId == deviceId { s.viewerChanged(viewer) } }
     }
 
     func deviceDeleted(_ user: UserKey, deviceId: String) {
         thread.assertCurrent()
-        for s in subscriptions[user]?.values ?? [:].values where s.deviceId == deviceId { s.end(.deviceDeleted) }
+        subscriptions[user]?.forEach { s in if s.deviceId == deviceId { s.end(.deviceDeleted) } }
     }
 
     /// After a reload: ends the subscriptions whose token no longer
@@ -77,7 +76,8 @@ public final class Shard: @unchecked Sendable {  // loop-thread state, checked b
         let apps = gateway.apps
         var ended = 0
         for m in subscriptions.values {
-            for s in m.values where !s.tokenHolds(in: apps) {
+            m.forEach { s in
+                guard !s.tokenHolds(in: apps) else { return }
                 s.end(.revoked)
                 ended += 1
             }
@@ -94,7 +94,7 @@ public final class Shard: @unchecked Sendable {  // loop-thread state, checked b
     public func shutdownSubscriptions() {
         thread.assertCurrent()
         isShuttingDown = true
-        for m in subscriptions.values { for s in m.values { s.end(.shutdown) } }
+        for m in subscriptions.values { m.forEach { $0.end(.shutdown) } }
     }
 
     // MARK: Timers
@@ -138,6 +138,40 @@ public final class Shard: @unchecked Sendable {  // loop-thread state, checked b
         while let t = timers.peek, t.at <= now {
             _ = timers.pop()
             if cancelled.remove(t.serial) == nil { t.fire() }
+        }
+    }
+}
+
+/// A user's subscriptions on one shard. Most users have one there, which
+/// then costs no collection (a dictionary per user was ~180 bytes of every
+/// idle connection). A value: iterating a copy is safe while the
+/// subscriptions it calls remove themselves.
+private enum Subscribers {
+    case one(Subscription)
+    case many([Subscription])
+
+    func forEach(_ body: (Subscription) -> Void) {
+        switch self {
+        case .one(let s): body(s)
+        case .many(let list): for s in list { body(s) }
+        }
+    }
+
+    func adding(_ s: Subscription) -> Subscribers {
+        switch self {
+        case .one(let a): a === s ? self : .many([a, s])
+        case .many(let list): list.contains { $0 === s } ? self : .many(list + [s])
+        }
+    }
+
+    /// nil once none is left.
+    func removing(_ s: Subscription) -> Subscribers? {
+        switch self {
+        case .one(let a):
+            return a === s ? nil : self
+        case .many(var list):
+            list.removeAll { $0 === s }
+            return list.count > 1 ? .many(list) : list.first.map(Subscribers.one)
         }
     }
 }

@@ -51,7 +51,7 @@ func serve(_ args: ArraySlice<String>) throws(UsageError) -> Never {
     let settings = try Settings(f, worker: worker)
     let demo = f.switches.contains("demo")
     let workers = try f.int("workers", in: 1...64) ?? 1
-    let threads = try f.int("threads", in: 1...64) ?? max(1, ProcessInfo.processInfo.activeProcessorCount / workers)
+    let threads = try f.int("threads", in: 1...64) ?? min(64, max(1, ProcessInfo.processInfo.activeProcessorCount / workers))
     var eventLoop = EventLoopKind.default
     if let e = f["event-loop"] {
         guard let k = EventLoopKind(rawValue: e) else { throw UsageError("--event-loop must be libev or poll") }

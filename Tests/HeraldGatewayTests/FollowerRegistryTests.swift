@@ -1,0 +1,57 @@
+import XCTest
+import HeraldCore
+@testable import HeraldGateway
+
+/// The engine's record of followers and connected devices, kept in flat maps.
+final class FollowerRegistryTests: XCTestCase {
+    let alice = UserKey(app: "a", user: "alice"), bob = UserKey(app: "a", user: "bob")
+
+    func testFollowersPerShardAcrossSixtyFourShards() {
+        let r = FollowerRegistry()
+        for shard in [63, 0, 3, 3] { r.follow(alice, shard: shard) }
+        r.follow(bob, shard: 1)
+        XCTAssertEqual(Array(r.shards(following: alice)), [0, 3, 63])
+        XCTAssertEqual(r.followers(of: alice), 4)
+        r.unfollow(alice, shard: 3)
+        XCTAssertEqual(Array(r.shards(following: alice)), [0, 3, 63], "shard 3 still has one follower")
+        r.unfollow(alice, shard: 3)
+        r.unfollow(alice, shard: 3)  // none left there: ignored
+        XCTAssertEqual(Array(r.shards(following: alice)), [0, 63])
+        r.unfollow(alice, shard: 0)
+        r.unfollow(alice, shard: 63)
+        XCTAssertTrue(r.shards(following: alice).isEmpty)
+        XCTAssertEqual(r.followers(of: alice), 0)
+        XCTAssertEqual(Array(r.shards(following: bob)), [1], "another user's follows are apart")
+    }
+
+    func testAFirstFollowStartsAtTheHeadAndTheLastUnfollowForgetsIt() {
+        let r = FollowerRegistry()
+        func record(_ seq: Int64) -> ChangeRecord {
+            ChangeRecord(change: Change(seq: seq, op: .delete(id: "n", appNotificationId: "x", reason: .deleted)),
+                         before: nil, after: nil, at: 0)
+        }
+        r.follow(alice, shard: 0, head: 5)
+        r.follow(alice, shard: 1, head: 9)  // not the first: the head stays 5
+        XCTAssertFalse(r.sequence(alice, [record(6)]).gap)
+        r.unfollow(alice, shard: 0)
+        r.unfollow(alice, shard: 1)
+        r.follow(alice, shard: 0)
+        XCTAssertTrue(r.sequence(alice, [record(7)]).gap, "followed anew without a head: unknown, so a catch-up")
+    }
+
+    func testDevicesAreListedByUserAndForgottenOnceIdle() {
+        let r = FollowerRegistry()
+        r.opened(alice, device: "phone", .websocket, now: 1_000)
+        r.opened(alice, device: "laptop", .sse, now: 1_000)
+        r.opened(bob, device: "phone", .websocket, now: 1_000)
+        r.closed(alice, device: "laptop", .sse, now: 2_000)
+        XCTAssertEqual(r.connectedDevices, [alice: ["phone", "laptop"], bob: ["phone"]])
+        XCTAssertEqual(r.seenDirty, [DeviceKey(user: alice, device: "laptop")])
+        XCTAssertEqual(r.connections(alice, device: "laptop")?.lastSeenAt, 2_000)
+        r.flushed(now: 3_000)
+        XCTAssertEqual(r.seenDirty, [])
+        XCTAssertEqual(r.connectedDevices, [alice: ["phone"], bob: ["phone"]], "the closed laptop is forgotten")
+        XCTAssertEqual(r.knownDevices, 2)
+        XCTAssertEqual(r.connections(alice, device: "phone")?.transport(now: 3_000), .websocket)
+    }
+}
