@@ -22,7 +22,7 @@ public struct Targeting: Sendable, Equatable {
     public func admits(_ viewer: Viewer) -> Bool {
         guard let device = viewer.device else { return true }
         if let platforms, !platforms.contains(device.platform) { return false }
-        if let tags, !tags.matches(device.tagSet) { return false }
+        if let tags, !tags.matches(device.has) { return false }
         return true
     }
 }
@@ -133,10 +133,22 @@ public struct Device: Sendable, Equatable {
 /// everything its user may see (`device == nil`).
 public struct Viewer: Sendable, Equatable {
     public struct DeviceView: Sendable, Equatable {
+        public let userId: String
         public let deviceId: String
         public let platform: Platform
-        public let tagSet: Set<String>
+        /// The device's own tags; the built-in ones are answered by `has`
+        /// from the fields above (a set of them was ~120 bytes a connection).
+        public let tags: Set<String>
         public let viewGeneration: Int64
+
+        /// Whether the device carries `tag`, its built-in ones included
+        /// (SPEC section 8: `user:`, `platform:`, `device:`).
+        public func has(_ tag: String) -> Bool {
+            if tag.hasPrefix("user:") { return tag.dropFirst(5) == userId }
+            if tag.hasPrefix("platform:") { return tag.dropFirst(9) == platform.rawValue }
+            if tag.hasPrefix("device:") { return tag.dropFirst(7) == deviceId }
+            return tags.contains(tag)
+        }
     }
     public let device: DeviceView?
 
@@ -144,8 +156,8 @@ public struct Viewer: Sendable, Equatable {
 
     public init(device: DeviceView?) { self.device = device }
     public init(userId: String, device: Device) {
-        self.device = DeviceView(deviceId: device.deviceId, platform: device.platform,
-                                 tagSet: Set(device.allTags(userId: userId)), viewGeneration: device.viewGeneration)
+        self.device = DeviceView(userId: userId, deviceId: device.deviceId, platform: device.platform,
+                                 tags: Set(device.tags), viewGeneration: device.viewGeneration)
     }
 
     /// The epoch this viewer is given for a store epoch (see `Device.viewGeneration`).

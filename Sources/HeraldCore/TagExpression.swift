@@ -31,14 +31,17 @@ public struct TagExpression: Sendable, Equatable, CustomStringConvertible {
         return TagExpression(root: root, source: text)
     }
 
-    public func matches(_ tags: Set<String>) -> Bool { Self.eval(root, tags) }
+    public func matches(_ tags: Set<String>) -> Bool { matches(tags.contains) }
 
-    static func eval(_ n: Node, _ tags: Set<String>) -> Bool {
+    /// Evaluated against `has`, which says whether a tag is carried.
+    public func matches(_ has: (String) -> Bool) -> Bool { Self.eval(root, has) }
+
+    static func eval(_ n: Node, _ has: (String) -> Bool) -> Bool {
         switch n {
-        case .tag(let t): return tags.contains(t)
-        case .not(let a): return !eval(a, tags)
-        case .and(let a, let b): return eval(a, tags) && eval(b, tags)
-        case .or(let a, let b): return eval(a, tags) || eval(b, tags)
+        case .tag(let t): return has(t)
+        case .not(let a): return !eval(a, has)
+        case .and(let a, let b): return eval(a, has) && eval(b, has)
+        case .or(let a, let b): return eval(a, has) || eval(b, has)
         }
     }
 

@@ -159,8 +159,13 @@ final class ChangeRecordTests: XCTestCase {
         XCTAssertNotEqual(v2.epoch(store: "F"), v2.epoch(store: "E"))
     }
 
-    func testViewerTagSetIncludesBuiltIns() {
-        XCTAssertEqual(phone.device?.tagSet, ["user:alice", "platform:ios", "device:phone-1", "lang:it"])
+    func testViewerTagsIncludeBuiltIns() {
+        for tag in ["user:alice", "platform:ios", "device:phone-1", "lang:it"] {
+            XCTAssertEqual(phone.device?.has(tag), true, tag)
+        }
+        for tag in ["user:bob", "platform:web", "device:phone-2", "lang:en", "user:", "alice", "phone-1", "ios"] {
+            XCTAssertEqual(phone.device?.has(tag), false, tag)
+        }
         XCTAssertEqual(phone.device?.platform, .ios)
         XCTAssertEqual(phone.device?.deviceId, "phone-1")
     }
