@@ -13,12 +13,12 @@ public enum TransportKind: String, CaseIterable, Sendable { case websocket, sse,
 final class FollowerRegistry {
     /// Per followed user: its followers on all shards, and which shards.
     private var following: [UserKey: Following] = [:]
-    /// Followers per user and shard.
+    /// Followers per user and shard, kept only for users followed on more
+    /// than one shard (for the others it is `Following.total`).
     private var perShard: [ShardKey: Int] = [:]
-    /// Open connections and recent polls per device.
+    /// Open connections and recent polls per device, and whether its
+    /// lastSeenAt moved since the last flush to the store.
     private var devices: [DeviceKey: DeviceConnections] = [:]
-    /// Devices whose lastSeenAt moved since the last flush to the store.
-    private(set) var seenDirty: Set<DeviceKey> = []
     /// In a cluster (`ClusterConnections`): devices whose connections
     /// changed since they were last recorded for the other nodes; nil on a
     /// single node, which records nothing.
@@ -37,20 +37,37 @@ final class FollowerRegistry {
     /// seq). For a user no one followed yet it is the last seq delivered:
     /// the next change is then no gap and needs no catch-up from the store.
     func follow(_ user: UserKey, shard: Int, head: Int64? = nil) {
-        if following[user] == nil, let head { delivered[user] = head }
-        following[user, default: Following()].total += 1
-        following[user]!.shards.insert(shard)
-        perShard[ShardKey(user: user, shard: shard), default: 0] += 1
+        guard var f = following[user] else {
+            if let head { delivered[user] = head }
+            following[user] = Following(total: 1, shards: ShardSet(shard))
+            return
+        }
+        if let only = f.onlyShard, only != shard {
+            perShard[ShardKey(user: user, shard: only)] = f.total
+        }
+        if f.onlyShard != shard { perShard[ShardKey(user: user, shard: shard), default: 0] += 1 }
+        f.total += 1
+        f.shards.insert(shard)
+        following[user] = f
     }
 
     func unfollow(_ user: UserKey, shard: Int) {
-        let key = ShardKey(user: user, shard: shard)
-        guard let n = perShard[key], var f = following[user] else { return }
-        perShard[key] = n > 1 ? n - 1 : nil
-        if n == 1 { f.shards.remove(shard) }
+        guard var f = following[user], f.shards.contains(shard) else { return }
         f.total -= 1
-        following[user] = f.total > 0 ? f : nil
-        if f.total == 0 { delivered[user] = nil }
+        guard f.total > 0 else {
+            following[user] = nil
+            delivered[user] = nil
+            return
+        }
+        if f.onlyShard == nil {
+            let key = ShardKey(user: user, shard: shard)
+            let n = perShard[key, default: 1] - 1
+            perShard[key] = n > 0 ? n : nil
+            if n == 0 { f.shards.remove(shard) }
+            // Back to one shard: its count is the total again.
+            if let only = f.onlyShard { perShard[ShardKey(user: user, shard: only)] = nil }
+        }
+        following[user] = f
     }
 
     /// The cross-node ordering invariant: a followed user's records reach
@@ -89,7 +106,6 @@ final class FollowerRegistry {
         let key = DeviceKey(user: user, device: device)
         guard devices[key] != nil else { return }
         devices[key]!.close(transport, now: now)
-        seenDirty.insert(key)
         presenceDirty?[user, default: []].insert(device)
     }
 
@@ -102,9 +118,14 @@ final class FollowerRegistry {
     }
 
     func seen(_ user: UserKey, device: String, at: Millis) {
-        let key = DeviceKey(user: user, device: device)
-        devices[key, default: DeviceConnections()].lastSeenAt = at
-        seenDirty.insert(key)
+        devices[DeviceKey(user: user, device: device), default: DeviceConnections()].seen(at: at)
+    }
+
+    /// The devices whose lastSeenAt moved since the last flush, by user.
+    var unsavedSeen: [UserKey: Set<String>] {
+        var out: [UserKey: Set<String>] = [:]
+        for (key, c) in devices where c.unsaved { out[key.user, default: []].insert(key.device) }
+        return out
     }
 
     func connections(_ user: UserKey, device: String) -> DeviceConnections? { devices[DeviceKey(user: user, device: device)] }
@@ -113,8 +134,12 @@ final class FollowerRegistry {
     /// nothing open and no poll within the listing's minute, so the map
     /// holds connected devices, not every device ever seen.
     func flushed(now: Millis) {
-        seenDirty.removeAll()
-        devices = devices.filter { $0.value.transport(now: now) != nil }
+        devices = devices.compactMapValues { c in
+            guard c.transport(now: now) != nil else { return nil }
+            var saved = c
+            saved.unsaved = false
+            return saved
+        }
     }
 
     var knownDevices: Int { devices.count }
@@ -139,8 +164,10 @@ private struct ShardKey: Hashable {
 }
 
 private struct Following {
-    var total = 0
-    var shards = ShardSet()
+    var total: Int
+    var shards: ShardSet
+    /// The shard, when every follower is on one.
+    var onlyShard: Int? { shards.only }
 }
 
 /// A set of shard indexes, as bits: a gateway has at most 64 shards (one per
@@ -148,7 +175,13 @@ private struct Following {
 struct ShardSet: Sequence {
     private var bits: UInt64 = 0
 
+    init() {}
+    init(_ shard: Int) { insert(shard) }
+
     var isEmpty: Bool { bits == 0 }
+    func contains(_ shard: Int) -> Bool { shard >= 0 && shard < 64 && bits & (1 << UInt64(shard)) != 0 }
+    /// The one shard in the set, if it holds exactly one.
+    var only: Int? { bits != 0 && bits & (bits - 1) == 0 ? bits.trailingZeroBitCount : nil }
     mutating func insert(_ shard: Int) {
         precondition(shard >= 0 && shard < 64, "at most 64 shards")
         bits |= 1 << UInt64(shard)
@@ -170,11 +203,19 @@ struct ShardSet: Sequence {
 
 /// A device's open connections, as the devices listing shows them.
 struct DeviceConnections {
-    var websocket = 0
-    var sse = 0
-    var heldPolls = 0
+    // 32-bit counts and the flag share one word: an entry per connected device.
+    var websocket: Int32 = 0
+    var sse: Int32 = 0
+    var heldPolls: Int32 = 0
+    /// lastSeenAt moved since the last flush to the store.
+    var unsaved = false
     var lastPollAt: Millis = 0
     var lastSeenAt: Millis = 0
+
+    mutating func seen(at: Millis) {
+        lastSeenAt = at
+        unsaved = true
+    }
 
     mutating func open(_ t: TransportKind, now: Millis) {
         switch t {
@@ -191,7 +232,7 @@ struct DeviceConnections {
         case .sse: sse -= 1
         case .poll: heldPolls -= 1; lastPollAt = now
         }
-        lastSeenAt = now
+        seen(at: now)
     }
 
     /// SPEC section 3: the transport a device listing shows.

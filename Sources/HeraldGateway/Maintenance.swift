@@ -40,10 +40,9 @@ struct Maintenance {
     }
 
     private static func flushSeen(_ e: Engine, now: Millis) throws(StoreError) {
-        let dirty = Dictionary(grouping: e.registry.seenDirty, by: \.user)
+        let dirty = e.registry.unsavedSeen
         try e.store.claim(Array(dirty.keys))
-        for (user, keys) in dirty {
-            let ids = Set(keys.map(\.device))
+        for (user, ids) in dirty {
             for var d in try e.store.devices(user) where ids.contains(d.deviceId) {
                 if let seen = e.registry.connections(user, device: d.deviceId)?.lastSeenAt, seen > d.lastSeenAt {
                     d.lastSeenAt = seen

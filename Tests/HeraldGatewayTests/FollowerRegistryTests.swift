@@ -24,6 +24,29 @@ final class FollowerRegistryTests: XCTestCase {
         XCTAssertEqual(Array(r.shards(following: bob)), [1], "another user's follows are apart")
     }
 
+    /// Per-shard counts exist only while a user is followed on several
+    /// shards: going from one shard to two and back must keep each count.
+    func testCountsSurviveMovesBetweenOneShardAndSeveral() {
+        let r = FollowerRegistry()
+        r.follow(alice, shard: 2)
+        r.follow(alice, shard: 2)
+        r.follow(alice, shard: 5)
+        r.unfollow(alice, shard: 5)
+        XCTAssertEqual(Array(r.shards(following: alice)), [2])
+        r.follow(alice, shard: 7)
+        r.unfollow(alice, shard: 2)
+        XCTAssertEqual(Array(r.shards(following: alice)), [2, 7], "shard 2 had two followers")
+        r.unfollow(alice, shard: 2)
+        XCTAssertEqual(Array(r.shards(following: alice)), [7])
+        r.follow(alice, shard: 2)
+        r.unfollow(alice, shard: 7)
+        XCTAssertEqual(Array(r.shards(following: alice)), [2])
+        XCTAssertEqual(r.followers(of: alice), 1)
+        r.unfollow(alice, shard: 2)
+        XCTAssertEqual(r.followers(of: alice), 0)
+        XCTAssertTrue(r.shards(following: alice).isEmpty)
+    }
+
     func testAFirstFollowStartsAtTheHeadAndTheLastUnfollowForgetsIt() {
         let r = FollowerRegistry()
         func record(_ seq: Int64) -> ChangeRecord {
@@ -46,10 +69,10 @@ final class FollowerRegistryTests: XCTestCase {
         r.opened(bob, device: "phone", .websocket, now: 1_000)
         r.closed(alice, device: "laptop", .sse, now: 2_000)
         XCTAssertEqual(r.connectedDevices, [alice: ["phone", "laptop"], bob: ["phone"]])
-        XCTAssertEqual(r.seenDirty, [DeviceKey(user: alice, device: "laptop")])
+        XCTAssertEqual(r.unsavedSeen, [alice: ["laptop"]])
         XCTAssertEqual(r.connections(alice, device: "laptop")?.lastSeenAt, 2_000)
         r.flushed(now: 3_000)
-        XCTAssertEqual(r.seenDirty, [])
+        XCTAssertEqual(r.unsavedSeen, [:])
         XCTAssertEqual(r.connectedDevices, [alice: ["phone"], bob: ["phone"]], "the closed laptop is forgotten")
         XCTAssertEqual(r.knownDevices, 2)
         XCTAssertEqual(r.connections(alice, device: "phone")?.transport(now: 3_000), .websocket)
