@@ -29,7 +29,9 @@ public final class WebSocketSession {
     public let connectionId: String
     private var state = State.awaitingHello
     private var subscription: Subscription?
-    private var claims: DeviceClaims?
+    /// The current token's `exp` (seconds), once a hello was accepted: all
+    /// the session keeps of its claims (the subscription has user and device).
+    private var tokenExpiresAt: Int64?
     private var outbox = WebSocketOutbox()
     private var drainWaiter: (below: Int, run: () -> Void)?
     /// Requests that came before `welcome`, answered after it.
@@ -146,7 +148,7 @@ public final class WebSocketSession {
             return fail(.forbiddenDevice, HeraldError(.forbidden, "the token is bound to another device"))
         }
         if let app = gateway.apps[c.app], !app.admits(origin: origin) { return fail(.forbiddenDevice, Gateway.originRefused) }
-        claims = c
+        tokenExpiresAt = c.expiresAt
         state = .subscribing
         let s = Subscription(Subscription.Request(user: c.userKey, deviceId: deviceId, registration: registration,
                                                   position: position, transport: .websocket),
@@ -201,7 +203,7 @@ public final class WebSocketSession {
             guard c.userKey == subscription?.user, c.device == nil || c.device == subscription?.deviceId else {
                 return send(ServerFrame.error(ref: ref, HeraldError(.forbidden, "the token is for another app, user or device")))
             }
-            claims = c
+            tokenExpiresAt = c.expiresAt
             subscription?.signature = v.signature
             scheduleTokenTimers()
             send(ServerFrame.ack(ref: ref, extra: ["expiresAt": .string(RFC3339.format(c.expiresAt * 1000))]))
@@ -211,8 +213,8 @@ public final class WebSocketSession {
     /// The token's warning, which arms its expiry: one pending timer per
     /// connection, replaced by a refresh.
     private func scheduleTokenTimers() {
-        guard let claims else { return }
-        let exp = claims.expiresAt * 1000
+        guard let tokenExpiresAt else { return }
+        let exp = tokenExpiresAt * 1000
         shard.cancel(timer)
         timer = shard.schedule(at: exp - 60_000) { [weak self] in
             guard let self, self.state == .live else { return }
