@@ -84,8 +84,10 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
 
     /// Starts the engine thread. (Tests instead call `runQueued` on theirs.)
     func start() {
-        let t = Thread { [self] in runLoop() }
-        t.name = "herald-engine"
+        let t = Thread { [self] in
+            nameCurrentThread("herald-engine")
+            runLoop()
+        }
         runner = t
         t.start()
     }

@@ -56,8 +56,10 @@ private final class ReaderThread: @unchecked Sendable {  // `reader` is touched 
 
     func start() {
         started = true
-        let t = Thread { [self] in run() }
-        t.name = "herald-reader"
+        let t = Thread { [self] in
+            nameCurrentThread("herald-reader")
+            run()
+        }
         t.start()
     }
 

@@ -51,10 +51,8 @@ public final class RedisBus: Bus, @unchecked Sendable {  // mutable state is und
         cond.lock()
         self.receiver = receiver; self.metrics = metrics; threads = 2
         cond.unlock()
-        let sub = Thread { [self] in subscribeLoop(); done.signal() }
-        let pub = Thread { [self] in publishLoop(); done.signal() }
-        sub.name = "herald-bus-sub"
-        pub.name = "herald-bus-pub"
+        let sub = Thread { [self] in nameCurrentThread("herald-bus-sub"); subscribeLoop(); done.signal() }
+        let pub = Thread { [self] in nameCurrentThread("herald-bus-pub"); publishLoop(); done.signal() }
         sub.start()
         pub.start()
     }

@@ -95,8 +95,10 @@ final class ServiceLoop: LoopExecutor, @unchecked Sendable {  // loop-thread sta
     /// that failed.
     func start() throws {
         spare = open("/dev/null", O_RDONLY | O_CLOEXEC)
-        let t = Thread { [self] in run() }
-        t.name = "herald-loop-\(index)"
+        let t = Thread { [self] in
+            nameCurrentThread("herald-loop-\(index)")
+            run()
+        }
         thread = t
         t.start()
         ready.wait()

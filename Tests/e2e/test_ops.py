@@ -1,10 +1,10 @@
 """SPEC 6 (errors, operations) and the process lifecycle: error bodies for every
 reachable code, /healthz, /metrics, SIGTERM, epochs after a memory-store restart."""
-
 import re
 import signal
 import threading
 import time
+from pathlib import Path
 
 from herald_helpers import (APPS, check_error, check_raw_error, mint_token, raw_http, reset_notifications, uid)
 
@@ -37,6 +37,13 @@ def test_healthz(gateway):
     r = gateway.request("GET", "/healthz")
     assert r.status_code == 200
     assert r.json()["status"] == "ok"
+
+
+def test_threads_carry_their_role_in_their_names(gateway):
+    """`top -H` and `perf` tell the engine from the loops by name."""
+    task = Path(f"/proc/{gateway.proc.pid}/task")
+    names = {(t / "comm").read_text().strip() for t in task.iterdir()}
+    assert {"herald-engine", "herald-loop-0"} <= names, names
 
 
 def _metric(text, name):
