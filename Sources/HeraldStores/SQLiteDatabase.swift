@@ -183,3 +183,28 @@ final class SQLiteDatabase {
         }
     }
 }
+
+// MARK: Write-ahead log
+
+extension SQLiteDatabase {
+    typealias WALHook = @convention(c) (UnsafeMutableRawPointer?, OpaquePointer?, UnsafePointer<CChar>?, Int32) -> Int32
+
+    /// Calls `hook(context, …, frames)` after every commit with the number
+    /// of pages then in the log, in place of SQLite's automatic checkpoint
+    /// (`nil` removes it, and with it every automatic checkpoint).
+    func onCommit(_ context: UnsafeMutableRawPointer?, _ hook: WALHook?) {
+        guard let h = handle else { return }
+        sqlite3_wal_hook(h, hook, context)
+    }
+
+    /// A passive checkpoint: copies what it can of the log into the
+    /// database file without waiting on any other connection. The pages in
+    /// the log and those copied so far, or nil if it could not run now
+    /// (another checkpoint is running) or failed.
+    func checkpoint() -> (log: Int32, copied: Int32)? {
+        guard let h = handle else { return nil }
+        var log: Int32 = 0, copied: Int32 = 0
+        guard sqlite3_wal_checkpoint_v2(h, nil, SQLITE_CHECKPOINT_PASSIVE, &log, &copied) == SQLITE_OK else { return nil }
+        return (log, copied)
+    }
+}

@@ -57,12 +57,18 @@ public final class SQLiteStore: NotificationStore {
     private let busyTimeoutMillis: Int
     /// Inside `begin()` … `commit()`/`rollback()`.
     private var inTransaction = false
+    /// Copies the log into the file off the engine thread; nil for an
+    /// in-memory database. Internal for tests.
+    private(set) var checkpointer: SQLiteCheckpointer?
 
     /// Opens (creating if needed) the database at `path` and migrates it to
     /// the current schema. `busyTimeoutMillis` bounds how long a call waits
     /// for a lock held by another connection before failing with a
     /// `StoreError` (one gateway per file is the normal setup).
-    public init(path: String, durability: Durability = .full, busyTimeoutMillis: Int = 5000) throws(StoreError) {
+    /// `checkpointPages`: the log's size, in 4 KiB pages, past which it is
+    /// copied into the file (`SQLiteCheckpointer`).
+    public init(path: String, durability: Durability = .full, busyTimeoutMillis: Int = 5000,
+                checkpointPages: Int32 = 16384) throws(StoreError) {
         self.path = path
         self.durability = durability
         self.busyTimeoutMillis = busyTimeoutMillis
@@ -80,12 +86,11 @@ public final class SQLiteStore: NotificationStore {
             try db.execute("PRAGMA synchronous = \(durability.rawValue.uppercased())")
             try db.execute("PRAGMA cache_size = -65536")      // 64 MiB
             try db.execute("PRAGMA temp_store = MEMORY")
-            // Checkpoint every 64 MiB of WAL, not every 4 MiB (the default):
-            // publishes to many users dirty the same index pages batch after
-            // batch, and a checkpoint copies each page once however often it
-            // changed. At the default every group commit also checkpointed
-            // (publishes: ~6,500/s -> ~7,900/s on the benchmark machine).
-            try db.execute("PRAGMA wal_autocheckpoint = 16384")
+            // Checkpoints (on their own thread, below) every 64 MiB of WAL,
+            // not every 4 MiB (SQLite's default): publishes to many users
+            // dirty the same index pages batch after batch, and a checkpoint
+            // copies each page once however often it changed (publishes:
+            // ~6,500/s -> ~7,900/s on the benchmark machine).
             try db.execute("PRAGMA journal_size_limit = 67108864") // keep the WAL file near 64 MiB after checkpoints
             try Self.migrate(db, path: path)
             guard let e = try db.text("SELECT value FROM meta WHERE key = 'epoch'"), !e.isEmpty else {
@@ -96,15 +101,28 @@ public final class SQLiteStore: NotificationStore {
             db.close()
             throw error
         }
+        guard !Self.isMemoryPath(path) else { return }
+        do throws(StoreError) {
+            checkpointer = try SQLiteCheckpointer(path: path, durability: durability, pages: checkpointPages)
+        } catch {
+            db.close()
+            throw error
+        }
+        checkpointer?.watch(db)
     }
 
-    deinit { db.close() }
+    deinit {
+        checkpointer?.stop(db)
+        db.close()
+    }
 
     /// Closes the database (the WAL is checkpointed into the main file).
     /// Every later call fails with a `StoreError`. An open transaction is
     /// rolled back.
     public func close() {
         if inTransaction { rollback() }
+        checkpointer?.stop(db)
+        checkpointer = nil
         if db.isOpen { _ = try? db.execute("PRAGMA optimize") }
         db.close()
     }

@@ -320,6 +320,41 @@ final class SQLiteStoreTests: XCTestCase {
         XCTAssertNil(try s.db.text("SELECT value FROM meta WHERE key = 'x'"))
     }
 
+    /// Checkpoints run on a thread of their own, not inside the engine's
+    /// commits, and still copy the log whole so that it starts over from
+    /// the top instead of growing.
+    func testTheLogIsCheckpointedOffTheWritersThreadAndStartsOver() throws {
+        let s = try SQLiteStore(path: path, durability: .off, checkpointPages: 32)
+        let c = try XCTUnwrap(s.checkpointer)
+        let body: JSONObject = ["body": .string(String(repeating: "x", count: 3_000))]
+        var written = 0
+        for _ in 0..<100 {
+            try s.begin()
+            for _ in 0..<5 {
+                written += 1
+                _ = try s.upsert(alice, note("n_\(written)", "a\(written)", payload: body), previous: nil, at: t0)
+            }
+            try s.commit()
+        }
+        // 100 commits of ~10 pages each went past 32 pages many times.
+        let deadline = Date().addingTimeInterval(60)
+        while c.completed.load(ordering: .relaxed) == 0 && Date() < deadline { usleep(1_000) }
+        XCTAssertGreaterThan(c.completed.load(ordering: .relaxed), 0, "no checkpoint ran on the checkpoint thread")
+        // With the writes over, the thread catches up, and a commit after
+        // that starts the log over: few pages, not the ~1,000 written.
+        var small = false
+        while !small && Date() < deadline {
+            written += 1
+            _ = try s.upsert(alice, note("n_\(written)", "a\(written)"), previous: nil, at: t0)
+            small = c.logPages.load(ordering: .relaxed) < 32
+            if !small { usleep(1_000) }
+        }
+        XCTAssertTrue(small, "the log never started over: \(c.logPages.load(ordering: .relaxed)) pages")
+        s.close()
+        let reopened = try SQLiteStore(path: path)
+        XCTAssertEqual(try reopened.db.int("SELECT count(*) FROM notifications"), Int64(written))
+    }
+
     func testInMemoryDatabaseHasNoReader() throws {
         XCTAssertNil(try SQLiteStore(path: ":memory:").makeReader())
     }
@@ -328,9 +363,8 @@ final class SQLiteStoreTests: XCTestCase {
     /// engine commits batches. Every snapshot must be whole (no gap in the
     /// changes, counts agreeing with the notifications) and no read may fail.
     func testReaderOnAnotherThreadReadsWhileTheOwnerCommits() throws {
-        let s = try SQLiteStore(path: path, durability: .off)
         // Checkpoint often, so checkpoints run while the reader holds snapshots.
-        try s.db.execute("PRAGMA wal_autocheckpoint = 8")
+        let s = try SQLiteStore(path: path, durability: .off, checkpointPages: 8)
         let reading = ReaderThread(reader: try XCTUnwrap(s.makeReader()), user: alice)
         Thread { reading.run() }.start()
 
