@@ -194,14 +194,43 @@ scenario_idle() { # name pids connections args...
     log "$name idle: $ready connections, RSS $before -> $after KiB, $per bytes/connection"
 }
 
+# Whether perf can count system calls here (it needs linux-perf and
+# tracepoints readable by this user); if not, the syscall rows stay empty.
+if command -v perf >/dev/null 2>&1 && perf stat -e syscalls:sys_enter_sendto -- true >/dev/null 2>&1; then
+    COUNT_SYSCALLS=1
+else
+    COUNT_SYSCALLS=0
+fi
+SYSCALL_EVENTS=syscalls:sys_enter_sendto,syscalls:sys_enter_sendmsg,syscalls:sys_enter_writev,syscalls:sys_enter_write,syscalls:sys_enter_epoll_wait
+
 scenario_fanout() { # name pids kind users rate args...
     local name=$1 pids=$2 kind=$3 users=$4 rate=$5
     shift 5
-    local log=$OUT/$name-$kind.log
+    local log=$OUT/$name-$kind.log stat=$OUT/$name-$kind.perfstat perf_pid=""
+    # the servers' system calls over the whole run (setup included: a
+    # welcome per connection, small beside the step's deliveries)
+    if [ "$COUNT_SYSCALLS" = 1 ]; then
+        perf stat -x, -e "$SYSCALL_EVENTS" -p "$pids" -o "$stat" 2>/dev/null &
+        perf_pid=$!
+    fi
     "$@" --mode fanout --users "$users" --devices "$FANOUT_DEVICES" --rate "$rate" \
         --duration "$FANOUT_SECONDS" --user-prefix "${kind:0:2}${RUN_ID}u" --server-pids "$pids" --pub-conns 64 \
         --setup-timeout 120 > "$log" 2>&1 || true
+    if [ -n "$perf_pid" ]; then
+        kill -INT "$perf_pid" 2>/dev/null; wait "$perf_pid" 2>/dev/null || true
+        # sends: send/sendto, sendmsg and writev (what servers write sockets
+        # with); writes: write() (Herald's loop wake-ups are eventfd writes)
+        awk -F, '/sys_enter_(sendto|sendmsg|writev)/ {s+=$1} /sys_enter_write,/ {w+=$1}
+                 /sys_enter_epoll_wait/ {e+=$1}
+                 END {printf "RESULT mode=syscalls sends=%d writes=%d epoll_waits=%d\n", s, w, e}' "$stat" >> "$log"
+    fi
     grep -v '^RESULT' "$log" | sed "s/^/[$name $kind] /" >&2
+}
+
+per_delivery() { # target kind key: that syscall count per delivery of the fan-out
+    local n d
+    n=$(val "$1" "$2" mode=syscalls "$3") d=$(val "$1" "$2" step=0 delivered)
+    if [ -n "$n" ] && [ -n "$d" ] && [ "$d" != 0 ]; then awk -v n="$n" -v d="$d" 'BEGIN { printf "%.2f", n / d }'; fi
 }
 
 scenario_saturation() { # name pids kind devices ramp pub-conns args...
@@ -372,6 +401,9 @@ main_table() {
             "$(val nchan $kind step=0 lost) / $(val nchan $kind step=0 dup)" \
             "$(val nchan-same $kind step=0 lost) / $(val nchan-same $kind step=0 dup)"
         row "$F: server CPU s per million deliveries" "$(val herald $kind step=0 cpu_s_per_m)" "$(val nchan $kind step=0 cpu_s_per_m)" "$(val nchan-same $kind step=0 cpu_s_per_m)"
+        for k in sends writes epoll_waits; do
+            row "$F: server $k per delivery (perf stat, whole run)" "$(per_delivery herald $kind $k)" "$(per_delivery nchan $kind $k)" "$(per_delivery nchan-same $kind $k)"
+        done
     done
     S="saturation ($RAMP, ${RAMP_SECONDS} s steps): max deliveries/s with p99 ≤ ${MAX_P99_MS} ms and no loss"
     row "$S" "$(val herald saturation mode=saturation max_dps)" "$(val nchan saturation mode=saturation max_dps)" "$(val nchan-same saturation mode=saturation max_dps)"
