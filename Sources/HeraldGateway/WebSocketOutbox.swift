@@ -74,7 +74,12 @@ public struct WebSocketOutbox {
                 ServerFrame.appendLive(batch[...], cursor: last, to: &out, header: { Self.header(&$0, $1) })
             }
         }
-        if head == items.count || head > 1024 {
+        if head == items.count {
+            // Drained: give the buffer back (an idle connection would keep
+            // ~150 bytes of it; a live one allocates anew per burst).
+            items = []
+            head = 0
+        } else if head > 1024 {
             items.removeFirst(head)
             head = 0
         }
