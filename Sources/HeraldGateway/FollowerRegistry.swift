@@ -203,7 +203,7 @@ struct ShardSet: Sequence {
 
 /// A device's open connections, as the devices listing shows them.
 struct DeviceConnections {
-    // 32-bit counts and the flag share one word: an entry per connected device.
+    // 32-bit counts: 32 bytes an entry (one per connected device), not 40.
     var websocket: Int32 = 0
     var sse: Int32 = 0
     var heldPolls: Int32 = 0
