@@ -11,7 +11,7 @@
 #   RAMP_SECONDS [5]     MAX_P99_MS [100]     NCHAN_PORT [18090] HERALD_PORT [18080]
 #   LARGE_USERS [6000]   LARGE_RATE [5000]    (the large fan-out, x FANOUT_DEVICES)
 #   RECONNECT_USERS [3334] (x FANOUT_DEVICES devices in the reconnect storm)
-#   DURABLE_RAMP [ramp:4000:2000:30000]       (SQLite publishes, Herald only)
+#   DURABLE_RAMP [ramp:2000:2000:30000]       (SQLite publishes, Herald only)
 #   SETTLE_SECONDS [10]  pause before each scenario on a running server
 #   HERALD_BIN [.build/release/herald, built with `swift build -c release`]
 #   SKIP_HERALD_BUILD=1  use an existing binary, do not run swift build
@@ -41,7 +41,8 @@ RAMP_SECONDS=${RAMP_SECONDS:-5}
 LARGE_USERS=${LARGE_USERS:-6000}
 LARGE_RATE=${LARGE_RATE:-5000}
 RECONNECT_USERS=${RECONNECT_USERS:-3334}
-DURABLE_RAMP=${DURABLE_RAMP:-ramp:4000:2000:30000}
+# from 2,000/s: a run that misses 4,000/s still shows what it held
+DURABLE_RAMP=${DURABLE_RAMP:-ramp:2000:2000:30000}
 SETTLE_SECONDS=${SETTLE_SECONDS:-10}
 MAX_P99_MS=${MAX_P99_MS:-100}
 NCHAN_PORT=${NCHAN_PORT:-18090}
