@@ -355,6 +355,30 @@ final class SQLiteStoreTests: XCTestCase {
         XCTAssertEqual(try reopened.db.int("SELECT count(*) FROM notifications"), Int64(written))
     }
 
+    /// The thread copies every quarter of `checkpointPages` (small passes,
+    /// each synced by the thread), while the log only starts over once full.
+    func testTheLogIsCopiedInPassesLongBeforeItIsFull() throws {
+        let s = try SQLiteStore(path: path, durability: .full, checkpointPages: 400)
+        let c = try XCTUnwrap(s.checkpointer)
+        let body: JSONObject = ["body": .string(String(repeating: "x", count: 3_000))]
+        var written = 0
+        while c.logPages.load(ordering: .relaxed) < 150 {
+            written += 1
+            _ = try s.upsert(alice, note("n_\(written)", "a\(written)", payload: body), previous: nil, at: t0)
+        }
+        let deadline = Date().addingTimeInterval(30)
+        while c.completed.load(ordering: .relaxed) == 0 && Date() < deadline { usleep(1_000) }
+        XCTAssertGreaterThan(c.completed.load(ordering: .relaxed), 0, "no pass at \(c.logPages.load(ordering: .relaxed)) of 400 pages")
+        // The pass copied, but the log goes on from where it was.
+        let before = c.logPages.load(ordering: .relaxed)
+        written += 1
+        _ = try s.upsert(alice, note("n_\(written)", "a\(written)"), previous: nil, at: t0)
+        XCTAssertGreaterThan(c.logPages.load(ordering: .relaxed), before)
+        s.close()
+        let reopened = try SQLiteStore(path: path)
+        XCTAssertEqual(try reopened.db.int("SELECT count(*) FROM notifications"), Int64(written))
+    }
+
     func testInMemoryDatabaseHasNoReader() throws {
         XCTAssertNil(try SQLiteStore(path: ":memory:").makeReader())
     }
