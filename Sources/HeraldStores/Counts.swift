@@ -21,6 +21,9 @@ struct TargetingKey: Hashable {
 
     init(platforms: String, tags: String) { self.platforms = platforms; self.tags = tags }
 
+    /// Every platform, every device.
+    static let everyone = TargetingKey(platforms: "*", tags: "")
+
     init(_ t: Targeting) {
         platforms = t.canonical.platforms.map { $0.map(\.rawValue).joined(separator: ",") } ?? "*"
         tags = t.tags?.source ?? ""

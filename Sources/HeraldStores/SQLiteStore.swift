@@ -44,7 +44,7 @@ public final class SQLiteStore: NotificationStore {
 
     /// The schema version this code writes; `migrations[v - 1]` brings a
     /// database from version `v - 1` to `v`.
-    public static let schemaVersion: Int64 = 3
+    public static let schemaVersion: Int64 = 4
 
     public let epoch: String
     public let path: String
@@ -249,6 +249,22 @@ public final class SQLiteStore: NotificationStore {
             PRIMARY KEY (app, user, platforms, tags)
         ) WITHOUT ROWID;
         """,
+        // 4: the counts of notifications for everyone (platforms '*', tags
+        // '') move into the feed row, which every write updates anyway: one
+        // statement and one page less per publish (durable publishes at
+        // 5,000/s: p99 128-166 -> 78-82 ms without that row's update).
+        // A user with counts but no feed row gets one at head 0, which reads
+        // as no feed.
+        """
+        ALTER TABLE feeds ADD COLUMN unread INTEGER NOT NULL DEFAULT 0;
+        ALTER TABLE feeds ADD COLUMN no_interaction INTEGER NOT NULL DEFAULT 0;
+        ALTER TABLE feeds ADD COLUMN total INTEGER NOT NULL DEFAULT 0;
+        INSERT INTO feeds (app, user, head, floor, unread, no_interaction, total)
+            SELECT app, user, 0, 0, unread, no_interaction, total FROM counts WHERE platforms = '*' AND tags = ''
+            ON CONFLICT (app, user) DO UPDATE SET
+                unread = excluded.unread, no_interaction = excluded.no_interaction, total = excluded.total;
+        DELETE FROM counts WHERE platforms = '*' AND tags = '';
+        """,
     ]
 
     /// Brings the database to version `target` (internal for tests, which
@@ -374,8 +390,11 @@ public final class SQLiteStore: NotificationStore {
     static let expiringSQL = """
         SELECT app, user, json FROM notifications WHERE expires_at <= ? ORDER BY expires_at LIMIT ?
         """
+    /// The feed row's counts (notifications for everyone) and the others.
     static let countsSQL = """
-        SELECT platforms, tags, unread, no_interaction, total FROM counts WHERE app = ? AND user = ?
+        SELECT '*', '', unread, no_interaction, total FROM feeds WHERE app = ?1 AND user = ?2 AND total > 0
+        UNION ALL
+        SELECT platforms, tags, unread, no_interaction, total FROM counts WHERE app = ?1 AND user = ?2
         """
 
     // MARK: Reads (shared with readers)
@@ -426,13 +445,28 @@ public final class SQLiteStore: NotificationStore {
 
     // MARK: Writing notifications and their changes
 
-    /// Assigns the user's next seq (head + 1) in the current transaction.
-    private func nextSeq(_ user: UserKey) throws(StoreError) -> Int64 {
+    /// Assigns the user's next seq (head + 1) in the current transaction,
+    /// and moves the user's counts by `deltas`: those of notifications for
+    /// everyone in the same statement (they live in the feed row), the
+    /// others in `counts`.
+    private func nextSeq(_ user: UserKey, counting deltas: [CountDelta]) throws(StoreError) -> Int64 {
+        var everyone = CountDelta(key: .everyone, targeting: Targeting(platforms: nil, tags: nil), unread: 0, noInteraction: 0, total: 0)
+        var others: [CountDelta] = []
+        for d in deltas {
+            if d.key == .everyone {
+                everyone.unread += d.unread; everyone.noInteraction += d.noInteraction; everyone.total += d.total
+            } else {
+                others.append(d)
+            }
+        }
         guard let seq = try db.int("""
-            INSERT INTO feeds (app, user, head, floor) VALUES (?, ?, 1, 0)
-            ON CONFLICT (app, user) DO UPDATE SET head = head + 1
+            INSERT INTO feeds (app, user, head, floor, unread, no_interaction, total) VALUES (?, ?, 1, 0, ?, ?, ?)
+            ON CONFLICT (app, user) DO UPDATE SET head = head + 1, unread = unread + excluded.unread,
+                no_interaction = no_interaction + excluded.no_interaction, total = total + excluded.total
             RETURNING head
-            """, [.text(user.app), .text(user.user)]) else { throw StoreError("sqlite (\(path)): no seq assigned") }
+            """, [.text(user.app), .text(user.user), .int(Int64(everyone.unread)), .int(Int64(everyone.noInteraction)),
+                  .int(Int64(everyone.total))]) else { throw StoreError("sqlite (\(path)): no seq assigned") }
+        try Self.count(db, user, others)
         return seq
     }
 
@@ -477,7 +511,9 @@ public final class SQLiteStore: NotificationStore {
                 noInteraction: r.text(1) == UserActionState.noInteraction.rawValue)
     }
 
-    /// Applies `deltas` to `user`'s counts, deleting a row whose total reaches 0.
+    /// Applies `deltas` to `user`'s rows in `counts`, deleting a row whose
+    /// total reaches 0 (also the migration 3 backfill, before the feed row
+    /// had counts).
     private static func count(_ db: SQLiteDatabase, _ user: UserKey, _ deltas: [CountDelta]) throws(StoreError) {
         for d in deltas {
             let key: [SQLiteValue] = [.text(user.app), .text(user.user), .text(d.key.platforms), .text(d.key.tags)]
@@ -519,12 +555,12 @@ public final class SQLiteStore: NotificationStore {
 
     public func upsert(_ user: UserKey, _ n: Notification, previous: Notification?, at: Millis) throws(StoreError) -> ChangeRecord {
         try write { () throws(StoreError) -> ChangeRecord in
-            let seq = try nextSeq(user)
             var old: Counted?
             try db.query(Self.storedCountedSQL, [.text(user.app), .text(user.user), .text(n.id)]) { r throws(StoreError) in
                 old = Self.counted(r)
                 return false
             }
+            let seq = try nextSeq(user, counting: CountDelta.replacing(old, by: Counted(n)))
             try db.execute("""
                 INSERT INTO notifications (app, user, id, app_notification_id, created_at, expires_at,
                                            read_state, user_action_state, version, targeted, json)
@@ -538,7 +574,6 @@ public final class SQLiteStore: NotificationStore {
                       .int(n.createdAt), .int(n.expiresAt), .text(n.readState.rawValue),
                       .text(n.userActionState.rawValue), .int(n.version),
                       .int(n.targetPlatforms == nil && n.targetTags == nil ? 0 : 1), .utf8(n.json.encoded)])
-            try Self.count(db, user, CountDelta.replacing(old, by: Counted(n)))
             let r = ChangeRecord(change: Change(seq: seq, op: .upsert(n)), before: previous.map(Presence.init),
                                  after: Presence(n), at: at)
             try append(user, r)
@@ -548,13 +583,12 @@ public final class SQLiteStore: NotificationStore {
 
     public func delete(_ user: UserKey, _ n: Notification, reason: DeleteReason, at: Millis) throws(StoreError) -> ChangeRecord {
         try write { () throws(StoreError) -> ChangeRecord in
-            let seq = try nextSeq(user)
             var old: Counted?
             try db.query(Self.deleteReturningCountedSQL, [.text(user.app), .text(user.user), .text(n.id)]) { r throws(StoreError) in
                 old = Self.counted(r)
                 return false
             }
-            try Self.count(db, user, CountDelta.replacing(old, by: nil))
+            let seq = try nextSeq(user, counting: CountDelta.replacing(old, by: nil))
             let op = Change.Op.delete(id: n.id, appNotificationId: n.appNotificationId, reason: reason)
             let r = ChangeRecord(change: Change(seq: seq, op: op), before: Presence(n), after: nil, at: at)
             try append(user, r)

@@ -150,7 +150,11 @@ final class SQLiteStoreTests: XCTestCase {
             _ = try s.upsert(alice, note("n_1", "a1"), previous: nil, at: t0)
             try s.saveDevice(alice, Device(deviceId: "d1", lastSeenAt: 9))
             // Turn it into what version 1 wrote.
-            try s.db.script("DROP TABLE counts; ALTER TABLE devices DROP COLUMN view_generation; PRAGMA user_version = 1;")
+            try s.db.script("""
+                DROP TABLE counts; ALTER TABLE devices DROP COLUMN view_generation;
+                ALTER TABLE feeds DROP COLUMN unread; ALTER TABLE feeds DROP COLUMN no_interaction;
+                ALTER TABLE feeds DROP COLUMN total; PRAGMA user_version = 1;
+                """)
             s.close()
         }
         let s = try SQLiteStore(path: path)
@@ -225,7 +229,7 @@ final class SQLiteStoreTests: XCTestCase {
             raw.close()
         }
         let s = try SQLiteStore(path: path)
-        XCTAssertEqual(try s.db.int("PRAGMA user_version"), 3)
+        XCTAssertEqual(try s.db.int("PRAGMA user_version"), SQLiteStore.schemaVersion)
         for u in Set(mixed.map(\.0)) {
             XCTAssertEqual(keyed(try s.counts(u)), scannedCounts(mixed.filter { $0.0 == u }.map(\.1)), "\(u)")
         }
@@ -238,6 +242,35 @@ final class SQLiteStoreTests: XCTestCase {
         _ = try s.delete(alice, try XCTUnwrap(s.notification(alice, id: "n_7")), reason: .deleted, at: t0)
         try assertCountsMatchHistory(s, alice)
         XCTAssertEqual(keyed(try s.counts(alice))["web,ios|*"], TargetingCounts(targeting: Targeting(platforms: [.web, .ios], tags: nil), unread: 1, noInteraction: 0, total: 1))
+    }
+
+    /// Version 4 keeps the counts of notifications for everyone in the feed
+    /// row: a version 3 file moves them there and keeps its feeds' heads.
+    func testMigrationFromVersion3MovesCountsIntoTheFeedRow() throws {
+        var before: [UserKey: [String: TargetingCounts]] = [:]
+        let users = Set(mixed.map(\.0))
+        do {
+            let s = try SQLiteStore(path: path)
+            for (u, n) in mixed { _ = try s.upsert(u, n, previous: nil, at: t0) }
+            for u in users { before[u] = keyed(try s.counts(u)) }
+            // Turn it into what version 3 wrote.
+            try s.db.script("""
+                INSERT INTO counts (app, user, platforms, tags, unread, no_interaction, total)
+                    SELECT app, user, '*', '', unread, no_interaction, total FROM feeds WHERE total > 0;
+                ALTER TABLE feeds DROP COLUMN unread; ALTER TABLE feeds DROP COLUMN no_interaction;
+                ALTER TABLE feeds DROP COLUMN total; PRAGMA user_version = 3;
+                """)
+            s.close()
+        }
+        let s = try SQLiteStore(path: path)
+        XCTAssertEqual(try s.db.int("PRAGMA user_version"), SQLiteStore.schemaVersion)
+        XCTAssertEqual(try s.db.int("SELECT count(*) FROM counts WHERE platforms = '*' AND tags = ''"), 0)
+        for u in users { XCTAssertEqual(keyed(try s.counts(u)), before[u], "\(u)") }
+        XCTAssertEqual(try s.feed(alice).head, 7)
+        let r = try s.upsert(alice, targeted("n_9", user: alice, nil, nil), previous: nil, at: t0)
+        XCTAssertEqual(r.seq, 8)
+        _ = try s.delete(alice, try XCTUnwrap(s.notification(alice, id: "n_1")), reason: .deleted, at: t0)
+        try assertCountsMatchHistory(s, alice)
     }
 
     // MARK: Readers
@@ -550,7 +583,6 @@ final class SQLiteStoreTests: XCTestCase {
             (SQLiteStore.changesAfterSQL, 4, "PRIMARY KEY"),
             (SQLiteStore.expiringSQL, 2, "notifications_expiry"),
             (SQLiteStore.pruneScanSQL, 1, "changes_by_at"),
-            (SQLiteStore.countsSQL, 2, "PRIMARY KEY"),
         ]
         for (sql, args, index) in cases {
             let p = try plan(s, sql, args)
@@ -558,6 +590,9 @@ final class SQLiteStoreTests: XCTestCase {
             if sql != SQLiteStore.pruneScanSQL { XCTAssertFalse(p.contains("TEMP B-TREE"), p) }
         }
         XCTAssertTrue(try plan(s, SQLiteStore.pruneScanSQL, 1).contains("COVERING INDEX changes_by_at"))
+        let counts = try plan(s, SQLiteStore.countsSQL, 2)
+        XCTAssertTrue(counts.contains("SEARCH feeds USING PRIMARY KEY (app=? AND user=?)")
+                      && counts.contains("SEARCH counts USING PRIMARY KEY (app=? AND user=?)") && !counts.contains("SCAN"), counts)
         let history = try plan(s, SQLiteStore.historyAfterSQL, 7)
         XCTAssertTrue(history.contains("created_at<?"), "the range is bounded by the index: \(history)")
     }
