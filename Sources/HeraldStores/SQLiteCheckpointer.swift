@@ -35,9 +35,8 @@ final class SQLiteCheckpointer: @unchecked Sendable {  // `phase`, `passedAt` an
     /// Pages in the log when the last pass began (what it copied).
     private var passedAt: Int32 = 0
     private let db: SQLiteDatabase
-    /// The database file, for syncing it after a pass; -1 when durability
-    /// is off.
-    private let file: Int32
+    /// Whether a pass ends with a sync of the file (not when durability is off).
+    private let syncs: Bool
     private let cond = NSCondition()
     private var phase = Phase.idle
     private var stopping = false
@@ -59,7 +58,7 @@ final class SQLiteCheckpointer: @unchecked Sendable {  // `phase`, `passedAt` an
             db.close()
             throw error
         }
-        file = durability == .off ? -1 : open(path, O_RDONLY | O_CLOEXEC)
+        syncs = durability != .off
         Thread { [self] in run() }.start()
     }
 
@@ -110,7 +109,9 @@ final class SQLiteCheckpointer: @unchecked Sendable {  // `phase`, `passedAt` an
             cond.unlock()
             if stop { break }
             let log = db.checkpoint()?.log
-            if file >= 0 { fdatasync(file) }
+            // A failed sync is left to the commit that starts the log over,
+            // whose own sync must succeed before the log is reused.
+            if syncs { _ = db.syncFile() }
             completed.add(1, ordering: .relaxed)
             cond.lock()
             if let log { passedAt = log }
@@ -118,7 +119,6 @@ final class SQLiteCheckpointer: @unchecked Sendable {  // `phase`, `passedAt` an
             cond.unlock()
         }
         db.close()
-        if file >= 0 { close(file) }
         finished.signal()
     }
 }

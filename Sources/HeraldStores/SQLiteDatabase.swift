@@ -171,6 +171,17 @@ final class SQLiteDatabase {
         return v
     }
 
+    /// Syncs the database file through SQLite's own handle (a descriptor of
+    /// our own would drop SQLite's locks on the file when closed); false if
+    /// that failed.
+    func syncFile() -> Bool {
+        guard let h = handle else { return false }
+        var file: UnsafeMutablePointer<sqlite3_file>?
+        guard sqlite3_file_control(h, "main", SQLITE_FCNTL_FILE_POINTER, &file) == SQLITE_OK,
+              let file, let sync = file.pointee.pMethods?.pointee.xSync else { return false }
+        return sync(file, SQLITE_SYNC_NORMAL) == SQLITE_OK
+    }
+
     /// Runs several statements without parameters or caching (schema work).
     func script(_ sql: String) throws(StoreError) {
         guard let h = handle else { throw StoreError("sqlite (\(path)): the store is closed") }

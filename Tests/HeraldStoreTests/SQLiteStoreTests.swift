@@ -259,12 +259,14 @@ final class SQLiteStoreTests: XCTestCase {
                     SELECT app, user, '*', '', unread, no_interaction, total FROM feeds WHERE total > 0;
                 ALTER TABLE feeds DROP COLUMN unread; ALTER TABLE feeds DROP COLUMN no_interaction;
                 ALTER TABLE feeds DROP COLUMN total; PRAGMA user_version = 3;
+                DELETE FROM feeds WHERE user = 'bob';  -- counts without a feed row (as the v2 backfill left)
                 """)
             s.close()
         }
         let s = try SQLiteStore(path: path)
         XCTAssertEqual(try s.db.int("PRAGMA user_version"), SQLiteStore.schemaVersion)
         XCTAssertEqual(try s.db.int("SELECT count(*) FROM counts WHERE platforms = '*' AND tags = ''"), 0)
+        XCTAssertEqual(try s.feed(UserKey(app: "app1", user: "bob")).head, 0)
         for u in users { XCTAssertEqual(keyed(try s.counts(u)), before[u], "\(u)") }
         XCTAssertEqual(try s.feed(alice).head, 7)
         let r = try s.upsert(alice, targeted("n_9", user: alice, nil, nil), previous: nil, at: t0)
@@ -388,25 +390,22 @@ final class SQLiteStoreTests: XCTestCase {
         XCTAssertEqual(try reopened.db.int("SELECT count(*) FROM notifications"), Int64(written))
     }
 
-    /// The thread copies every quarter of `checkpointPages` (small passes,
-    /// each synced by the thread), while the log only starts over once full.
+    /// The thread copies (and syncs) every quarter of `checkpointPages`,
+    /// not only once the log is full.
     func testTheLogIsCopiedInPassesLongBeforeItIsFull() throws {
         let s = try SQLiteStore(path: path, durability: .full, checkpointPages: 400)
         let c = try XCTUnwrap(s.checkpointer)
         let body: JSONObject = ["body": .string(String(repeating: "x", count: 3_000))]
         var written = 0
-        while c.logPages.load(ordering: .relaxed) < 150 {
+        // Past a quarter of the log (a pass that caught up lets the log
+        // start over, so stop at the first pass too).
+        while c.logPages.load(ordering: .relaxed) < 150 && c.completed.load(ordering: .relaxed) == 0 && written < 1_000 {
             written += 1
             _ = try s.upsert(alice, note("n_\(written)", "a\(written)", payload: body), previous: nil, at: t0)
         }
         let deadline = Date().addingTimeInterval(30)
         while c.completed.load(ordering: .relaxed) == 0 && Date() < deadline { usleep(1_000) }
         XCTAssertGreaterThan(c.completed.load(ordering: .relaxed), 0, "no pass at \(c.logPages.load(ordering: .relaxed)) of 400 pages")
-        // The pass copied, but the log goes on from where it was.
-        let before = c.logPages.load(ordering: .relaxed)
-        written += 1
-        _ = try s.upsert(alice, note("n_\(written)", "a\(written)"), previous: nil, at: t0)
-        XCTAssertGreaterThan(c.logPages.load(ordering: .relaxed), before)
         s.close()
         let reopened = try SQLiteStore(path: path)
         XCTAssertEqual(try reopened.db.int("SELECT count(*) FROM notifications"), Int64(written))
