@@ -450,23 +450,17 @@ public final class SQLiteStore: NotificationStore {
     /// everyone in the same statement (they live in the feed row), the
     /// others in `counts`.
     private func nextSeq(_ user: UserKey, counting deltas: [CountDelta]) throws(StoreError) -> Int64 {
-        var everyone = CountDelta(key: .everyone, targeting: Targeting(platforms: nil, tags: nil), unread: 0, noInteraction: 0, total: 0)
-        var others: [CountDelta] = []
-        for d in deltas {
-            if d.key == .everyone {
-                everyone.unread += d.unread; everyone.noInteraction += d.noInteraction; everyone.total += d.total
-            } else {
-                others.append(d)
-            }
-        }
+        // At most one delta per targeting (`CountDelta.replacing`).
+        let everyone = deltas.first { $0.key == .everyone }
         guard let seq = try db.int("""
             INSERT INTO feeds (app, user, head, floor, unread, no_interaction, total) VALUES (?, ?, 1, 0, ?, ?, ?)
             ON CONFLICT (app, user) DO UPDATE SET head = head + 1, unread = unread + excluded.unread,
                 no_interaction = no_interaction + excluded.no_interaction, total = total + excluded.total
             RETURNING head
-            """, [.text(user.app), .text(user.user), .int(Int64(everyone.unread)), .int(Int64(everyone.noInteraction)),
-                  .int(Int64(everyone.total))]) else { throw StoreError("sqlite (\(path)): no seq assigned") }
-        try Self.count(db, user, others)
+            """, [.text(user.app), .text(user.user), .int(Int64(everyone?.unread ?? 0)),
+                  .int(Int64(everyone?.noInteraction ?? 0)), .int(Int64(everyone?.total ?? 0))])
+        else { throw StoreError("sqlite (\(path)): no seq assigned") }
+        try Self.count(db, user, deltas.filter { $0.key != .everyone })
         return seq
     }
 
