@@ -108,7 +108,7 @@ final class SQLiteCheckpointer: @unchecked Sendable {  // `phase`, `passedAt` an
             let stop = stopping
             cond.unlock()
             if stop { break }
-            let log = db.checkpoint()?.log
+            let log = db.checkpoint()
             // A failed sync is left to the commit that starts the log over,
             // whose own sync must succeed before the log is reused.
             if syncs { _ = db.syncFile() }

@@ -210,12 +210,12 @@ extension SQLiteDatabase {
 
     /// A passive checkpoint: copies what it can of the log into the
     /// database file without waiting on any other connection. The pages in
-    /// the log and those copied so far, or nil if it could not run now
-    /// (another checkpoint is running) or failed.
-    func checkpoint() -> (log: Int32, copied: Int32)? {
+    /// the log, or nil if it could not run now (another checkpoint is
+    /// running) or failed.
+    func checkpoint() -> Int32? {
         guard let h = handle else { return nil }
-        var log: Int32 = 0, copied: Int32 = 0
-        guard sqlite3_wal_checkpoint_v2(h, nil, SQLITE_CHECKPOINT_PASSIVE, &log, &copied) == SQLITE_OK else { return nil }
-        return (log, copied)
+        var log: Int32 = 0
+        guard sqlite3_wal_checkpoint_v2(h, nil, SQLITE_CHECKPOINT_PASSIVE, &log, nil) == SQLITE_OK else { return nil }
+        return log
     }
 }

@@ -65,8 +65,9 @@ public final class SQLiteStore: NotificationStore {
     /// the current schema. `busyTimeoutMillis` bounds how long a call waits
     /// for a lock held by another connection before failing with a
     /// `StoreError` (one gateway per file is the normal setup).
-    /// `checkpointPages`: the log's size, in 4 KiB pages, past which it is
-    /// copied into the file (`SQLiteCheckpointer`).
+    /// `checkpointPages`: the log's size, in 4 KiB pages, past which it
+    /// starts over; it is copied into the file every quarter of that
+    /// (`SQLiteCheckpointer`).
     public init(path: String, durability: Durability = .full, busyTimeoutMillis: Int = 5000,
                 checkpointPages: Int32 = 16384) throws(StoreError) {
         self.path = path
