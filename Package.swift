@@ -25,8 +25,10 @@ let package = Package(
         // Pure domain: model, JSON, change feed, cursors, tag expressions,
         // protocol messages, tokens, store interface. No I/O.
         .target(name: "HeraldCore", dependencies: ["CCrypto"]),
+        // SQLite's default page cache, wrapped so that commits skip a needless scan of it.
+        .target(name: "CSQLitePageCache", dependencies: ["CSQLite"]),
         // Store implementations behind HeraldCore.NotificationStore.
-        .target(name: "HeraldStores", dependencies: ["HeraldCore", "CSQLite", "CPostgres"]),
+        .target(name: "HeraldStores", dependencies: ["HeraldCore", "CSQLite", "CSQLitePageCache", "CPostgres"]),
         // The gateway's logic: engine (store owner, fan-out), HTTP API,
         // WebSocket sessions. Knows nothing of libwebsockets.
         .target(name: "HeraldGateway", dependencies: ["HeraldCore"]),
@@ -41,7 +43,7 @@ let package = Package(
 
         // The device-side library: local state kept in step with the gateway
         // over the libwebsockets client API. Shares only HeraldCore's wire types.
-        .target(name: "HeraldClient", dependencies: ["HeraldCore", "CLibWebSockets", "CSQLite"]),
+        .target(name: "HeraldClient", dependencies: ["HeraldCore", "CLibWebSockets", "CSQLite", "CSQLitePageCache"]),
         // The walk-through of docs/CLIENT-SWIFT.md, compiled so it cannot rot.
         .executableTarget(name: "herald-client-example", dependencies: ["HeraldClient"],
                           path: "Examples/herald-client-example"),

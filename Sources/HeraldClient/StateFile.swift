@@ -1,4 +1,5 @@
 import CSQLite
+import CSQLitePageCache
 import HeraldCore
 
 /// The local state on disk: an SQLite file holding the notifications (as
@@ -18,6 +19,8 @@ final class StateFile {
 
     init(path: String) throws(HeraldClientError) {
         self.path = path
+        // Before the process's first connection, whichever of ours opens it.
+        _ = herald_sqlite_page_cache_install()
         var handle: OpaquePointer?
         let rc = sqlite3_open_v2(path, &handle, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, nil)
         guard rc == SQLITE_OK, let handle else {

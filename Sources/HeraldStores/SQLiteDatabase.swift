@@ -1,4 +1,5 @@
 import CSQLite
+import CSQLitePageCache
 import HeraldCore
 
 /// A value bound to a statement parameter.
@@ -49,6 +50,7 @@ final class SQLiteDatabase {
     /// `readOnly` opens an existing file for reading only: SQLite refuses
     /// every write on the connection, and closing it never checkpoints.
     init(path: String, readOnly: Bool = false) throws(StoreError) {
+        _ = Self.pageCacheWrapped
         self.path = path
         var db: OpaquePointer?
         let flags = (readOnly ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE) | SQLITE_OPEN_NOMUTEX
@@ -63,6 +65,18 @@ final class SQLiteDatabase {
     }
 
     deinit { close() }
+
+    /// Installs the page cache wrapper (Sources/CSQLitePageCache) before the
+    /// first connection opens; false if SQLite was already initialized by
+    /// code that does not install it, which leaves its default cache in place.
+    static let pageCacheWrapped = herald_sqlite_page_cache_install() == SQLITE_OK
+
+    /// Truncations the wrapper passed on, and those it skipped (for tests).
+    static var pageCacheTruncations: (passed: Int, skipped: Int) {
+        var passed: Int64 = 0, skipped: Int64 = 0
+        herald_sqlite_page_cache_counts(&passed, &skipped)
+        return (Int(passed), Int(skipped))
+    }
 
     var isOpen: Bool { handle != nil }
 

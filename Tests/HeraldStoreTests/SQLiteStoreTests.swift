@@ -1,6 +1,7 @@
 import Foundation
 import XCTest
 import HeraldCore
+import HeraldTestSupport
 @testable import HeraldStores
 
 /// What only a durable store can promise: restarts, schema versions, files
@@ -409,6 +410,43 @@ final class SQLiteStoreTests: XCTestCase {
         s.close()
         let reopened = try SQLiteStore(path: path)
         XCTAssertEqual(try reopened.db.int("SELECT count(*) FROM notifications"), Int64(written))
+    }
+
+    /// Commits after B-tree balances skip the page cache's scan (the wrapper
+    /// in Sources/CSQLitePageCache), and a rollback that grew the file still
+    /// drops the pages past its end: growing the file again afterwards must
+    /// not find the rolled-back rows in the cache.
+    func testCommitsSkipThePageCacheScanAndRollbacksStillDropNewPages() throws {
+        XCTAssertTrue(SQLiteDatabase.pageCacheWrapped)
+        let s = try SQLiteStore(path: path)
+        var rng = SplitMix64(seed: 7)
+        func publish(_ n: Int, tag: String) throws {
+            for i in 0..<n {
+                let user = UserKey(app: "app1", user: "u\(rng.next() % 100_000)")
+                _ = try s.upsert(user, note("n_\(tag)\(i)", "a\(tag)\(i)"), previous: nil, at: t0)
+            }
+        }
+        let start = SQLiteDatabase.pageCacheTruncations
+        try s.begin()
+        try publish(2_000, tag: "kept")
+        try s.commit()
+        let committed = SQLiteDatabase.pageCacheTruncations
+        XCTAssertGreaterThan(committed.skipped, start.skipped, "the commit's truncation was not skipped")
+
+        try s.begin()
+        try publish(2_000, tag: "undone")
+        s.rollback()
+        XCTAssertGreaterThan(SQLiteDatabase.pageCacheTruncations.passed, committed.passed,
+                             "the rollback did not drop the pages past the file's end")
+        try s.begin()
+        try publish(2_000, tag: "again")
+        try s.commit()
+
+        for db in [s.db, try SQLiteDatabase(path: path)] {
+            XCTAssertEqual(try db.text("PRAGMA integrity_check"), "ok")
+            XCTAssertEqual(try db.int("SELECT count(*) FROM notifications"), 4_000)
+            XCTAssertEqual(try db.int("SELECT count(*) FROM notifications WHERE id LIKE 'n_undone%'"), 0)
+        }
     }
 
     func testInMemoryDatabaseHasNoReader() throws {
