@@ -80,7 +80,8 @@ public protocol StoreReader: StoreReading {
 ///   counts together: a reader never sees one without the others.
 /// - Between `begin()` and `commit()` writes are one atomic unit; `rollback()`
 ///   undoes all of them, including seq assignment. A write that returned
-///   from `commit()` is durable as the store's durability setting promises.
+///   from `commit()` is durable as the store's durability setting promises,
+///   or, for a store with a `commitSync`, once a later `sync()` returned.
 /// - Only one thread calls a store at a time (the engine's); other threads
 ///   read through their own `makeReader()`.
 public protocol NotificationStore: StoreReading {
@@ -118,9 +119,26 @@ public protocol NotificationStore: StoreReading {
     /// A read-only connection for one other thread, or nil when only the
     /// owner's thread may read this store (MemoryStore).
     func makeReader() throws(StoreError) -> StoreReader?
+
+    /// Set when `commit()` returns before its writes are durable: its
+    /// `sync()` then makes them so. nil when `commit()` itself is durable.
+    var commitSync: CommitSync? { get }
+}
+
+/// What finishes the commits of a store whose `commit()` hands its writes to
+/// the OS without waiting for the disk (SQLite at full durability, opened
+/// with `deferredSync`): the engine runs the next batch on its thread while
+/// another thread syncs the last one, and acknowledges a batch only once a
+/// sync that began after its commit returned.
+public protocol CommitSync: AnyObject, Sendable {
+    /// Makes every commit that returned before this call durable. Called
+    /// from one thread at a time; a failure means the disk may have lost
+    /// writes that the store already shows.
+    func sync() throws(StoreError)
 }
 
 extension NotificationStore {
+    public var commitSync: CommitSync? { nil }
     public func claim(_ users: [UserKey], lookups: [NotificationLookup]) throws(StoreError) {}
     public func claim(_ users: [UserKey]) throws(StoreError) { try claim(users, lookups: []) }
 }

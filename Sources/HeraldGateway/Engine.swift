@@ -13,11 +13,14 @@ public protocol LoopExecutor: AnyObject, Sendable {
 /// Invariants (docs/ARCHITECTURE.md):
 /// - Only the engine thread touches `store`, `registry` and the effects
 ///   (checked in debug builds through `thread`).
-/// - Nothing a batch did is visible to anyone until its commit returned:
-///   replies and fan-out are effects queued during the batch and run after
-///   the commit, in the order they were queued. A failed commit rolls the
-///   batch back and answers each of its commands `unavailable`; one that
-///   lost a conflict with another node (a deadlock) runs again first.
+/// - Nothing a batch did is visible to anyone until its commit returned and
+///   is durable: replies and fan-out are effects queued during the batch and
+///   run after the commit, in the order they were queued, batch after
+///   batch. With a store whose commit leaves its sync to `CommitSync`, a
+///   batch's effects wait for the sync thread (`CommitSyncer`) while the
+///   next batch runs. A failed commit rolls the batch back and answers each
+///   of its commands `unavailable`; one that lost a conflict with another
+///   node (a deadlock) runs again first.
 /// - Changes of one user reach each shard in commit order, through the
 ///   shard's FIFO inbox.
 public final class Engine: @unchecked Sendable {  // the queue is under `cond`; the rest is engine-thread state, checked
@@ -38,6 +41,15 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
         case run(() -> Void)
     }
 
+    /// A committed batch's effects, run once it is durable.
+    struct Committed {
+        let effects: [Effect]
+        let published: Int
+        /// When the batch began, for the store latency (begin to durable);
+        /// nil for maintenance.
+        let began: UInt64?
+    }
+
     public let store: NotificationStore
     /// Carries each committed change to the other nodes, and theirs here.
     let bus: Bus?
@@ -50,6 +62,8 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
     private let cond = NSCondition()
     private var queue: [Command] = []
     private var stopping = false
+    /// The sync thread moved on since the engine last looked.
+    private var syncAdvanced = false
     private var runner: Thread?
     private let finished = DispatchSemaphore(value: 0)
 
@@ -64,6 +78,10 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
     /// In a cluster: this node's devices as the other nodes see them.
     let cluster: ClusterConnections?
     private var maintenance = Maintenance()
+    /// Syncs commits off this thread, for stores that leave that to `CommitSync`.
+    let syncer: CommitSyncer?
+    /// Committed batches waiting for their sync, oldest first, with their generation.
+    private var unsynced: [(generation: UInt64, batch: Committed)] = []
 
     static let maxBatch = 512
     /// How many times a batch runs when it keeps losing conflicts with
@@ -80,10 +98,20 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
         } else {
             cluster = nil
         }
+        syncer = store.commitSync.map(CommitSyncer.init)
+    }
+
+    /// Wakes the engine thread to run the effects of batches just synced.
+    private func wake() {
+        cond.lock()
+        syncAdvanced = true
+        cond.signal()
+        cond.unlock()
     }
 
     /// Starts the engine thread. (Tests instead call `runQueued` on theirs.)
     func start() {
+        syncer?.start { [weak self] in self?.wake() }
         let t = Thread { [self] in
             nameCurrentThread("herald-engine")
             runLoop()
@@ -167,19 +195,55 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
         undo.removeAll()
     }
 
+    /// Commits the open transaction; its effects run once it is durable.
+    /// A commit that throws left the transaction for `rolledBack`.
+    private func commit(began: UInt64?) throws(StoreError) {
+        let generation = syncer?.beginCommit()
+        do {
+            try store.commit()
+        } catch {
+            // Readers that took a snapshot meanwhile wait for this generation.
+            if let generation { syncer?.request(generation) }
+            throw error
+        }
+        undo.removeAll()
+        let batch = Committed(effects: effects, published: publishedInBatch, began: began)
+        effects.removeAll(keepingCapacity: true)
+        publishedInBatch = 0
+        guard let syncer, let generation else { return run(batch) }
+        unsynced.append((generation, batch))
+        syncer.request(generation)
+    }
+
+    /// Runs the effects of the batches synced so far, in commit order; with
+    /// `all`, first waits until every committed batch is.
+    private func runSynced(all: Bool = false) {
+        guard let syncer, let last = unsynced.last else { return }
+        if all { syncer.wait(for: last.generation) }
+        let synced = syncer.syncedGeneration
+        while let first = unsynced.first, first.generation <= synced {
+            unsynced.removeFirst()
+            run(first.batch)
+        }
+    }
+
     // MARK: The loop
 
     private func runLoop() {
         thread.claim()
         while true {
             cond.lock()
-            if queue.isEmpty && !stopping { _ = cond.wait(until: Date(timeIntervalSinceNow: 0.1)) }
+            if queue.isEmpty && !stopping && !syncAdvanced { _ = cond.wait(until: Date(timeIntervalSinceNow: 0.1)) }
+            syncAdvanced = false
             let done = stopping && queue.count <= Self.maxBatch
             cond.unlock()
+            runSynced()
             runBatch()
             maintenance.run(self, now: clock.now(), force: done)
             if done { break }
         }
+        runSynced(all: true)
+        syncer?.stop()
         cluster?.retire(self)
         finished.signal()
     }
@@ -189,6 +253,8 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
     public func runQueued() {
         thread.claim()
         while runBatch() {}
+        // Without the sync thread, sync here; with it, take what it synced.
+        runSynced(all: syncer?.isThreaded == false)
     }
 
     /// Runs the expiry sweep, pruning and last-seen flush that are due.
@@ -217,7 +283,7 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
                 try store.begin()
                 try store.claim(users, lookups: lookups)
                 for c in batch { try c.run(self) }
-                try store.commit()
+                try commit(began: t0)
                 break
             } catch {
                 rolledBack()
@@ -230,6 +296,8 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
                     continue
                 }
                 health.failed("batch of \(batch.count) (rolled back)", error)
+                // Earlier batches' replies and deliveries go first.
+                runSynced(all: true)
                 for c in batch {
                     if let f = c.control { f(self) } else { c.failed(StoreHealth.unavailable) }
                 }
@@ -237,8 +305,6 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
             }
         }
         health.succeeded()
-        metrics.storeLatency.observe(nanos: DispatchTime.now().uptimeNanoseconds - t0)
-        runEffects()
         return true
     }
 
@@ -247,21 +313,18 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
         do {
             try store.begin()
             try body()
-            try store.commit()
+            try commit(began: nil)
             health.succeeded()
-            runEffects()
         } catch {
             rolledBack()
             health.failed(what, error)
         }
     }
 
-    private func runEffects() {
-        undo.removeAll()
-        metrics.publishes.add(publishedInBatch, ordering: .relaxed)
-        publishedInBatch = 0
-        let list = effects
-        effects.removeAll(keepingCapacity: true)
+    /// Runs a committed, durable batch's effects.
+    private func run(_ batch: Committed) {
+        if let began = batch.began { metrics.storeLatency.observe(nanos: DispatchTime.now().uptimeNanoseconds - began) }
+        metrics.publishes.add(batch.published, ordering: .relaxed)
         // Each user's records in commit order, users in order of first change:
         // one post per user and shard.
         var pending: [(UserKey, [ChangeRecord])] = []
@@ -272,7 +335,7 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
             pending.removeAll()
             slot.removeAll()
         }
-        for e in list {
+        for e in batch.effects {
             switch e {
             case .deliver(let u, let r):
                 bus?.publish(u, r)

@@ -28,7 +28,7 @@ public final class Reads: Sendable {
             return engine.perform(on: shard, users: [], { e throws(StoreError) in try body(e.store) }, reply: reply)
         }
         let reply = LoopBound(reply, owner: shard.thread)
-        let health = engine.health
+        let health = engine.health, syncer = engine.syncer
         reader.submit { r in
             let result: Result<T, HeraldError>
             do {
@@ -38,6 +38,8 @@ public final class Reads: Sendable {
                 health.failed("read", error)
                 result = .failure(StoreHealth.unavailable)
             }
+            // What the snapshot showed leaves only once it is on disk.
+            syncer?.awaitVisibleCommits()
             shard.post { reply.value(result) }
         }
     }

@@ -60,6 +60,8 @@ public final class SQLiteStore: NotificationStore {
     /// Copies the log into the file off the engine thread; nil for an
     /// in-memory database. Internal for tests.
     private(set) var checkpointer: SQLiteCheckpointer?
+    /// Set when commits leave their sync to the engine's sync thread.
+    public let commitSync: CommitSync?
 
     /// Opens (creating if needed) the database at `path` and migrates it to
     /// the current schema. `busyTimeoutMillis` bounds how long a call waits
@@ -67,12 +69,17 @@ public final class SQLiteStore: NotificationStore {
     /// `StoreError` (one gateway per file is the normal setup).
     /// `checkpointPages`: the log's size, in 4 KiB pages, past which it
     /// starts over; it is copied into the file every quarter of that
-    /// (`SQLiteCheckpointer`).
+    /// (`SQLiteCheckpointer`). `deferredSync` (at `full` durability, on a
+    /// file): `commit()` writes the log without syncing it and `commitSync`
+    /// syncs it; the engine then acknowledges a batch only after that sync,
+    /// which runs beside the next batch (`SQLiteLogSync`).
     public init(path: String, durability: Durability = .full, busyTimeoutMillis: Int = 5000,
-                checkpointPages: Int32 = 16384) throws(StoreError) {
+                checkpointPages: Int32 = 16384, deferredSync: Bool = false) throws(StoreError) {
         self.path = path
         self.durability = durability
         self.busyTimeoutMillis = busyTimeoutMillis
+        let defers = deferredSync && durability == .full && !Self.isMemoryPath(path)
+        commitSync = defers ? SQLiteLogSync(databasePath: path) : nil
         db = try SQLiteDatabase(path: path)
         reads = SQLiteReads(db: db)
         do throws(StoreError) {
@@ -84,7 +91,10 @@ public final class SQLiteStore: NotificationStore {
             if mode?.lowercased() != "wal" && !Self.isMemoryPath(path) {
                 throw StoreError("sqlite (\(path)): cannot use WAL mode (journal_mode is \(mode ?? "unknown"))")
             }
-            try db.execute("PRAGMA synchronous = \(durability.rawValue.uppercased())")
+            // NORMAL syncs the log at checkpoints only (and the checkpoint
+            // thread's connection stays at `durability`): `commitSync` syncs
+            // it after each commit.
+            try db.execute("PRAGMA synchronous = \(defers ? "NORMAL" : durability.rawValue.uppercased())")
             try db.execute("PRAGMA cache_size = -65536")      // 64 MiB
             try db.execute("PRAGMA temp_store = MEMORY")
             // The log starts over every 64 MiB, not every 4 MiB (SQLite's

@@ -82,6 +82,23 @@ final class FailingStore: NotificationStore {
     func usersWithDevices(app: String) throws(StoreError) -> [(user: String, devices: [Device])] { try inner.usersWithDevices(app: app) }
     func pruneDevices(lastSeenBefore before: Millis) throws(StoreError) -> Int { try inner.pruneDevices(lastSeenBefore: before) }
     func makeReader() throws(StoreError) -> StoreReader? { offersReader ? MemoryReader(self) : nil }
+    /// Set to make the engine sync commits on its sync thread.
+    var commitSync: CommitSync?
+}
+
+/// A disk whose syncs finish when the test lets them: `sync()` blocks while closed.
+final class GatedSync: CommitSync, @unchecked Sendable {  // `isOpen` is under `cond`
+    private let cond = NSCondition()
+    private var isOpen = true
+
+    func close() { cond.withLock { isOpen = false } }
+    func open() { cond.withLock { isOpen = true; cond.broadcast() } }
+
+    func sync() throws(StoreError) {
+        cond.lock()
+        while !isOpen { cond.wait() }
+        cond.unlock()
+    }
 }
 
 /// A reader over a store the test also writes, on the test's thread: each

@@ -107,6 +107,27 @@ final class SQLiteStoreTests: XCTestCase {
 
     // MARK: Files that are not ours
 
+    /// With `deferredSync` a commit writes the log without syncing it, and
+    /// `commitSync` (the engine's sync thread) syncs it; only at full
+    /// durability and on a file.
+    func testDeferredSyncLeavesTheLogsSyncToCommitSync() throws {
+        let s = try SQLiteStore(path: path, deferredSync: true)
+        XCTAssertEqual(try s.db.int("PRAGMA synchronous"), 1, "NORMAL: the commit does not sync the log")
+        let sync = try XCTUnwrap(s.commitSync)
+        try sync.sync() // before any write too
+        try s.begin()
+        _ = try s.upsert(alice, note("n_1", "a1"), previous: nil, at: t0)
+        try s.commit()
+        try sync.sync()
+        XCTAssertEqual(try s.notification(alice, id: "n_1"), note("n_1", "a1"))
+
+        XCTAssertNil(try SQLiteStore(path: dir.appendingPathComponent("inline.db").path).commitSync)
+        let normal = try SQLiteStore(path: dir.appendingPathComponent("normal.db").path, durability: .normal, deferredSync: true)
+        XCTAssertNil(normal.commitSync)
+        XCTAssertEqual(try normal.db.int("PRAGMA synchronous"), 1)
+        XCTAssertNil(try SQLiteStore(path: ":memory:", deferredSync: true).commitSync)
+    }
+
     func testNewerSchemaIsRefusedAndNotModified() throws {
         do {
             let s = try SQLiteStore(path: path)

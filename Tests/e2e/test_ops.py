@@ -46,6 +46,20 @@ def test_threads_carry_their_role_in_their_names(gateway):
     assert {"herald-engine", "herald-loop-0"} <= names, names
 
 
+def _thread_names(gw) -> set[str]:
+    return {(t / "comm").read_text().strip() for t in Path(f"/proc/{gw.proc.pid}/task").iterdir()}
+
+
+def test_sqlite_at_full_durability_syncs_on_a_thread_of_its_own(gateway_factory, tmp_path, user):
+    """The log's fsync runs on `herald-sync` beside the engine (docs/OPERATIONS.md)."""
+    full = gateway_factory(store=f"sqlite:{tmp_path}/full.db")
+    assert {"herald-engine", "herald-sync", "herald-reader"} <= _thread_names(full)
+    assert full.publish(user, "a1", expect=201)["seq"] == 1
+    assert [n["appNotificationId"] for n in full.server("GET", f"/users/{user}/notifications").json()["notifications"]] == ["a1"]
+    normal = gateway_factory(store=f"sqlite:{tmp_path}/normal.db", extra_args=["--durability", "normal"])
+    assert "herald-sync" not in _thread_names(normal)
+
+
 def _metric(text, name):
     total = 0.0
     for m in re.finditer(rf"^{name}(?:\{{[^}}]*\}})? ([0-9.e+-]+)$", text, re.M):
