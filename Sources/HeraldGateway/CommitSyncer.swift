@@ -54,6 +54,8 @@ final class CommitSyncer: @unchecked Sendable {  // every var is under `cond`
     }
 
     var syncedGeneration: UInt64 { cond.withLock { synced } }
+    /// No sync is under way or asked for.
+    var isIdle: Bool { cond.withLock { synced >= requested } }
     /// Whether syncs run on the thread (else `wait` runs them).
     var isThreaded: Bool { cond.withLock { thread != nil } }
     /// Threads blocked until a sync (for tests).

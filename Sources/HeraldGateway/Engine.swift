@@ -101,6 +101,12 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
         syncer = store.commitSync.map(CommitSyncer.init)
     }
 
+    /// Starts the sync thread, if the store syncs apart. (Tests that run the
+    /// engine on their own thread may start it alone.)
+    func startSyncThread() {
+        syncer?.start { [weak self] in self?.wake() }
+    }
+
     /// Wakes the engine thread to run the effects of batches just synced.
     private func wake() {
         cond.lock()
@@ -111,7 +117,7 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
 
     /// Starts the engine thread. (Tests instead call `runQueued` on theirs.)
     func start() {
-        syncer?.start { [weak self] in self?.wake() }
+        startSyncThread()
         let t = Thread { [self] in
             nameCurrentThread("herald-engine")
             runLoop()
@@ -242,9 +248,9 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
             maintenance.run(self, now: clock.now(), force: done)
             if done { break }
         }
+        cluster?.retire(self)
         runSynced(all: true)
         syncer?.stop()
-        cluster?.retire(self)
         finished.signal()
     }
 
@@ -263,26 +269,65 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
         maintenance.run(self, now: clock.now(), force: force)
     }
 
-    /// Takes up to `maxBatch` queued commands and runs them as one batch.
-    @discardableResult private func runBatch() -> Bool {
+    /// Takes up to `n` queued commands.
+    private func take(_ n: Int) -> [Command] {
         cond.lock()
-        let take = min(queue.count, Self.maxBatch)
+        let take = min(queue.count, n)
         let batch = Array(queue.prefix(take))
         queue.removeFirst(take)
         cond.unlock()
-        if batch.isEmpty { return false }
         metrics.engineQueue.subtract(take, ordering: .relaxed)
+        return batch
+    }
+
+    /// Unsynced batches past which the engine waits for the disk before
+    /// committing more (a stalled sync holds replies, so it holds new work).
+    static let maxUnsynced = 4
+
+    /// While the last commit is still syncing, the open transaction takes
+    /// in what arrives (up to `room` commands) instead of committing beside
+    /// the sync: one commit per sync, the fewest pages written per command.
+    /// nil once it is time to commit: the disk is free, the batch is full
+    /// (and not too many batches wait for their sync), or the engine stops.
+    private func joinWhileSyncing(room: Int) -> [Command]? {
+        guard let syncer, syncer.isThreaded else { return nil }
+        cond.lock()
+        defer { cond.unlock() }
+        while !stopping && !syncer.isIdle {
+            if room > 0 && !queue.isEmpty {
+                let more = Array(queue.prefix(room))
+                queue.removeFirst(more.count)
+                metrics.engineQueue.subtract(more.count, ordering: .relaxed)
+                return more
+            }
+            if room == 0 && unsynced.count < Self.maxUnsynced { return nil }
+            cond.wait()  // a command (enqueue) or a finished sync (wake)
+        }
+        return nil
+    }
+
+    /// Takes up to `maxBatch` queued commands and runs them as one batch.
+    @discardableResult private func runBatch() -> Bool {
+        var batch = take(Self.maxBatch)
+        if batch.isEmpty { return false }
         let t0 = DispatchTime.now().uptimeNanoseconds
-        // Every user the batch names, locked up front in the store's one
-        // order, so batches on different nodes never deadlock on each other;
-        // and the notifications it will look up, read in one go.
-        let users = batch.flatMap(\.users), lookups = batch.flatMap(\.lookups)
         var attempt = 1
         while true {
             do {
                 try store.begin()
-                try store.claim(users, lookups: lookups)
+                // Every user the batch names, locked up front in the store's
+                // one order, so batches on different nodes never deadlock on
+                // each other; and the notifications it will look up, read in
+                // one go.
+                try store.claim(batch.flatMap(\.users), lookups: batch.flatMap(\.lookups))
                 for c in batch { try c.run(self) }
+                // Only stores that sync apart join (SQLite: one writer, and
+                // its claim takes no locks).
+                while let more = joinWhileSyncing(room: Self.maxBatch - batch.count) {
+                    try store.claim(more.flatMap(\.users), lookups: more.flatMap(\.lookups))
+                    batch += more
+                    for c in more { try c.run(self) }
+                }
                 try commit(began: t0)
                 break
             } catch {

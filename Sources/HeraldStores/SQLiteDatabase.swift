@@ -185,6 +185,12 @@ final class SQLiteDatabase {
         return v
     }
 
+    /// The write-ahead log's file as SQLite names it (symlinks resolved).
+    var logPath: String? {
+        guard let h = handle, let db = sqlite3_db_filename(h, "main"), let wal = sqlite3_filename_wal(db) else { return nil }
+        return String(cString: wal)
+    }
+
     /// Syncs the database file through SQLite's own handle (a descriptor of
     /// our own would drop SQLite's locks on the file when closed); false if
     /// that failed.

@@ -7,38 +7,35 @@ import HeraldCore
 /// wait for the disk happens on the engine's sync thread, beside the next
 /// batch, instead of inside `commit()` on the engine's.
 ///
-/// The log is opened by name on first use (SQLite creates it at the first
-/// write and keeps it while the store is open); the file's directory is
-/// synced then too, as SQLite does at its first sync of a new log, so that
-/// the log itself survives a power cut. Nothing here takes file locks, so
-/// closing the descriptor cannot drop SQLite's.
-final class SQLiteLogSync: CommitSync, @unchecked Sendable {  // `fd` is used by one thread at a time (CommitSync's contract)
+/// The log is the file SQLite names for the connection (after symlinks),
+/// opened when the store opens: it exists by then, as SQLite creates it at
+/// the first read in WAL mode and keeps it while the store is open. Its
+/// directory is synced once then, as SQLite does at its first sync of a new
+/// log (and, like SQLite, a directory that cannot be synced is not an
+/// error). Nothing here takes file locks (SQLite's are on the database file
+/// and the `-shm` file), so closing the descriptor cannot drop SQLite's.
+final class SQLiteLogSync: CommitSync, @unchecked Sendable {  // `fd` is set once in init; sync() runs on one thread at a time (CommitSync's contract)
     let path: String
-    private var fd: Int32 = -1
+    private let fd: Int32
 
-    init(databasePath: String) { path = databasePath + "-wal" }
+    init(logPath: String) throws(StoreError) {
+        path = logPath
+        fd = open(logPath, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { throw Self.failure("open", logPath) }
+        let dir = open(URL(fileURLWithPath: logPath).deletingLastPathComponent().path, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        if dir >= 0 {
+            _ = fsync(dir)
+            Foundation.close(dir)
+        }
+    }
 
-    deinit { if fd >= 0 { Foundation.close(fd) } }
+    deinit { Foundation.close(fd) }
 
     func sync() throws(StoreError) {
-        if fd < 0 {
-            fd = open(path, O_RDONLY | O_CLOEXEC)
-            // No log yet: nothing was written, so nothing waits on the disk.
-            if fd < 0 && errno == ENOENT { return }
-            guard fd >= 0 else { throw failure("open") }
-            try syncDirectory()
-        }
-        guard fdatasync(fd) == 0 else { throw failure("fdatasync") }
+        guard fdatasync(fd) == 0 else { throw Self.failure("fdatasync", path) }
     }
 
-    private func syncDirectory() throws(StoreError) {
-        let dir = open(URL(fileURLWithPath: path).deletingLastPathComponent().path, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
-        guard dir >= 0 else { throw failure("open the directory of") }
-        defer { Foundation.close(dir) }
-        guard fsync(dir) == 0 else { throw failure("fsync the directory of") }
-    }
-
-    private func failure(_ what: String) -> StoreError {
+    private static func failure(_ what: String, _ path: String) -> StoreError {
         StoreError("sqlite: cannot \(what) \(path): \(String(cString: strerror(errno)))")
     }
 }

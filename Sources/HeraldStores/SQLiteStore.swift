@@ -61,7 +61,7 @@ public final class SQLiteStore: NotificationStore {
     /// in-memory database. Internal for tests.
     private(set) var checkpointer: SQLiteCheckpointer?
     /// Set when commits leave their sync to the engine's sync thread.
-    public let commitSync: CommitSync?
+    public private(set) var commitSync: CommitSync?
 
     /// Opens (creating if needed) the database at `path` and migrates it to
     /// the current schema. `busyTimeoutMillis` bounds how long a call waits
@@ -79,7 +79,6 @@ public final class SQLiteStore: NotificationStore {
         self.durability = durability
         self.busyTimeoutMillis = busyTimeoutMillis
         let defers = deferredSync && durability == .full && !Self.isMemoryPath(path)
-        commitSync = defers ? SQLiteLogSync(databasePath: path) : nil
         db = try SQLiteDatabase(path: path)
         reads = SQLiteReads(db: db)
         do throws(StoreError) {
@@ -114,6 +113,14 @@ public final class SQLiteStore: NotificationStore {
                 throw StoreError("sqlite (\(path)): the database has no epoch (damaged?)")
             }
             epoch = e
+            if defers {
+                guard let log = db.logPath else { throw StoreError("sqlite (\(path)): no write-ahead log file") }
+                let sync = try SQLiteLogSync(logPath: log)
+                // What a previous run committed without syncing (it crashed)
+                // is durable before anything of it is served again.
+                try sync.sync()
+                commitSync = sync
+            }
         } catch {
             db.close()
             throw error

@@ -5,30 +5,51 @@ import HeraldCore
 
 /// The engine with a store whose commits become durable through a sync on
 /// the engine's sync thread (SQLite at full durability): nothing leaves
-/// before that sync, and the engine runs the next batch meanwhile.
+/// before that sync, and commands that arrive during it join the next
+/// commit.
 final class CommitSyncTests: XCTestCase {
     let store = FailingStore()
     let disk = GatedSync()
     var h: Harness!
     var syncer: CommitSyncer!
+    var engineStarted = false
 
-    override func setUpWithError() throws {
+    /// `reader`: reads run on the reader's queue (the test runs it), not the engine.
+    func makeGateway(reader: Bool = false) throws {
         store.commitSync = disk
-        store.offersReader = true
+        store.offersReader = reader
         h = Harness(store: store)
         syncer = try XCTUnwrap(h.gateway.engine.syncer)
-        syncer.start {}
     }
 
     override func tearDown() {
         disk.open()
-        syncer.stop()
+        if engineStarted { h?.gateway.engine.stop() } else { syncer?.stop() }
         super.tearDown()
     }
 
     let alice = UserKey(app: Harness.app.id, user: "alice")
 
-    /// `Harness.settle`, waiting for every commit's sync before running its effects.
+    /// The engine on its own thread, as in the gateway; the test drains the loop.
+    func startEngine() {
+        engineStarted = true
+        h.gateway.engine.start()
+    }
+
+    /// The engine on the test's thread (`Harness.settle`), the syncs on the sync thread.
+    func startSyncsOnly() { h.gateway.engine.startSyncThread() }
+
+    /// Runs the loop until `done` holds (the engine works on its thread).
+    func drain(until done: () -> Bool, _ what: String) {
+        let deadline = Date().addingTimeInterval(30)
+        while !done() && Date() < deadline {
+            if h.loop.drain() == 0 { usleep(200) }
+        }
+        XCTAssertTrue(done(), what)
+    }
+
+    /// `Harness.settle` with the engine on the test's thread, waiting for
+    /// every commit's sync before running its effects.
     func settle() {
         repeat {
             h.gateway.engine.runQueued()
@@ -38,39 +59,41 @@ final class CommitSyncTests: XCTestCase {
         } while h.loop.drain() > 0
     }
 
-    func testRepliesAndDeliveriesWaitForTheSyncWhileTheNextBatchRuns() throws {
+    func testRepliesWaitForTheSyncAndWhatArrivesMeanwhileJoinsOneCommit() throws {
+        try makeGateway()
+        startEngine()
         let ws = h.webSocket()
         h.hello(ws, user: "alice")
-        settle()
-        ws.read()
-        XCTAssertEqual(ws.types, ["reset", "welcome"])
+        drain(until: { ws.read(); return ws.types.contains("welcome") }, "welcome")
+        let before = store.commits.load(ordering: .relaxed)
 
         disk.close()
         let first = h.publish("alice", "a1")
-        h.runEngine()
-        XCTAssertEqual(try store.feed(alice).head, 1, "committed")
+        drain(until: { store.upserts.load(ordering: .relaxed) == 1 && store.commits.load(ordering: .relaxed) > before },
+              "the first publish committed")
+        let committed = store.commits.load(ordering: .relaxed)
+        // Its sync is held: the next two publishes run, and wait to commit.
+        let second = h.publish("alice", "a2")
+        let third = h.publish("alice", "a3")
+        drain(until: { store.upserts.load(ordering: .relaxed) == 3 }, "the next publishes ran")
+        XCTAssertEqual(store.commits.load(ordering: .relaxed), committed, "committed beside a sync under way")
         h.loop.drain()
         ws.read()
         XCTAssertNil(first.response, "answered before its commit was synced")
         XCTAssertEqual(changeSeqs(ws.frames), [], "delivered before its commit was synced")
 
-        // The first sync is still under way: the next batch commits beside it.
-        let second = h.publish("alice", "a2")
-        h.runEngine()
-        XCTAssertEqual(try store.feed(alice).head, 2, "the next batch waited for the sync")
-        h.loop.drain()
-        XCTAssertNil(second.response)
-
         disk.open()
-        settle()
-        ws.read()
-        XCTAssertEqual(first.response?.status, 201)
-        XCTAssertEqual(second.response?.status, 201)
-        XCTAssertEqual(changeSeqs(ws.frames), [1, 2], "each change once, in commit order")
+        drain(until: { third.response != nil }, "all answered")
+        XCTAssertEqual([first, second, third].map { $0.response?.status }, [201, 201, 201])
+        XCTAssertEqual(store.commits.load(ordering: .relaxed), committed + 1, "the two that waited share one commit")
+        drain(until: { ws.read(); return changeSeqs(ws.frames).count == 3 }, "three changes")
+        XCTAssertEqual(changeSeqs(ws.frames), [1, 2, 3], "each change once, in commit order")
     }
 
     func testAReadThatSawAnUnsyncedCommitWaitsForItsSync() throws {
-        h.publishSettledDurably(self)
+        try makeGateway(reader: true)
+        startSyncsOnly()
+        publishSettled("a1")
         disk.close()
         h.publish("alice", "a2")
         h.runEngine()
@@ -97,14 +120,21 @@ final class CommitSyncTests: XCTestCase {
     }
 
     func testAFailedCommitIsAnsweredAfterTheBatchesBeforeIt() throws {
-        h.publishSettledDurably(self)
+        try makeGateway()
+        startSyncsOnly()
+        publishSettled("a1")
         disk.close()
         let first = h.publish("alice", "a2")
         h.runEngine()
         store.failCommits = 1
         let failed = h.publish("alice", "a3")
-        // The failure waits for the earlier batch's sync: let it finish.
-        Thread { [disk] in disk.open() }.start()
+        // The failed batch waits for the earlier one's sync: let it finish
+        // once the batch ran (the engine then waits for the sync thread's wake-up).
+        let ran = UpsertCount(store: store)
+        Thread { [disk] in
+            while ran.value < 3 { usleep(100) }
+            disk.open()
+        }.start()
         let replies = h.loop.capture { h.runEngine() }
         XCTAssertEqual(replies.count, 2)
         replies.first?()
@@ -114,13 +144,17 @@ final class CommitSyncTests: XCTestCase {
         XCTAssertEqual(failed.response?.status, 503)
         XCTAssertEqual(try store.feed(alice).head, 2)
     }
-}
 
-private extension Harness {
     /// One notification for alice, published and acknowledged.
-    func publishSettledDurably(_ t: CommitSyncTests) {
-        let r = publish("alice", "a1")
-        t.settle()
+    func publishSettled(_ anid: String) {
+        let r = h.publish("alice", anid)
+        settle()
         XCTAssertEqual(r.response?.status, 201)
     }
+}
+
+/// The store's upsert count, read on another thread.
+private struct UpsertCount: @unchecked Sendable {  // reads only the store's atomic counter
+    let store: FailingStore
+    var value: Int { store.upserts.load(ordering: .relaxed) }
 }

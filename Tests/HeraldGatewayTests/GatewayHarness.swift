@@ -48,6 +48,8 @@ final class InlineLoop: LoopExecutor {
 final class FailingStore: NotificationStore {
     let inner = MemoryStore()
     var failCommits = 0
+    /// Commits and upserts so far, readable from any thread.
+    let commits = Atomic<Int>(0), upserts = Atomic<Int>(0)
     /// Offers a reader connection (over the same MemoryStore, run by the test).
     var offersReader = false
     var epoch: String { inner.epoch }
@@ -58,6 +60,7 @@ final class FailingStore: NotificationStore {
             throw StoreError("disk full (test)")
         }
         try inner.commit()
+        commits.add(1, ordering: .relaxed)
     }
     func rollback() { inner.rollback() }
     func feed(_ u: UserKey) throws(StoreError) -> FeedState { try inner.feed(u) }
@@ -70,7 +73,8 @@ final class FailingStore: NotificationStore {
     func counts(_ u: UserKey) throws(StoreError) -> [TargetingCounts] { try inner.counts(u) }
     func devices(_ u: UserKey) throws(StoreError) -> [Device] { try inner.devices(u) }
     func upsert(_ u: UserKey, _ n: HeraldCore.Notification, previous: HeraldCore.Notification?, at: Millis) throws(StoreError) -> ChangeRecord {
-        try inner.upsert(u, n, previous: previous, at: at)
+        defer { upserts.add(1, ordering: .relaxed) }
+        return try inner.upsert(u, n, previous: previous, at: at)
     }
     func delete(_ u: UserKey, _ n: HeraldCore.Notification, reason: DeleteReason, at: Millis) throws(StoreError) -> ChangeRecord {
         try inner.delete(u, n, reason: reason, at: at)

@@ -111,9 +111,16 @@ final class SQLiteStoreTests: XCTestCase {
     /// `commitSync` (the engine's sync thread) syncs it; only at full
     /// durability and on a file.
     func testDeferredSyncLeavesTheLogsSyncToCommitSync() throws {
+        // Through a symlink: SQLite keeps its log beside the real file, and
+        // that is the file to sync.
+        let real = dir.appendingPathComponent("real")
+        try FileManager.default.createDirectory(at: real, withIntermediateDirectories: true)
+        try FileManager.default.createSymbolicLink(atPath: path, withDestinationPath: real.appendingPathComponent("herald.db").path)
         let s = try SQLiteStore(path: path, deferredSync: true)
         XCTAssertEqual(try s.db.int("PRAGMA synchronous"), 1, "NORMAL: the commit does not sync the log")
-        let sync = try XCTUnwrap(s.commitSync)
+        let sync = try XCTUnwrap(s.commitSync as? SQLiteLogSync)
+        XCTAssertEqual(sync.path, real.appendingPathComponent("herald.db-wal").path)
+        XCTAssertTrue(FileManager.default.fileExists(atPath: sync.path))
         try sync.sync() // before any write too
         try s.begin()
         _ = try s.upsert(alice, note("n_1", "a1"), previous: nil, at: t0)
