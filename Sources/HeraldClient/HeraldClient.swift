@@ -79,6 +79,8 @@ public actor HeraldClient {
     private var pending: [String: CheckedContinuation<JSONObject, any Error>] = [:]
     private var nextRef = 0
     private var runner: Task<Void, Never>?
+    /// The refresh asked for by the last `tokenExpiring`, if it still runs.
+    private var refresher: Task<Void, Never>?
 
     /// The gateway's unread count for this device (the local count until
     /// the first `welcome`).
@@ -117,11 +119,15 @@ public actor HeraldClient {
     }
 
     /// Closes the connection; the local state stays for the next start.
+    /// Returns once nothing of this run is left, including a token refresh
+    /// that was waiting for the provider (its token is then not used).
     public func stop() async {
-        guard let runner else { return }
-        self.runner = nil
-        runner.cancel()
-        await runner.value
+        let (runner, refresher) = (self.runner, self.refresher)
+        (self.runner, self.refresher) = (nil, nil)
+        runner?.cancel()
+        refresher?.cancel()
+        await runner?.value
+        await refresher?.value
     }
 
     /// Stops and forgets everything this device stored.
@@ -468,7 +474,8 @@ public actor HeraldClient {
             let error = HeraldClientError.server(code: code, message: message)
             if let ref, let c = pending.removeValue(forKey: ref) { c.resume(throwing: error) } else { emit(.problem(error)) }
         case .tokenExpiring:
-            Task { await refreshToken() }
+            refresher?.cancel()
+            refresher = Task { await refreshToken() }
         case .unknown(let type):
             emit(.problem(.unknownFrame(type: type)))
         case .changes, .reset:
@@ -482,8 +489,12 @@ public actor HeraldClient {
         do {
             fresh = try await tokenProvider()
         } catch {
+            guard !Task.isCancelled else { return }
             return emit(.problem(.tokenUnavailable(String(describing: error))))
         }
+        // Stopped (or signed out) while the provider worked: that token
+        // belongs to no connection.
+        guard !Task.isCancelled else { return }
         // A token that expires no later than the one in use (an app that
         // caches its token hands back the same) is not sent: the gateway
         // would warn again at once, and the client ask again, in a loop until

@@ -114,6 +114,41 @@ final class ClientRecoveryTests: ClientTestCase {
         await phone.stop()
     }
 
+    func testARefreshStillAskingTheProviderWhenTheClientSignsOutLeavesNothingBehind() async throws {
+        let gateway = try GatewayProcess()
+        defer { gateway.stop() }
+        let user = "judy-\(UUID().uuidString.prefix(8))"
+        // 8 s left: `tokenExpiring` comes right after `welcome`, and the
+        // refresh asks the provider, which answers only once the test lets it.
+        let short = GatewayProcess.mintToken(user: user, exp: Int64(Date().timeIntervalSince1970) + 8)
+        let long = try await gateway.token(user: user)
+        let calls = Mutex(0)
+        let held = HeldAnswer()
+        let (phone, log) = try await livePhone(gateway, user: user, token: {
+            let n = calls.withLock { $0 += 1; return $0 }
+            if n == 2 { await held.wait() }
+            return n == 1 ? short : long
+        })
+        await held.untilAsked()
+        let signingOut = Task { await phone.signOut() }
+        try await log.eventually("the connection closed") {
+            await log.events(of: "phone").contains(.connection(.offline(nextRetry: nil)))
+        }
+        // The refresh was cancelled with the connection; its token comes now.
+        await held.release()
+        await signingOut.value
+
+        let problems = await log.events(of: "phone").filter { if case .problem = $0 { return true }; return false }
+        XCTAssertEqual(problems, [], "the late refresh acted on a client that had stopped")
+        // Signed out, the client has no token: a new start asks the provider.
+        await phone.start()
+        try await log.eventually("live again") {
+            await log.events(of: "phone").count { $0 == .connection(.live(transport: "websocket")) } == 2
+        }
+        XCTAssertEqual(calls.withLock { $0 }, 3)
+        await phone.stop()
+    }
+
     func testAProviderThatHandsBackTheExpiringTokenIsNotAskedInALoop() async throws {
         let gateway = try GatewayProcess()
         defer { gateway.stop() }
@@ -182,5 +217,33 @@ final class ClientRecoveryTests: ClientTestCase {
             }
         }
         return seen.filter { $0.value > 1 }.map(\.key).sorted()
+    }
+}
+
+/// A token provider's answer, held until the test releases it.
+private actor HeldAnswer {
+    private var released = false, asked = false
+    private var waiting: [CheckedContinuation<Void, Never>] = []
+    private var askers: [CheckedContinuation<Void, Never>] = []
+
+    /// The provider: blocks until `release`.
+    func wait() async {
+        asked = true
+        for c in askers { c.resume() }
+        askers = []
+        if released { return }
+        await withCheckedContinuation { waiting.append($0) }
+    }
+
+    /// The test: returns once the provider waits.
+    func untilAsked() async {
+        if asked { return }
+        await withCheckedContinuation { askers.append($0) }
+    }
+
+    func release() {
+        released = true
+        for c in waiting { c.resume() }
+        waiting = []
     }
 }
