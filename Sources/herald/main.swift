@@ -18,7 +18,7 @@ usage: herald serve [--host 127.0.0.1] [--port 8080] [--config herald.json]
                     [--durability full|normal|off] [--event-loop libev|poll] [--log-format text|json]
                     [--tls-cert FILE --tls-key FILE]
        herald token --app ID --user USER [--ttl 3600] [--device ID] [--config herald.json | --token-secret SECRET]
-       herald watch --url URL --token TOKEN --device ID [--platform web|ios|android|windows|other] [--tags A,B]
+       herald watch --url URL (--token TOKEN | --token-file FILE) --device ID [--platform web|ios|android|windows|other] [--tags A,B]
                     [--state herald-watch-DEVICE.db] [--ca-file FILE]
        herald --version
 """
@@ -237,12 +237,32 @@ func token(_ args: ArraySlice<String>) throws(UsageError) -> Never {
     exit(0)
 }
 
+/// The token in `path`, without surrounding whitespace; it must not be empty.
+@Sendable func readTokenFile(_ path: String) throws -> String {
+    let t = try String(contentsOfFile: path, encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines)
+    guard !t.isEmpty else { throw CocoaError(.fileReadCorruptFile) }
+    return t
+}
+
 /// `herald watch`: a HeraldClient whose events are JSON lines on stdout,
 /// driven by commands on stdin (Watch.swift).
 func watch(_ args: ArraySlice<String>) throws(UsageError) -> Never {
-    let f = try Flags(args, valued: ["url", "token", "device", "platform", "tags", "state", "ca-file"], switches: [])
+    let f = try Flags(args, valued: ["url", "token", "token-file", "device", "platform", "tags", "state", "ca-file"], switches: [])
     guard let url = f["url"] else { throw UsageError("watch needs --url") }
-    guard let token = f["token"], !token.isEmpty else { throw UsageError("watch needs --token") }
+    let token: HeraldClient.TokenProvider
+    switch (f["token"], f["token-file"]) {
+    case (let t?, nil):
+        guard !t.isEmpty else { throw UsageError("watch needs --token") }
+        token = { t }
+    case (nil, let path?):
+        // Read again whenever the client asks (at start, before the token
+        // expires, after a refusal): whoever renews the file renews the
+        // watch, and the token never shows in the process list.
+        guard case .some = try? readTokenFile(path) else { throw UsageError("cannot read a token from --token-file \(path)") }
+        token = { try readTokenFile(path) }
+    case (nil, nil): throw UsageError("watch needs --token or --token-file")
+    case (.some, .some): throw UsageError("watch takes --token or --token-file, not both")
+    }
     guard let device = f["device"] else { throw UsageError("watch needs --device") }
     guard Identifiers.isUserId(device) else { throw UsageError("--device must be 1-128 characters of A-Z a-z 0-9 . _ @ : -") }
     var options = HeraldClient.Options(url: url, deviceId: device, stateFile: f["state"] ?? "herald-watch-\(device).db")
@@ -258,7 +278,7 @@ func watch(_ args: ArraySlice<String>) throws(UsageError) -> Never {
     if let ca = f["ca-file"], !FileManager.default.isReadableFile(atPath: ca) { throw UsageError("cannot read --ca-file \(ca)") }
     let client: HeraldClient
     do {
-        client = try HeraldClient(options: options, transport: LWSTransport(caFile: f["ca-file"]), token: { token })
+        client = try HeraldClient(options: options, transport: LWSTransport(caFile: f["ca-file"]), token: token)
     } catch .badURL {
         throw UsageError("--url must be http://, https://, ws:// or wss:// and a host")
     } catch {

@@ -175,6 +175,10 @@ BAD_INVOCATIONS = {
     "watch-missing-ca-file": ["watch", "--url", "https://127.0.0.1:9", "--token", "t", "--device", "d",
                               "--ca-file", "/nonexistent/ca.pem"],
     "watch-unknown-flag": ["watch", "--url", "http://127.0.0.1:9", "--token", "t", "--device", "d", "--follow"],
+    "watch-token-and-token-file": ["watch", "--url", "http://127.0.0.1:9", "--token", "t", "--token-file", "/etc/hostname",
+                                   "--device", "d"],
+    "watch-missing-token-file": ["watch", "--url", "http://127.0.0.1:9", "--token-file", "/nonexistent/token", "--device", "d"],
+    "watch-empty-token-file": ["watch", "--url", "http://127.0.0.1:9", "--token-file", "/dev/null", "--device", "d"],
 }
 
 

@@ -8,9 +8,10 @@ import json
 import queue
 import subprocess
 import threading
+import time
 from typing import Callable
 
-from herald_helpers import FRAME_WAIT, changes_in
+from herald_helpers import FRAME_WAIT, changes_in, mint_token
 
 LINE_WAIT = 30.0   # a debug build on a loaded machine: connect, catch up, answer
 
@@ -18,9 +19,10 @@ LINE_WAIT = 30.0   # a debug build on a loaded machine: connect, catch up, answe
 class Watch:
     """One `herald watch` process; its stdout lines, parsed, in order."""
 
-    def __init__(self, herald_bin, gateway, token: str, device: str, state):
+    def __init__(self, herald_bin, gateway, token: str | None, device: str, state, token_file=None):
+        given = ["--token", token] if token_file is None else ["--token-file", str(token_file)]
         self.proc = subprocess.Popen(
-            [str(herald_bin), "watch", "--url", gateway.base, "--token", token, "--device", device,
+            [str(herald_bin), "watch", "--url", gateway.base, *given, "--device", device,
              "--platform", "other", "--tags", "lang:en,team:ops", "--state", str(state)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         self.lines: queue.Queue = queue.Queue()
@@ -43,9 +45,10 @@ class Watch:
             for line in self.seen:
                 if pred(line):
                     return line
+        deadline = time.monotonic() + LINE_WAIT
         while True:
             try:
-                line = self.lines.get(timeout=LINE_WAIT)
+                line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
                 raise AssertionError(f"no {what} within {LINE_WAIT}s; lines: {self.seen}")
             assert line is not None, f"watch ended before {what}: {self.proc.stderr.read()!r}; lines: {self.seen}"
@@ -106,3 +109,23 @@ def test_watch_prints_events_and_its_dismiss_reaches_the_other_device(herald_bin
     finally:
         watch.stop()
     assert (tmp_path / "watch.db").exists()
+
+
+def test_a_token_file_is_read_again_when_the_token_runs_out(herald_bin, gateway, user, tmp_path):
+    """`--token-file`: the watch asks the file whenever it needs a token, so
+    renewing the file keeps it connected past the first token's exp."""
+    lifetime = 8
+    short_ends = time.time() + lifetime
+    token_file = tmp_path / "token"
+    token_file.write_text(mint_token(user, ttl=lifetime) + "\n")
+    watch = Watch(herald_bin, gateway, None, "terminal", tmp_path / "watch.db", token_file=token_file)
+    try:
+        watch.expect(lambda l: l == {"event": "connection", "state": "live", "transport": "websocket"}, "live")
+        token_file.write_text(gateway.token(user))
+        # Past the first token's exp: the watch refreshed (or reconnected) with the file's new token.
+        time.sleep(max(0.0, short_ends + 1 - time.time()))
+        n = gateway.publish(user, "after-exp", payload={"title": "still here"})["notification"]
+        got = watch.expect(lambda l: l.get("event") == "upserted", "the notification published after the exp")
+        assert got == {"event": "upserted", "notification": n}
+    finally:
+        watch.stop()
