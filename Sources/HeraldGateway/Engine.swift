@@ -269,14 +269,11 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
         maintenance.run(self, now: clock.now(), force: force)
     }
 
-    /// Takes up to `n` queued commands.
-    private func take(_ n: Int) -> [Command] {
-        cond.lock()
-        let take = min(queue.count, n)
-        let batch = Array(queue.prefix(take))
-        queue.removeFirst(take)
-        cond.unlock()
-        metrics.engineQueue.subtract(take, ordering: .relaxed)
+    /// Takes up to `n` queued commands; the caller holds `cond`.
+    private func dequeue(_ n: Int) -> [Command] {
+        let batch = Array(queue.prefix(n))
+        queue.removeFirst(batch.count)
+        metrics.engineQueue.subtract(batch.count, ordering: .relaxed)
         return batch
     }
 
@@ -294,12 +291,7 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
         cond.lock()
         defer { cond.unlock() }
         while !stopping && !syncer.isIdle {
-            if room > 0 && !queue.isEmpty {
-                let more = Array(queue.prefix(room))
-                queue.removeFirst(more.count)
-                metrics.engineQueue.subtract(more.count, ordering: .relaxed)
-                return more
-            }
+            if room > 0 && !queue.isEmpty { return dequeue(room) }
             if room == 0 && unsynced.count < Self.maxUnsynced { return nil }
             cond.wait()  // a command (enqueue) or a finished sync (wake)
         }
@@ -308,7 +300,7 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
 
     /// Takes up to `maxBatch` queued commands and runs them as one batch.
     @discardableResult private func runBatch() -> Bool {
-        var batch = take(Self.maxBatch)
+        var batch = cond.withLock { dequeue(Self.maxBatch) }
         if batch.isEmpty { return false }
         let t0 = DispatchTime.now().uptimeNanoseconds
         var attempt = 1

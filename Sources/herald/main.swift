@@ -258,7 +258,7 @@ func watch(_ args: ArraySlice<String>) throws(UsageError) -> Never {
         // Read again whenever the client asks (at start, before the token
         // expires, after a refusal): whoever renews the file renews the
         // watch, and the token never shows in the process list.
-        guard case .some = try? readTokenFile(path) else { throw UsageError("cannot read a token from --token-file \(path)") }
+        guard (try? readTokenFile(path)) != nil else { throw UsageError("cannot read a token from --token-file \(path)") }
         token = { try readTokenFile(path) }
     case (nil, nil): throw UsageError("watch needs --token or --token-file")
     case (.some, .some): throw UsageError("watch takes --token or --token-file, not both")
