@@ -83,7 +83,7 @@ public struct ChangeRecord: Sendable {
     public let encoded: [UInt8]
 
     public init(change: Change, before: Presence?, after: Presence?, at: Millis) {
-        self.init(change: change, before: before, after: after, at: at, encoded: change.json.encoded)
+        self.init(change: change, before: before, after: after, at: at, encoded: Self.encode(change))
     }
 
     /// For a change read back from storage with its wire bytes: `encoded`
@@ -94,6 +94,29 @@ public struct ChangeRecord: Sendable {
     }
 
     public var seq: Int64 { change.seq }
+
+    /// `change.json.encoded`, with an upsert's notification encoded straight
+    /// after the fixed prefix, so `notificationJSON` can find it again.
+    private static func encode(_ change: Change) -> [UInt8] {
+        guard case .upsert(let n) = change.op else { return change.json.encoded }
+        var bytes = upsertPrefix(change.seq)
+        n.json.encode(into: &bytes)
+        bytes.append(UInt8(ascii: "}"))
+        return bytes
+    }
+
+    private static func upsertPrefix(_ seq: Int64) -> [UInt8] {
+        Array(#"{"seq":\#(seq),"op":"upsert","notification":"#.utf8)
+    }
+
+    /// An upsert's notification as encoded inside `encoded` (nil for a
+    /// delete): the store's row and the answer to the write reuse these
+    /// bytes rather than encoding the notification again (a 64 KiB payload
+    /// cost ~0.1 ms per encoding).
+    public var notificationJSON: ArraySlice<UInt8>? {
+        guard case .upsert = change.op else { return nil }
+        return encoded[Self.upsertPrefix(seq).count ..< encoded.count - 1]
+    }
 
     /// The encoded change `viewer` receives: the change itself, a `hidden`
     /// delete when an upsert retargeted away a notification the viewer could

@@ -79,6 +79,37 @@ public enum ClientMessage: Sendable, Equatable {
     }
 }
 
+/// The answer to a write: the notification as the write left it (none
+/// for a delete) and the feed's seq after it. Built from the change's bytes
+/// when there is a change, so the notification is encoded once for the
+/// store, the devices and the writer.
+public struct WriteAnswer: Sendable {
+    public let notification: ArraySlice<UInt8>?
+    public let seq: Int64
+
+    public init(_ r: ChangeRecord) { notification = r.notificationJSON; seq = r.seq }
+    /// A write that changed nothing: `n` as it is, at the feed's `seq`.
+    public init(unchanged n: Notification, seq: Int64) { notification = n.json.encoded[...]; self.seq = seq }
+
+    /// `{"notification":…,"seq":N}` (SPEC sections 3 and 4).
+    public var httpBody: [UInt8] {
+        var out: [UInt8] = [UInt8(ascii: "{")]
+        appendFields(to: &out)
+        return out
+    }
+
+    /// `"notification":…,"seq":N}`: the fields, and the object's end.
+    func appendFields(to out: inout [UInt8]) {
+        out.reserveCapacity(out.count + (notification?.count ?? 0) + 40)
+        if let notification {
+            out.append(contentsOf: #""notification":"#.utf8)
+            out.append(contentsOf: notification)
+            out.append(UInt8(ascii: ","))
+        }
+        out.append(contentsOf: #""seq":\#(seq)}"#.utf8)
+    }
+}
+
 /// Frames from the gateway (SPEC section 5), built as bytes. Changes are
 /// spliced in already encoded, so a change is serialised once for all
 /// devices.
@@ -153,6 +184,15 @@ public enum ServerFrame {
         var o: JSONObject = ["type": "ack", "ref": ref.json]
         for (k, v) in extra.pairs { o[k] = v }
         return JSON.object(o).encoded
+    }
+
+    /// The `ack` of an `update` or `delete`.
+    public static func ack(ref: String?, _ w: WriteAnswer) -> [UInt8] {
+        var out = Array(#"{"type":"ack","ref":"#.utf8)
+        ref.json.encode(into: &out)
+        out.append(UInt8(ascii: ","))
+        w.appendFields(to: &out)
+        return out
     }
 
     public static func error(ref: String?, _ e: HeraldError) -> [UInt8] {

@@ -6,7 +6,7 @@ extension Engine {
     /// Creates or replaces the notification with the draft's
     /// appNotificationId (SPEC section 3).
     func upsertNotification(_ user: UserKey, _ draft: NotificationDraft, now: Millis) throws(StoreError)
-        -> Result<(Notification, seq: Int64, created: Bool), HeraldError>
+        -> Result<(WriteAnswer, created: Bool), HeraldError>
     {
         let existing = try store.notification(user, appNotificationId: draft.appNotificationId)
         let n: Notification
@@ -14,7 +14,7 @@ extension Engine {
         let r = try store.upsert(user, n, previous: existing, at: now)
         deliverAfterCommit(user, r)
         publishedInBatch += 1
-        return .success((n, r.seq, existing == nil))
+        return .success((WriteAnswer(r), existing == nil))
     }
 
     /// The users an app-wide send reaches: the listed ones, or every user
@@ -42,23 +42,23 @@ extension Engine {
     }
 
     func updateState(_ user: UserKey, id: String, _ u: StateUpdate, viewer: Viewer, now: Millis) throws(StoreError)
-        -> Result<(Notification, seq: Int64), HeraldError>
+        -> Result<WriteAnswer, HeraldError>
     {
         guard let n = try store.visibleNotification(user, id: id, viewer: viewer) else { return .failure(.notFound) }
         if let v = u.ifVersion, v != n.version {
             return .failure(HeraldError(.preconditionFailed, "version is \(n.version), not \(v)"))
         }
-        guard let m = u.applied(to: n, now: now) else { return .success((n, try store.feed(user).head)) }
+        guard let m = u.applied(to: n, now: now) else { return .success(WriteAnswer(unchanged: n, seq: try store.feed(user).head)) }
         let r = try store.upsert(user, m, previous: n, at: now)
         deliverAfterCommit(user, r)
-        return .success((m, r.seq))
+        return .success(WriteAnswer(r))
     }
 
-    func deleteNotification(_ user: UserKey, id: String, viewer: Viewer, now: Millis) throws(StoreError) -> Result<Int64, HeraldError> {
+    func deleteNotification(_ user: UserKey, id: String, viewer: Viewer, now: Millis) throws(StoreError) -> Result<WriteAnswer, HeraldError> {
         guard let n = try store.visibleNotification(user, id: id, viewer: viewer) else { return .failure(.notFound) }
         let r = try store.delete(user, n, reason: .deleted, at: now)
         deliverAfterCommit(user, r)
-        return .success(r.seq)
+        return .success(WriteAnswer(r))
     }
 
     func markAllRead(_ user: UserKey, viewer: Viewer, now: Millis) throws(StoreError) -> (updated: Int, seq: Int64) {

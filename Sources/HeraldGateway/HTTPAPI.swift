@@ -63,8 +63,8 @@ extension Gateway {
                 try f.finish()
                 try admitPublishes(user.app, 1)
                 x.write([user], [.appNotificationId(user, draft.appNotificationId)]) { e throws(StoreError) in
-                    try e.upsertNotification(user, draft, now: clock.now()).map { (n, seq, created) in
-                        .json(created ? 201 : 200, ["notification": n.json, "seq": .int(seq)])
+                    try e.upsertNotification(user, draft, now: clock.now()).map { (answer, created) in
+                        HTTPResponse(status: created ? 201 : 200, body: answer.httpBody)
                     }
                 }
             case .history(let owner):
@@ -91,7 +91,7 @@ extension Gateway {
                 x.write([user], [.id(user, id)]) { e throws(StoreError) in
                     let now = clock.now()
                     let v = try e.registerViewer(user, deviceId: device, now: now)
-                    return try e.updateState(user, id: id, u, viewer: v, now: now).map { .json(200, ["notification": $0.0.json, "seq": .int($0.seq)]) }
+                    return try e.updateState(user, id: id, u, viewer: v, now: now).map { HTTPResponse(status: 200, body: $0.httpBody) }
                 }
             case .deleteNotification(let owner, let id):
                 let (user, device) = try self.owner(owner, req)

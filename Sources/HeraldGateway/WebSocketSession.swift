@@ -169,11 +169,11 @@ public final class WebSocketSession {
             refresh(ref: ref, token: token)
         case .update(let ref, let id, let u):
             request(ref, user, id) { e throws(StoreError) in
-                try e.updateState(user, id: id, u, viewer: v, now: clock.now()).map { ["notification": $0.0.json, "seq": .int($0.seq)] }
+                try e.updateState(user, id: id, u, viewer: v, now: clock.now())
             }
         case .delete(let ref, let id):
             request(ref, user, id) { e throws(StoreError) in
-                try e.deleteNotification(user, id: id, viewer: v, now: clock.now()).map { ["seq": .int($0)] }
+                try e.deleteNotification(user, id: id, viewer: v, now: clock.now())
             }
         case .sync(let ref, let position):
             guard s.queuedSyncCount < Self.maxQueuedSyncs else {
@@ -183,12 +183,12 @@ public final class WebSocketSession {
         }
     }
 
-    /// Runs `body` (a write to notification `id` of `user`) on the engine and answers `ack` (with its fields) or `error`.
+    /// Runs `body` (a write to notification `id` of `user`) on the engine and answers `ack` or `error`.
     private func request(_ ref: String?, _ user: UserKey, _ id: String,
-                         _ body: @escaping @Sendable (Engine) throws(StoreError) -> Result<JSONObject, HeraldError>) {
+                         _ body: @escaping @Sendable (Engine) throws(StoreError) -> Result<WriteAnswer, HeraldError>) {
         gateway.engine.perform(on: shard, users: [user], lookups: [.id(user, id)], body) { [self] r in
             switch r.flatMap({ $0 }) {
-            case .success(let extra): send(ServerFrame.ack(ref: ref, extra: extra))
+            case .success(let answer): send(ServerFrame.ack(ref: ref, answer))
             case .failure(let err): send(ServerFrame.error(ref: ref, err))
             }
         }

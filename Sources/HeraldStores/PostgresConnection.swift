@@ -6,7 +6,7 @@ enum PostgresValue {
     case int(Int64)
     case text(String)
     /// UTF-8 text given as bytes (encoded JSON).
-    case utf8([UInt8])
+    case utf8(ArraySlice<UInt8>)
     case bool(Bool)
     case null
 }
@@ -359,11 +359,11 @@ final class PostgresConnection {
         var buffer: [CChar] = []
         var offsets: [Int?] = []
         for a in args {
-            let bytes: [UInt8]
+            let bytes: ArraySlice<UInt8>
             switch a {
             case .null: offsets.append(nil); continue
-            case .int(let v): bytes = Array(String(v).utf8)
-            case .text(let s): bytes = Array(s.utf8)
+            case .int(let v): bytes = Array(String(v).utf8)[...]
+            case .text(let s): bytes = Array(s.utf8)[...]
             case .utf8(let b): bytes = b
             case .bool(let b): bytes = b ? [UInt8(ascii: "t")] : [UInt8(ascii: "f")]
             }

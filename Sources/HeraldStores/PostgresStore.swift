@@ -362,7 +362,7 @@ public final class PostgresStore: NotificationStore {
             let c = StoredForm.columns(p.targeting)
             return [.bool(p.unread), c.platforms.map(PostgresValue.text) ?? .null, c.tags.map(PostgresValue.text) ?? .null]
         }
-        return key(user) + [.int(r.seq), .int(r.at), .utf8(r.encoded)] + presence(r.before) + presence(r.after)
+        return key(user) + [.int(r.seq), .int(r.at), .utf8(r.encoded[...])] + presence(r.before) + presence(r.after)
     }
 
     // The counts move by what was stored, not by the caller's `previous` or
@@ -396,7 +396,7 @@ public final class PostgresStore: NotificationStore {
                 """, Self.appendParameters(user, r)
                     + [.text(n.id), .text(n.appNotificationId), .int(n.createdAt), .int(n.expiresAt),
                        .text(n.readState.rawValue), .text(n.userActionState.rawValue), .int(n.version),
-                       .text(key.platforms), .text(key.tags), .utf8(n.json.encoded)])
+                       .text(key.platforms), .text(key.tags), .utf8(r.notificationJSON!)])
             remember(user, n)
             return r
         }
@@ -456,7 +456,7 @@ public final class PostgresStore: NotificationStore {
             ON CONFLICT (app, user_id, device_id) DO UPDATE SET
                 platform = excluded.platform, tags = excluded.tags, last_seen_at = excluded.last_seen_at,
                 view_generation = excluded.view_generation
-            """, Self.key(user) + [.text(device.deviceId), .text(device.platform.rawValue), .utf8(StoredForm.tags(device.tags)),
+            """, Self.key(user) + [.text(device.deviceId), .text(device.platform.rawValue), .utf8(StoredForm.tags(device.tags)[...]),
                                    .int(device.lastSeenAt), .int(device.viewGeneration)])
     }
 

@@ -7,7 +7,7 @@ enum SQLiteValue {
     case int(Int64)
     case text(String)
     /// UTF-8 text given as bytes (encoded JSON), stored with TEXT affinity.
-    case utf8([UInt8])
+    case utf8(ArraySlice<UInt8>)
     case null
 }
 

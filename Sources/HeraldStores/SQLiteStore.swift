@@ -493,7 +493,7 @@ public final class SQLiteStore: NotificationStore {
             INSERT INTO changes (app, user, seq, at, change, before_unread, before_platforms, before_tags,
                                  after_unread, after_platforms, after_tags)
             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-            """, [.text(user.app), .text(user.user), .int(r.seq), .int(r.at), .utf8(r.encoded)]
+            """, [.text(user.app), .text(user.user), .int(r.seq), .int(r.at), .utf8(r.encoded[...])]
                 + Self.presenceColumns(r.before) + Self.presenceColumns(r.after))
     }
 
@@ -573,6 +573,8 @@ public final class SQLiteStore: NotificationStore {
                 return false
             }
             let seq = try nextSeq(user, counting: CountDelta.replacing(old, by: Counted(n)))
+            let r = ChangeRecord(change: Change(seq: seq, op: .upsert(n)), before: previous.map(Presence.init),
+                                 after: Presence(n), at: at)
             try db.execute("""
                 INSERT INTO notifications (app, user, id, app_notification_id, created_at, expires_at,
                                            read_state, user_action_state, version, targeted, json)
@@ -585,9 +587,7 @@ public final class SQLiteStore: NotificationStore {
                 """, [.text(user.app), .text(user.user), .text(n.id), .text(n.appNotificationId),
                       .int(n.createdAt), .int(n.expiresAt), .text(n.readState.rawValue),
                       .text(n.userActionState.rawValue), .int(n.version),
-                      .int(n.targetPlatforms == nil && n.targetTags == nil ? 0 : 1), .utf8(n.json.encoded)])
-            let r = ChangeRecord(change: Change(seq: seq, op: .upsert(n)), before: previous.map(Presence.init),
-                                 after: Presence(n), at: at)
+                      .int(n.targetPlatforms == nil && n.targetTags == nil ? 0 : 1), .utf8(r.notificationJSON!)])
             try append(user, r)
             return r
         }
@@ -640,7 +640,7 @@ public final class SQLiteStore: NotificationStore {
                 platform = excluded.platform, tags = excluded.tags, last_seen_at = excluded.last_seen_at,
                 view_generation = excluded.view_generation
             """, [.text(user.app), .text(user.user), .text(device.deviceId), .text(device.platform.rawValue),
-                  .utf8(StoredForm.tags(device.tags)), .int(device.lastSeenAt),
+                  .utf8(StoredForm.tags(device.tags)[...]), .int(device.lastSeenAt),
                   .int(device.viewGeneration)])
     }
 

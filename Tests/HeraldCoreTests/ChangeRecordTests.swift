@@ -35,6 +35,32 @@ final class ChangeRecordTests: XCTestCase {
         let r = upsert(Note.sample(), before: nil)
         XCTAssertEqual(r.encoded, r.change.json.encoded)
         XCTAssertEqual(r.seq, 10)
+        let d = delete(Note.sample())
+        XCTAssertEqual(d.encoded, d.change.json.encoded)
+    }
+
+    /// The store's row and the writer's answer take the notification's bytes
+    /// from the change: they must be exactly its encoding, at any seq.
+    func testAnUpsertsNotificationBytesAreTheNotificationsEncoding() {
+        var n = Note.sample()
+        n.payload["body"] = .string(String(repeating: "ab\"c\\d\n", count: 8_000))
+        for seq: Int64 in [1, 9, 10, 12_345, .max] {
+            let r = upsert(n, before: nil, seq: seq)
+            XCTAssertEqual(r.encoded, r.change.json.encoded)
+            XCTAssertEqual(r.notificationJSON.map(Array.init), n.json.encoded)
+        }
+        XCTAssertNil(delete(n).notificationJSON)
+    }
+
+    func testAWritesAnswerCarriesTheNotificationAndTheSeq() throws {
+        let n = Note.sample()
+        let r = upsert(n, before: nil, seq: 77)
+        XCTAssertEqual(try JSONParser.parse(WriteAnswer(r).httpBody), ["notification": n.json, "seq": 77])
+        XCTAssertEqual(try JSONParser.parse(WriteAnswer(unchanged: n, seq: 78).httpBody), ["notification": n.json, "seq": 78])
+        XCTAssertEqual(String(decoding: ServerFrame.ack(ref: "c1", WriteAnswer(delete(n, seq: 79))), as: UTF8.self),
+                       #"{"type":"ack","ref":"c1","seq":79}"#)
+        XCTAssertEqual(try JSONParser.parse(ServerFrame.ack(ref: nil, WriteAnswer(r))),
+                       ["type": "ack", "ref": nil, "notification": n.json, "seq": 77])
     }
 
     // MARK: bytes(for:)

@@ -245,6 +245,32 @@ final class JSONTests: XCTestCase {
         }
     }
 
+    /// The scans skip eight ASCII bytes at a time: what they look for must
+    /// be found at every place relative to those steps.
+    func testScansFindWhatTheyLookForAtEveryOffset() {
+        let a = UInt8(ascii: "a")
+        for before in 0...17 {
+            let head = [UInt8](repeating: a, count: before), tail = [UInt8](repeating: a, count: 17 - before)
+            for seq: [UInt8] in [[0x80], [0xC3], [0xE4, 0xB8], [0xED, 0xA0, 0x80], [0xFF]] {
+                XCTAssertFalse(UTF8Validation.isValid(head + seq + tail), "\(seq) after \(before)")
+                XCTAssertEqual(jsonError([0x22] + head + seq + tail + [0x22])?.invalidUTF8, true, "\(seq) after \(before)")
+            }
+            for seq: [UInt8] in [[0xC3, 0xA9], [0xE4, 0xB8, 0xAD], [0xF0, 0x9F, 0x98, 0x80]] {
+                XCTAssertTrue(UTF8Validation.isValid(head + seq + tail), "\(seq) after \(before)")
+                XCTAssertEqual(try JSONParser.parse([0x22] + head + seq + tail + [0x22]).stringValue.map { Array($0.utf8) },
+                               head + seq + tail)
+            }
+            // In a string: a raw control character is refused, escapes are decoded.
+            for c: UInt8 in [0x00, 0x0A, 0x1F] {
+                XCTAssertNotNil(jsonError([0x22] + head + [c] + tail + [0x22]), "control \(c) after \(before)")
+            }
+            let escaped = [0x22] + head + Array(#"\"\\\n"#.utf8) + tail + [0x22]
+            XCTAssertEqual(try JSONParser.parse(escaped).stringValue.map { Array($0.utf8) }, head + Array("\"\\\n".utf8) + tail)
+            XCTAssertEqual(try JSONParser.parse([0x22] + head + [0x22]).stringValue.map { Array($0.utf8) }, head,
+                           "the closing quote after \(before)")
+        }
+    }
+
     func testValidUTF8Boundaries() {
         let good: [[UInt8]] = [
             [0x7F], [0xC2, 0x80], [0xDF, 0xBF], [0xE0, 0xA0, 0x80], [0xED, 0x9F, 0xBF], [0xEE, 0x80, 0x80],
@@ -274,6 +300,65 @@ final class JSONTests: XCTestCase {
         let enc = JSON.string(all).encoded
         XCTAssertFalse(enc.dropFirst().dropLast().contains { $0 < 0x20 })
         XCTAssertEqual(try JSONParser.parse(enc), .string(all))
+    }
+
+    /// The word-at-a-time scan against a byte-at-a-time reference: each
+    /// kind of byte at every place relative to the eight-byte steps.
+    func testEncoderEscapesEveryByteWhereverItSits() {
+        func reference(_ bytes: [UInt8]) -> [UInt8] {
+            var out: [UInt8] = [0x22]
+            for c in bytes {
+                switch c {
+                case 0x22: out += [0x5C, 0x22]
+                case 0x5C: out += [0x5C, 0x5C]
+                case 0x0A: out += Array(#"\n"#.utf8)
+                case 0x0D: out += Array(#"\r"#.utf8)
+                case 0x09: out += Array(#"\t"#.utf8)
+                case ..<0x20: out += Array(String(format: "\\u%04x", c).utf8)
+                default: out.append(c)
+                }
+            }
+            return out + [0x22]
+        }
+        let specials: [UInt8] = [0x00, 0x01, 0x09, 0x0A, 0x0D, 0x1F, 0x20, 0x21, 0x22, 0x23, 0x5B, 0x5C, 0x5D, 0x7F]
+        for length in [0, 1, 7, 8, 9, 15, 16, 17, 31] {
+            for at in 0..<max(length, 1) {
+                for c in specials where length > 0 {
+                    var bytes = [UInt8](repeating: UInt8(ascii: "a"), count: length)
+                    bytes[at] = c
+                    XCTAssertEqual(JSON.string(String(decoding: bytes, as: UTF8.self)).encoded, reference(bytes),
+                                   "byte \(c) at \(at) of \(length)")
+                }
+            }
+        }
+        // Multi-byte UTF-8 around escapes, and random mixes.
+        var rng = SystemRandomNumberGenerator()
+        let pieces = ["é", "中", "😀", "\"", "\\", "\n", "\u{1}", "abc", "\u{7F}", " "]
+        for _ in 0..<500 {
+            let s = (0..<Int.random(in: 0..<40, using: &rng)).map { _ in pieces.randomElement(using: &rng)! }.joined()
+            XCTAssertEqual(JSON.string(s).encoded, reference(Array(s.utf8)), s)
+        }
+    }
+
+    func testEightByteScanFindsEachByteThatNeedsAnEscape() {
+        for c in 0...255 {
+            let escaped = c < 0x20 || c == 0x22 || c == 0x5C
+            for at in 0..<8 {
+                var bytes = [UInt8](repeating: UInt8(ascii: "a"), count: 8)
+                bytes[at] = UInt8(c)
+                let word = bytes.withUnsafeBytes { $0.loadUnaligned(as: UInt64.self) }
+                XCTAssertEqual(JSON.anyNeedsEscape(word), escaped, "byte \(c) at \(at)")
+            }
+        }
+        // Neighbours that could borrow into each other: high bytes beside low ones.
+        for a in [0x00, 0x1F, 0x20, 0x21, 0x22, 0x5C, 0x80, 0xA2, 0xDC, 0xFF] {
+            for b in [0x00, 0x1F, 0x20, 0x21, 0x22, 0x5C, 0x80, 0xA2, 0xDC, 0xFF] {
+                let bytes: [UInt8] = [0x61, UInt8(a), UInt8(b), 0x61, 0xFF, 0x80, 0x61, 0x61]
+                let word = bytes.withUnsafeBytes { $0.loadUnaligned(as: UInt64.self) }
+                let escaped = bytes.contains { $0 < 0x20 || $0 == 0x22 || $0 == 0x5C }
+                XCTAssertEqual(JSON.anyNeedsEscape(word), escaped, "\(bytes)")
+            }
+        }
     }
 
     func testEncoderEscapesKeys() {

@@ -251,7 +251,7 @@ final class SQLiteStoreTests: XCTestCase {
                     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
                     """, [.text(u.app), .text(u.user), .text(n.id), .text(n.appNotificationId), .int(n.createdAt),
                           .int(n.expiresAt), .text(n.readState.rawValue), .text(n.userActionState.rawValue), .int(n.version),
-                          .int(n.targetPlatforms == nil && n.targetTags == nil ? 0 : 1), .utf8(n.json.encoded)])
+                          .int(n.targetPlatforms == nil && n.targetTags == nil ? 0 : 1), .utf8(n.json.encoded[...])])
             }
             XCTAssertEqual(try raw.int("PRAGMA user_version"), 2)
             XCTAssertNil(try raw.int("SELECT count(*) FROM sqlite_master WHERE name = 'counts'").flatMap { $0 == 0 ? nil : $0 })
