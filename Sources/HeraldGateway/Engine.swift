@@ -34,6 +34,9 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
         /// Bookkeeping that needs no store: runs in order after the batch,
         /// also when the batch failed.
         var control: (@Sendable (Engine) -> Void)? = nil
+        /// Bookkeeping that runs once, as soon as the engine takes the
+        /// command, ahead of its batch (`release`).
+        var early: (@Sendable (Engine) -> Void)? = nil
     }
 
     enum Effect {
@@ -154,11 +157,20 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
         enqueue(command, evenWhenStopping: false)
     }
 
-    /// Queues engine-thread bookkeeping (follower and presence counts): it
-    /// runs after the batch it lands in, committed or not, and also while
-    /// the gateway stops.
+    /// Queues engine-thread bookkeeping (a device seen, changes from the
+    /// bus): it runs after the batch it lands in, in order with that batch's
+    /// effects, committed or not, and also while the gateway stops.
     func control(_ f: @escaping @Sendable (Engine) -> Void) {
         enqueue(Command(run: { e in e.afterCommit { f(e) } }, failed: { _ in }, control: f), evenWhenStopping: true)
+    }
+
+    /// Queues the bookkeeping of a connection that went away. It takes
+    /// effect as soon as the engine takes it, before the batch it lands in
+    /// runs: a device that reconnects at once is counted against its
+    /// user's connection limit without the old connection, even when the
+    /// old one's batch still waits for its sync.
+    func release(_ f: @escaping @Sendable (Engine) -> Void) {
+        enqueue(Command(run: { _ in }, failed: { _ in }, early: f), evenWhenStopping: true)
     }
 
     private func enqueue(_ c: Command, evenWhenStopping: Bool) {
@@ -269,12 +281,20 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
         maintenance.run(self, now: clock.now(), force: force)
     }
 
-    /// Takes up to `n` queued commands; the caller holds `cond`.
+    /// Takes up to `n` queued commands; the caller holds `cond`. Their
+    /// early bookkeeping runs once the lock is left (`taken`).
     private func dequeue(_ n: Int) -> [Command] {
         let batch = Array(queue.prefix(n))
         queue.removeFirst(batch.count)
         metrics.engineQueue.subtract(batch.count, ordering: .relaxed)
         return batch
+    }
+
+    /// Runs the early bookkeeping of commands just taken: once, whatever
+    /// becomes of their batch.
+    private func taken(_ commands: [Command]) -> [Command] {
+        for c in commands { c.early?(self) }
+        return commands
     }
 
     /// Unsynced batches past which the engine waits for the disk before
@@ -300,7 +320,7 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
 
     /// Takes up to `maxBatch` queued commands and runs them as one batch.
     @discardableResult private func runBatch() -> Bool {
-        var batch = cond.withLock { dequeue(Self.maxBatch) }
+        var batch = taken(cond.withLock { dequeue(Self.maxBatch) })
         if batch.isEmpty { return false }
         let t0 = DispatchTime.now().uptimeNanoseconds
         var attempt = 1
@@ -315,7 +335,8 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
                 for c in batch { try c.run(self) }
                 // Only stores that sync apart join (SQLite: one writer, and
                 // its claim takes no locks).
-                while let more = joinWhileSyncing(room: Self.maxBatch - batch.count) {
+                while let joined = joinWhileSyncing(room: Self.maxBatch - batch.count) {
+                    let more = taken(joined)
                     try store.claim(more.flatMap(\.users), lookups: more.flatMap(\.lookups))
                     batch += more
                     for c in more { try c.run(self) }

@@ -347,7 +347,7 @@ final class Subscription {
         following = false
         shard.remove(self)
         let user = self.user, device = deviceId, index = shard.index, transport = request.transport
-        gateway.engine.control { e in
+        gateway.engine.release { e in
             e.registry.unfollow(user, shard: index)
             e.registry.closed(user, device: device, transport, now: e.clock.now())
         }

@@ -225,6 +225,28 @@ final class GatewayBehaviourTests: XCTestCase {
         XCTAssertTrue(sse2.streamStarted)
     }
 
+    /// A device that reconnects at once, before the engine ran anything of
+    /// its old connection's close, fits under the limit: the close counts
+    /// first, though both land in one batch and the close's batch may still
+    /// wait for its sync.
+    func testAReconnectRightAfterACloseFitsUnderTheLimit() {
+        var limits = GatewayLimits()
+        limits.maxConnectionsPerUser = 1
+        let h = Harness(limits: limits)
+        let old = h.webSocket(); h.hello(old, user: "u", device: "a")
+        h.settle(); old.read()
+        XCTAssertEqual(old.types, ["reset", "welcome"])
+        old.session.transportClosed()
+        let new = h.webSocket(); h.hello(new, user: "u", device: "a")
+        h.settle(); new.read()
+        XCTAssertNil(new.session.closeRequest, "refused: \(new.frames)")
+        XCTAssertEqual(new.types, ["reset", "welcome"])
+        // The limit still holds for a second connection beside it.
+        let third = h.webSocket(); h.hello(third, user: "u", device: "b")
+        h.settle(); third.read()
+        XCTAssertEqual(third.session.closeRequest?.code, .policy)
+    }
+
     /// An event stream pages its catch-up as the client reads, and a client
     /// that goes away releases its follow and its listing.
     func testEventStreamPagesAndReleases() {
