@@ -12,6 +12,7 @@
 #   LARGE_USERS [6000]   LARGE_RATE [5000]    (the large fan-out, x FANOUT_DEVICES)
 #   RECONNECT_USERS [3334] (x FANOUT_DEVICES devices in the reconnect storm)
 #   DURABLE_RAMP [ramp:2000:2000:30000]       (SQLite publishes, Herald only)
+#   DURABLE_PAYLOAD_BYTES [0]  (a string of that many characters in each durable publish's payload)
 #   SETTLE_SECONDS [10]  pause before each scenario on a running server
 #   HERALD_BIN [.build/release/herald, built with `swift build -c release`]
 #   SKIP_HERALD_BUILD=1  use an existing binary, do not run swift build
@@ -43,6 +44,11 @@ LARGE_RATE=${LARGE_RATE:-5000}
 RECONNECT_USERS=${RECONNECT_USERS:-3334}
 # from 2,000/s: a run that misses 4,000/s still shows what it held
 DURABLE_RAMP=${DURABLE_RAMP:-ramp:2000:2000:30000}
+DURABLE_PAYLOAD_BYTES=${DURABLE_PAYLOAD_BYTES:-0}
+DURABLE_ARGS=()
+if [ "$DURABLE_PAYLOAD_BYTES" -gt 0 ]; then
+    DURABLE_ARGS=(--pub-body "{\"appNotificationId\":\"m{n}\",\"payload\":{\"t\":{ts},\"n\":{n},\"body\":\"$(head -c "$DURABLE_PAYLOAD_BYTES" /dev/zero | tr '\0' x)\"}}")
+fi
 SETTLE_SECONDS=${SETTLE_SECONDS:-10}
 MAX_P99_MS=${MAX_P99_MS:-100}
 NCHAN_PORT=${NCHAN_PORT:-18090}
@@ -359,7 +365,7 @@ if prepare_herald; then
         stop_herald
     fi
     if [ "$HAVE_HERALD" = 1 ] && [ "$HERALD_EXTRA" = 1 ] && start_herald herald sqlite; then
-        scenario_saturation herald "$HERALD_PID" durable 1 "$DURABLE_RAMP" 512 "${HERALD_ARGS[@]}"
+        scenario_saturation herald "$HERALD_PID" durable 1 "$DURABLE_RAMP" 512 "${HERALD_ARGS[@]}" ${DURABLE_ARGS[@]+"${DURABLE_ARGS[@]}"}
         stop_herald
     fi
     [ "$HERALD_TLS" = 0 ] || run_tls_comparison || true
@@ -439,8 +445,9 @@ main_table() {
         [ -f "$C" ] && printf '| reconnect: missed notifications received / missing / duplicates | %s / %s / %s |\n' \
             "$(res "$C" mode=reconnect received)" "$(res "$C" mode=reconnect missing)" "$(res "$C" mode=reconnect dup)"
         U=$OUT/herald-durable.log
-        [ -f "$U" ] && printf '| durable publishes, SQLite (%s, 512 publisher connections, 1 device per user): max acknowledged publishes/s with p99 ≤ %s ms | %s |\n' \
-            "$DURABLE_RAMP" "$MAX_P99_MS" "$(res "$U" mode=saturation at_rate)"
+        [ -f "$U" ] && printf '| durable publishes, SQLite (%s, 512 publisher connections, 1 device per user%s): max acknowledged publishes/s with p99 ≤ %s ms | %s |\n' \
+            "$DURABLE_RAMP" "$([ "$DURABLE_PAYLOAD_BYTES" -gt 0 ] && echo ", payloads of $DURABLE_PAYLOAD_BYTES characters")" \
+            "$MAX_P99_MS" "$(res "$U" mode=saturation at_rate)"
     fi
     echo
     echo "Saturation steps (deliveries/s, p99 ms) — Nchan:"
