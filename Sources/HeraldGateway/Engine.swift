@@ -29,6 +29,10 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
         /// and the notifications it will look up, read ahead then.
         var users: [UserKey] = []
         var lookups: [NotificationLookup] = []
+        /// Its users are known only once it runs (an app-wide send by tags),
+        /// so it claims them itself: it runs in a batch of its own, where
+        /// that claim is the only one (see `takeBatch`).
+        var alone = false
         let run: @Sendable (Engine) throws -> Void
         let failed: @Sendable (HeraldError) -> Void
         /// Bookkeeping that needs no store: runs in order after the batch,
@@ -144,13 +148,14 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
     /// loop once the batch committed: with `body`'s result, or with
     /// `unavailable` when the batch was rolled back (nothing of it happened).
     /// Effects `body` queued (deliveries, `afterCommit`) reach the shard
-    /// before the reply. `users` are those `body` will write (all that are
-    /// known before it runs), `lookups` the notifications it will read.
-    func perform<T: Sendable>(on shard: Shard, users: [UserKey], lookups: [NotificationLookup] = [],
+    /// before the reply. `users` are those `body` will write, nil when they
+    /// are known only once it runs (it then claims them itself), `lookups`
+    /// the notifications it will read.
+    func perform<T: Sendable>(on shard: Shard, users: [UserKey]?, lookups: [NotificationLookup] = [],
                               _ body: @escaping @Sendable (Engine) throws(StoreError) -> T,
                               reply: @escaping (Result<T, HeraldError>) -> Void) {
         let reply = LoopBound(reply, owner: shard.thread)
-        let command = Command(users: users, lookups: lookups, run: { e in
+        let command = Command(users: users ?? [], lookups: lookups, alone: users == nil, run: { e in
             let value = try body(e)
             e.afterCommit { shard.post { reply.value(.success(value)) } }
         }, failed: { err in shard.post { reply.value(.failure(err)) } })
@@ -290,6 +295,17 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
         return batch
     }
 
+    /// The next batch: up to `maxBatch` queued commands, but a command that
+    /// claims its users itself (`alone`) only with none before it and none
+    /// after. Every batch then takes its locks in one claim, in the store's
+    /// one order, so batches on two nodes never deadlock (PostgreSQL);
+    /// claiming some users and later others could.
+    private func takeBatch() -> [Command] {
+        cond.withLock {
+            dequeue(queue.prefix(Self.maxBatch).firstIndex(where: \.alone).map { max($0, 1) } ?? Self.maxBatch)
+        }
+    }
+
     /// Runs the early bookkeeping of commands just taken: once, whatever
     /// becomes of their batch.
     private func taken(_ commands: [Command]) -> [Command] {
@@ -320,7 +336,7 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
 
     /// Takes up to `maxBatch` queued commands and runs them as one batch.
     @discardableResult private func runBatch() -> Bool {
-        var batch = taken(cond.withLock { dequeue(Self.maxBatch) })
+        var batch = taken(takeBatch())
         if batch.isEmpty { return false }
         let t0 = DispatchTime.now().uptimeNanoseconds
         var attempt = 1
@@ -334,7 +350,7 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
                 try store.claim(batch.flatMap(\.users), lookups: batch.flatMap(\.lookups))
                 for c in batch { try c.run(self) }
                 // Only stores that sync apart join (SQLite: one writer, and
-                // its claim takes no locks).
+                // its claim takes no locks, so `alone` is moot there).
                 while let joined = joinWhileSyncing(room: Self.maxBatch - batch.count) {
                     let more = taken(joined)
                     try store.claim(more.flatMap(\.users), lookups: more.flatMap(\.lookups))

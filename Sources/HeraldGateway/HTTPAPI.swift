@@ -50,10 +50,11 @@ extension Gateway {
             case .bulkSend(let appId):
                 let app = try serverAuth(req, appId)
                 let send = try BulkSend(bytes: req.body)
-                var named: [UserKey] = []
+                // By tags, the users are known only once the send runs.
+                var named: [UserKey]? = nil
                 if case .users(let ids) = send.audience { named = ids.map { UserKey(app: app.id, user: $0) } }
-                try admitPublishes(app.id, max(named.count, 1))
-                x.write(named, named.map { .appNotificationId($0, send.draft.appNotificationId) }) { e throws(StoreError) in
+                try admitPublishes(app.id, max(named?.count ?? 0, 1))
+                x.write(named, (named ?? []).map { .appNotificationId($0, send.draft.appNotificationId) }) { e throws(StoreError) in
                     try e.bulkSend(app: app.id, send, now: clock.now()).map { .json(202, ["users": .int($0)]) }
                 }
             case .publish(let appId, let userId):
@@ -151,7 +152,7 @@ extension Gateway {
 
         /// `users`: those `body` writes, as far as known before it runs;
         /// `lookups`: the notifications it reads.
-        func write(_ users: [UserKey], _ lookups: [NotificationLookup] = [],
+        func write(_ users: [UserKey]?, _ lookups: [NotificationLookup] = [],
                    _ body: @escaping @Sendable (Engine) throws(StoreError) -> Result<HTTPResponse, HeraldError>) {
             gateway.engine.perform(on: shard, users: users, lookups: lookups, body) { [responder] r in responder.respond(Self.response(r.flatMap { $0 })) }
         }

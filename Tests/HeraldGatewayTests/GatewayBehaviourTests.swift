@@ -247,6 +247,29 @@ final class GatewayBehaviourTests: XCTestCase {
         XCTAssertEqual(third.session.closeRequest?.code, .policy)
     }
 
+    /// A send by tags learns its users only as it runs and claims them then,
+    /// so it runs in a batch of its own: every batch takes its locks in one
+    /// claim (docs/ARCHITECTURE.md, PostgreSQL). Commands around it batch
+    /// as before.
+    func testASendByTagsRunsInABatchOfItsOwn() {
+        let store = FailingStore()
+        let h = Harness(store: store)
+        let device = h.request("PUT", me + "/devices/d", token: h.token("u2"), body: ["tags": ["vip"]])
+        h.settle()
+        XCTAssertEqual(device.response?.status, 200)
+        let before = store.commits.load(ordering: .relaxed)
+        let first = h.publish("u1", "a")
+        let send = h.request("POST", "/v1/apps/\(Harness.app.id)/notifications",
+                             body: ["tagExpression": "vip", "appNotificationId": "t", "payload": [:]])
+        let after = [h.publish("u3", "b"), h.publish("u4", "c")]
+        h.runEngine()
+        XCTAssertEqual(store.commits.load(ordering: .relaxed) - before, 3, "the publish, the send, the two publishes after it")
+        h.settle()
+        XCTAssertEqual(([first] + after).map { $0.response?.status }, [201, 201, 201])
+        XCTAssertEqual(send.response?.status, 202)
+        XCTAssertEqual(send.json?.int("users"), 1)
+    }
+
     /// An event stream pages its catch-up as the client reads, and a client
     /// that goes away releases its follow and its listing.
     func testEventStreamPagesAndReleases() {

@@ -136,6 +136,56 @@ def test_a_deadlock_with_another_transaction_is_run_again_not_answered_503(heral
         assert gw.terminate(10) == 0, gw.stderr_tail()
 
 
+def test_a_send_by_tags_runs_in_a_batch_of_its_own_so_it_never_deadlocks(herald_bin, tmp_path, store_url):
+    """An app-wide send by tags learns its users only as it runs, and claims
+    them then. Queued behind a publish to zed it used to share that
+    publish's batch: holding zed, it waited for alice, and another node's
+    batch (the psql session, locking in the shared order) holding alice and
+    then taking zed deadlocked with it (a conflict retry and a 1 s stall).
+    In a batch of its own it waits for alice holding nothing."""
+    gw = Gateway(herald_bin, tmp_path / "a", CONFIG, store=store_url).start()
+    alice, zed, hold, tag = uid("alice"), uid("zed"), uid("hold"), uid("vip")
+    other = PsqlSession(store_url)
+    answers: dict[str, object] = {}
+
+    def start(name: str, call) -> threading.Thread:
+        t = threading.Thread(target=lambda: answers.update({name: call()}))
+        t.start()
+        return t
+
+    try:
+        for u in (alice, zed, hold):
+            gw.publish(u, "first")
+        assert gw.me("PUT", "/devices/phone", gw.token(alice), json={"tags": [tag]}).status_code == 200
+        other.run(f"SET deadlock_timeout = '60s'; BEGIN; SELECT 1 FROM feeds WHERE user_id = '{alice}' FOR UPDATE; "
+                  f"SAVEPOINT s; SELECT 1 FROM feeds WHERE user_id = '{hold}' FOR UPDATE;")
+        # Holds the engine in a batch (waiting for `hold`) while the publish
+        # to zed and then the send by tags queue behind it.
+        held = start(hold, lambda: gw.publish_raw(hold, {"appNotificationId": "x", "payload": {}}))
+        wait_until(gateway_waiting, "the gateway's batch waiting for hold")
+        threads = [start(zed, lambda: gw.publish_raw(zed, {"appNotificationId": "x", "payload": {}}))]
+        wait_until(lambda: gw.metric("herald_engine_queue") == 1, "zed's publish queued")
+        threads.append(start("tags", lambda: gw.server("POST", "/notifications", json={
+            "tagExpression": tag, "appNotificationId": "by-tag", "payload": {}})))
+        wait_until(lambda: gw.metric("herald_engine_queue") == 2, "the send by tags queued behind it")
+        other.run("ROLLBACK TO SAVEPOINT s;")  # hold released, alice still held
+        held.join(30)
+        assert answers[hold].status_code == 201, answers[hold].text
+        wait_until(gateway_waiting, "the send by tags waiting for alice")
+        # The other node's next lock. Were the gateway holding zed, this
+        # would be a deadlock that the gateway's session finds and loses.
+        other.run(f"SELECT 1 FROM feeds WHERE user_id = '{zed}' FOR UPDATE; COMMIT;")
+        for t in threads:
+            t.join(30)
+        assert answers[zed].status_code == 201, answers[zed].text
+        assert answers["tags"].status_code == 202 and answers["tags"].json() == {"users": 1}, answers["tags"].text
+        assert "by-tag" in {n["appNotificationId"] for n in gw.list_all(alice)}
+        assert gw.metric("herald_store_conflict_retries_total") == 0
+    finally:
+        other.close()
+        assert gw.terminate(10) == 0, gw.stderr_tail()
+
+
 def test_a_batch_locks_its_users_in_one_order_so_it_never_deadlocks_with_one_that_keeps_it(herald_bin, tmp_path, store_url):
     """Another node's batch for the same users, played by a psql session
     that locks in (app, user) order: it holds alice and then takes bob. The
