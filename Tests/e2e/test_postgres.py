@@ -12,6 +12,7 @@ import queue
 import subprocess
 import threading
 import uuid
+from typing import Callable
 
 import pytest
 
@@ -136,47 +137,58 @@ def test_a_deadlock_with_another_transaction_is_run_again_not_answered_503(heral
         assert gw.terminate(10) == 0, gw.stderr_tail()
 
 
-def test_a_send_by_tags_runs_in_a_batch_of_its_own_so_it_never_deadlocks(herald_bin, tmp_path, store_url):
-    """An app-wide send by tags learns its users only as it runs, and claims
-    them then. Queued behind a publish to zed it used to share that
-    publish's batch: holding zed, it waited for alice, and another node's
-    batch (the psql session, locking in the shared order) holding alice and
-    then taking zed deadlocked with it (a conflict retry and a 1 s stall).
-    In a batch of its own it waits for alice holding nothing."""
-    gw = Gateway(herald_bin, tmp_path / "a", CONFIG, store=store_url).start()
-    alice, zed, hold, tag = uid("alice"), uid("zed"), uid("hold"), uid("vip")
-    other = PsqlSession(store_url)
+def run_behind_a_held_batch(gw: Gateway, other: PsqlSession, first: str, hold: str,
+                            queued: list[tuple[str, Callable[[], object]]], then: str) -> dict[str, object]:
+    """The lock-order tests' choreography, with `other` as another node's
+    batch that locks in the shared order: it holds `first`, and holds the
+    engine in a batch of its own (a publish to `hold`) while `queued` (name,
+    call) queue behind it, in that order. Then it lets `hold` go, waits until
+    the gateway waits for a lock again (`first`), takes `then` and commits.
+    Were the gateway holding `then`, that would be a deadlock, which the
+    gateway's session finds after its 1 s and loses. The answers, by name."""
     answers: dict[str, object] = {}
 
-    def start(name: str, call) -> threading.Thread:
+    def start(name: str, call: Callable[[], object]) -> threading.Thread:
         t = threading.Thread(target=lambda: answers.update({name: call()}))
         t.start()
         return t
 
+    other.run(f"SET deadlock_timeout = '60s'; BEGIN; SELECT 1 FROM feeds WHERE user_id = '{first}' FOR UPDATE; "
+              f"SAVEPOINT s; SELECT 1 FROM feeds WHERE user_id = '{hold}' FOR UPDATE;")
+    held = start(hold, lambda: gw.publish_raw(hold, {"appNotificationId": "x", "payload": {}}))
+    wait_until(gateway_waiting, f"the gateway's batch waiting for {hold}")
+    threads = []
+    for name, call in queued:
+        threads.append(start(name, call))
+        wait_until(lambda: gw.metric("herald_engine_queue") == len(threads), f"{name} queued")
+    other.run("ROLLBACK TO SAVEPOINT s;")
+    held.join(30)
+    assert answers[hold].status_code == 201, answers[hold].text
+    wait_until(gateway_waiting, f"the next batch waiting for {first}")
+    other.run(f"SELECT 1 FROM feeds WHERE user_id = '{then}' FOR UPDATE; COMMIT;")
+    for t in threads:
+        t.join(30)
+    return answers
+
+
+def test_a_send_by_tags_runs_in_a_batch_of_its_own_so_it_never_deadlocks(herald_bin, tmp_path, store_url):
+    """An app-wide send by tags learns its users only as it runs, and claims
+    them then. Queued behind a publish to zed it used to share that
+    publish's batch: holding zed, it waited for alice, and another node's
+    batch holding alice and then taking zed deadlocked with it (a conflict
+    retry and a 1 s stall). In a batch of its own it waits for alice holding
+    nothing."""
+    gw = Gateway(herald_bin, tmp_path / "a", CONFIG, store=store_url).start()
+    alice, zed, hold, tag = uid("alice"), uid("zed"), uid("hold"), uid("vip")
+    other = PsqlSession(store_url)
     try:
         for u in (alice, zed, hold):
             gw.publish(u, "first")
         assert gw.me("PUT", "/devices/phone", gw.token(alice), json={"tags": [tag]}).status_code == 200
-        other.run(f"SET deadlock_timeout = '60s'; BEGIN; SELECT 1 FROM feeds WHERE user_id = '{alice}' FOR UPDATE; "
-                  f"SAVEPOINT s; SELECT 1 FROM feeds WHERE user_id = '{hold}' FOR UPDATE;")
-        # Holds the engine in a batch (waiting for `hold`) while the publish
-        # to zed and then the send by tags queue behind it.
-        held = start(hold, lambda: gw.publish_raw(hold, {"appNotificationId": "x", "payload": {}}))
-        wait_until(gateway_waiting, "the gateway's batch waiting for hold")
-        threads = [start(zed, lambda: gw.publish_raw(zed, {"appNotificationId": "x", "payload": {}}))]
-        wait_until(lambda: gw.metric("herald_engine_queue") == 1, "zed's publish queued")
-        threads.append(start("tags", lambda: gw.server("POST", "/notifications", json={
-            "tagExpression": tag, "appNotificationId": "by-tag", "payload": {}})))
-        wait_until(lambda: gw.metric("herald_engine_queue") == 2, "the send by tags queued behind it")
-        other.run("ROLLBACK TO SAVEPOINT s;")  # hold released, alice still held
-        held.join(30)
-        assert answers[hold].status_code == 201, answers[hold].text
-        wait_until(gateway_waiting, "the send by tags waiting for alice")
-        # The other node's next lock. Were the gateway holding zed, this
-        # would be a deadlock that the gateway's session finds and loses.
-        other.run(f"SELECT 1 FROM feeds WHERE user_id = '{zed}' FOR UPDATE; COMMIT;")
-        for t in threads:
-            t.join(30)
+        answers = run_behind_a_held_batch(gw, other, first=alice, hold=hold, then=zed, queued=[
+            (zed, lambda: gw.publish_raw(zed, {"appNotificationId": "x", "payload": {}})),
+            ("tags", lambda: gw.server("POST", "/notifications", json={
+                "tagExpression": tag, "appNotificationId": "by-tag", "payload": {}}))])
         assert answers[zed].status_code == 201, answers[zed].text
         assert answers["tags"].status_code == 202 and answers["tags"].json() == {"users": 1}, answers["tags"].text
         assert "by-tag" in {n["appNotificationId"] for n in gw.list_all(alice)}
@@ -196,37 +208,11 @@ def test_a_batch_locks_its_users_in_one_order_so_it_never_deadlocks_with_one_tha
     gw = Gateway(herald_bin, tmp_path / "a", CONFIG, store=store_url).start()
     alice, bob, zed = uid("alice"), uid("bob"), uid("zed")
     other = PsqlSession(store_url)
-    answers: dict[str, object] = {}
-
-    def publish(user: str) -> threading.Thread:
-        t = threading.Thread(target=lambda: answers.update({user: gw.publish_raw(user, {
-            "appNotificationId": "x", "payload": {}})}))
-        t.start()
-        return t
-
     try:
         for u in (alice, bob, zed):
             gw.publish(u, "first")
-        other.run(f"SET deadlock_timeout = '60s'; BEGIN; SELECT 1 FROM feeds WHERE user_id = '{alice}' FOR UPDATE; "
-                  f"SAVEPOINT s; SELECT 1 FROM feeds WHERE user_id = '{zed}' FOR UPDATE;")
-        # Holds the engine in a batch of its own (waiting for zed) while the
-        # next batch queues: bob, then alice.
-        waiting_for_zed = publish(zed)
-        wait_until(gateway_waiting, "the gateway's batch waiting for zed")
-        threads = [publish(bob)]
-        wait_until(lambda: gw.metric("herald_engine_queue") == 1, "bob's publish queued")
-        threads.append(publish(alice))
-        wait_until(lambda: gw.metric("herald_engine_queue") == 2, "alice's publish queued behind it")
-        other.run("ROLLBACK TO SAVEPOINT s;")  # zed released, alice still held
-        waiting_for_zed.join(30)
-        assert answers[zed].status_code == 201, answers[zed].text
-        wait_until(gateway_waiting, "the batch of bob and alice waiting for alice")
-        # Takes bob as the other node's next lock. Were the gateway holding
-        # bob this would be a deadlock, which the gateway's session finds
-        # after its 1 s and loses.
-        other.run(f"SELECT 1 FROM feeds WHERE user_id = '{bob}' FOR UPDATE; COMMIT;")
-        for t in threads:
-            t.join(30)
+        answers = run_behind_a_held_batch(gw, other, first=alice, hold=zed, then=bob, queued=[
+            (u, lambda u=u: gw.publish_raw(u, {"appNotificationId": "x", "payload": {}})) for u in (bob, alice)])
         assert [answers[u].status_code for u in (bob, alice)] == [201, 201], [answers[u].text for u in (bob, alice)]
         assert [answers[u].json()["seq"] for u in (bob, alice)] == [2, 2]
         assert gw.metric("herald_store_conflict_retries_total") == 0
