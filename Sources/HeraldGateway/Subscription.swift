@@ -365,7 +365,7 @@ extension Engine {
     /// changes committed after it are delivered to the shard.
     func admit(_ r: Subscription.Request, shard: Int, now: Millis) throws(StoreError) -> Admission {
         if r.follows, registry.followers(of: r.user) >= limits.maxConnectionsPerUser {
-            return .refused(HeraldError(.rateLimited, "this user has \(limits.maxConnectionsPerUser) connections open already",
+            return .refused(HeraldError(.rateLimited, "this user has reached its limit of \(limits.maxConnectionsPerUser) open connections",
                                         retryAfterSeconds: 5))
         }
         let v = try registerViewer(r.user, deviceId: r.deviceId, registration: r.registration, now: now)
