@@ -112,11 +112,16 @@ public struct ChangeRecord: Sendable {
     /// An upsert's notification as encoded inside `encoded` (nil for a
     /// delete): the store's row and the answer to the write reuse these
     /// bytes rather than encoding the notification again (a 64 KiB payload
-    /// cost ~0.1 ms per encoding).
+    /// cost ~0.1 ms per encoding). `encoded` has `Change.json`'s layout, as
+    /// `encode` and every stored record (written from it) have.
     public var notificationJSON: ArraySlice<UInt8>? {
         guard case .upsert = change.op else { return nil }
-        return encoded[Self.upsertPrefix(seq).count ..< encoded.count - 1]
+        let start = Self.upsertPrefixLength + String(seq).utf8.count
+        return encoded[start ..< encoded.count - 1]
     }
+
+    /// `upsertPrefix`'s length without the seq's digits.
+    private static let upsertPrefixLength = upsertPrefix(0).count - 1
 
     /// The encoded change `viewer` receives: the change itself, a `hidden`
     /// delete when an upsert retargeted away a notification the viewer could

@@ -258,7 +258,8 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
             cond.lock()
             if queue.isEmpty && !stopping && !syncAdvanced { _ = cond.wait(until: Date(timeIntervalSinceNow: 0.1)) }
             syncAdvanced = false
-            let done = stopping && queue.count <= Self.maxBatch
+            // Stopping, and the next batch takes all that is queued.
+            let done = stopping && queue.count <= nextBatchSize()
             cond.unlock()
             runSynced()
             runBatch()
@@ -301,9 +302,12 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
     /// one order, so batches on two nodes never deadlock (PostgreSQL);
     /// claiming some users and later others could.
     private func takeBatch() -> [Command] {
-        cond.withLock {
-            dequeue(queue.prefix(Self.maxBatch).firstIndex(where: \.alone).map { max($0, 1) } ?? Self.maxBatch)
-        }
+        cond.withLock { dequeue(nextBatchSize()) }
+    }
+
+    /// How many of the queued commands the next batch may take; the caller holds `cond`.
+    private func nextBatchSize() -> Int {
+        queue.prefix(Self.maxBatch).firstIndex(where: \.alone).map { max($0, 1) } ?? Self.maxBatch
     }
 
     /// Runs the early bookkeeping of commands just taken: once, whatever

@@ -270,6 +270,27 @@ final class GatewayBehaviourTests: XCTestCase {
         XCTAssertEqual(send.json?.int("users"), 1)
     }
 
+    /// What is queued when the gateway stops all runs, though a send by tags
+    /// splits it into several batches.
+    func testCommandsQueuedAtStopAllRunThoughASendByTagsSplitsThem() {
+        let h = Harness()
+        let device = h.request("PUT", me + "/devices/d", token: h.token("u2"), body: ["tags": ["vip"]])
+        h.settle()
+        XCTAssertEqual(device.response?.status, 200)
+        let first = h.publish("u1", "a")
+        let send = h.request("POST", "/v1/apps/\(Harness.app.id)/notifications",
+                             body: ["tagExpression": "vip", "appNotificationId": "t", "payload": [:]])
+        let last = h.publish("u3", "b")
+        // Stopping before the engine's thread starts: it finds `stopping` set
+        // with the three queued, and must not leave after the first batch.
+        let engine = h.gateway.engine
+        engine.stop()
+        engine.start()
+        engine.stop()
+        h.loop.drain()
+        XCTAssertEqual([first, send, last].map { $0.response?.status }, [201, 202, 201])
+    }
+
     /// An event stream pages its catch-up as the client reads, and a client
     /// that goes away releases its follow and its listing.
     func testEventStreamPagesAndReleases() {
