@@ -71,6 +71,8 @@ public struct GatewayConfig: Sendable {
     public var limits: GatewayLimits
     /// Folder served at `/` in demo mode.
     public var webRoot: String?
+    /// A worker of `herald serve --workers N`: `/metrics` answers for every worker.
+    public var workerMetrics: WorkerMetrics?
 
     /// The app that exists in demo mode. Its server key is well known (the
     /// demo page publishes with it: demo mode is for trying Herald only); its

@@ -34,7 +34,9 @@ extension Gateway {
                 health["bus"] = engine.bus.map { .string($0.state) }
                 responder.respond(.json(200, .object(health)))
             case .metrics:
-                responder.respond(HTTPResponse(status: 200, contentType: "text/plain; version=0.0.4", body: Array(metrics.prometheusText().utf8)))
+                let own = metrics.prometheusText()
+                let text = config.workerMetrics.map { $0.text(own: own) } ?? own
+                responder.respond(HTTPResponse(status: 200, contentType: "text/plain; version=0.0.4", body: Array(text.utf8)))
             case .webSocket:
                 throw Self.upgradeExpected
             case .staticFile(let name):

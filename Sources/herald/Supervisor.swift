@@ -37,6 +37,8 @@ final class Supervisor {
         /// restarted worker reads again: every worker stays on one store.
         static let store = "HERALD_WORKER_STORE"
         static let bus = "HERALD_WORKER_BUS"
+        /// Where workers leave their metrics for each other (WorkerMetrics).
+        static let metrics = "HERALD_WORKER_METRICS"
     }
 
     struct Worker {
@@ -55,6 +57,8 @@ final class Supervisor {
 
     let arguments: [String]
     let environment: [String: String]
+    /// The workers' metrics files (WorkerMetrics), removed at exit.
+    let metricsFolder: String?
     let listening: ListeningSocket
     let url: String
     private var workers: [Worker]
@@ -74,6 +78,14 @@ final class Supervisor {
         env[Env.supervisor] = String(getpid())
         env[Env.store] = store
         env[Env.bus] = bus
+        var folder = Array((NSTemporaryDirectory() as NSString).appendingPathComponent("herald-metrics.XXXXXX").utf8CString)
+        if mkdtemp(&folder) != nil {
+            metricsFolder = String(cString: folder)
+            env[Env.metrics] = metricsFolder
+        } else {
+            metricsFolder = nil
+            Log.warning("supervisor: cannot make a folder for the workers' metrics (\(String(cString: strerror(errno)))); /metrics answers for one worker")
+        }
         environment = env
         workers = Array(repeating: Worker(), count: count)
     }
@@ -221,6 +233,7 @@ final class Supervisor {
         for w in workers where w.pid > 0 { kill(w.pid, SIGTERM) }
         let clean = collect(until: now() + Self.stopDeadline)
         close(listening.fd)
+        removeMetricsFolder()
         Log.info(clean ? "stopped" : "stopped (not every worker ended cleanly)")
         fflush(nil)
         _exit(clean ? 0 : 1)
@@ -231,8 +244,13 @@ final class Supervisor {
         Log.error("supervisor: \(why); stopping the others")
         for w in workers where w.pid > 0 { kill(w.pid, SIGTERM) }
         _ = collect(until: now() + Self.stopDeadline)
+        removeMetricsFolder()
         fflush(nil)
         _exit(status)
+    }
+
+    private func removeMetricsFolder() {
+        if let metricsFolder { try? FileManager.default.removeItem(atPath: metricsFolder) }
     }
 
     /// Waits for every worker to exit, killing those left at `deadline`.
@@ -309,6 +327,8 @@ struct WorkerRole {
     let listening: ListeningSocket
     let store: String
     let bus: String
+    /// Where the workers leave their metrics (nil: /metrics answers for this worker only).
+    let metricsFolder: String?
 
     /// The role in this process's environment, nil when it is no worker.
     /// Asks for SIGTERM when the supervisor dies.
@@ -325,7 +345,8 @@ struct WorkerRole {
             exit(1)
         }
         do {
-            return WorkerRole(index: index, listening: try ListeningSocket(inherited: fd), store: store, bus: bus)
+            return WorkerRole(index: index, listening: try ListeningSocket(inherited: fd), store: store, bus: bus,
+                              metricsFolder: env[Supervisor.Env.metrics])
         } catch {
             throw UsageError("worker \(index): \(error)")
         }

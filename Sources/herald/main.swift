@@ -77,12 +77,14 @@ func serve(_ args: ArraySlice<String>) throws(UsageError) -> Never {
 
     var config = GatewayConfig(apps: settings.apps, demo: demo, limits: settings.limits)
     config.webRoot = f["web-root"] ?? findWebRoot()
+    if let worker, let folder = worker.metricsFolder { config.workerMetrics = WorkerMetrics(folder: folder, index: worker.index) }
     if demo { Log.warning("demo mode: app 'demo' is open to anyone (POST /v1/demo/token, server key 'demo-server-key'); never use it in production") }
     let gateway: Gateway
     do { gateway = try Gateway(config: config, store: store, bus: bus) } catch {
         FileHandle.standardError.write("herald: \(error)\n".data(using: .utf8)!)
         exit(1)
     }
+    config.workerMetrics?.startWriting(gateway.metrics)
     let server = Server(gateway: gateway, host: settings.host, port: settings.port, threads: threads, eventLoop: eventLoop, tls: tls,
                         listening: worker?.listening)
     do { try server.start() } catch {

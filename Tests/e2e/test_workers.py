@@ -184,6 +184,35 @@ def test_three_workers_print_one_line_spread_connections_and_share_publishes_and
     assert w.gw.stderr_tail(1 << 20).count("workers ready") == 1
 
 
+def test_metrics_through_the_port_answer_for_every_worker(workers):
+    """A scrape through the shared port lands on one worker, which answers
+    for every worker (each sample labelled with its worker), so the sums are
+    the deployment's. The workers' metrics folder goes when they stop."""
+    w = workers(2)
+
+    def scrape() -> str:
+        # A connection of its own each time: any worker may take it.
+        return requests.get(f"{w.gw.base}/metrics", timeout=10).text
+
+    def published(text: str) -> dict[str, float]:
+        return {m[0]: float(m[1]) for m in re.findall(r'^herald_publishes_total\{worker="(\d+)"\} (\S+)$', text, re.M)}
+
+    wait_until(lambda: published(scrape()).keys() == {"1", "2"}, "both workers' metrics written")
+    for _ in range(10):
+        text = scrape()
+        assert published(text).keys() == {"1", "2"}, text
+        assert len(re.findall(r"^# TYPE herald_publishes_total counter$", text, re.M)) == 1, text
+    users = [uid("user") for _ in range(6)]
+    for u in users:
+        w.gw.publish(u, "hello")
+    wait_until(lambda: sum(published(scrape()).values()) == len(users), "every publish counted, on whichever worker")
+    folders = {open(f"/proc/{pid}/environ", "rb").read().split(b"HERALD_WORKER_METRICS=")[1].split(b"\0")[0].decode()
+               for pid in w.pids()}
+    assert len(folders) == 1 and os.path.isdir(next(iter(folders))), folders
+    assert w.gw.terminate(10) == 0, w.gw.stderr_tail()
+    assert not os.path.exists(next(iter(folders))), "the metrics folder outlived the workers"
+
+
 def test_a_worker_killed_9_is_started_again_and_the_others_keep_their_devices(workers):
     w = workers(2)
     before = w.pids()
