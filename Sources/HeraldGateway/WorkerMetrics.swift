@@ -4,44 +4,67 @@ import Foundation
 /// whichever worker the kernel hands the connection to. So each worker also
 /// writes its metrics, every second, to a folder its supervisor made
 /// (`worker-<i>.prom`, replaced whole by a rename), and `/metrics` on any
-/// worker answers every worker's: its own as they are now, the others' as
-/// last written, each sample labelled `worker="<i>"`. A file not rewritten
-/// for `staleAfter` (its worker died) is left out until the worker is back.
+/// worker answers every worker's as last written, each sample labelled
+/// `worker="<i>"`. All come from the files, its own too, so a counter never
+/// goes back between two scrapes that two workers answered. A file not
+/// rewritten for `staleAfter` (its worker died) is left out until the
+/// worker is back.
 public final class WorkerMetrics: Sendable {
     let folder: String
     let index: Int
     static let staleAfter: TimeInterval = 5
+    /// Set by `remove`; a write holds the lock, so none follows `remove`.
+    private let stopped = Locked(false)
 
     public init(folder: String, index: Int) { self.folder = folder; self.index = index }
 
-    /// Writes `metrics` every second, on a thread of its own, for the
-    /// process's life.
+    /// Writes `metrics` now and then every second, on a thread of its own,
+    /// until `remove`.
     public func startWriting(_ metrics: Metrics) {
         let own = file(index), temporary = own + ".tmp"
-        Thread {
+        Thread { [self] in
             nameCurrentThread("herald-metrics")
+            var failing = false
             while true {
                 // A failed write leaves the last file, which turns stale.
-                if FileManager.default.createFile(atPath: temporary, contents: Data(metrics.prometheusText().utf8)) {
-                    _ = rename(temporary, own)
+                let written = stopped.withLock { stopped -> Bool? in
+                    if stopped { return nil }
+                    return FileManager.default.createFile(atPath: temporary, contents: Data(metrics.prometheusText().utf8))
+                        && rename(temporary, own) == 0
                 }
+                guard let written else { return }
+                if !written && !failing { Log.warning("metrics: cannot write \(own) for the other workers' /metrics: \(String(cString: strerror(errno)))") }
+                failing = !written
                 Thread.sleep(forTimeInterval: 1)
             }
         }.start()
     }
 
-    /// `/metrics`: this worker's (`own`) and every other live worker's.
+    /// At exit: this worker's files go, and the folder with the last
+    /// worker's (also when the supervisor was killed and cannot).
+    public func remove() {
+        stopped.withLock { stopped in
+            stopped = true
+            unlink(file(index))
+            unlink(file(index) + ".tmp")
+        }
+        rmdir(folder)
+    }
+
+    /// `/metrics`: every live worker's, `own` (this worker's now) standing
+    /// in for its file until that is first written.
     func text(own: String) -> String {
-        var texts = [(index, own)]
+        var texts: [(Int, String)] = []
         let now = Date()
         for name in (try? FileManager.default.contentsOfDirectory(atPath: folder)) ?? [] {
-            guard name.hasPrefix("worker-"), name.hasSuffix(".prom"),
-                  let i = Int(name.dropFirst("worker-".count).dropLast(".prom".count)), i != index,
+            guard name.hasPrefix("worker-"), let i = Int(name.dropFirst("worker-".count).dropLast(".prom".count)),
+                  name == "worker-\(i).prom",
                   let written = (try? FileManager.default.attributesOfItem(atPath: file(i)))?[.modificationDate] as? Date,
-                  now.timeIntervalSince(written) < Self.staleAfter,
+                  abs(now.timeIntervalSince(written)) < Self.staleAfter,  // abs: the clock may step back
                   let data = FileManager.default.contents(atPath: file(i)) else { continue }
             texts.append((i, String(decoding: data, as: UTF8.self)))
         }
+        if !texts.contains(where: { $0.0 == index }) { texts.append((index, own)) }
         return Self.merge(texts.sorted { $0.0 < $1.0 })
     }
 

@@ -57,7 +57,8 @@ final class Supervisor {
 
     let arguments: [String]
     let environment: [String: String]
-    /// The workers' metrics files (WorkerMetrics), removed at exit.
+    /// The workers' metrics files (WorkerMetrics), removed at exit (by the
+    /// last worker when the supervisor was killed).
     let metricsFolder: String?
     let listening: ListeningSocket
     let url: String
@@ -84,6 +85,7 @@ final class Supervisor {
             env[Env.metrics] = metricsFolder
         } else {
             metricsFolder = nil
+            env[Env.metrics] = nil
             Log.warning("supervisor: cannot make a folder for the workers' metrics (\(String(cString: strerror(errno)))); /metrics answers for one worker")
         }
         environment = env
@@ -101,7 +103,10 @@ final class Supervisor {
         sigaddset(&mask, SIGCHLD)
         pthread_sigmask(SIG_BLOCK, &mask, nil)
         signalFd = herald_signalfd(&mask)
-        guard signalFd >= 0 else { Self.die("supervisor: signalfd: \(String(cString: strerror(errno)))") }
+        guard signalFd >= 0 else {
+            removeMetricsFolder()
+            Self.die("supervisor: signalfd: \(String(cString: strerror(errno)))")
+        }
         Log.info("supervisor: starting \(workers.count) workers on \(url)")
         let started = now()
         for i in workers.indices { spawn(i) }

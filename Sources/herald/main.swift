@@ -100,6 +100,7 @@ func serve(_ args: ArraySlice<String>) throws(UsageError) -> Never {
     }
     Log.info("shutting down")
     server.shutdown()
+    config.workerMetrics?.remove()
     Log.info("stopped")
     // Everything is committed and every connection closed. _exit skips the
     // atexit handlers: OpenSSL's cleanup there raced the thread-exit

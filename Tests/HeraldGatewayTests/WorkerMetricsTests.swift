@@ -38,20 +38,29 @@ final class WorkerMetricsTests: XCTestCase {
         }
     }
 
-    func testOtherWorkersAreReadFromTheirFilesAndAStaleOneIsLeftOut() throws {
+    func testWorkersAreReadFromTheirFilesAndAStaleOneIsLeftOut() throws {
         let folder = NSTemporaryDirectory() + "herald-metrics-test-" + UUID().uuidString
         try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(atPath: folder) }
-        let sample = "# TYPE herald_publishes_total counter\nherald_publishes_total 5\n"
-        for i in [1, 2, 3] { FileManager.default.createFile(atPath: "\(folder)/worker-\(i).prom", contents: Data(sample.utf8)) }
+        func write(_ name: String, _ value: Int) {
+            FileManager.default.createFile(atPath: "\(folder)/\(name)",
+                                           contents: Data("# TYPE herald_publishes_total counter\nherald_publishes_total \(value)\n".utf8))
+        }
+        for i in [2, 3] { write("worker-\(i).prom", 5) }
+        // Names that read as worker 2 too, and a file being written: not read.
+        write("worker-02.prom", 7); write("worker-+2.prom", 7); write("worker-2.prom.tmp", 7)
         try FileManager.default.setAttributes([.modificationDate: Date().addingTimeInterval(-WorkerMetrics.staleAfter - 1)],
                                               ofItemAtPath: "\(folder)/worker-3.prom")
-        let text = WorkerMetrics(folder: folder, index: 1).text(own: "# TYPE herald_publishes_total counter\nherald_publishes_total 6\n")
-        XCTAssertEqual(text, """
+        let metrics = WorkerMetrics(folder: folder, index: 1)
+        let own = "# TYPE herald_publishes_total counter\nherald_publishes_total 6\n"
+        XCTAssertEqual(metrics.text(own: own), """
             # TYPE herald_publishes_total counter
             herald_publishes_total{worker="1"} 6
             herald_publishes_total{worker="2"} 5
 
-            """, "its own live (not its file), worker 2's file, not worker 3's stale one")
+            """, "its own now until its file is written, worker 2's file, not worker 3's stale one")
+        write("worker-1.prom", 4)
+        XCTAssertTrue(metrics.text(own: own).contains(#"herald_publishes_total{worker="1"} 4"#),
+                      "once written, its own file: what another worker would answer for it")
     }
 }

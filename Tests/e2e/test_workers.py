@@ -184,6 +184,14 @@ def test_three_workers_print_one_line_spread_connections_and_share_publishes_and
     assert w.gw.stderr_tail(1 << 20).count("workers ready") == 1
 
 
+def metrics_folder(w: Workers) -> str:
+    """The folder the workers share their metrics in (from their environment)."""
+    folders = {open(f"/proc/{pid}/environ", "rb").read().split(b"HERALD_WORKER_METRICS=")[1].split(b"\0")[0].decode()
+               for pid in w.pids()}
+    assert len(folders) == 1 and os.path.isdir(next(iter(folders))), folders
+    return folders.pop()
+
+
 def test_metrics_through_the_port_answer_for_every_worker(workers):
     """A scrape through the shared port lands on one worker, which answers
     for every worker (each sample labelled with its worker), so the sums are
@@ -206,11 +214,9 @@ def test_metrics_through_the_port_answer_for_every_worker(workers):
     for u in users:
         w.gw.publish(u, "hello")
     wait_until(lambda: sum(published(scrape()).values()) == len(users), "every publish counted, on whichever worker")
-    folders = {open(f"/proc/{pid}/environ", "rb").read().split(b"HERALD_WORKER_METRICS=")[1].split(b"\0")[0].decode()
-               for pid in w.pids()}
-    assert len(folders) == 1 and os.path.isdir(next(iter(folders))), folders
+    folder = metrics_folder(w)
     assert w.gw.terminate(10) == 0, w.gw.stderr_tail()
-    assert not os.path.exists(next(iter(folders))), "the metrics folder outlived the workers"
+    assert not os.path.exists(folder), "the metrics folder outlived the workers"
 
 
 def test_a_worker_killed_9_is_started_again_and_the_others_keep_their_devices(workers):
@@ -291,11 +297,14 @@ def test_sighup_reloads_every_worker_and_a_dead_supervisor_takes_its_workers_alo
                           json={"appNotificationId": f"n{i}", "payload": {}})
         assert r.status_code in (200, 201), r.text
 
-    # kill -9 of the supervisor: every worker gets SIGTERM and stops, and the port is free.
+    # kill -9 of the supervisor: every worker gets SIGTERM and stops, and the
+    # port is free; the last worker out removes the metrics folder.
+    folder = metrics_folder(w)
     w.gw.kill()
     wait_until(lambda: not any(os.path.exists(f"/proc/{p}") for p in pids), "the workers gone with their supervisor", timeout=10)
     wait_until(lambda: port_free(w.gw.port), "the port free", timeout=5)
     assert len(re.findall(r" worker \d+: stopped", w.gw.stderr_tail(1 << 20))) == 3
+    assert not os.path.exists(folder), os.listdir(folder)
 
 
 def test_workers_need_postgres_and_redis_and_a_port_in_use_is_exit_2(workers, herald_bin, tmp_path):
