@@ -356,24 +356,25 @@ final class PostgresConnection {
     /// for `.null`, all NUL-terminated in one buffer.
     private static func withCStrings<R>(_ args: [PostgresValue],
                                         _ body: (UnsafePointer<UnsafePointer<CChar>?>?) -> R) -> R {
-        var buffer: [CChar] = []
+        var buffer: [UInt8] = []
         var offsets: [Int?] = []
         for a in args {
-            let bytes: ArraySlice<UInt8>
+            let start = buffer.count
             switch a {
             case .null: offsets.append(nil); continue
-            case .int(let v): bytes = Array(String(v).utf8)[...]
-            case .text(let s): bytes = Array(s.utf8)[...]
-            case .utf8(let b): bytes = b
-            case .bool(let b): bytes = b ? [UInt8(ascii: "t")] : [UInt8(ascii: "f")]
+            case .int(let v): buffer.append(contentsOf: String(v).utf8)
+            case .text(let s): buffer.append(contentsOf: s.utf8)
+            case .utf8(let b): buffer.append(contentsOf: b)
+            case .bool(let b): buffer.append(b ? UInt8(ascii: "t") : UInt8(ascii: "f"))
             }
-            offsets.append(buffer.count)
-            buffer.append(contentsOf: bytes.map { CChar(bitPattern: $0) })
+            offsets.append(start)
             buffer.append(0)
         }
-        return buffer.withUnsafeBufferPointer { b in
-            let pointers: [UnsafePointer<CChar>?] = offsets.map { o in o.map { b.baseAddress! + $0 } }
-            return pointers.withUnsafeBufferPointer { body($0.baseAddress) }
+        return buffer.withUnsafeBufferPointer { bytes in
+            bytes.withMemoryRebound(to: CChar.self) { b in
+                let pointers: [UnsafePointer<CChar>?] = offsets.map { o in o.map { b.baseAddress! + $0 } }
+                return pointers.withUnsafeBufferPointer { body($0.baseAddress) }
+            }
         }
     }
 }
