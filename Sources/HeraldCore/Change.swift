@@ -116,8 +116,15 @@ public struct ChangeRecord: Sendable {
     /// `encode` and every stored record (written from it) have.
     public var notificationJSON: ArraySlice<UInt8>? {
         guard case .upsert = change.op else { return nil }
-        let start = Self.upsertPrefixLength + String(seq).utf8.count
-        return encoded[start ..< encoded.count - 1]
+        return encoded[Self.notificationRange(inUpsert: seq, count: encoded.count)!]
+    }
+
+    /// Where the notification lies in the `count` encoded bytes of the
+    /// upsert at `seq` (nil when too short to hold one): a store that keeps
+    /// a notification only inside its change reads it back from there.
+    public static func notificationRange(inUpsert seq: Int64, count: Int) -> Range<Int>? {
+        let start = upsertPrefixLength + String(seq).utf8.count
+        return start < count ? start ..< count - 1 : nil
     }
 
     /// `upsertPrefix`'s length without the seq's digits.

@@ -33,9 +33,16 @@ struct SQLiteRow {
     }
 
     /// The column's text parsed as JSON; nil when NULL, absent or malformed.
-    func json(_ i: Int32) -> JSON? {
+    func json(_ i: Int32) -> JSON? { json(i) { 0 ..< $0 } }
+
+    /// The part `range` picks (given the text's length in bytes) of the
+    /// column's text parsed as JSON; nil when NULL, when `range` is nil or
+    /// outside the text, or when malformed.
+    func json(_ i: Int32, in range: (Int) -> Range<Int>?) -> JSON? {
         guard let p = sqlite3_column_text(stmt, i) else { return nil }
-        return StoredForm.json(UnsafeBufferPointer(start: p, count: Int(sqlite3_column_bytes(stmt, i))))
+        let text = UnsafeBufferPointer(start: p, count: Int(sqlite3_column_bytes(stmt, i)))
+        guard let r = range(text.count), r.lowerBound >= 0, r.upperBound <= text.count else { return nil }
+        return StoredForm.json(UnsafeBufferPointer(rebasing: text[r]))
     }
 }
 

@@ -21,26 +21,35 @@ struct SQLiteReads {
         return f
     }
 
+    /// Decodes `SQLiteStore.storedNotification`'s columns from `col`: the
+    /// row's own JSON, or the part of the change it points at that holds it.
+    private func notification(_ r: SQLiteRow, _ col: Int32) throws(StoreError) -> Notification {
+        let json: JSON?
+        if r.isNull(col + 1) {
+            json = r.json(col)
+        } else {
+            let seq = r.int64(col + 1)
+            json = r.json(col + 2) { ChangeRecord.notificationRange(inUpsert: seq, count: $0) }
+        }
+        guard let n = json.flatMap(Notification.init(json:)) else { throw corrupt("notification") }
+        return n
+    }
+
     private func notifications(_ sql: String, _ args: [SQLiteValue], limit: Int = Int.max) throws(StoreError) -> [Notification] {
         var out: [Notification] = []
-        var failure: StoreError?
         try db.query(sql, args) { r throws(StoreError) in
-            guard let n = r.json(0).flatMap(Notification.init(json:)) else { failure = corrupt("notification"); return false }
-            out.append(n)
+            out.append(try notification(r, 0))
             return out.count < limit
         }
-        if let failure { throw failure }
         return out
     }
 
     func notification(_ user: UserKey, id: String) throws(StoreError) -> Notification? {
-        try notifications("SELECT json FROM notifications WHERE app = ? AND user = ? AND id = ?",
-                          [.text(user.app), .text(user.user), .text(id)], limit: 1).first
+        try notifications(SQLiteStore.notificationByIdSQL, [.text(user.app), .text(user.user), .text(id)], limit: 1).first
     }
 
     func notification(_ user: UserKey, appNotificationId: String) throws(StoreError) -> Notification? {
-        try notifications("SELECT json FROM notifications WHERE app = ? AND user = ? AND app_notification_id = ?",
-                          [.text(user.app), .text(user.user), .text(appNotificationId)], limit: 1).first
+        try notifications(SQLiteStore.notificationByAppIdSQL, [.text(user.app), .text(user.user), .text(appNotificationId)], limit: 1).first
     }
 
     // MARK: The feed, history and counts
@@ -99,16 +108,11 @@ struct SQLiteReads {
     func expiring(until: Millis, limit: Int) throws(StoreError) -> [(UserKey, Notification)] {
         guard limit > 0 else { return [] }
         var out: [(UserKey, Notification)] = []
-        var failure: StoreError?
         try db.query(SQLiteStore.expiringSQL, [.int(until), .int(Int64(limit))]) { r throws(StoreError) in
-            guard let app = r.text(0), let u = r.text(1), let n = r.json(2).flatMap(Notification.init(json:)) else {
-                failure = corrupt("notification")
-                return false
-            }
-            out.append((UserKey(app: app, user: u), n))
+            guard let app = r.text(0), let u = r.text(1) else { throw corrupt("notification") }
+            out.append((UserKey(app: app, user: u), try notification(r, 2)))
             return true
         }
-        if let failure { throw failure }
         return out
     }
 

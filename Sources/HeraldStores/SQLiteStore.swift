@@ -44,7 +44,7 @@ public final class SQLiteStore: NotificationStore {
 
     /// The schema version this code writes; `migrations[v - 1]` brings a
     /// database from version `v - 1` to `v`.
-    public static let schemaVersion: Int64 = 4
+    public static let schemaVersion: Int64 = 5
 
     public let epoch: String
     public let path: String
@@ -283,6 +283,23 @@ public final class SQLiteStore: NotificationStore {
                 unread = excluded.unread, no_interaction = excluded.no_interaction, total = excluded.total;
         DELETE FROM counts WHERE platforms = '*' AND tags = '';
         """,
+        // 5: a notification's JSON is written once, in its change: the
+        // notification row points at that change (`seq`) and leaves `json`
+        // empty, until pruning the change copies the JSON back into `json`
+        // (seq NULL). Rows written before keep their JSON and a NULL seq.
+        // A change row names its upsert's notification, so pruning finds
+        // the rows still pointed at. The targeting moves into columns of its
+        // own, as the counts read it without the JSON. (`targeted` stays:
+        // dropping it would rewrite the table; nothing reads it since.)
+        """
+        ALTER TABLE notifications ADD COLUMN seq INTEGER;
+        ALTER TABLE notifications ADD COLUMN target_platforms TEXT;
+        ALTER TABLE notifications ADD COLUMN target_tags TEXT;
+        UPDATE notifications SET target_platforms = json_extract(json, '$.targetPlatforms'),
+                                 target_tags = json_extract(json, '$.targetTags')
+            WHERE targeted;
+        ALTER TABLE changes ADD COLUMN notification_id TEXT;
+        """,
     ]
 
     /// Brings the database to version `target` (internal for tests, which
@@ -385,18 +402,31 @@ public final class SQLiteStore: NotificationStore {
 
     // MARK: Queries whose plans matter (tests check they use the indexes)
 
+    /// A stored notification as `SQLiteReads.notification` decodes it: its
+    /// own JSON, or the seq of the change holding it and that change.
+    static let storedNotification = "n.json, n.seq, c.change"
+    static let notificationsWithChanges = """
+        notifications n LEFT JOIN changes c ON c.app = n.app AND c.user = n.user AND c.seq = n.seq
+        """
+    static let notificationByIdSQL = """
+        SELECT \(storedNotification) FROM \(notificationsWithChanges) WHERE n.app = ? AND n.user = ? AND n.id = ?
+        """
+    static let notificationByAppIdSQL = """
+        SELECT \(storedNotification) FROM \(notificationsWithChanges)
+        WHERE n.app = ? AND n.user = ? AND n.app_notification_id = ?
+        """
     static let historyFirstSQL = """
-        SELECT json FROM notifications WHERE app = ? AND user = ?
-        ORDER BY created_at DESC, id DESC LIMIT ?
+        SELECT \(storedNotification) FROM \(notificationsWithChanges) WHERE n.app = ? AND n.user = ?
+        ORDER BY n.created_at DESC, n.id DESC LIMIT ?
         """
     /// Keyset pagination. `created_at <= ?` bounds the index range; the rest
     /// drops the key itself and what comes before it among equal createdAt
     /// (ids compare as bytes under the BINARY collation).
     static let historyAfterSQL = """
-        SELECT json FROM notifications
-        WHERE app = ? AND user = ? AND created_at <= ?
-          AND (created_at < ? OR (created_at = ? AND id < ?))
-        ORDER BY created_at DESC, id DESC LIMIT ?
+        SELECT \(storedNotification) FROM \(notificationsWithChanges)
+        WHERE n.app = ? AND n.user = ? AND n.created_at <= ?
+          AND (n.created_at < ? OR (n.created_at = ? AND n.id < ?))
+        ORDER BY n.created_at DESC, n.id DESC LIMIT ?
         """
     static let changesAfterSQL = """
         SELECT seq, at, change, before_unread, before_platforms, before_tags, after_unread, after_platforms, after_tags
@@ -406,7 +436,15 @@ public final class SQLiteStore: NotificationStore {
     /// key order (to skip a sort) than read the old end of the `at` index.
     static let pruneScanSQL = "SELECT app, user, max(seq) FROM changes INDEXED BY changes_by_at WHERE at < ? GROUP BY app, user"
     static let expiringSQL = """
-        SELECT app, user, json FROM notifications WHERE expires_at <= ? ORDER BY expires_at LIMIT ?
+        SELECT n.app, n.user, \(storedNotification) FROM \(notificationsWithChanges)
+        WHERE n.expires_at <= ? ORDER BY n.expires_at LIMIT ?
+        """
+    /// The notifications still pointing at one of a user's changes up to a
+    /// seq: pruning copies their JSON back into their rows first.
+    static let pointedAtSQL = """
+        SELECT n.rowid, c.seq, c.change FROM changes c
+        JOIN notifications n ON n.app = c.app AND n.user = c.user AND n.id = c.notification_id
+        WHERE c.app = ? AND c.user = ? AND c.seq <= ? AND c.notification_id IS NOT NULL AND n.seq = c.seq
         """
     /// The feed row's counts (notifications for everyone) and the others.
     static let countsSQL = """
@@ -488,18 +526,21 @@ public final class SQLiteStore: NotificationStore {
         return [.int(p.unread ? 1 : 0), c.platforms.map(SQLiteValue.text) ?? .null, c.tags.map(SQLiteValue.text) ?? .null]
     }
 
-    private func append(_ user: UserKey, _ r: ChangeRecord) throws(StoreError) {
+    private func append(_ user: UserKey, _ r: ChangeRecord, notificationId: String?) throws(StoreError) {
         try db.execute("""
             INSERT INTO changes (app, user, seq, at, change, before_unread, before_platforms, before_tags,
-                                 after_unread, after_platforms, after_tags)
-            VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                                 after_unread, after_platforms, after_tags, notification_id)
+            VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
             """, [.text(user.app), .text(user.user), .int(r.seq), .int(r.at), .utf8(r.encoded[...])]
-                + Self.presenceColumns(r.before) + Self.presenceColumns(r.after))
+                + Self.presenceColumns(r.before) + Self.presenceColumns(r.after)
+                + [notificationId.map(SQLiteValue.text) ?? .null])
     }
 
     /// A stored notification's targeting, as `storedTargeting` decodes it.
-    /// Only the JSON has it, and only targeted notifications need it parsed.
-    private static let targetingColumns = """
+    private static let targetingColumns = "target_platforms, target_tags"
+    /// The same from the JSON, as files before version 5 kept it (for
+    /// migration 3, which runs before those columns exist).
+    private static let jsonTargetingColumns = """
         CASE WHEN targeted THEN json_extract(json, '$.targetPlatforms') END,
         CASE WHEN targeted THEN json_extract(json, '$.targetTags') END
         """
@@ -548,7 +589,7 @@ public final class SQLiteStore: NotificationStore {
     private static func backfillCounts(_ db: SQLiteDatabase) throws(StoreError) {
         var groups: [(UserKey, CountDelta)] = []
         try db.query("""
-            SELECT app, user, \(targetingColumns),
+            SELECT app, user, \(jsonTargetingColumns),
                    sum(read_state = 'unread'), sum(user_action_state = 'noInteraction'), count(*)
             FROM notifications GROUP BY 1, 2, 3, 4
             """) { r throws(StoreError) in
@@ -575,20 +616,25 @@ public final class SQLiteStore: NotificationStore {
             let seq = try nextSeq(user, counting: CountDelta.replacing(old, by: Counted(n)))
             let r = ChangeRecord(change: Change(seq: seq, op: .upsert(n)), before: previous.map(Presence.init),
                                  after: Presence(n), at: at)
+            // The JSON is written once, in the change (migration 5).
             try db.execute("""
                 INSERT INTO notifications (app, user, id, app_notification_id, created_at, expires_at,
-                                           read_state, user_action_state, version, targeted, json)
-                VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                                           read_state, user_action_state, version, targeted, json, seq,
+                                           target_platforms, target_tags)
+                VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, '', ?, ?, ?)
                 ON CONFLICT (app, user, id) DO UPDATE SET
                     app_notification_id = excluded.app_notification_id, created_at = excluded.created_at,
                     expires_at = excluded.expires_at, read_state = excluded.read_state,
                     user_action_state = excluded.user_action_state, version = excluded.version,
-                    targeted = excluded.targeted, json = excluded.json
+                    targeted = excluded.targeted, json = '', seq = excluded.seq,
+                    target_platforms = excluded.target_platforms, target_tags = excluded.target_tags
                 """, [.text(user.app), .text(user.user), .text(n.id), .text(n.appNotificationId),
                       .int(n.createdAt), .int(n.expiresAt), .text(n.readState.rawValue),
                       .text(n.userActionState.rawValue), .int(n.version),
-                      .int(n.targetPlatforms == nil && n.targetTags == nil ? 0 : 1), .utf8(r.notificationJSON!)])
-            try append(user, r)
+                      .int(n.targetPlatforms == nil && n.targetTags == nil ? 0 : 1), .int(seq),
+                      n.targetPlatforms.map { .utf8(JSON.array($0.map { .string($0.rawValue) }).encoded[...]) } ?? .null,
+                      n.targetTags.map { .text($0.source) } ?? .null])
+            try append(user, r, notificationId: n.id)
             return r
         }
     }
@@ -603,7 +649,7 @@ public final class SQLiteStore: NotificationStore {
             let seq = try nextSeq(user, counting: CountDelta.replacing(old, by: nil))
             let op = Change.Op.delete(id: n.id, appNotificationId: n.appNotificationId, reason: reason)
             let r = ChangeRecord(change: Change(seq: seq, op: op), before: Presence(n), after: nil, at: at)
-            try append(user, r)
+            try append(user, r, notificationId: nil)
             return r
         }
     }
@@ -612,7 +658,8 @@ public final class SQLiteStore: NotificationStore {
 
     /// Drops, for every user, the changes up to the last one recorded before
     /// `before` and raises the feed's floor to it, so that every change after
-    /// the floor is still kept.
+    /// the floor is still kept. A notification whose JSON only such a change
+    /// holds gets it back in its own row first.
     public func pruneChanges(before: Millis) throws(StoreError) -> Int {
         try write { () throws(StoreError) -> Int in
             var cuts: [(String, String, Int64)] = []
@@ -622,10 +669,28 @@ public final class SQLiteStore: NotificationStore {
             }
             var pruned = 0
             for (app, u, seq) in cuts {
+                try keepNotifications(UserKey(app: app, user: u), upTo: seq)
                 try db.execute("UPDATE feeds SET floor = max(floor, ?) WHERE app = ? AND user = ?", [.int(seq), .text(app), .text(u)])
                 pruned += try db.execute("DELETE FROM changes WHERE app = ? AND user = ? AND seq <= ?", [.text(app), .text(u), .int(seq)])
             }
             return pruned
+        }
+    }
+
+    /// Copies into their rows the JSON of `user`'s notifications that point
+    /// at a change up to `seq`.
+    private func keepNotifications(_ user: UserKey, upTo seq: Int64) throws(StoreError) {
+        var kept: [(rowid: Int64, json: ArraySlice<UInt8>)] = []
+        try db.query(Self.pointedAtSQL, [.text(user.app), .text(user.user), .int(seq)]) { r throws(StoreError) in
+            let change = r.bytes(2)
+            guard let range = ChangeRecord.notificationRange(inUpsert: r.int64(1), count: change.count) else {
+                throw reads.corrupt("change \(r.int64(1)) of \(user)")
+            }
+            kept.append((r.int64(0), change[range]))
+            return true
+        }
+        for k in kept {
+            try db.execute("UPDATE notifications SET json = ?, seq = NULL WHERE rowid = ?", [.utf8(k.json), .int(k.rowid)])
         }
     }
 

@@ -179,6 +179,7 @@ final class SQLiteStoreTests: XCTestCase {
             _ = try s.upsert(alice, note("n_1", "a1"), previous: nil, at: t0)
             try s.saveDevice(alice, Device(deviceId: "d1", lastSeenAt: 9))
             // Turn it into what version 1 wrote.
+            try downgradeToVersion4(s)
             try s.db.script("""
                 DROP TABLE counts; ALTER TABLE devices DROP COLUMN view_generation;
                 ALTER TABLE feeds DROP COLUMN unread; ALTER TABLE feeds DROP COLUMN no_interaction;
@@ -194,6 +195,22 @@ final class SQLiteStoreTests: XCTestCase {
         try s.saveDevice(alice, Device(deviceId: "d1", lastSeenAt: 10, viewGeneration: 1))
         XCTAssertEqual(try s.devices(alice).first?.viewGeneration, 1)
         try assertCountsMatchHistory(s, alice)
+    }
+
+    /// Turns a file of this version into what version 4 wrote: each
+    /// notification's JSON in its row, no targeting columns, changes that do
+    /// not name their notification.
+    func downgradeToVersion4(_ s: SQLiteStore) throws {
+        let prefix = #"length('{"seq":' || c.seq || ',"op":"upsert","notification":')"#
+        try s.db.script("""
+            UPDATE notifications SET json = (SELECT substr(c.change, \(prefix) + 1, length(c.change) - \(prefix) - 1)
+                                             FROM changes c WHERE c.app = notifications.app AND c.user = notifications.user
+                                                              AND c.seq = notifications.seq)
+                WHERE seq IS NOT NULL;
+            ALTER TABLE notifications DROP COLUMN seq; ALTER TABLE notifications DROP COLUMN target_platforms;
+            ALTER TABLE notifications DROP COLUMN target_tags; ALTER TABLE changes DROP COLUMN notification_id;
+            PRAGMA user_version = 4;
+            """)
     }
 
     // MARK: Counts
@@ -283,6 +300,7 @@ final class SQLiteStoreTests: XCTestCase {
             for (u, n) in mixed { _ = try s.upsert(u, n, previous: nil, at: t0) }
             for u in users { before[u] = keyed(try s.counts(u)) }
             // Turn it into what version 3 wrote.
+            try downgradeToVersion4(s)
             try s.db.script("""
                 INSERT INTO counts (app, user, platforms, tags, unread, no_interaction, total)
                     SELECT app, user, '*', '', unread, no_interaction, total FROM feeds WHERE total > 0;
@@ -302,6 +320,58 @@ final class SQLiteStoreTests: XCTestCase {
         XCTAssertEqual(r.seq, 8)
         _ = try s.delete(alice, try XCTUnwrap(s.notification(alice, id: "n_1")), reason: .deleted, at: t0)
         try assertCountsMatchHistory(s, alice)
+    }
+
+    /// Version 5 keeps a notification's JSON only in its change: a version
+    /// 4 file keeps its rows' JSON, gets their targeting in columns, and
+    /// reads, counts, writes and prunes old and new rows alike.
+    func testMigrationFromVersion4KeepsTheRowsJSON() throws {
+        let users = Set(mixed.map(\.0))
+        var before: [UserKey: [String: TargetingCounts]] = [:]
+        var stored: [String: Notification] = [:]
+        do {
+            let s = try SQLiteStore(path: path)
+            for (u, n) in mixed {
+                _ = try s.upsert(u, n, previous: nil, at: t0)
+                stored[n.id] = try s.notification(u, id: n.id)
+            }
+            for u in users { before[u] = keyed(try s.counts(u)) }
+            try downgradeToVersion4(s)
+            XCTAssertEqual(try s.db.int("SELECT count(*) FROM notifications WHERE json = ''"), 0)
+            s.close()
+        }
+        let s = try SQLiteStore(path: path)
+        XCTAssertEqual(try s.db.int("PRAGMA user_version"), SQLiteStore.schemaVersion)
+        for (u, n) in mixed { XCTAssertEqual(try s.notification(u, id: n.id), stored[n.id]) }
+        for u in users { XCTAssertEqual(keyed(try s.counts(u)), before[u], "\(u)") }
+        // Changing and deleting the old rows moves the counts by their targeting.
+        var n5 = try XCTUnwrap(s.notification(alice, id: "n_5"))
+        n5.readState = .read
+        n5.version += 1
+        _ = try s.upsert(alice, n5, previous: nil, at: t0 + 1)
+        _ = try s.delete(alice, try XCTUnwrap(s.notification(alice, id: "n_4")), reason: .deleted, at: t0 + 1)
+        try assertCountsMatchHistory(s, alice)
+        XCTAssertEqual(try s.notification(alice, id: "n_5"), n5)
+        _ = try s.pruneChanges(before: t0 + 10)
+        XCTAssertEqual(try s.notification(alice, id: "n_5"), n5)
+        XCTAssertEqual(try s.notification(alice, id: "n_3"), stored["n_3"])
+        try assertCountsMatchHistory(s, alice)
+    }
+
+    /// A notification's JSON is written once, in its change, and pruning
+    /// that change copies it into the notification's row.
+    func testANotificationsJSONIsWrittenOnce() throws {
+        let s = try SQLiteStore(path: path, durability: .off)
+        let big: JSONObject = ["text": .string(String(repeating: "x", count: 60_000))]
+        let pages = try XCTUnwrap(s.db.int("PRAGMA page_count"))
+        for k in 0..<10 { _ = try s.upsert(alice, note("n_\(k)", "a\(k)", payload: big), previous: nil, at: t0) }
+        // 600 KB of payloads: one copy is ~147 pages of 4 KiB, two ~294.
+        let grown = try XCTUnwrap(s.db.int("PRAGMA page_count")) - pages
+        XCTAssertLessThan(grown, 200, "pages added for 10 notifications of 60 KB")
+        XCTAssertEqual(try s.db.int("SELECT sum(length(json)) FROM notifications"), 0)
+        XCTAssertEqual(try s.pruneChanges(before: t0 + 1), 10)
+        XCTAssertEqual(try s.db.int("SELECT count(*) FROM notifications WHERE seq IS NULL AND length(json) > 60000"), 10)
+        XCTAssertEqual(try s.history(alice, after: nil, limit: 20).map(\.payload), Array(repeating: big, count: 10))
     }
 
     // MARK: Readers
@@ -648,6 +718,9 @@ final class SQLiteStoreTests: XCTestCase {
             (SQLiteStore.changesAfterSQL, 4, "PRIMARY KEY"),
             (SQLiteStore.expiringSQL, 2, "notifications_expiry"),
             (SQLiteStore.pruneScanSQL, 1, "changes_by_at"),
+            (SQLiteStore.notificationByIdSQL, 3, "notifications_by_id"),
+            (SQLiteStore.notificationByAppIdSQL, 3, "notifications_by_app_id"),
+            (SQLiteStore.pointedAtSQL, 3, "PRIMARY KEY"),
         ]
         for (sql, args, index) in cases {
             let p = try plan(s, sql, args)
@@ -658,6 +731,13 @@ final class SQLiteStoreTests: XCTestCase {
         let counts = try plan(s, SQLiteStore.countsSQL, 2)
         XCTAssertTrue(counts.contains("SEARCH feeds USING PRIMARY KEY (app=? AND user=?)")
                       && counts.contains("SEARCH counts USING PRIMARY KEY (app=? AND user=?)") && !counts.contains("SCAN"), counts)
+        // Each notification's change by its key; each pointed-at row by its id.
+        for (sql, args) in [(SQLiteStore.historyFirstSQL, 3), (SQLiteStore.historyAfterSQL, 7), (SQLiteStore.expiringSQL, 2),
+                            (SQLiteStore.notificationByIdSQL, 3), (SQLiteStore.notificationByAppIdSQL, 3)] {
+            let p = try plan(s, sql, args)
+            XCTAssertTrue(p.contains("SEARCH c USING PRIMARY KEY (app=? AND user=? AND seq=?)"), p)
+        }
+        XCTAssertTrue(try plan(s, SQLiteStore.pointedAtSQL, 3).contains("SEARCH n USING INDEX notifications_by_id (app=? AND user=? AND id=?)"))
         let history = try plan(s, SQLiteStore.historyAfterSQL, 7)
         XCTAssertTrue(history.contains("created_at<?"), "the range is bounded by the index: \(history)")
     }

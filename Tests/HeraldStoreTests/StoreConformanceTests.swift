@@ -264,30 +264,56 @@ class StoreConformanceTests: XCTestCase {
         var seqs: [Int64] = []
         for k in 0..<4 { seqs.append(try publish(alice, note("n_\(k)", "t\(k)"), at: t + Millis(k) * 100).seq) }
         let bobSeq = try publish(bob, note("n_b", "b", user: bob), at: t + 1000).seq
+        // One notification changed again, so an older change of it goes too.
+        var n1 = try XCTUnwrap(store.notification(alice, id: "n_1"))
+        n1.readState = .read
+        n1.version += 1
+        seqs.append(try publish(alice, n1, at: t + 300).seq)
+        let kept = try store.history(alice, after: nil, limit: 10)
 
         XCTAssertEqual(try store.pruneChanges(before: t), 0)
         XCTAssertEqual(try store.pruneChanges(before: t + 150), 2)  // at t and t+100
         let feed = try store.feed(alice)
-        XCTAssertEqual(feed, FeedState(head: seqs[3], floor: seqs[1]))
-        XCTAssertEqual(try store.changes(alice, after: 0, limit: 10).map(\.seq), [seqs[2], seqs[3]])
+        XCTAssertEqual(feed, FeedState(head: seqs[4], floor: seqs[1]))
+        XCTAssertEqual(try store.changes(alice, after: 0, limit: 10).map(\.seq), [seqs[2], seqs[3], seqs[4]])
         XCTAssertFalse(feed.accepts(cursor: 0), "a cursor before the floor may have missed pruned changes")
         XCTAssertFalse(feed.accepts(cursor: seqs[0]))
         XCTAssertTrue(feed.accepts(cursor: seqs[1]))
-        XCTAssertTrue(feed.accepts(cursor: seqs[3]))
-        XCTAssertFalse(feed.accepts(cursor: seqs[3] + 1), "ahead of the feed")
+        XCTAssertTrue(feed.accepts(cursor: seqs[4]))
+        XCTAssertFalse(feed.accepts(cursor: seqs[4] + 1), "ahead of the feed")
         XCTAssertEqual(try store.feed(bob), FeedState(head: bobSeq, floor: 0), "other feeds untouched")
-        // Notifications are not touched by pruning.
-        XCTAssertEqual(try store.history(alice, after: nil, limit: 10).count, 4)
+        try assertNotificationsKept(kept)
 
         // Prune everything: floor reaches head, seq continues after it.
-        XCTAssertEqual(try store.pruneChanges(before: t + 10_000), 3)
-        XCTAssertEqual(try store.feed(alice), FeedState(head: seqs[3], floor: seqs[3]))
+        XCTAssertEqual(try store.pruneChanges(before: t + 10_000), 4)
+        XCTAssertEqual(try store.feed(alice), FeedState(head: seqs[4], floor: seqs[4]))
         XCTAssertEqual(try store.feed(bob), FeedState(head: bobSeq, floor: bobSeq))
-        XCTAssertTrue(try store.feed(alice).accepts(cursor: seqs[3]))
+        XCTAssertTrue(try store.feed(alice).accepts(cursor: seqs[4]))
+        try assertNotificationsKept(kept)
+        XCTAssertEqual(try store.notification(bob, id: "n_b"), note("n_b", "b", user: bob))
         let next = try publish(alice, note("n_9", "t9"), at: t + 20_000)
-        XCTAssertGreaterThan(next.seq, seqs[3])
-        XCTAssertEqual(try store.changes(alice, after: seqs[3], limit: 10).map(\.seq), [next.seq])
+        XCTAssertGreaterThan(next.seq, seqs[4])
+        XCTAssertEqual(try store.changes(alice, after: seqs[4], limit: 10).map(\.seq), [next.seq])
         XCTAssertEqual(try store.pruneChanges(before: t + 10_000), 0)
+        // A notification kept through a prune changes and is deleted as any other.
+        n1.userActionState = .dismissed
+        n1.version += 1
+        _ = try publish(alice, n1, at: t + 20_001)
+        XCTAssertEqual(try store.notification(alice, id: "n_1"), n1)
+        _ = try store.delete(alice, try XCTUnwrap(store.notification(alice, id: "n_2")), reason: .deleted, at: t + 20_002)
+        XCTAssertEqual(try store.history(alice, after: nil, limit: 10).map(\.id).sorted(), ["n_0", "n_1", "n_3", "n_9"])
+        XCTAssertEqual(try store.counts(alice).reduce(0) { $0 + $1.unread }, 3)
+    }
+
+    /// Pruning changes leaves every notification as it was, however read.
+    func assertNotificationsKept(_ kept: [Notification], file: StaticString = #filePath, line: UInt = #line) throws {
+        XCTAssertEqual(try store.history(alice, after: nil, limit: 10), kept, file: file, line: line)
+        for n in kept {
+            XCTAssertEqual(try store.notification(alice, id: n.id), n, file: file, line: line)
+            XCTAssertEqual(try store.notification(alice, appNotificationId: n.appNotificationId), n, file: file, line: line)
+        }
+        XCTAssertEqual(try store.expiring(until: .max, limit: 10).filter { $0.0 == alice }.map(\.1).sorted { $0.id < $1.id },
+                       kept.sorted { $0.id < $1.id }, file: file, line: line)
     }
 
     // MARK: Transactions
