@@ -46,7 +46,8 @@ final class SQLiteCheckpointer: @unchecked Sendable {  // `phase`, `passedAt` an
     let completed = Atomic<Int>(0)
     let logPages = Atomic<Int32>(0)
 
-    init(path: String, durability: SQLiteStore.Durability, pages: Int32) throws(StoreError) {
+    init(path: String, durability: SQLiteStore.Durability, pages: Int32,
+         nameThread: @escaping @Sendable (String) -> Void) throws(StoreError) {
         self.pages = pages
         step = max(1, pages / 4)
         db = try SQLiteDatabase(path: path)
@@ -59,7 +60,10 @@ final class SQLiteCheckpointer: @unchecked Sendable {  // `phase`, `passedAt` an
             throw error
         }
         syncs = durability != .off
-        Thread { [self] in run() }.start()
+        Thread { [self] in
+            nameThread("herald-checkpt")
+            run()
+        }.start()
     }
 
     /// After a commit on the writer's connection `writer` (engine thread):

@@ -72,9 +72,11 @@ public final class SQLiteStore: NotificationStore {
     /// (`SQLiteCheckpointer`). `deferredSync` (at `full` durability, on a
     /// file): `commit()` writes the log without syncing it and `commitSync`
     /// syncs it; the engine then acknowledges a batch only after that sync,
-    /// which runs beside the next batch (`SQLiteLogSync`).
+    /// which runs beside the next batch (`SQLiteLogSync`). `nameThread`
+    /// names the checkpoint thread (called on it), so that tools show it.
     public init(path: String, durability: Durability = .full, busyTimeoutMillis: Int = 5000,
-                checkpointPages: Int32 = 16384, deferredSync: Bool = false) throws(StoreError) {
+                checkpointPages: Int32 = 16384, deferredSync: Bool = false,
+                nameThread: @escaping @Sendable (String) -> Void = { _ in }) throws(StoreError) {
         self.path = path
         self.durability = durability
         self.busyTimeoutMillis = busyTimeoutMillis
@@ -127,7 +129,8 @@ public final class SQLiteStore: NotificationStore {
         }
         guard !Self.isMemoryPath(path) else { return }
         do throws(StoreError) {
-            checkpointer = try SQLiteCheckpointer(path: path, durability: durability, pages: checkpointPages)
+            checkpointer = try SQLiteCheckpointer(path: path, durability: durability, pages: checkpointPages,
+                                                  nameThread: nameThread)
         } catch {
             db.close()
             throw error

@@ -1,4 +1,5 @@
 import HeraldCore
+import HeraldGateway
 import HeraldStores
 
 func openSQLite(path: String, durability: String?) throws(UsageError) -> NotificationStore {
@@ -7,7 +8,7 @@ func openSQLite(path: String, durability: String?) throws(UsageError) -> Notific
         guard let m = SQLiteStore.Durability(rawValue: d) else { throw UsageError("--durability must be full, normal or off") }
         mode = m
     }
-    do { return try SQLiteStore(path: path, durability: mode, deferredSync: true) } catch {
+    do { return try SQLiteStore(path: path, durability: mode, deferredSync: true, nameThread: nameCurrentThread) } catch {
         throw UsageError("--store sqlite:\(path): \(error.description)")
     }
 }

@@ -56,9 +56,10 @@ def _thread_names(gw) -> set[str]:
 
 
 def test_sqlite_at_full_durability_syncs_on_a_thread_of_its_own(gateway_factory, tmp_path, user):
-    """The log's fsync runs on `herald-sync` beside the engine (docs/OPERATIONS.md)."""
+    """The log's fsync runs on `herald-sync` beside the engine, and copying the
+    log into the file on `herald-checkpt` (docs/OPERATIONS.md)."""
     full = gateway_factory(store=f"sqlite:{tmp_path}/full.db")
-    assert {"herald-engine", "herald-sync", "herald-reader"} <= _thread_names(full)
+    assert {"herald-engine", "herald-sync", "herald-reader", "herald-checkpt"} <= _thread_names(full)
     assert full.publish(user, "a1", expect=201)["seq"] == 1
     assert [n["appNotificationId"] for n in full.server("GET", f"/users/{user}/notifications").json()["notifications"]] == ["a1"]
     normal = gateway_factory(store=f"sqlite:{tmp_path}/normal.db", extra_args=["--durability", "normal"])
