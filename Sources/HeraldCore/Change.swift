@@ -96,7 +96,9 @@ public struct ChangeRecord: Sendable {
     public var seq: Int64 { change.seq }
 
     /// `change.json.encoded`, with an upsert's notification encoded straight
-    /// after the fixed prefix, so `notificationJSON` can find it again.
+    /// after the fixed prefix, so `notificationJSON` can find it again. The
+    /// SQLite store reads notifications back from stored changes by this
+    /// layout (`notificationRange`): changing it needs a schema migration.
     private static func encode(_ change: Change) -> [UInt8] {
         guard case .upsert(let n) = change.op else { return change.json.encoded }
         var bytes = upsertPrefix(change.seq)

@@ -286,21 +286,19 @@ public final class SQLiteStore: NotificationStore {
                 unread = excluded.unread, no_interaction = excluded.no_interaction, total = excluded.total;
         DELETE FROM counts WHERE platforms = '*' AND tags = '';
         """,
-        // 5: a notification's JSON is written once, in its change: the
-        // notification row points at that change (`seq`) and leaves `json`
-        // empty, until pruning the change copies the JSON back into `json`
-        // (seq NULL). Rows written before keep their JSON and a NULL seq.
-        // A change row names its upsert's notification, so pruning finds
-        // the rows still pointed at. The targeting moves into columns of its
-        // own, as the counts read it without the JSON. (`targeted` stays:
-        // dropping it would rewrite the table; nothing reads it since.)
+        // 5: a notification's JSON is written once, in its change (a 64 KiB
+        // notification was written twice): the notification row points at
+        // that change (`seq`) and leaves `json` empty, and the change stays
+        // while pointed at, past its retention too (then below the feed's
+        // floor, never served as a change; `pruneChanges`). Rows written
+        // before keep their JSON and a NULL seq; the counts read their
+        // targeting from it and that of newer rows from columns, so the
+        // migration only adds columns. A change names its upsert's
+        // notification, so pruning can tell which are pointed at.
         """
         ALTER TABLE notifications ADD COLUMN seq INTEGER;
         ALTER TABLE notifications ADD COLUMN target_platforms TEXT;
         ALTER TABLE notifications ADD COLUMN target_tags TEXT;
-        UPDATE notifications SET target_platforms = json_extract(json, '$.targetPlatforms'),
-                                 target_tags = json_extract(json, '$.targetTags')
-            WHERE targeted;
         ALTER TABLE changes ADD COLUMN notification_id TEXT;
         """,
     ]
@@ -431,23 +429,32 @@ public final class SQLiteStore: NotificationStore {
           AND (n.created_at < ? OR (n.created_at = ? AND n.id < ?))
         ORDER BY n.created_at DESC, n.id DESC LIMIT ?
         """
+    /// Never below the floor, where only changes still pointed at remain.
     static let changesAfterSQL = """
         SELECT seq, at, change, before_unread, before_platforms, before_tags, after_unread, after_platforms, after_tags
-        FROM changes WHERE app = ? AND user = ? AND seq > ? ORDER BY seq LIMIT ?
+        FROM changes WHERE app = ?1 AND user = ?2
+          AND seq > max(?3, coalesce((SELECT floor FROM feeds WHERE app = ?1 AND user = ?2), 0))
+        ORDER BY seq LIMIT ?4
         """
-    /// Without statistics the planner would rather scan the whole table in
-    /// key order (to skip a sort) than read the old end of the `at` index.
-    static let pruneScanSQL = "SELECT app, user, max(seq) FROM changes INDEXED BY changes_by_at WHERE at < ? GROUP BY app, user"
+    /// The changes recorded since the last pass's cutoff: older ones are
+    /// pruned already or still pointed at. Without statistics the planner
+    /// would rather scan the whole table in key order (to skip a sort) than
+    /// read a range of the `at` index.
+    static let pruneScanSQL = """
+        SELECT app, user, max(seq) FROM changes INDEXED BY changes_by_at WHERE at >= ? AND at < ? GROUP BY app, user
+        """
+    /// A user's changes after the floor up to a seq, but those a
+    /// notification still points at. (Reading `notification_id`, stored
+    /// after the change's JSON, walks a large change's overflow pages, as
+    /// deleting it does anyway.)
+    static let pruneUserSQL = """
+        DELETE FROM changes WHERE app = ?1 AND user = ?2 AND seq > ?3 AND seq <= ?4
+          AND NOT EXISTS (SELECT 1 FROM notifications n WHERE n.app = ?1 AND n.user = ?2
+                                                          AND n.id = changes.notification_id AND n.seq = changes.seq)
+        """
     static let expiringSQL = """
         SELECT n.app, n.user, \(storedNotification) FROM \(notificationsWithChanges)
         WHERE n.expires_at <= ? ORDER BY n.expires_at LIMIT ?
-        """
-    /// The notifications still pointing at one of a user's changes up to a
-    /// seq: pruning copies their JSON back into their rows first.
-    static let pointedAtSQL = """
-        SELECT n.rowid, c.seq, c.change FROM changes c
-        JOIN notifications n ON n.app = c.app AND n.user = c.user AND n.id = c.notification_id
-        WHERE c.app = ? AND c.user = ? AND c.seq <= ? AND c.notification_id IS NOT NULL AND n.seq = c.seq
         """
     /// The feed row's counts (notifications for everyone) and the others.
     static let countsSQL = """
@@ -507,20 +514,29 @@ public final class SQLiteStore: NotificationStore {
     /// Assigns the user's next seq (head + 1) in the current transaction,
     /// and moves the user's counts by `deltas`: those of notifications for
     /// everyone in the same statement (they live in the feed row), the
-    /// others in `counts`.
-    private func nextSeq(_ user: UserKey, counting deltas: [CountDelta]) throws(StoreError) -> Int64 {
+    /// others in `counts`. Drops the change `replaced` points at (the
+    /// notification's before this write) if only that pointer kept it.
+    private func nextSeq(_ user: UserKey, counting deltas: [CountDelta], replacing replaced: Int64?) throws(StoreError) -> Int64 {
         // At most one delta per targeting (`CountDelta.replacing`).
         let everyone = deltas.first { $0.key == .everyone }
-        guard let seq = try db.int("""
+        var feed: FeedState?
+        try db.query("""
             INSERT INTO feeds (app, user, head, floor, unread, no_interaction, total) VALUES (?, ?, 1, 0, ?, ?, ?)
             ON CONFLICT (app, user) DO UPDATE SET head = head + 1, unread = unread + excluded.unread,
                 no_interaction = no_interaction + excluded.no_interaction, total = total + excluded.total
-            RETURNING head
+            RETURNING head, floor
             """, [.text(user.app), .text(user.user), .int(Int64(everyone?.unread ?? 0)),
-                  .int(Int64(everyone?.noInteraction ?? 0)), .int(Int64(everyone?.total ?? 0))])
-        else { throw StoreError("sqlite (\(path)): no seq assigned") }
+                  .int(Int64(everyone?.noInteraction ?? 0)), .int(Int64(everyone?.total ?? 0))]) { r throws(StoreError) in
+            feed = FeedState(head: r.int64(0), floor: r.int64(1))
+            return false
+        }
+        guard let feed else { throw StoreError("sqlite (\(path)): no seq assigned") }
         try Self.count(db, user, deltas.filter { $0.key != .everyone })
-        return seq
+        if let replaced, replaced <= feed.floor {
+            try db.execute("DELETE FROM changes WHERE app = ? AND user = ? AND seq = ?",
+                           [.text(user.app), .text(user.user), .int(replaced)])
+        }
+        return feed.head
     }
 
     private static func presenceColumns(_ p: Presence?) -> [SQLiteValue] {
@@ -539,21 +555,38 @@ public final class SQLiteStore: NotificationStore {
                 + [notificationId.map(SQLiteValue.text) ?? .null])
     }
 
-    /// A stored notification's targeting, as `storedTargeting` decodes it.
-    private static let targetingColumns = "target_platforms, target_tags"
-    /// The same from the JSON, as files before version 5 kept it (for
-    /// migration 3, which runs before those columns exist).
+    /// A stored notification's targeting, as `storedTargeting` decodes it,
+    /// from the JSON of a row written before version 5 (no `seq`), else
+    /// from its columns. Only targeted rows need the JSON parsed.
+    private static let targetingColumns = """
+        CASE WHEN seq IS NULL THEN CASE WHEN targeted THEN json_extract(json, '$.targetPlatforms') END
+             ELSE target_platforms END,
+        CASE WHEN seq IS NULL THEN CASE WHEN targeted THEN json_extract(json, '$.targetTags') END
+             ELSE target_tags END
+        """
+    /// As files before version 5 read it (migration 3, which runs before
+    /// the columns exist).
     private static let jsonTargetingColumns = """
         CASE WHEN targeted THEN json_extract(json, '$.targetPlatforms') END,
         CASE WHEN targeted THEN json_extract(json, '$.targetTags') END
         """
     private static let storedCountedSQL = """
-        SELECT read_state, user_action_state, \(targetingColumns) FROM notifications WHERE app = ? AND user = ? AND id = ?
+        SELECT read_state, user_action_state, \(targetingColumns), seq FROM notifications WHERE app = ? AND user = ? AND id = ?
         """
-    private static let deleteReturningCountedSQL = """
-        DELETE FROM notifications WHERE app = ? AND user = ? AND id = ?
-        RETURNING read_state, user_action_state, \(targetingColumns)
-        """
+
+    /// What the counts know of a stored notification, and the seq of the
+    /// change it points at (`nextSeq`'s `replacing`). A SELECT, not the
+    /// DELETE's RETURNING: SQLite 3.40 returns wrong values there for a
+    /// column added by ALTER TABLE to a row written before (`seq IS NULL`
+    /// came back false).
+    private func stored(_ user: UserKey, id: String) throws(StoreError) -> (Counted, replaced: Int64?)? {
+        var out: (Counted, replaced: Int64?)?
+        try db.query(Self.storedCountedSQL, [.text(user.app), .text(user.user), .text(id)]) { r throws(StoreError) in
+            out = (Self.counted(r), r.optionalInt64(4))
+            return false
+        }
+        return out
+    }
 
     /// Decodes `targetingColumns` the way `Notification(json:)` reads them.
     private static func storedTargeting(_ r: SQLiteRow, _ col: Int32) -> Targeting {
@@ -611,15 +644,11 @@ public final class SQLiteStore: NotificationStore {
 
     public func upsert(_ user: UserKey, _ n: Notification, previous: Notification?, at: Millis) throws(StoreError) -> ChangeRecord {
         try write { () throws(StoreError) -> ChangeRecord in
-            var old: Counted?
-            try db.query(Self.storedCountedSQL, [.text(user.app), .text(user.user), .text(n.id)]) { r throws(StoreError) in
-                old = Self.counted(r)
-                return false
-            }
-            let seq = try nextSeq(user, counting: CountDelta.replacing(old, by: Counted(n)))
+            let old = try stored(user, id: n.id)
+            let seq = try nextSeq(user, counting: CountDelta.replacing(old?.0, by: Counted(n)), replacing: old?.replaced)
             let r = ChangeRecord(change: Change(seq: seq, op: .upsert(n)), before: previous.map(Presence.init),
                                  after: Presence(n), at: at)
-            // The JSON is written once, in the change (migration 5).
+            // The JSON goes only into the change: written once (migration 5).
             try db.execute("""
                 INSERT INTO notifications (app, user, id, app_notification_id, created_at, expires_at,
                                            read_state, user_action_state, version, targeted, json, seq,
@@ -644,12 +673,10 @@ public final class SQLiteStore: NotificationStore {
 
     public func delete(_ user: UserKey, _ n: Notification, reason: DeleteReason, at: Millis) throws(StoreError) -> ChangeRecord {
         try write { () throws(StoreError) -> ChangeRecord in
-            var old: Counted?
-            try db.query(Self.deleteReturningCountedSQL, [.text(user.app), .text(user.user), .text(n.id)]) { r throws(StoreError) in
-                old = Self.counted(r)
-                return false
-            }
-            let seq = try nextSeq(user, counting: CountDelta.replacing(old, by: nil))
+            let old = try stored(user, id: n.id)
+            try db.execute("DELETE FROM notifications WHERE app = ? AND user = ? AND id = ?",
+                           [.text(user.app), .text(user.user), .text(n.id)])
+            let seq = try nextSeq(user, counting: CountDelta.replacing(old?.0, by: nil), replacing: old?.replaced)
             let op = Change.Op.delete(id: n.id, appNotificationId: n.appNotificationId, reason: reason)
             let r = ChangeRecord(change: Change(seq: seq, op: op), before: Presence(n), after: nil, at: at)
             try append(user, r, notificationId: nil)
@@ -661,39 +688,33 @@ public final class SQLiteStore: NotificationStore {
 
     /// Drops, for every user, the changes up to the last one recorded before
     /// `before` and raises the feed's floor to it, so that every change after
-    /// the floor is still kept. A notification whose JSON only such a change
-    /// holds gets it back in its own row first.
+    /// the floor is still kept. Changes a notification points at (it keeps
+    /// its JSON only there) stay below the floor until it changes or goes
+    /// (`nextSeq`). Each pass looks only at changes recorded since the last
+    /// one's `before`: what is older was pruned or is kept. Returns how many
+    /// changes went below a floor.
     public func pruneChanges(before: Millis) throws(StoreError) -> Int {
         try write { () throws(StoreError) -> Int in
-            var cuts: [(String, String, Int64)] = []
-            try db.query(Self.pruneScanSQL, [.int(before)]) { r throws(StoreError) in
-                if let app = r.text(0), let u = r.text(1) { cuts.append((app, u, r.int64(2))) }
+            let since = try db.text("SELECT value FROM meta WHERE key = 'pruned_before'").flatMap { Int64($0) } ?? 0
+            guard before > since else { return 0 }
+            var cuts: [(UserKey, Int64)] = []
+            try db.query(Self.pruneScanSQL, [.int(since), .int(before)]) { r throws(StoreError) in
+                if let app = r.text(0), let u = r.text(1) { cuts.append((UserKey(app: app, user: u), r.int64(2))) }
                 return true
             }
             var pruned = 0
-            for (app, u, seq) in cuts {
-                try keepNotifications(UserKey(app: app, user: u), upTo: seq)
-                try db.execute("UPDATE feeds SET floor = max(floor, ?) WHERE app = ? AND user = ?", [.int(seq), .text(app), .text(u)])
-                pruned += try db.execute("DELETE FROM changes WHERE app = ? AND user = ? AND seq <= ?", [.text(app), .text(u), .int(seq)])
+            for (user, seq) in cuts {
+                let key: [SQLiteValue] = [.text(user.app), .text(user.user)]
+                let floor = try reads.feed(user).floor
+                guard seq > floor else { continue }
+                pruned += Int(try db.int("SELECT count(*) FROM changes WHERE app = ? AND user = ? AND seq > ? AND seq <= ?",
+                                         key + [.int(floor), .int(seq)]) ?? 0)
+                try db.execute(Self.pruneUserSQL, key + [.int(floor), .int(seq)])
+                try db.execute("UPDATE feeds SET floor = ? WHERE app = ? AND user = ?", [.int(seq)] + key)
             }
+            try db.execute("INSERT INTO meta (key, value) VALUES ('pruned_before', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                           [.text(String(before))])
             return pruned
-        }
-    }
-
-    /// Copies into their rows the JSON of `user`'s notifications that point
-    /// at a change up to `seq`.
-    private func keepNotifications(_ user: UserKey, upTo seq: Int64) throws(StoreError) {
-        var kept: [(rowid: Int64, json: ArraySlice<UInt8>)] = []
-        try db.query(Self.pointedAtSQL, [.text(user.app), .text(user.user), .int(seq)]) { r throws(StoreError) in
-            let change = r.bytes(2)
-            guard let range = ChangeRecord.notificationRange(inUpsert: r.int64(1), count: change.count) else {
-                throw reads.corrupt("change \(r.int64(1)) of \(user)")
-            }
-            kept.append((r.int64(0), change[range]))
-            return true
-        }
-        for k in kept {
-            try db.execute("UPDATE notifications SET json = ?, seq = NULL WHERE rowid = ?", [.utf8(k.json), .int(k.rowid)])
         }
     }
 

@@ -358,10 +358,11 @@ final class SQLiteStoreTests: XCTestCase {
         try assertCountsMatchHistory(s, alice)
     }
 
-    /// A notification's JSON is written once, in its change, and pruning
-    /// that change copies it into the notification's row.
+    /// A notification's JSON is written once, in its change, which stays
+    /// below the floor when pruned until the notification changes or goes.
     func testANotificationsJSONIsWrittenOnce() throws {
         let s = try SQLiteStore(path: path, durability: .off)
+        let reader = try XCTUnwrap(s.makeReader())
         let big: JSONObject = ["text": .string(String(repeating: "x", count: 60_000))]
         let pages = try XCTUnwrap(s.db.int("PRAGMA page_count"))
         for k in 0..<10 { _ = try s.upsert(alice, note("n_\(k)", "a\(k)", payload: big), previous: nil, at: t0) }
@@ -369,9 +370,28 @@ final class SQLiteStoreTests: XCTestCase {
         let grown = try XCTUnwrap(s.db.int("PRAGMA page_count")) - pages
         XCTAssertLessThan(grown, 200, "pages added for 10 notifications of 60 KB")
         XCTAssertEqual(try s.db.int("SELECT sum(length(json)) FROM notifications"), 0)
+
         XCTAssertEqual(try s.pruneChanges(before: t0 + 1), 10)
-        XCTAssertEqual(try s.db.int("SELECT count(*) FROM notifications WHERE seq IS NULL AND length(json) > 60000"), 10)
+        XCTAssertEqual(try s.feed(alice), FeedState(head: 10, floor: 10))
+        XCTAssertEqual(try s.changes(alice, after: 0, limit: 20).count, 0, "kept changes are not served")
+        XCTAssertEqual(try s.db.int("SELECT count(*) FROM changes"), 10, "each kept for its notification")
         XCTAssertEqual(try s.history(alice, after: nil, limit: 20).map(\.payload), Array(repeating: big, count: 10))
+        XCTAssertEqual(try reader.read { r throws(StoreError) in try r.notification(alice, id: "n_3") }?.payload, big)
+        XCTAssertEqual(try s.pruneChanges(before: t0 + 2), 0, "a pass looks only at changes since the last one")
+
+        // Changed or deleted, a notification lets go of its kept change.
+        var n0 = try XCTUnwrap(s.notification(alice, id: "n_0"))
+        n0.readState = .read
+        n0.version += 1
+        _ = try s.upsert(alice, n0, previous: nil, at: t0 + 5)
+        _ = try s.delete(alice, try XCTUnwrap(s.notification(alice, id: "n_1")), reason: .deleted, at: t0 + 5)
+        XCTAssertEqual(try s.db.int("SELECT count(*) FROM changes WHERE seq <= 10"), 8)
+        XCTAssertEqual(try s.changes(alice, after: 10, limit: 20).map(\.seq), [11, 12])
+        XCTAssertEqual(try s.notification(alice, id: "n_0"), n0)
+        XCTAssertEqual(try reader.read { r throws(StoreError) in try r.history(alice, after: nil, limit: 20) }.count, 9)
+        XCTAssertEqual(try s.pruneChanges(before: t0 + 10), 2)
+        XCTAssertEqual(try s.db.int("SELECT count(*) FROM changes"), 9, "the delete went, the change n_0 points at stays")
+        XCTAssertEqual(try s.notification(alice, id: "n_0"), n0)
     }
 
     // MARK: Readers
@@ -720,7 +740,6 @@ final class SQLiteStoreTests: XCTestCase {
             (SQLiteStore.pruneScanSQL, 1, "changes_by_at"),
             (SQLiteStore.notificationByIdSQL, 3, "notifications_by_id"),
             (SQLiteStore.notificationByAppIdSQL, 3, "notifications_by_app_id"),
-            (SQLiteStore.pointedAtSQL, 3, "PRIMARY KEY"),
         ]
         for (sql, args, index) in cases {
             let p = try plan(s, sql, args)
@@ -737,7 +756,10 @@ final class SQLiteStoreTests: XCTestCase {
             let p = try plan(s, sql, args)
             XCTAssertTrue(p.contains("SEARCH c USING PRIMARY KEY (app=? AND user=? AND seq=?)"), p)
         }
-        XCTAssertTrue(try plan(s, SQLiteStore.pointedAtSQL, 3).contains("SEARCH n USING INDEX notifications_by_id (app=? AND user=? AND id=?)"))
+        let prune = try plan(s, SQLiteStore.pruneUserSQL, 4)
+        XCTAssertTrue(prune.contains("SEARCH changes USING PRIMARY KEY (app=? AND user=? AND seq>? AND seq<?)")
+                      && prune.contains("SEARCH n USING INDEX notifications_by_id (app=? AND user=? AND id=?)"), prune)
+        XCTAssertTrue(try plan(s, SQLiteStore.changesAfterSQL, 4).contains("SEARCH changes USING PRIMARY KEY (app=? AND user=? AND seq>?)"))
         let history = try plan(s, SQLiteStore.historyAfterSQL, 7)
         XCTAssertTrue(history.contains("created_at<?"), "the range is bounded by the index: \(history)")
     }
