@@ -25,7 +25,7 @@ final class PostgresRows {
 
     func isNull(_ row: Int, _ col: Int32) -> Bool { PQgetisnull(res, Int32(row), col) != 0 }
 
-    private func buffer(_ row: Int, _ col: Int32) -> UnsafeBufferPointer<UInt8>? {
+    func buffer(_ row: Int, _ col: Int32) -> UnsafeBufferPointer<UInt8>? {
         guard !isNull(row, col), let p = PQgetvalue(res, Int32(row), col) else { return nil }
         return UnsafeRawPointer(p).withMemoryRebound(to: UInt8.self, capacity: 1) {
             UnsafeBufferPointer(start: $0, count: Int(PQgetlength(res, Int32(row), col)))

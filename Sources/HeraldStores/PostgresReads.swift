@@ -17,31 +17,47 @@ struct PostgresReads {
         return r.count == 0 ? FeedState() : FeedState(head: r.int64(0, 0), floor: r.int64(0, 1))
     }
 
-    /// Decodes column `col` of every row as a notification.
+    /// A stored notification's columns, as `notifications` decodes them:
+    /// its own JSON, or the seq of the change holding it and that change.
+    static let storedNotification = "n.json, n.seq, c.change"
+    static let notificationsWithChanges = """
+        notifications n LEFT JOIN changes c ON c.app = n.app AND c.user_id = n.user_id AND c.seq = n.seq
+        """
+
+    /// Decodes `storedNotification`'s columns from `col` of every row.
     func notifications(_ r: PostgresRows, _ col: Int32 = 0) throws(StoreError) -> [Notification] {
         var out: [Notification] = []
         for i in 0..<r.count {
-            guard let n = r.json(i, col).flatMap(Notification.init(json:)) else { throw corrupt("notification") }
+            guard let n = StoredForm.notification(json: r.buffer(i, col), seq: r.optionalInt64(i, col + 1),
+                                                  change: r.buffer(i, col + 2))
+            else { throw corrupt("notification") }
             out.append(n)
         }
         return out
     }
 
     func notification(_ user: UserKey, id: String) throws(StoreError) -> Notification? {
-        try notifications(db.query("SELECT json FROM notifications WHERE app = $1 AND user_id = $2 AND id = $3",
-                                   key(user) + [.text(id)])).first
+        try notifications(db.query("""
+            SELECT \(Self.storedNotification) FROM \(Self.notificationsWithChanges)
+            WHERE n.app = $1 AND n.user_id = $2 AND n.id = $3
+            """, key(user) + [.text(id)])).first
     }
 
     func notification(_ user: UserKey, appNotificationId: String) throws(StoreError) -> Notification? {
-        try notifications(db.query("SELECT json FROM notifications WHERE app = $1 AND user_id = $2 AND app_notification_id = $3",
-                                   key(user) + [.text(appNotificationId)])).first
+        try notifications(db.query("""
+            SELECT \(Self.storedNotification) FROM \(Self.notificationsWithChanges)
+            WHERE n.app = $1 AND n.user_id = $2 AND n.app_notification_id = $3
+            """, key(user) + [.text(appNotificationId)])).first
     }
 
+    /// Never below the floor, where only changes still pointed at remain.
     func changes(_ user: UserKey, after: Int64, limit: Int) throws(StoreError) -> [ChangeRecord] {
         guard limit > 0 else { return [] }
         let r = try db.query("""
             SELECT seq, at, change, before_unread, before_platforms, before_tags, after_unread, after_platforms, after_tags
-            FROM changes WHERE app = $1 AND user_id = $2 AND seq > $3 ORDER BY seq LIMIT $4
+            FROM changes WHERE app = $1 AND user_id = $2
+              AND seq > greatest($3, coalesce((SELECT floor FROM feeds WHERE app = $1 AND user_id = $2), 0))
+            ORDER BY seq LIMIT $4
             """, key(user) + [.int(after), .int(Int64(limit))])
         var out: [ChangeRecord] = []
         for i in 0..<r.count {
@@ -62,13 +78,14 @@ struct PostgresReads {
         guard limit > 0 else { return [] }
         guard let after else {
             return try notifications(db.query("""
-                SELECT json FROM notifications WHERE app = $1 AND user_id = $2
-                ORDER BY created_at DESC, id DESC LIMIT $3
+                SELECT \(Self.storedNotification) FROM \(Self.notificationsWithChanges) WHERE n.app = $1 AND n.user_id = $2
+                ORDER BY n.created_at DESC, n.id DESC LIMIT $3
                 """, key(user) + [.int(Int64(limit))]))
         }
         return try notifications(db.query("""
-            SELECT json FROM notifications WHERE app = $1 AND user_id = $2 AND (created_at, id) < ($3, $4)
-            ORDER BY created_at DESC, id DESC LIMIT $5
+            SELECT \(Self.storedNotification) FROM \(Self.notificationsWithChanges)
+            WHERE n.app = $1 AND n.user_id = $2 AND (n.created_at, n.id) < ($3, $4)
+            ORDER BY n.created_at DESC, n.id DESC LIMIT $5
             """, key(user) + [.int(after.createdAt), .text(after.id), .int(Int64(limit))]))
     }
 

@@ -132,6 +132,19 @@ enum PostgresSchema {
         );
         CREATE INDEX herald_connections_by_node ON herald_connections (node);
         """,
+        // 3: as SQLite's version 5, a notification's JSON is written once,
+        // in its change (a 64 KiB notification was written twice): the row
+        // points at that change (`seq`) and keeps `json` empty. A change
+        // pruned while a notification points at it stays below the floor
+        // with `at` NULL (out of the pruning scan), until its notification
+        // changes or goes. A change names its notification, so pruning can
+        // tell which are pointed at. Rows written before keep their JSON and
+        // a NULL seq. Only catalog changes: instant on a large database.
+        """
+        ALTER TABLE notifications ADD COLUMN seq bigint;
+        ALTER TABLE changes ADD COLUMN notification_id text COLLATE "C";
+        ALTER TABLE changes ALTER COLUMN at DROP NOT NULL;
+        """,
     ]
 
     /// Brings the database to the current version and returns its epoch,

@@ -194,11 +194,11 @@ public final class PostgresStore: NotificationStore {
                 }
             }
             let r = try db.query("""
-                SELECT n.app, n.user_id, n.json FROM notifications n
+                SELECT n.app, n.user_id, \(PostgresReads.storedNotification) FROM \(PostgresReads.notificationsWithChanges)
                 JOIN unnest($1::text[], $2::text[], $3::text[]) AS k(app, user_id, id)
                   ON n.app = k.app AND n.user_id = k.user_id AND n.id = k.id
                 UNION ALL
-                SELECT n.app, n.user_id, n.json FROM notifications n
+                SELECT n.app, n.user_id, \(PostgresReads.storedNotification) FROM \(PostgresReads.notificationsWithChanges)
                 JOIN unnest($4::text[], $5::text[], $6::text[]) AS k(app, user_id, anid)
                   ON n.app = k.app AND n.user_id = k.user_id AND n.app_notification_id = k.anid
                 """, (byId + byApp).map { .text(Self.arrayLiteral($0)) })
@@ -272,7 +272,7 @@ public final class PostgresStore: NotificationStore {
         try check()
         guard limit > 0 else { return [] }
         let r = try db.query("""
-            SELECT n.app, n.user_id, f.head, n.json FROM notifications n
+            SELECT n.app, n.user_id, f.head, \(PostgresReads.storedNotification) FROM \(PostgresReads.notificationsWithChanges)
             JOIN feeds f ON f.app = n.app AND f.user_id = n.user_id
             WHERE n.expires_at <= $1 ORDER BY n.expires_at, n.app, n.user_id, n.id LIMIT $2
             FOR UPDATE OF n, f SKIP LOCKED
@@ -323,16 +323,21 @@ public final class PostgresStore: NotificationStore {
 
     /// The rest of every write statement, after its CTEs `old` (what the
     /// notification counted for before: read_state, user_action_state,
-    /// count_platforms, count_tags; no row for a new one) and `new` (the
-    /// same after; no row for a delete): appends the change (parameters
-    /// $1...$11), makes its seq ($3) the feed's head, and moves the user's
-    /// counts by the difference. A counts row left at 0 is dropped by
-    /// `pruneChanges`, so a write needs no statement after this one.
+    /// count_platforms, count_tags, and the seq of the change it points at;
+    /// no row for a new one) and `new` (the same after; no row for a
+    /// delete): appends the change (parameters $1...$11, and the
+    /// notification's id $12), drops the change the notification pointed at
+    /// if only that kept it (`pruneChanges`), makes the new seq ($3) the
+    /// feed's head, and moves the user's counts by the difference. A counts
+    /// row left at 0 is dropped by `pruneChanges`, so a write needs no
+    /// statement after this one.
     private static let appendAndCount = """
         appended AS (
             INSERT INTO changes (app, user_id, seq, at, change, before_unread, before_platforms, before_tags,
-                                 after_unread, after_platforms, after_tags)
-            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+                                 after_unread, after_platforms, after_tags, notification_id)
+            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+        ), released AS (
+            DELETE FROM changes WHERE app = $1 AND user_id = $2 AND seq = (SELECT seq FROM old) AND at IS NULL
         ), head AS (
             UPDATE feeds SET head = $3 WHERE app = $1 AND user_id = $2
         ), delta AS (
@@ -378,25 +383,27 @@ public final class PostgresStore: NotificationStore {
             let key = TargetingKey(n.targeting)
             try db.send("""
                 WITH old AS (
-                    SELECT read_state, user_action_state, count_platforms, count_tags FROM notifications
+                    SELECT read_state, user_action_state, count_platforms, count_tags, seq FROM notifications
                     WHERE app = $1 AND user_id = $2 AND id = $12
                 ), new AS (
                     SELECT $16::text AS read_state, $17::text AS user_action_state,
                            $19::text AS count_platforms, $20::text AS count_tags
                 ), saved AS (
+                    -- The JSON goes only into the change: written once (migration 3).
                     INSERT INTO notifications (app, user_id, id, app_notification_id, created_at, expires_at, read_state,
-                                               user_action_state, version, count_platforms, count_tags, json)
-                    VALUES ($1, $2, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21)
+                                               user_action_state, version, count_platforms, count_tags, json, seq)
+                    VALUES ($1, $2, $12, $13, $14, $15, $16, $17, $18, $19, $20, '', $3)
                     ON CONFLICT (app, user_id, id) DO UPDATE SET
                         app_notification_id = excluded.app_notification_id, created_at = excluded.created_at,
                         expires_at = excluded.expires_at, read_state = excluded.read_state,
                         user_action_state = excluded.user_action_state, version = excluded.version,
-                        count_platforms = excluded.count_platforms, count_tags = excluded.count_tags, json = excluded.json
+                        count_platforms = excluded.count_platforms, count_tags = excluded.count_tags, json = '',
+                        seq = excluded.seq
                 ), \(Self.appendAndCount)
                 """, Self.appendParameters(user, r)
                     + [.text(n.id), .text(n.appNotificationId), .int(n.createdAt), .int(n.expiresAt),
                        .text(n.readState.rawValue), .text(n.userActionState.rawValue), .int(n.version),
-                       .text(key.platforms), .text(key.tags), .utf8(r.notificationJSON!)])
+                       .text(key.platforms), .text(key.tags)])
             remember(user, n)
             return r
         }
@@ -410,7 +417,7 @@ public final class PostgresStore: NotificationStore {
             try db.send("""
                 WITH old AS (
                     DELETE FROM notifications WHERE app = $1 AND user_id = $2 AND id = $12
-                    RETURNING read_state, user_action_state, count_platforms, count_tags
+                    RETURNING read_state, user_action_state, count_platforms, count_tags, seq
                 ), new AS (
                     SELECT * FROM old WHERE false
                 ), \(Self.appendAndCount)
@@ -423,27 +430,43 @@ public final class PostgresStore: NotificationStore {
     // MARK: Retention
 
     /// Drops, for every user, the changes up to the last one recorded before
-    /// `before` and raises the feed's floor to it. Users another transaction
-    /// holds are skipped (pruned next time) rather than waited for, so the
-    /// sweep never deadlocks with a batch. Also drops the counts rows that
-    /// writes left at 0 (see `appendAndCount`), as skipping.
+    /// `before` and raises the feed's floor to it. A change a notification
+    /// points at (it keeps its JSON only there) stays below the floor with
+    /// `at` NULL, out of later passes, until the notification changes or
+    /// goes (`appendAndCount`); so every change at or below a floor is kept
+    /// that way, and a pass reads only those above. Users another
+    /// transaction holds are skipped (pruned next time) rather than waited
+    /// for, so the sweep never deadlocks with a batch. Also drops the counts
+    /// rows that writes left at 0 (see `appendAndCount`), as skipping.
+    /// Returns how many changes went below a floor.
     public func pruneChanges(before: Millis) throws(StoreError) -> Int {
         try write { () throws(StoreError) -> Int in
             try db.execute("""
                 DELETE FROM counts WHERE ctid = ANY(ARRAY(SELECT ctid FROM counts WHERE total = 0 FOR UPDATE SKIP LOCKED))
                 """)
-            return try db.execute("""
+            return Int(try db.query("""
                 WITH cuts AS (
                     SELECT app, user_id, max(seq) AS seq FROM changes WHERE at < $1 GROUP BY app, user_id
                 ), mine AS (
-                    SELECT f.app, f.user_id, c.seq FROM feeds f JOIN cuts c ON c.app = f.app AND c.user_id = f.user_id
+                    SELECT f.app, f.user_id, f.floor, c.seq FROM feeds f JOIN cuts c ON c.app = f.app AND c.user_id = f.user_id
+                    WHERE c.seq > f.floor
                     FOR UPDATE OF f SKIP LOCKED
                 ), raised AS (
-                    UPDATE feeds f SET floor = greatest(f.floor, m.seq) FROM mine m
-                    WHERE f.app = m.app AND f.user_id = m.user_id
+                    UPDATE feeds f SET floor = m.seq FROM mine m WHERE f.app = m.app AND f.user_id = m.user_id
+                ), pruned AS (
+                    SELECT c.app, c.user_id, c.seq, EXISTS (
+                        SELECT 1 FROM notifications n WHERE n.app = c.app AND n.user_id = c.user_id
+                                                        AND n.id = c.notification_id AND n.seq = c.seq) AS pointed
+                    FROM changes c JOIN mine m ON c.app = m.app AND c.user_id = m.user_id AND c.seq > m.floor AND c.seq <= m.seq
+                ), kept AS (
+                    UPDATE changes c SET at = NULL FROM pruned p
+                    WHERE p.pointed AND c.app = p.app AND c.user_id = p.user_id AND c.seq = p.seq
+                ), gone AS (
+                    DELETE FROM changes c USING pruned p
+                    WHERE NOT p.pointed AND c.app = p.app AND c.user_id = p.user_id AND c.seq = p.seq
                 )
-                DELETE FROM changes c USING mine m WHERE c.app = m.app AND c.user_id = m.user_id AND c.seq <= m.seq
-                """, [.int(before)])
+                SELECT count(*) FROM pruned
+                """, [.int(before)]).int64(0, 0))
         }
     }
 

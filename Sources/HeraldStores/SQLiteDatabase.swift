@@ -32,18 +32,14 @@ struct SQLiteRow {
         return Array(UnsafeBufferPointer(start: p, count: Int(sqlite3_column_bytes(stmt, i))))
     }
 
-    /// The column's text parsed as JSON; nil when NULL, absent or malformed.
-    func json(_ i: Int32) -> JSON? { json(i) { 0 ..< $0 } }
-
-    /// The part `range` picks (given the text's length in bytes) of the
-    /// column's text parsed as JSON; nil when NULL, when `range` is nil or
-    /// outside the text, or when malformed.
-    func json(_ i: Int32, in range: (Int) -> Range<Int>?) -> JSON? {
+    /// The column's text as UTF-8 bytes, in place (nil when NULL).
+    func buffer(_ i: Int32) -> UnsafeBufferPointer<UInt8>? {
         guard let p = sqlite3_column_text(stmt, i) else { return nil }
-        let text = UnsafeBufferPointer(start: p, count: Int(sqlite3_column_bytes(stmt, i)))
-        guard let r = range(text.count), r.lowerBound >= 0, r.upperBound <= text.count else { return nil }
-        return StoredForm.json(UnsafeBufferPointer(rebasing: text[r]))
+        return UnsafeBufferPointer(start: p, count: Int(sqlite3_column_bytes(stmt, i)))
     }
+
+    /// The column's text parsed as JSON; nil when NULL, absent or malformed.
+    func json(_ i: Int32) -> JSON? { buffer(i).flatMap(StoredForm.json) }
 }
 
 /// A thin wrapper over one sqlite3 connection with a prepared-statement

@@ -24,14 +24,8 @@ struct SQLiteReads {
     /// Decodes `SQLiteStore.storedNotification`'s columns from `col`: the
     /// row's own JSON, or the part of the change it points at that holds it.
     private func notification(_ r: SQLiteRow, _ col: Int32) throws(StoreError) -> Notification {
-        let json: JSON?
-        if r.isNull(col + 1) {
-            json = r.json(col)
-        } else {
-            let seq = r.int64(col + 1)
-            json = r.json(col + 2) { ChangeRecord.notificationRange(inUpsert: seq, count: $0) }
-        }
-        guard let n = json.flatMap(Notification.init(json:)) else { throw corrupt("notification") }
+        guard let n = StoredForm.notification(json: r.buffer(col), seq: r.optionalInt64(col + 1), change: r.buffer(col + 2))
+        else { throw corrupt("notification") }
         return n
     }
 

@@ -10,6 +10,19 @@ enum StoredForm {
         try? JSONParser.parse(bytes, maxDepth: JSONParser.defaultMaxDepth + 8)
     }
 
+    /// A stored notification: `json`, its row's own JSON, when `seq` is nil,
+    /// else the notification inside `change`, the upsert at `seq` (the
+    /// stores write a notification's JSON only there).
+    static func notification(json: UnsafeBufferPointer<UInt8>?, seq: Int64?,
+                             change: UnsafeBufferPointer<UInt8>?) -> Notification? {
+        var bytes = json
+        if let seq {
+            guard let change, let range = ChangeRecord.notificationRange(inUpsert: seq, count: change.count) else { return nil }
+            bytes = UnsafeBufferPointer(rebasing: change[range])
+        }
+        return bytes.flatMap(Self.json).flatMap(Notification.init(json:))
+    }
+
     /// A presence's targeting columns: platforms comma-separated in the
     /// order given (nil for all platforms), tags the expression's source
     /// (nil for all devices).

@@ -288,6 +288,66 @@ final class PostgresStoreTests: XCTestCase {
         XCTAssertEqual(try store.db.query("SELECT count(*) FROM counts").int64(0, 0), 0)
     }
 
+    /// A notification's JSON is written once, in its change, which a prune
+    /// keeps (below the floor, `at` NULL) until the notification changes or goes.
+    func testANotificationsJSONIsWrittenOnceAndItsChangeKept() throws {
+        let store = try PostgresStore(url: database.url)
+        func rows(_ sql: String) throws -> Int64 { try store.db.query(sql).int64(0, 0) }
+        let big: JSONObject = ["text": .string(String(repeating: "x", count: 60_000))]
+        for k in 0..<3 {
+            var n = note("n_\(k)")
+            n.payload = big
+            _ = try store.upsert(alice, n, previous: nil, at: t0)
+        }
+        XCTAssertEqual(try rows("SELECT sum(length(json)) FROM notifications"), 0)
+        XCTAssertEqual(try store.pruneChanges(before: t0 + 1), 3)
+        XCTAssertEqual(try store.feed(alice), FeedState(head: 3, floor: 3))
+        XCTAssertEqual(try store.changes(alice, after: 0, limit: 10).count, 0, "kept changes are not served")
+        XCTAssertEqual(try rows("SELECT count(*) FROM changes WHERE at IS NULL"), 3)
+        XCTAssertEqual(try store.pruneChanges(before: t0 + 2), 0, "kept changes are out of later passes")
+        XCTAssertEqual(try store.history(alice, after: nil, limit: 10).map(\.payload), Array(repeating: big, count: 3))
+        XCTAssertEqual(try store.makeReader()?.read { r throws(StoreError) in try r.notification(alice, id: "n_1") }?.payload, big)
+
+        var n0 = try XCTUnwrap(store.notification(alice, id: "n_0"))
+        n0.readState = .read
+        n0.version += 1
+        _ = try store.upsert(alice, n0, previous: nil, at: t0 + 5)
+        _ = try store.delete(alice, try XCTUnwrap(store.notification(alice, id: "n_1")), reason: .deleted, at: t0 + 5)
+        XCTAssertEqual(try rows("SELECT count(*) FROM changes WHERE at IS NULL"), 1, "n_2's stays")
+        XCTAssertEqual(try store.changes(alice, after: 3, limit: 10).map(\.seq), [4, 5])
+        XCTAssertEqual(try store.notification(alice, id: "n_0"), n0)
+        XCTAssertEqual(try store.pruneChanges(before: t0 + 10), 2)
+        XCTAssertEqual(try rows("SELECT count(*) FROM changes"), 2, "those n_0 and n_2 point at")
+        XCTAssertEqual(try store.history(alice, after: nil, limit: 10).map(\.id).sorted(), ["n_0", "n_2"])
+    }
+
+    /// A database of version 2 keeps its rows' JSON; they read, change and
+    /// prune as newer ones do.
+    func testMigrationFromVersion2KeepsTheRowsJSON() throws {
+        do {
+            let store = try PostgresStore(url: database.url)
+            for k in 0..<2 { _ = try store.upsert(alice, note("n_\(k)"), previous: nil, at: t0) }
+            // What version 2 wrote: the JSON in the row.
+            try store.db.script("""
+                UPDATE notifications n SET json = substr(c.change, length('{"seq":' || c.seq || ',"op":"upsert","notification":') + 1,
+                                                         length(c.change) - length('{"seq":' || c.seq || ',"op":"upsert","notification":') - 1)
+                    FROM changes c WHERE c.app = n.app AND c.user_id = n.user_id AND c.seq = n.seq;
+                ALTER TABLE notifications DROP COLUMN seq; ALTER TABLE changes DROP COLUMN notification_id;
+                ALTER TABLE changes ALTER COLUMN at SET NOT NULL; DELETE FROM herald_schema WHERE version = 3;
+                """)
+        }
+        let store = try PostgresStore(url: database.url)
+        XCTAssertEqual(try store.db.query("SELECT max(version) FROM herald_schema").int64(0, 0), PostgresSchema.version)
+        XCTAssertEqual(try store.notification(alice, id: "n_0"), note("n_0"))
+        var n1 = note("n_1")
+        n1.readState = .read
+        n1.version += 1
+        _ = try store.upsert(alice, n1, previous: nil, at: t0 + 1)
+        XCTAssertEqual(try store.pruneChanges(before: t0 + 10), 3)
+        XCTAssertEqual(try store.history(alice, after: nil, limit: 10).sorted { $0.id < $1.id }, [note("n_0"), n1])
+        XCTAssertEqual(try store.counts(alice).map(\.unread), [1])
+    }
+
     // MARK: Readers
 
     func testReaderReadIsOneSnapshot() throws {
