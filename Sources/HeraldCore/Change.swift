@@ -97,8 +97,8 @@ public struct ChangeRecord: Sendable {
 
     /// `change.json.encoded`, with an upsert's notification encoded straight
     /// after the fixed prefix, so `notificationJSON` can find it again. The
-    /// SQLite store reads notifications back from stored changes by this
-    /// layout (`notificationRange`): changing it needs a schema migration.
+    /// SQL stores read notifications back from stored changes by this
+    /// layout (`notificationRange`): changing it needs schema migrations.
     private static func encode(_ change: Change) -> [UInt8] {
         guard case .upsert(let n) = change.op else { return change.json.encoded }
         var bytes = upsertPrefix(change.seq)
@@ -112,21 +112,23 @@ public struct ChangeRecord: Sendable {
     }
 
     /// An upsert's notification as encoded inside `encoded` (nil for a
-    /// delete): the store's row and the answer to the write reuse these
-    /// bytes rather than encoding the notification again (a 64 KiB payload
-    /// cost ~0.1 ms per encoding). `encoded` has `Change.json`'s layout, as
-    /// `encode` and every stored record (written from it) have.
+    /// delete): the answer to the write reuses these bytes rather than
+    /// encoding the notification again (a 64 KiB payload cost ~0.1 ms per
+    /// encoding). `encoded` has `Change.json`'s layout, as `encode` and
+    /// every stored record (written from it) have.
     public var notificationJSON: ArraySlice<UInt8>? {
         guard case .upsert = change.op else { return nil }
-        return encoded[Self.notificationRange(inUpsert: seq, count: encoded.count)!]
+        let start = Self.upsertPrefixLength + String(seq).utf8.count
+        return encoded[start ..< encoded.count - 1]
     }
 
-    /// Where the notification lies in the `count` encoded bytes of the
-    /// upsert at `seq` (nil when too short to hold one): a store that keeps
-    /// a notification only inside its change reads it back from there.
-    public static func notificationRange(inUpsert seq: Int64, count: Int) -> Range<Int>? {
-        let start = upsertPrefixLength + String(seq).utf8.count
-        return start < count ? start ..< count - 1 : nil
+    /// Where the notification lies in `encoded`, read back as the upsert at
+    /// `seq`; nil unless it has that upsert's layout: the SQL stores keep a
+    /// notification only inside its change.
+    public static func notificationRange(inUpsert seq: Int64, of encoded: UnsafeBufferPointer<UInt8>) -> Range<Int>? {
+        let prefix = upsertPrefix(seq)
+        guard encoded.count > prefix.count + 1, encoded.last == UInt8(ascii: "}"), encoded.starts(with: prefix) else { return nil }
+        return prefix.count ..< encoded.count - 1
     }
 
     /// `upsertPrefix`'s length without the seq's digits.

@@ -147,6 +147,18 @@ enum PostgresSchema {
         """,
     ]
 
+    /// A node of an older Herald misreads what a newer schema holds (since
+    /// version 3 a notification's JSON is in its change, and its pruning
+    /// would drop changes notifications point at): migrate only once every
+    /// node on the database has stopped (`herald_nodes`, from version 2).
+    private static func refuseWhileNodesRun(_ db: PostgresConnection, _ current: Int64) throws(StoreError) {
+        guard current >= 2 else { return }
+        let running = try db.query("SELECT count(*) FROM herald_nodes WHERE lease_until > now()").int64(0, 0)
+        guard running == 0 else {
+            throw db.error("schema", "\(running) gateway node(s) are running on this database at schema version \(current); stop every node before upgrading it to \(version) (an older node would misread what this version writes). A stopped or crashed node's lease ends within 10 s. Nothing was changed.")
+        }
+    }
+
     /// Brings the database to the current version and returns its epoch,
     /// made by the first migration.
     static func migrate(_ db: PostgresConnection) throws(StoreError) -> String {
@@ -164,6 +176,7 @@ enum PostgresSchema {
                 throw db.error("schema", "the database has schema version \(current), newer than the \(version) this Herald understands; refusing to use it (upgrade Herald). Nothing was changed.")
             }
             if current < version {
+                try refuseWhileNodesRun(db, current)
                 for v in (current + 1)...version {
                     try db.script(migrations[Int(v - 1)])
                     if v == 1 {

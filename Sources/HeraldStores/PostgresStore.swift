@@ -267,23 +267,38 @@ public final class PostgresStore: NotificationStore {
 
     /// Oldest expiry first, skipping what another transaction holds (see
     /// the class comment); inside a transaction the rows and their users
-    /// stay locked until it ends.
+    /// stay locked until it ends. Locks first, then reads: a row another
+    /// node changed while this waited is locked in its new version, but a
+    /// join in the same statement would still see the change it pointed at
+    /// before; a second statement sees what is locked as it is.
     public func expiring(until: Millis, limit: Int) throws(StoreError) -> [(UserKey, Notification)] {
         try check()
         guard limit > 0 else { return [] }
-        let r = try db.query("""
-            SELECT n.app, n.user_id, f.head, \(PostgresReads.storedNotification) FROM \(PostgresReads.notificationsWithChanges)
+        let due = try db.query("""
+            SELECT n.app, n.user_id, n.id, f.head FROM notifications n
             JOIN feeds f ON f.app = n.app AND f.user_id = n.user_id
             WHERE n.expires_at <= $1 ORDER BY n.expires_at, n.app, n.user_id, n.id LIMIT $2
             FOR UPDATE OF n, f SKIP LOCKED
             """, [.int(until), .int(Int64(limit))])
-        let ns = try reads.notifications(r, 3)
+        guard due.count > 0 else { return [] }
+        var keys: [[String]] = [[], [], []]
+        for i in 0..<due.count {
+            guard let app = due.text(i, 0), let u = due.text(i, 1), let id = due.text(i, 2) else { throw reads.corrupt("notification") }
+            keys[0].append(app); keys[1].append(u); keys[2].append(id)
+            let user = UserKey(app: app, user: u)
+            if inTransaction, heads[user] == nil { heads[user] = due.int64(i, 3) }
+        }
+        let r = try db.query("""
+            SELECT n.app, n.user_id, \(PostgresReads.storedNotification) FROM \(PostgresReads.notificationsWithChanges)
+            JOIN unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS k(app, user_id, id, i)
+              ON n.app = k.app AND n.user_id = k.user_id AND n.id = k.id
+            ORDER BY k.i
+            """, keys.map { .text(Self.arrayLiteral($0)) })
+        let ns = try reads.notifications(r, 2)
         var out: [(UserKey, Notification)] = []
         for (i, n) in ns.enumerated() {
             guard let app = r.text(i, 0), let u = r.text(i, 1) else { throw reads.corrupt("notification") }
-            let user = UserKey(app: app, user: u)
-            if inTransaction, heads[user] == nil { heads[user] = r.int64(i, 2) }
-            out.append((user, n))
+            out.append((UserKey(app: app, user: u), n))
         }
         return out
     }
@@ -444,13 +459,25 @@ public final class PostgresStore: NotificationStore {
             try db.execute("""
                 DELETE FROM counts WHERE ctid = ANY(ARRAY(SELECT ctid FROM counts WHERE total = 0 FOR UPDATE SKIP LOCKED))
                 """)
-            return Int(try db.query("""
+            // Locks first: a second statement then sees every write that
+            // committed before the locks, so no change is taken for pointed
+            // at after its notification moved on.
+            let mine = try db.query("""
                 WITH cuts AS (
                     SELECT app, user_id, max(seq) AS seq FROM changes WHERE at < $1 GROUP BY app, user_id
-                ), mine AS (
-                    SELECT f.app, f.user_id, f.floor, c.seq FROM feeds f JOIN cuts c ON c.app = f.app AND c.user_id = f.user_id
-                    WHERE c.seq > f.floor
-                    FOR UPDATE OF f SKIP LOCKED
+                )
+                SELECT f.app, f.user_id, f.floor, c.seq FROM feeds f JOIN cuts c ON c.app = f.app AND c.user_id = f.user_id
+                WHERE c.seq > f.floor
+                FOR UPDATE OF f SKIP LOCKED
+                """, [.int(before)])
+            guard mine.count > 0 else { return 0 }
+            var columns: [[String]] = [[], [], [], []]
+            for i in 0..<mine.count {
+                for c in 0..<4 { columns[c].append(mine.text(i, Int32(c)) ?? "") }
+            }
+            return Int(try db.query("""
+                WITH mine AS (
+                    SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[]) AS m(app, user_id, floor, seq)
                 ), raised AS (
                     UPDATE feeds f SET floor = m.seq FROM mine m WHERE f.app = m.app AND f.user_id = m.user_id
                 ), pruned AS (
@@ -466,7 +493,7 @@ public final class PostgresStore: NotificationStore {
                     WHERE NOT p.pointed AND c.app = p.app AND c.user_id = p.user_id AND c.seq = p.seq
                 )
                 SELECT count(*) FROM pruned
-                """, [.int(before)]).int64(0, 0))
+                """, columns.map { .text(Self.arrayLiteral($0)) }).int64(0, 0))
         }
     }
 

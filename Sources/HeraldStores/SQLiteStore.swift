@@ -555,20 +555,18 @@ public final class SQLiteStore: NotificationStore {
                 + [notificationId.map(SQLiteValue.text) ?? .null])
     }
 
-    /// A stored notification's targeting, as `storedTargeting` decodes it,
+    /// A stored notification's targeting from its JSON, as rows written
+    /// before version 5 hold it (and migration 3 reads it, before the
+    /// columns exist). Only targeted rows need the JSON parsed.
+    private static let jsonPlatforms = "CASE WHEN targeted THEN json_extract(json, '$.targetPlatforms') END"
+    private static let jsonTags = "CASE WHEN targeted THEN json_extract(json, '$.targetTags') END"
+    private static let jsonTargetingColumns = "\(jsonPlatforms), \(jsonTags)"
+    /// A stored notification's targeting, as `storedTargeting` decodes it:
     /// from the JSON of a row written before version 5 (no `seq`), else
-    /// from its columns. Only targeted rows need the JSON parsed.
+    /// from its columns.
     private static let targetingColumns = """
-        CASE WHEN seq IS NULL THEN CASE WHEN targeted THEN json_extract(json, '$.targetPlatforms') END
-             ELSE target_platforms END,
-        CASE WHEN seq IS NULL THEN CASE WHEN targeted THEN json_extract(json, '$.targetTags') END
-             ELSE target_tags END
-        """
-    /// As files before version 5 read it (migration 3, which runs before
-    /// the columns exist).
-    private static let jsonTargetingColumns = """
-        CASE WHEN targeted THEN json_extract(json, '$.targetPlatforms') END,
-        CASE WHEN targeted THEN json_extract(json, '$.targetTags') END
+        CASE WHEN seq IS NULL THEN \(jsonPlatforms) ELSE target_platforms END,
+        CASE WHEN seq IS NULL THEN \(jsonTags) ELSE target_tags END
         """
     private static let storedCountedSQL = """
         SELECT read_state, user_action_state, \(targetingColumns), seq FROM notifications WHERE app = ? AND user = ? AND id = ?
@@ -686,17 +684,18 @@ public final class SQLiteStore: NotificationStore {
 
     // MARK: Retention
 
-    /// Drops, for every user, the changes up to the last one recorded before
-    /// `before` and raises the feed's floor to it, so that every change after
-    /// the floor is still kept. Changes a notification points at (it keeps
-    /// its JSON only there) stay below the floor until it changes or goes
-    /// (`nextSeq`). Each pass looks only at changes recorded since the last
-    /// one's `before`: what is older was pruned or is kept. Returns how many
-    /// changes went below a floor.
+    /// Drops, for every user with changes recorded before `before`, those up
+    /// to the last such one and raises the feed's floor to it, so that every
+    /// change after the floor is still kept. Changes a notification points
+    /// at (it keeps its JSON only there) stay below the floor until it
+    /// changes or goes (`nextSeq`). A pass looks only at changes recorded
+    /// since the last one's `before`, as what is older was pruned or is
+    /// kept; at all of them if the clock went back past that. Returns how
+    /// many changes went below a floor.
     public func pruneChanges(before: Millis) throws(StoreError) -> Int {
         try write { () throws(StoreError) -> Int in
-            let since = try db.text("SELECT value FROM meta WHERE key = 'pruned_before'").flatMap { Int64($0) } ?? 0
-            guard before > since else { return 0 }
+            let last = try db.text("SELECT value FROM meta WHERE key = 'pruned_before'").flatMap { Int64($0) } ?? 0
+            let since = last < before ? last : 0
             var cuts: [(UserKey, Int64)] = []
             try db.query(Self.pruneScanSQL, [.int(since), .int(before)]) { r throws(StoreError) in
                 if let app = r.text(0), let u = r.text(1) { cuts.append((UserKey(app: app, user: u), r.int64(2))) }

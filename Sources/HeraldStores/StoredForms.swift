@@ -17,7 +17,7 @@ enum StoredForm {
                              change: UnsafeBufferPointer<UInt8>?) -> Notification? {
         var bytes = json
         if let seq {
-            guard let change, let range = ChangeRecord.notificationRange(inUpsert: seq, count: change.count) else { return nil }
+            guard let change, let range = ChangeRecord.notificationRange(inUpsert: seq, of: change) else { return nil }
             bytes = UnsafeBufferPointer(rebasing: change[range])
         }
         return bytes.flatMap(Self.json).flatMap(Notification.init(json:))

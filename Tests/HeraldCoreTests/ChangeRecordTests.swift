@@ -52,6 +52,27 @@ final class ChangeRecordTests: XCTestCase {
         XCTAssertNil(delete(n).notificationJSON)
     }
 
+    /// A store reads a notification back out of its stored upsert only when
+    /// the bytes are that upsert's.
+    func testANotificationIsFoundInsideItsStoredUpsertOnly() throws {
+        let n = Note.sample()
+        func range(_ seq: Int64, _ bytes: [UInt8]) -> Range<Int>? {
+            bytes.withUnsafeBufferPointer { ChangeRecord.notificationRange(inUpsert: seq, of: $0) }
+        }
+        for seq: Int64 in [1, 9, 10, 12_345, .max] {
+            let r = upsert(n, before: nil, seq: seq)
+            XCTAssertEqual(range(seq, r.encoded).map { Array(r.encoded[$0]) }, n.json.encoded)
+        }
+        let r = upsert(n, before: nil, seq: 42)
+        XCTAssertNil(range(43, r.encoded), "another upsert's seq, as many digits")
+        XCTAssertNil(range(4, r.encoded))
+        let cut = Array(r.encoded.dropLast())
+        XCTAssertThrowsError(try JSONParser.parse(Array(cut[range(42, cut) ?? 0..<0])), "cut short: not a notification")
+        XCTAssertNil(range(42, Array(r.encoded.prefix(30))))
+        XCTAssertNil(range(42, delete(n, seq: 42).encoded))
+        XCTAssertNil(range(42, []))
+    }
+
     func testAWritesAnswerCarriesTheNotificationAndTheSeq() throws {
         let n = Note.sample()
         let r = upsert(n, before: nil, seq: 77)

@@ -321,20 +321,45 @@ final class PostgresStoreTests: XCTestCase {
         XCTAssertEqual(try store.history(alice, after: nil, limit: 10).map(\.id).sorted(), ["n_0", "n_2"])
     }
 
+    /// Turns a database of this version into what version 2 wrote: each
+    /// notification's JSON in its row.
+    func downgradeToVersion2(_ store: PostgresStore) throws {
+        let prefix = #"length('{"seq":' || c.seq || ',"op":"upsert","notification":')"#
+        try store.db.script("""
+            UPDATE notifications n SET json = substr(c.change, \(prefix) + 1, length(c.change) - \(prefix) - 1)
+                FROM changes c WHERE c.app = n.app AND c.user_id = n.user_id AND c.seq = n.seq;
+            ALTER TABLE notifications DROP COLUMN seq; ALTER TABLE changes DROP COLUMN notification_id;
+            ALTER TABLE changes ALTER COLUMN at SET NOT NULL; DELETE FROM herald_schema WHERE version = 3;
+            """)
+    }
+
+    /// Nodes of an older Herald would misread what a newer schema holds: an
+    /// upgrade waits until none holds a live lease.
+    func testAnUpgradeWaitsForEveryNodeToStop() throws {
+        do {
+            let store = try PostgresStore(url: database.url)
+            _ = try store.upsert(alice, note("n_0"), previous: nil, at: t0)
+            try downgradeToVersion2(store)
+            _ = try store.renewLease(node: "old-node", millis: 60_000)
+        }
+        XCTAssertThrowsError(try PostgresStore(url: database.url)) { e in
+            XCTAssertTrue("\(e)".contains("1 gateway node(s) are running on this database at schema version 2"), "\(e)")
+        }
+        let admin = try PostgresConnection(url: database.url)
+        XCTAssertEqual(try admin.query("SELECT max(version) FROM herald_schema").int64(0, 0), 2, "nothing was changed")
+        try admin.execute("UPDATE herald_nodes SET lease_until = now() - interval '1 second'")
+        let store = try PostgresStore(url: database.url)
+        XCTAssertEqual(try store.db.query("SELECT max(version) FROM herald_schema").int64(0, 0), PostgresSchema.version)
+        XCTAssertEqual(try store.notification(alice, id: "n_0"), note("n_0"))
+    }
+
     /// A database of version 2 keeps its rows' JSON; they read, change and
     /// prune as newer ones do.
     func testMigrationFromVersion2KeepsTheRowsJSON() throws {
         do {
             let store = try PostgresStore(url: database.url)
             for k in 0..<2 { _ = try store.upsert(alice, note("n_\(k)"), previous: nil, at: t0) }
-            // What version 2 wrote: the JSON in the row.
-            try store.db.script("""
-                UPDATE notifications n SET json = substr(c.change, length('{"seq":' || c.seq || ',"op":"upsert","notification":') + 1,
-                                                         length(c.change) - length('{"seq":' || c.seq || ',"op":"upsert","notification":') - 1)
-                    FROM changes c WHERE c.app = n.app AND c.user_id = n.user_id AND c.seq = n.seq;
-                ALTER TABLE notifications DROP COLUMN seq; ALTER TABLE changes DROP COLUMN notification_id;
-                ALTER TABLE changes ALTER COLUMN at SET NOT NULL; DELETE FROM herald_schema WHERE version = 3;
-                """)
+            try downgradeToVersion2(store)
         }
         let store = try PostgresStore(url: database.url)
         XCTAssertEqual(try store.db.query("SELECT max(version) FROM herald_schema").int64(0, 0), PostgresSchema.version)

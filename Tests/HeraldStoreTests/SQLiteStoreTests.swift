@@ -377,7 +377,7 @@ final class SQLiteStoreTests: XCTestCase {
         XCTAssertEqual(try s.db.int("SELECT count(*) FROM changes"), 10, "each kept for its notification")
         XCTAssertEqual(try s.history(alice, after: nil, limit: 20).map(\.payload), Array(repeating: big, count: 10))
         XCTAssertEqual(try reader.read { r throws(StoreError) in try r.notification(alice, id: "n_3") }?.payload, big)
-        XCTAssertEqual(try s.pruneChanges(before: t0 + 2), 0, "a pass looks only at changes since the last one")
+        XCTAssertEqual(try s.pruneChanges(before: t0 + 2), 0, "kept changes are not pruned again")
 
         // Changed or deleted, a notification lets go of its kept change.
         var n0 = try XCTUnwrap(s.notification(alice, id: "n_0"))
@@ -392,6 +392,22 @@ final class SQLiteStoreTests: XCTestCase {
         XCTAssertEqual(try s.pruneChanges(before: t0 + 10), 2)
         XCTAssertEqual(try s.db.int("SELECT count(*) FROM changes"), 9, "the delete went, the change n_0 points at stays")
         XCTAssertEqual(try s.notification(alice, id: "n_0"), n0)
+    }
+
+    /// A pass looks only at the changes recorded since the last one's
+    /// cutoff, unless the clock went back past it.
+    func testPruningLooksAtChangesSinceTheLastPassUnlessTheClockWentBack() throws {
+        let s = try SQLiteStore(path: path, durability: .off)
+        _ = try s.upsert(alice, note("n_1", "a1"), previous: nil, at: t0)
+        XCTAssertEqual(try s.pruneChanges(before: t0 + 1), 1)
+        XCTAssertEqual(try s.db.text("SELECT value FROM meta WHERE key = 'pruned_before'"), String(t0 + 1))
+        _ = try s.upsert(alice, note("n_2", "a2"), previous: nil, at: t0)  // recorded before that cutoff
+        XCTAssertEqual(try s.pruneChanges(before: t0 + 2), 0)
+        XCTAssertEqual(try s.feed(alice), FeedState(head: 2, floor: 1))
+        XCTAssertEqual(try s.pruneChanges(before: t0 + 1), 1, "the clock went back: every change is looked at")
+        XCTAssertEqual(try s.feed(alice), FeedState(head: 2, floor: 2))
+        XCTAssertEqual(try s.db.text("SELECT value FROM meta WHERE key = 'pruned_before'"), String(t0 + 1))
+        XCTAssertEqual(try s.history(alice, after: nil, limit: 5).map(\.id).sorted(), ["n_1", "n_2"])
     }
 
     // MARK: Readers
@@ -737,7 +753,7 @@ final class SQLiteStoreTests: XCTestCase {
             (SQLiteStore.historyAfterSQL, 7, "notifications_history"),
             (SQLiteStore.changesAfterSQL, 4, "PRIMARY KEY"),
             (SQLiteStore.expiringSQL, 2, "notifications_expiry"),
-            (SQLiteStore.pruneScanSQL, 1, "changes_by_at"),
+            (SQLiteStore.pruneScanSQL, 2, "changes_by_at"),
             (SQLiteStore.notificationByIdSQL, 3, "notifications_by_id"),
             (SQLiteStore.notificationByAppIdSQL, 3, "notifications_by_app_id"),
         ]
@@ -746,7 +762,7 @@ final class SQLiteStoreTests: XCTestCase {
             XCTAssertTrue(p.hasPrefix("SEARCH") && p.contains("USING") && p.contains(index), p)
             if sql != SQLiteStore.pruneScanSQL { XCTAssertFalse(p.contains("TEMP B-TREE"), p) }
         }
-        XCTAssertTrue(try plan(s, SQLiteStore.pruneScanSQL, 1).contains("COVERING INDEX changes_by_at"))
+        XCTAssertTrue(try plan(s, SQLiteStore.pruneScanSQL, 2).contains("COVERING INDEX changes_by_at"))
         let counts = try plan(s, SQLiteStore.countsSQL, 2)
         XCTAssertTrue(counts.contains("SEARCH feeds USING PRIMARY KEY (app=? AND user=?)")
                       && counts.contains("SEARCH counts USING PRIMARY KEY (app=? AND user=?)") && !counts.contains("SCAN"), counts)
