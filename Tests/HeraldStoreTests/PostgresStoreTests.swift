@@ -237,6 +237,31 @@ final class PostgresStoreTests: XCTestCase {
         XCTAssertEqual(try db.query("SELECT count(*) FROM changes WHERE at IS NOT NULL").int64(0, 0), 0, "all pruned at the end")
     }
 
+    /// One node sweeps due notifications over and over while another keeps
+    /// changing them: each sweep reads every due notification as it is.
+    func testSweepingBesideAnotherNodesWritesReadsEachNotificationAsItIs() throws {
+        let url = database.url, alice = alice, t0 = t0
+        let nodes = [try PostgresStore(url: url), try PostgresStore(url: url)]
+        for k in 0..<5 { _ = try nodes[0].upsert(alice, note("n_\(k)", expiresAt: t0), previous: nil, at: t0) }
+        try concurrently(2) { [self] i in
+            let store = nodes[i]
+            for k in 1...300 {
+                if i == 1 {
+                    try store.begin()
+                    defer { store.rollback() }
+                    let due = try store.expiring(until: t0 + 1, limit: 10)
+                    XCTAssertTrue(due.allSatisfy { $0.1.expiresAt == t0 && $0.0 == alice })
+                    continue
+                }
+                var n = try XCTUnwrap(store.notification(alice, id: "n_\(k % 5)"))
+                n.version += 1
+                n.readState = k % 2 == 0 ? .read : .unread
+                _ = try store.upsert(alice, n, previous: nil, at: t0 + Millis(k))
+            }
+        }
+        XCTAssertEqual(try nodes[1].expiring(until: t0 + 1, limit: 10).count, 5)
+    }
+
     /// A node's read-modify-write of a user waits for another node's open
     /// transaction on that user, then reads what it committed.
     func testAUsersTransactionsRunOneAfterAnotherAcrossNodes() throws {
