@@ -23,6 +23,22 @@ struct PostgresReads {
     static let notificationsWithChanges = """
         notifications n LEFT JOIN changes c ON c.app = n.app AND c.user_id = n.user_id AND c.seq = n.seq
         """
+    private static let byIdSQL = """
+        SELECT \(storedNotification) FROM \(notificationsWithChanges) WHERE n.app = $1 AND n.user_id = $2 AND n.id = $3
+        """
+    private static let byAppIdSQL = """
+        SELECT \(storedNotification) FROM \(notificationsWithChanges)
+        WHERE n.app = $1 AND n.user_id = $2 AND n.app_notification_id = $3
+        """
+    private static let historyFirstSQL = """
+        SELECT \(storedNotification) FROM \(notificationsWithChanges) WHERE n.app = $1 AND n.user_id = $2
+        ORDER BY n.created_at DESC, n.id DESC LIMIT $3
+        """
+    private static let historyAfterSQL = """
+        SELECT \(storedNotification) FROM \(notificationsWithChanges)
+        WHERE n.app = $1 AND n.user_id = $2 AND (n.created_at, n.id) < ($3, $4)
+        ORDER BY n.created_at DESC, n.id DESC LIMIT $5
+        """
 
     /// Decodes `storedNotification`'s columns from `col` of every row.
     func notifications(_ r: PostgresRows, _ col: Int32 = 0) throws(StoreError) -> [Notification] {
@@ -37,17 +53,11 @@ struct PostgresReads {
     }
 
     func notification(_ user: UserKey, id: String) throws(StoreError) -> Notification? {
-        try notifications(db.query("""
-            SELECT \(Self.storedNotification) FROM \(Self.notificationsWithChanges)
-            WHERE n.app = $1 AND n.user_id = $2 AND n.id = $3
-            """, key(user) + [.text(id)])).first
+        try notifications(db.query(Self.byIdSQL, key(user) + [.text(id)])).first
     }
 
     func notification(_ user: UserKey, appNotificationId: String) throws(StoreError) -> Notification? {
-        try notifications(db.query("""
-            SELECT \(Self.storedNotification) FROM \(Self.notificationsWithChanges)
-            WHERE n.app = $1 AND n.user_id = $2 AND n.app_notification_id = $3
-            """, key(user) + [.text(appNotificationId)])).first
+        try notifications(db.query(Self.byAppIdSQL, key(user) + [.text(appNotificationId)])).first
     }
 
     /// Never below the floor, where only changes still pointed at remain.
@@ -77,16 +87,9 @@ struct PostgresReads {
     func history(_ user: UserKey, after: HistoryKey?, limit: Int) throws(StoreError) -> [Notification] {
         guard limit > 0 else { return [] }
         guard let after else {
-            return try notifications(db.query("""
-                SELECT \(Self.storedNotification) FROM \(Self.notificationsWithChanges) WHERE n.app = $1 AND n.user_id = $2
-                ORDER BY n.created_at DESC, n.id DESC LIMIT $3
-                """, key(user) + [.int(Int64(limit))]))
+            return try notifications(db.query(Self.historyFirstSQL, key(user) + [.int(Int64(limit))]))
         }
-        return try notifications(db.query("""
-            SELECT \(Self.storedNotification) FROM \(Self.notificationsWithChanges)
-            WHERE n.app = $1 AND n.user_id = $2 AND (n.created_at, n.id) < ($3, $4)
-            ORDER BY n.created_at DESC, n.id DESC LIMIT $5
-            """, key(user) + [.int(after.createdAt), .text(after.id), .int(Int64(limit))]))
+        return try notifications(db.query(Self.historyAfterSQL, key(user) + [.int(after.createdAt), .text(after.id), .int(Int64(limit))]))
     }
 
     func counts(_ user: UserKey) throws(StoreError) -> [TargetingCounts] {
