@@ -181,6 +181,18 @@ public final class PostgresStore: NotificationStore {
         try readAhead(Array(Set(lookups.filter { known[$0] == nil })))
     }
 
+    /// The notifications of arrays of (app, user, id) and of (app, user,
+    /// appNotificationId).
+    private static let readAheadSQL = """
+        SELECT n.app, n.user_id, \(PostgresReads.storedNotification) FROM \(PostgresReads.notificationsWithChanges)
+        JOIN unnest($1::text[], $2::text[], $3::text[]) AS k(app, user_id, id)
+          ON n.app = k.app AND n.user_id = k.user_id AND n.id = k.id
+        UNION ALL
+        SELECT n.app, n.user_id, \(PostgresReads.storedNotification) FROM \(PostgresReads.notificationsWithChanges)
+        JOIN unnest($4::text[], $5::text[], $6::text[]) AS k(app, user_id, anid)
+          ON n.app = k.app AND n.user_id = k.user_id AND n.app_notification_id = k.anid
+        """
+
     /// Reads the notifications `lookups` name, 500 a statement, into `known`
     /// (their users are locked: nothing but this transaction changes them).
     private func readAhead(_ lookups: [NotificationLookup]) throws(StoreError) {
@@ -193,15 +205,7 @@ public final class PostgresStore: NotificationStore {
                 case .appNotificationId(let u, let a): byApp[0].append(u.app); byApp[1].append(u.user); byApp[2].append(a)
                 }
             }
-            let r = try db.query("""
-                SELECT n.app, n.user_id, \(PostgresReads.storedNotification) FROM \(PostgresReads.notificationsWithChanges)
-                JOIN unnest($1::text[], $2::text[], $3::text[]) AS k(app, user_id, id)
-                  ON n.app = k.app AND n.user_id = k.user_id AND n.id = k.id
-                UNION ALL
-                SELECT n.app, n.user_id, \(PostgresReads.storedNotification) FROM \(PostgresReads.notificationsWithChanges)
-                JOIN unnest($4::text[], $5::text[], $6::text[]) AS k(app, user_id, anid)
-                  ON n.app = k.app AND n.user_id = k.user_id AND n.app_notification_id = k.anid
-                """, (byId + byApp).map { .text(Self.arrayLiteral($0)) })
+            let r = try db.query(Self.readAheadSQL, (byId + byApp).map { .text(Self.arrayLiteral($0)) })
             for l in part { known.updateValue(nil, forKey: l) }
             for (i, n) in try reads.notifications(r, 2).enumerated() {
                 guard let app = r.text(i, 0), let user = r.text(i, 1) else { throw reads.corrupt("notification") }
@@ -265,6 +269,14 @@ public final class PostgresStore: NotificationStore {
 
     public func devices(_ user: UserKey) throws(StoreError) -> [Device] { try reading(user).devices(user) }
 
+    /// The notifications of arrays of (app, user, id), in the arrays' order.
+    private static let dueSQL = """
+        SELECT n.app, n.user_id, \(PostgresReads.storedNotification) FROM \(PostgresReads.notificationsWithChanges)
+        JOIN unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS k(app, user_id, id, i)
+          ON n.app = k.app AND n.user_id = k.user_id AND n.id = k.id
+        ORDER BY k.i
+        """
+
     /// Oldest expiry first, skipping what another transaction holds (see
     /// the class comment); inside a transaction the rows and their users
     /// stay locked until it ends. Locks first, then reads: a row another
@@ -288,12 +300,7 @@ public final class PostgresStore: NotificationStore {
             let user = UserKey(app: app, user: u)
             if inTransaction, heads[user] == nil { heads[user] = due.int64(i, 3) }
         }
-        let r = try db.query("""
-            SELECT n.app, n.user_id, \(PostgresReads.storedNotification) FROM \(PostgresReads.notificationsWithChanges)
-            JOIN unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS k(app, user_id, id, i)
-              ON n.app = k.app AND n.user_id = k.user_id AND n.id = k.id
-            ORDER BY k.i
-            """, keys.map { .text(Self.arrayLiteral($0)) })
+        let r = try db.query(Self.dueSQL, keys.map { .text(Self.arrayLiteral($0)) })
         let ns = try reads.notifications(r, 2)
         var out: [(UserKey, Notification)] = []
         for (i, n) in ns.enumerated() {
