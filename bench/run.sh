@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Herald vs nginx+Nchan benchmark: one command, both targets, one results table.
 #
-#   bench/run.sh              # full run (about 5-8 minutes)
+#   bench/run.sh              # full run (about 13-15 minutes)
 #   QUICK=1 bench/run.sh      # shorter steps, for a smoke test
 #
 # Writes bench/out/results.md (git-ignored) plus the raw logs beside it.
@@ -22,6 +22,8 @@
 #                        TLS_ROUNDS [2] rounds of plain then TLS, each on a fresh
 #                        server: idle at TLS_IDLE_CONNS [4000], fan-out, saturation;
 #                        TLS on HERALD_TLS_PORT [18443]. HERALD_TLS=only: that alone
+#   FANOUT_PAIRS [5]     then that many more FANOUT_USERS fan-outs, Nchan (same
+#                        bytes) and Herald back to back on fresh servers (0: none)
 #   TABLE_ONLY=1         rewrite results.md from the logs of the last run
 # Only loopback addresses are used; every step is bounded in time.
 set -euo pipefail
@@ -59,6 +61,7 @@ HERALD_TLS=${HERALD_TLS:-0}
 HERALD_TLS_PORT=${HERALD_TLS_PORT:-18443}
 TLS_ROUNDS=${TLS_ROUNDS:-2}
 TLS_IDLE_CONNS=${TLS_IDLE_CONNS:-4000}
+FANOUT_PAIRS=${FANOUT_PAIRS:-$([ "$QUICK" = 1 ] && echo 1 || echo 5)}
 if [ "$QUICK" = 1 ]; then
     FANOUT_SECONDS=${QUICK_FANOUT_SECONDS:-4}
     RAMP_SECONDS=2
@@ -323,6 +326,30 @@ run_tls_comparison() {
     done
 }
 
+# The p99 and CPU comparison at FANOUT_USERS x FANOUT_DEVICES, FANOUT_PAIRS
+# times more: an Nchan (same bytes) and a Herald fan-out back to back, each on
+# a fresh server, Nchan first in odd pairs and Herald first in even ones. The
+# two targets' phases above are minutes apart, and this machine's speed
+# drifts that much; a pair's two runs are seconds apart.
+run_pairs() {
+    local r first
+    rm -f "$OUT"/pair[0-9]*-*.log
+    for r in $(seq 1 "$FANOUT_PAIRS"); do
+        log "=== fan-out pair $r of $FANOUT_PAIRS ==="
+        for first in 1 0; do
+            if [ $(( (r + first) % 2 )) = 0 ]; then
+                start_nchan || return 1
+                scenario_fanout "pair$r-nchan-same" "$NCHAN_PIDS" fanout "$FANOUT_USERS" "$FANOUT_RATE" "${NCHAN_SAME_BYTES_ARGS[@]}"
+                stop_nchan
+            else
+                start_herald "pair$r-herald" || return 1
+                scenario_fanout "pair$r-herald" "$HERALD_PID" fanout "$FANOUT_USERS" "$FANOUT_RATE" "${HERALD_ARGS[@]}"
+                stop_herald
+            fi
+        done
+    done
+}
+
 # ---------------------------------------------------------------- run
 HAVE_NCHAN=0
 HAVE_HERALD=0
@@ -368,6 +395,9 @@ if prepare_herald; then
         scenario_saturation herald "$HERALD_PID" durable 1 "$DURABLE_RAMP" 512 "${HERALD_ARGS[@]}" ${DURABLE_ARGS[@]+"${DURABLE_ARGS[@]}"}
         stop_herald
     fi
+    if [ "$HAVE_HERALD" = 1 ] && [ "$HAVE_NCHAN" = 1 ] && [ "${SKIP_NCHAN:-0}" != 1 ] && [ "$FANOUT_PAIRS" -gt 0 ]; then
+        run_pairs || log "fan-out pairs cut short: a server did not start"
+    fi
     [ "$HERALD_TLS" = 0 ] || run_tls_comparison || true
 fi
 if [ "$HAVE_HERALD" = 0 ] && [ "$HERALD_TLS" != only ]; then
@@ -395,6 +425,31 @@ row() { # label herald nchan [nchan with bodies of Herald's frame size]
 steps() { # saturation log: one line per step
     [ -f "$1" ] || return 0
     grep '^RESULT mode=fanout step=' "$1" | awk '{for(i=1;i<=NF;i++){split($i,a,"=");v[a[1]]=a[2]} printf "  %6s pub/s -> %7s deliveries/s  p99 %8s ms  lost %s ok=%s\n", v["target_rate"], v["dps"], v["p99_ms"], v["lost"], v["ok"]}' || true
+}
+
+# the fan-out pairs (run_pairs) found in the logs: one row each, and how
+# many Herald matched Nchan in
+pairs_table() {
+    [ -f "$OUT/pair1-herald-fanout.log" ] || return 0
+    local r=1 h n hc nc p99s="" cpus=""
+    echo
+    echo "Fan-out ${FANOUT_USERS}×${FANOUT_DEVICES} at ${FANOUT_RATE}/s, ${FANOUT_SECONDS} s, in pairs: Nchan with bodies of Herald's frame size and Herald back to back, each on a fresh server (Nchan first in odd pairs, Herald in even ones):"
+    echo
+    echo "| pair | p99 ms: Herald / Nchan | Herald/Nchan | CPU s per million deliveries: Herald / Nchan | Herald/Nchan | lost / duplicate: Herald, Nchan |"
+    echo "|---|---|---|---|---|---|"
+    while [ -f "$OUT/pair$r-herald-fanout.log" ]; do
+        h=$(val "pair$r-herald" fanout step=0 p99_ms) n=$(val "pair$r-nchan-same" fanout step=0 p99_ms)
+        hc=$(val "pair$r-herald" fanout step=0 cpu_s_per_m) nc=$(val "pair$r-nchan-same" fanout step=0 cpu_s_per_m)
+        printf '| %s | %s / %s | %s | %s / %s | %s | %s / %s, %s / %s |\n' "$r" "${h:-—}" "${n:-—}" "$(ratio "$h" "$n")" \
+            "${hc:-—}" "${nc:-—}" "$(ratio "$hc" "$nc")" \
+            "$(val "pair$r-herald" fanout step=0 lost)" "$(val "pair$r-herald" fanout step=0 dup)" \
+            "$(val "pair$r-nchan-same" fanout step=0 lost)" "$(val "pair$r-nchan-same" fanout step=0 dup)"
+        p99s="$p99s $(ratio "$h" "$n")" cpus="$cpus $(ratio "$hc" "$nc")"
+        r=$((r + 1))
+    done
+    echo
+    awk -v p="$p99s" -v c="$cpus" 'function met(s,   a, n, i, k) { n = split(s, a, " "); for (i = 1; i <= n; i++) if (a[i] != "—" && a[i] + 0 <= 1) k++; return k + 0 }
+        BEGIN { n = split(p, x, " "); printf "Herald'"'"'s p99 no worse than Nchan'"'"'s in %d of %d pairs; its CPU per delivery no more than Nchan'"'"'s in %d of %d.\n", met(p), n, met(c), n }'
 }
 
 main_table() {
@@ -428,6 +483,7 @@ main_table() {
     row "… at publishes/s" "$(val herald saturation mode=saturation at_rate)" "$(val nchan saturation mode=saturation at_rate)" "$(val nchan-same saturation mode=saturation at_rate)"
     row "$S, Herald on SQLite (Nchan in memory)" "$(val herald sqlite-saturation mode=saturation max_dps)" \
         "$(val nchan saturation mode=saturation max_dps)" "$(val nchan-same saturation mode=saturation max_dps)"
+    pairs_table
     if [ -f "$OUT/herald-dismiss.log" ] || [ -f "$OUT/herald-reconnect.log" ]; then
         echo
         echo "Herald only (Nchan has no equivalent):"
