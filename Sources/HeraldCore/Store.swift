@@ -106,8 +106,11 @@ public protocol NotificationStore: StoreReading {
 
     /// Notifications with `expiresAt <= until`, oldest expiry first.
     func expiring(until: Millis, limit: Int) throws(StoreError) -> [(UserKey, Notification)]
-    /// Drops changes recorded before `before`, raising each feed's floor.
-    func pruneChanges(before: Millis) throws(StoreError) -> Int
+    /// Drops changes recorded before `before`, raising each feed's floor: at
+    /// most about `limit` of them per call (changes recorded at one instant
+    /// may go together), so that one call never holds the store for long.
+    /// `more`: some may be left for another call.
+    func pruneChanges(before: Millis, limit: Int) throws(StoreError) -> Pruned
 
     func saveDevice(_ user: UserKey, _ device: Device) throws(StoreError)
     func deleteDevice(_ user: UserKey, id: String) throws(StoreError) -> Bool
@@ -141,6 +144,21 @@ extension NotificationStore {
     public var commitSync: CommitSync? { nil }
     public func claim(_ users: [UserKey], lookups: [NotificationLookup]) throws(StoreError) {}
     public func claim(_ users: [UserKey]) throws(StoreError) { try claim(users, lookups: []) }
+
+    /// Drops every change recorded before `before` in one call; how many.
+    public func pruneChanges(before: Millis) throws(StoreError) -> Int {
+        try pruneChanges(before: before, limit: .max).changes
+    }
+}
+
+/// What one `pruneChanges` call did.
+public struct Pruned: Equatable, Sendable {
+    /// Changes it dropped (or, when a notification still points at one,
+    /// took below the feed's floor).
+    public var changes: Int
+    /// Whether changes older than its cutoff may remain for another call.
+    public var more: Bool
+    public init(changes: Int, more: Bool) { self.changes = changes; self.more = more }
 }
 
 /// A notification a transaction will look up, named before it runs (`claim`).

@@ -386,16 +386,21 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
         return true
     }
 
-    /// Runs `body` as its own transaction (maintenance), then its effects.
-    func transaction(_ what: String, _ body: () throws(StoreError) -> Void) {
+    /// Runs `body` as its own transaction (maintenance), then its effects;
+    /// whether it committed.
+    @discardableResult func transaction(_ what: String, _ body: () throws(StoreError) -> Void) -> Bool {
+        let t0 = DispatchTime.now().uptimeNanoseconds
+        defer { metrics.maintenanceLatency.observe(nanos: DispatchTime.now().uptimeNanoseconds - t0) }
         do {
             try store.begin()
             try body()
             try commit(began: nil)
             health.succeeded()
+            return true
         } catch {
             rolledBack()
             health.failed(what, error)
+            return false
         }
     }
 

@@ -176,11 +176,13 @@ public final class MemoryStore: NotificationStore {
         return out
     }
 
-    public func pruneChanges(before: Millis) throws(StoreError) -> Int {
+    public func pruneChanges(before: Millis, limit: Int) throws(StoreError) -> Pruned {
         var pruned = 0
         for k in Array(users.keys) {
             guard let first = users[k]!.changes.first, first.at < before else { continue }
-            let n = users[k]!.changes.prefix { $0.at < before }.count
+            guard pruned < limit else { return Pruned(changes: pruned, more: true) }
+            let due = users[k]!.changes.prefix { $0.at < before }.count
+            let n = min(due, limit - pruned)
             let removed = Array(users[k]!.changes.prefix(n))
             let floor = users[k]!.feed.floor
             users[k]!.feed.floor = removed[n - 1].seq
@@ -190,8 +192,9 @@ public final class MemoryStore: NotificationStore {
                 s.users[k]!.changes.insert(contentsOf: removed, at: 0)
                 s.users[k]!.feed.floor = floor
             }
+            if n < due { return Pruned(changes: pruned, more: true) }
         }
-        return pruned
+        return Pruned(changes: pruned, more: false)
     }
 
     public func devices(_ user: UserKey) throws(StoreError) -> [Device] { devicesByUser[user] ?? [] }

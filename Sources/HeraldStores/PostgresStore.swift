@@ -56,6 +56,8 @@ public final class PostgresStore: NotificationStore {
     /// Notifications of locked users as the open transaction has them
     /// (nil: none), read ahead by `claim` and kept up by its own writes.
     private var known: [NotificationLookup: Notification?] = [:]
+    /// The last prune call left changes for another (`pruneChanges`).
+    private var pruneRoundOpen = false
 
     /// Checks the form of a connection URL without connecting: its
     /// host:port/database, or nil when it is not one libpq accepts.
@@ -459,30 +461,38 @@ public final class PostgresStore: NotificationStore {
     /// that way, and a pass reads only those above. Users another
     /// transaction holds are skipped (pruned next time) rather than waited
     /// for, so the sweep never deadlocks with a batch. Also drops the counts
-    /// rows that writes left at 0 (see `appendAndCount`), as skipping.
-    /// Returns how many changes went below a floor.
-    public func pruneChanges(before: Millis) throws(StoreError) -> Int {
-        try write { () throws(StoreError) -> Int in
-            try db.execute("""
-                DELETE FROM counts WHERE ctid = ANY(ARRAY(SELECT ctid FROM counts WHERE total = 0 FOR UPDATE SKIP LOCKED))
-                """)
+    /// rows that writes left at 0 (see `appendAndCount`), as skipping, once
+    /// per round of calls.
+    public func pruneChanges(before: Millis, limit: Int) throws(StoreError) -> Pruned {
+        try write { () throws(StoreError) -> Pruned in
+            // Once per round of calls, not once per call.
+            if !pruneRoundOpen {
+                try db.execute("""
+                    DELETE FROM counts WHERE ctid = ANY(ARRAY(SELECT ctid FROM counts WHERE total = 0 FOR UPDATE SKIP LOCKED))
+                    """)
+            }
             // Locks first: a second statement then sees every write that
             // committed before the locks, so no change is taken for pointed
-            // at after its notification moved on.
+            // at after its notification moved on. The oldest `limit` changes
+            // name the users of this call (kept changes have no `at`).
             let mine = try db.query("""
-                WITH cuts AS (
-                    SELECT app, user_id, max(seq) AS seq FROM changes WHERE at < $1 GROUP BY app, user_id
+                WITH oldest AS (
+                    SELECT app, user_id, seq FROM changes WHERE at < $1 ORDER BY at LIMIT $2
+                ), cuts AS (
+                    SELECT app, user_id, max(seq) AS seq FROM oldest GROUP BY app, user_id
                 )
-                SELECT f.app, f.user_id, f.floor, c.seq FROM feeds f JOIN cuts c ON c.app = f.app AND c.user_id = f.user_id
+                SELECT f.app, f.user_id, f.floor, c.seq, (SELECT count(*) FROM oldest) FROM feeds f
+                JOIN cuts c ON c.app = f.app AND c.user_id = f.user_id
                 WHERE c.seq > f.floor
                 FOR UPDATE OF f SKIP LOCKED
-                """, [.int(before)])
-            guard mine.count > 0 else { return 0 }
+                """, [.int(before), .int(Int64(limit))])
+            pruneRoundOpen = mine.count > 0 && mine.int64(0, 4) >= Int64(limit)
+            guard mine.count > 0 else { return Pruned(changes: 0, more: false) }
             var columns: [[String]] = [[], [], [], []]
             for i in 0..<mine.count {
                 for c in 0..<4 { columns[c].append(mine.text(i, Int32(c)) ?? "") }
             }
-            return Int(try db.query("""
+            let pruned = Int(try db.query("""
                 WITH mine AS (
                     SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[]) AS m(app, user_id, floor, seq)
                 ), raised AS (
@@ -501,6 +511,7 @@ public final class PostgresStore: NotificationStore {
                 )
                 SELECT count(*) FROM pruned
                 """, columns.map { .text(Self.arrayLiteral($0)) }).int64(0, 0))
+            return Pruned(changes: pruned, more: pruneRoundOpen)
         }
     }
 

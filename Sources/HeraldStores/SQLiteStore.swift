@@ -443,6 +443,10 @@ public final class SQLiteStore: NotificationStore {
     static let pruneScanSQL = """
         SELECT app, user, max(seq) FROM changes INDEXED BY changes_by_at WHERE at >= ? AND at < ? GROUP BY app, user
         """
+    /// The instant of the change past the first ?3 in a pass's window.
+    static let pruneBoundarySQL = """
+        SELECT at FROM changes INDEXED BY changes_by_at WHERE at >= ?1 AND at < ?2 ORDER BY at LIMIT 1 OFFSET ?3
+        """
     /// A user's changes after the floor up to a seq, but those a
     /// notification still points at. (Reading `notification_id`, stored
     /// after the change's JSON, walks a large change's overflow pages, as
@@ -690,14 +694,21 @@ public final class SQLiteStore: NotificationStore {
     /// at (it keeps its JSON only there) stay below the floor until it
     /// changes or goes (`nextSeq`). A pass looks only at changes recorded
     /// since the last one's `before`, as what is older was pruned or is
-    /// kept; at all of them if the clock went back past that. Returns how
-    /// many changes went below a floor.
-    public func pruneChanges(before: Millis) throws(StoreError) -> Int {
-        try write { () throws(StoreError) -> Int in
+    /// kept; at all of them if the clock went back past that. A call with a
+    /// `limit` ends its window before `before` and records that end as the
+    /// next call's start.
+    public func pruneChanges(before: Millis, limit: Int) throws(StoreError) -> Pruned {
+        try write { () throws(StoreError) -> Pruned in
             let last = try db.text("SELECT value FROM meta WHERE key = 'pruned_before'").flatMap { Int64($0) } ?? 0
-            let since = last < before ? last : 0
+            let since = last <= before ? last : 0
+            // This call's cutoff: below the instant of the change past the
+            // first `limit`, or past that instant when all of them share it.
+            var cut = before
+            if limit < .max, let at = try db.int(Self.pruneBoundarySQL, [.int(since), .int(before), .int(Int64(limit))]) {
+                cut = at > since ? at : at + 1
+            }
             var cuts: [(UserKey, Int64)] = []
-            try db.query(Self.pruneScanSQL, [.int(since), .int(before)]) { r throws(StoreError) in
+            try db.query(Self.pruneScanSQL, [.int(since), .int(cut)]) { r throws(StoreError) in
                 if let app = r.text(0), let u = r.text(1) { cuts.append((UserKey(app: app, user: u), r.int64(2))) }
                 return true
             }
@@ -712,8 +723,8 @@ public final class SQLiteStore: NotificationStore {
                 try db.execute("UPDATE feeds SET floor = ? WHERE app = ? AND user = ?", [.int(seq)] + key)
             }
             try db.execute("INSERT INTO meta (key, value) VALUES ('pruned_before', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                           [.text(String(before))])
-            return pruned
+                           [.text(String(cut))])
+            return Pruned(changes: pruned, more: cut < before)
         }
     }
 

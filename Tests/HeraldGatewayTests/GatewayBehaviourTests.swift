@@ -381,6 +381,50 @@ extension GatewayBehaviourTests {
 }
 
 extension GatewayBehaviourTests {
+    /// A backlog of old changes is pruned in calls of a bounded size, spaced
+    /// apart, not in one call that holds the engine (and every publish
+    /// behind it) for as long as the whole backlog takes; the next round
+    /// comes a minute later.
+    func testPruningABacklogTakesBoundedCallsSpacedApart() throws {
+        let store = FailingStore()
+        let h = Harness(store: store)
+        let user = UserKey(app: Harness.app.id, user: "u")
+        let backlog = 2 * Maintenance.pruneChunk + 1
+        var n = HeraldCore.Notification(id: "n_1", appNotificationId: "a1", userId: "u", payload: [:], createdAt: h.clock.now(),
+                             updatedAt: h.clock.now(), expiresAt: h.clock.now() + 365 * 86_400_000)
+        var previous: HeraldCore.Notification? = nil
+        for _ in 0..<backlog {
+            _ = try store.inner.upsert(user, n, previous: previous, at: h.clock.now())
+            previous = n
+            n.version += 1
+        }
+        h.clock.advance(seconds: 8 * 86_400)  // past the 7 days' retention
+        let engine = h.gateway.engine
+        let calls = { store.pruneCalls.load(ordering: .relaxed) }
+        let before = calls()
+
+        engine.runMaintenance()
+        XCTAssertEqual(calls() - before, 1)
+        XCTAssertEqual(try store.feed(user).floor, Int64(Maintenance.pruneChunk), "one call takes at most its limit")
+        engine.runMaintenance()
+        XCTAssertEqual(calls() - before, 1, "the next call waits its turn")
+        h.clock.advance(millis: Maintenance.pruneChunkSpacing)
+        engine.runMaintenance()
+        XCTAssertEqual(try store.feed(user).floor, Int64(2 * Maintenance.pruneChunk))
+        h.clock.advance(millis: Maintenance.pruneChunkSpacing)
+        engine.runMaintenance()
+        XCTAssertEqual(calls() - before, 3)
+        XCTAssertEqual(try store.feed(user), FeedState(head: Int64(backlog), floor: Int64(backlog)), "the backlog is gone")
+        XCTAssertEqual(try store.notification(user, id: "n_1")?.version, Int64(backlog), "the notification stays")
+
+        h.clock.advance(seconds: 1)
+        engine.runMaintenance()
+        XCTAssertEqual(calls() - before, 3, "the round is over")
+        h.clock.advance(millis: Maintenance.pruneEvery)
+        engine.runMaintenance()
+        XCTAssertEqual(calls() - before, 4, "the next round, a minute later")
+    }
+
     /// The registry forgets devices that went away once their lastSeenAt is
     /// in the store; the listing still shows it.
     func testRegistryForgetsDevicesThatLeft() {

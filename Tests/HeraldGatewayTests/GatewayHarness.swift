@@ -8,7 +8,8 @@ import HeraldStores
 final class ManualClock: Clock {
     private let ms = Atomic<Int64>(1_795_000_000_000)
     func now() -> Millis { ms.load(ordering: .relaxed) }
-    func advance(seconds: Int64) { ms.add(seconds * 1000, ordering: .relaxed) }
+    func advance(seconds: Int64) { advance(millis: seconds * 1000) }
+    func advance(millis: Int64) { ms.add(millis, ordering: .relaxed) }
 }
 
 /// A service loop that runs its jobs only when the test drains it, on the test's thread.
@@ -48,8 +49,8 @@ final class InlineLoop: LoopExecutor {
 final class FailingStore: NotificationStore {
     let inner = MemoryStore()
     var failCommits = 0
-    /// Commits and upserts so far, readable from any thread.
-    let commits = Atomic<Int>(0), upserts = Atomic<Int>(0)
+    /// Commits, upserts and prune calls so far, readable from any thread.
+    let commits = Atomic<Int>(0), upserts = Atomic<Int>(0), pruneCalls = Atomic<Int>(0)
     /// Offers a reader connection (over the same MemoryStore, run by the test).
     var offersReader = false
     var epoch: String { inner.epoch }
@@ -80,7 +81,10 @@ final class FailingStore: NotificationStore {
         try inner.delete(u, n, reason: reason, at: at)
     }
     func expiring(until: Millis, limit: Int) throws(StoreError) -> [(UserKey, HeraldCore.Notification)] { try inner.expiring(until: until, limit: limit) }
-    func pruneChanges(before: Millis) throws(StoreError) -> Int { try inner.pruneChanges(before: before) }
+    func pruneChanges(before: Millis, limit: Int) throws(StoreError) -> Pruned {
+        pruneCalls.add(1, ordering: .relaxed)
+        return try inner.pruneChanges(before: before, limit: limit)
+    }
     func saveDevice(_ u: UserKey, _ d: Device) throws(StoreError) { try inner.saveDevice(u, d) }
     func deleteDevice(_ u: UserKey, id: String) throws(StoreError) -> Bool { try inner.deleteDevice(u, id: id) }
     func usersWithDevices(app: String) throws(StoreError) -> [(user: String, devices: [Device])] { try inner.usersWithDevices(app: app) }

@@ -20,6 +20,7 @@ final class PostgresStoreConformanceTests: StoreConformanceTests {
     func testHistoryPagingAfterDeletedKey() throws { try checkHistoryPagingAfterDeletedKey() }
     func testExpiring() throws { try checkExpiring() }
     func testPruneChangesRaisesFloor() throws { try checkPruneChangesRaisesFloor() }
+    func testPruneChangesInLimitedCalls() throws { try checkPruneChangesInLimitedCalls() }
     func testRollbackUndoesWritesAndSeq() throws { try checkRollbackUndoesWritesAndSeq() }
     func testCountsFollowEveryWrite() throws { try checkCountsFollowEveryWrite() }
     func testCountsUndoneByRollback() throws { try checkCountsUndoneByRollback() }

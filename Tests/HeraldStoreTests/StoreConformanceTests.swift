@@ -305,6 +305,42 @@ class StoreConformanceTests: XCTestCase {
         XCTAssertEqual(try store.counts(alice).reduce(0) { $0 + $1.unread }, 3)
     }
 
+    /// A prune limited to a few changes a call gets through a backlog in
+    /// several calls, and ends where one unlimited call would.
+    func checkPruneChangesInLimitedCalls() throws {
+        let t = Self.t0
+        // alice: two changes at one instant, then one each 100 ms apart, and
+        // one notification changed again; bob: two changes between hers.
+        var aliceSeqs = [try publish(alice, note("n_0", "t0"), at: t).seq, try publish(alice, note("n_1", "t1"), at: t).seq]
+        let bobSeqs = [try publish(bob, note("n_b0", "b0", user: bob), at: t + 50).seq,
+                       try publish(bob, note("n_b1", "b1", user: bob), at: t + 150).seq]
+        for k in 2..<5 { aliceSeqs.append(try publish(alice, note("n_\(k)", "t\(k)"), at: t + Millis(k - 1) * 100).seq) }
+        var n0 = try XCTUnwrap(store.notification(alice, id: "n_0"))
+        n0.readState = .read
+        n0.version += 1
+        aliceSeqs.append(try publish(alice, n0, at: t + 400).seq)
+        // Three at one instant, more than a call's limit: they still go.
+        for k in 5..<8 { aliceSeqs.append(try publish(alice, note("n_\(k)", "t\(k)"), at: t + 500).seq) }
+        let kept = try store.history(alice, after: nil, limit: 20)
+        let recent = try publish(alice, note("n_9", "t9"), at: t + 5_000)
+
+        var calls: [Pruned] = []
+        repeat {
+            calls.append(try store.pruneChanges(before: t + 1_000, limit: 2))
+        } while calls.last!.more && calls.count < 20
+        XCTAssertFalse(calls.last!.more, "the calls come to an end")
+        XCTAssertEqual(calls.first, Pruned(changes: 2, more: true), "the first call stops at its limit")
+        XCTAssertGreaterThanOrEqual(calls.count, 5, "\(calls)")
+        XCTAssertTrue(calls.allSatisfy { $0.changes <= 3 }, "at most the limit, or one instant's changes: \(calls)")
+        XCTAssertEqual(calls.reduce(0) { $0 + $1.changes }, aliceSeqs.count + bobSeqs.count, "\(calls)")
+        XCTAssertEqual(try store.feed(alice), FeedState(head: recent.seq, floor: aliceSeqs.last!))
+        XCTAssertEqual(try store.feed(bob), FeedState(head: bobSeqs[1], floor: bobSeqs[1]))
+        XCTAssertEqual(try store.changes(alice, after: aliceSeqs.last!, limit: 10).map(\.seq), [recent.seq])
+        XCTAssertEqual(try store.history(alice, after: nil, limit: 20).filter { $0.id != "n_9" }, kept)
+        XCTAssertEqual(try store.notification(bob, id: "n_b1"), note("n_b1", "b1", user: bob))
+        XCTAssertEqual(try store.pruneChanges(before: t + 1_000, limit: 2), Pruned(changes: 0, more: false))
+    }
+
     /// Pruning changes leaves every notification as it was, however read.
     func assertNotificationsKept(_ kept: [Notification], file: StaticString = #filePath, line: UInt = #line) throws {
         XCTAssertEqual(try store.history(alice, after: nil, limit: 10), kept, file: file, line: line)
@@ -541,6 +577,7 @@ final class MemoryStoreConformanceTests: StoreConformanceTests {
     func testHistoryPagingAfterDeletedKey() throws { try checkHistoryPagingAfterDeletedKey() }
     func testExpiring() throws { try checkExpiring() }
     func testPruneChangesRaisesFloor() throws { try checkPruneChangesRaisesFloor() }
+    func testPruneChangesInLimitedCalls() throws { try checkPruneChangesInLimitedCalls() }
     func testRollbackUndoesWritesAndSeq() throws { try checkRollbackUndoesWritesAndSeq() }
     func testCountsFollowEveryWrite() throws { try checkCountsFollowEveryWrite() }
     func testCountsUndoneByRollback() throws { try checkCountsUndoneByRollback() }
@@ -566,6 +603,7 @@ final class SQLiteStoreConformanceTests: StoreConformanceTests {
     func testHistoryPagingAfterDeletedKey() throws { try checkHistoryPagingAfterDeletedKey() }
     func testExpiring() throws { try checkExpiring() }
     func testPruneChangesRaisesFloor() throws { try checkPruneChangesRaisesFloor() }
+    func testPruneChangesInLimitedCalls() throws { try checkPruneChangesInLimitedCalls() }
     func testRollbackUndoesWritesAndSeq() throws { try checkRollbackUndoesWritesAndSeq() }
     func testCountsFollowEveryWrite() throws { try checkCountsFollowEveryWrite() }
     func testCountsUndoneByRollback() throws { try checkCountsUndoneByRollback() }

@@ -90,7 +90,7 @@ def test_metrics(gateway, user):
             "herald_connections{transport=\"websocket\"} should count the open connection"
         for name in ("herald_publishes_total", "herald_deliveries_total"):
             assert re.search(rf"^{name}(\{{[^}}]*\}})? [0-9.e+]+$", text, re.M), name
-        for name in ("herald_delivery_latency_seconds", "herald_store_latency_seconds"):
+        for name in ("herald_delivery_latency_seconds", "herald_store_latency_seconds", "herald_maintenance_seconds"):
             assert re.search(rf"^# TYPE {name} histogram", text, re.M), name
             assert re.search(rf'^{name}_bucket\{{[^}}]*le="\+Inf"[^}}]*\}} ', text, re.M), name
             assert re.search(rf"^{name}_count(\{{[^}}]*\}})? ", text, re.M), name
