@@ -6,19 +6,21 @@ import HeraldCore
 struct Maintenance {
     private var nextSweep: Millis = 0
     private var nextPrune: Millis = 0
+    private var nextDevicePrune: Millis = 0
     private var nextSeenFlush: Millis = 0
-    /// What the open pruning round dropped so far (logged at its end).
-    private var round: (changes: Int, devices: Int)?
+    /// Changes the open pruning round dropped so far (logged at its end).
+    private var prunedInRound = 0
 
     /// Pruning runs every minute, in calls of at most `pruneChunk` changes
     /// spaced `pruneChunkSpacing` apart while any are left (up to 20,000
     /// changes a second). One call over the whole backlog held the engine,
-    /// and every publish behind it, for as long as the backlog took; a call
-    /// of 20,000 changes took 100-250 ms on SQLite, one of 2,000 about as
-    /// long as an expiry sweep (docs/BENCHMARKS.md).
+    /// and every publish behind it, for as long as the backlog took (10 s
+    /// for 1.2 million changes); on SQLite under load a call of 20,000
+    /// changes took 100-250 ms, one of 2,000 25-50 ms (docs/BENCHMARKS.md,
+    /// "Durable publishes for ten minutes").
     static let pruneEvery: Millis = 60_000
-    static let pruneChunk = 2_000
-    static let pruneChunkSpacing: Millis = 100
+    static let pruneChunk = 1_000
+    static let pruneChunkSpacing: Millis = 50
 
     mutating func run(_ e: Engine, now: Millis, force: Bool) {
         e.thread.assertCurrent()
@@ -34,24 +36,28 @@ struct Maintenance {
         if now >= nextPrune { prune(e, now: now) }
     }
 
+    /// A round of pruning calls; lapsed registrations go with its first
+    /// call, or once a minute while a round lasts longer.
     private mutating func prune(_ e: Engine, now: Millis) {
         var pruned = Pruned(changes: 0, more: false), lapsed = 0
-        let first = round == nil
+        let devicesDue = now >= nextDevicePrune
         let committed = e.transaction("pruning") { () throws(StoreError) in
-            if first { lapsed = try e.store.pruneDevices(lastSeenBefore: now - e.limits.deviceLapseSeconds * 1000) }
+            if devicesDue { lapsed = try e.store.pruneDevices(lastSeenBefore: now - e.limits.deviceLapseSeconds * 1000) }
             pruned = try e.store.pruneChanges(before: now - e.limits.changeRetentionSeconds * 1000, limit: Self.pruneChunk)
         }
-        var total = round ?? (0, 0)
-        if committed { total = (total.changes + pruned.changes, total.devices + lapsed) }
+        if committed && devicesDue {
+            nextDevicePrune = now + Self.pruneEvery
+            if lapsed > 0 { Log.info("pruned \(lapsed) lapsed devices") }
+        }
+        if committed { prunedInRound += pruned.changes }
         // A call that failed ends the round too: the next round tries again.
-        guard committed, pruned.more else {
-            if total.changes + total.devices > 0 { Log.info("pruned \(total.changes) old changes, \(total.devices) lapsed devices") }
-            round = nil
-            nextPrune = now + Self.pruneEvery
+        if committed && pruned.more {
+            nextPrune = now + Self.pruneChunkSpacing
             return
         }
-        round = total
-        nextPrune = now + Self.pruneChunkSpacing
+        if prunedInRound > 0 { Log.info("pruned \(prunedInRound) old changes") }
+        prunedInRound = 0
+        nextPrune = now + Self.pruneEvery
     }
 
     private static func sweepExpired(_ e: Engine, now: Millis) throws(StoreError) {

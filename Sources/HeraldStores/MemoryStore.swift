@@ -180,9 +180,9 @@ public final class MemoryStore: NotificationStore {
         var pruned = 0
         for k in Array(users.keys) {
             guard let first = users[k]!.changes.first, first.at < before else { continue }
-            guard pruned < limit else { return Pruned(changes: pruned, more: true) }
+            guard pruned < max(limit, 1) else { return Pruned(changes: pruned, more: true) }
             let due = users[k]!.changes.prefix { $0.at < before }.count
-            let n = min(due, limit - pruned)
+            let n = min(due, max(limit, 1) - pruned)
             let removed = Array(users[k]!.changes.prefix(n))
             let floor = users[k]!.feed.floor
             users[k]!.feed.floor = removed[n - 1].seq

@@ -56,8 +56,10 @@ public final class PostgresStore: NotificationStore {
     /// Notifications of locked users as the open transaction has them
     /// (nil: none), read ahead by `claim` and kept up by its own writes.
     private var known: [NotificationLookup: Notification?] = [:]
-    /// The last prune call left changes for another (`pruneChanges`).
-    private var pruneRoundOpen = false
+    /// The `before` of the prune call that last swept zeroed counts rows.
+    private var countsSweptAt: Millis?
+    /// How often that sweep (a scan of `counts`) runs.
+    static let countsSweepEvery: Millis = 600_000
 
     /// Checks the form of a connection URL without connecting: its
     /// host:port/database, or nil when it is not one libpq accepts.
@@ -461,15 +463,16 @@ public final class PostgresStore: NotificationStore {
     /// that way, and a pass reads only those above. Users another
     /// transaction holds are skipped (pruned next time) rather than waited
     /// for, so the sweep never deadlocks with a batch. Also drops the counts
-    /// rows that writes left at 0 (see `appendAndCount`), as skipping, once
-    /// per round of calls.
+    /// rows that writes left at 0 (see `appendAndCount`), as skipping, every
+    /// `countsSweepEvery` (it scans the table). A user whose changes at one
+    /// instant straddle the `limit` has them all pruned in one call.
     public func pruneChanges(before: Millis, limit: Int) throws(StoreError) -> Pruned {
         try write { () throws(StoreError) -> Pruned in
-            // Once per round of calls, not once per call.
-            if !pruneRoundOpen {
+            if countsSweptAt.map({ before >= $0 + Self.countsSweepEvery }) ?? true {
                 try db.execute("""
                     DELETE FROM counts WHERE ctid = ANY(ARRAY(SELECT ctid FROM counts WHERE total = 0 FOR UPDATE SKIP LOCKED))
                     """)
+                countsSweptAt = before
             }
             // Locks first: a second statement then sees every write that
             // committed before the locks, so no change is taken for pointed
@@ -486,8 +489,8 @@ public final class PostgresStore: NotificationStore {
                 WHERE c.seq > f.floor
                 FOR UPDATE OF f SKIP LOCKED
                 """, [.int(before), .int(Int64(limit))])
-            pruneRoundOpen = mine.count > 0 && mine.int64(0, 4) >= Int64(limit)
             guard mine.count > 0 else { return Pruned(changes: 0, more: false) }
+            let more = mine.int64(0, 4) >= Int64(limit)
             var columns: [[String]] = [[], [], [], []]
             for i in 0..<mine.count {
                 for c in 0..<4 { columns[c].append(mine.text(i, Int32(c)) ?? "") }
@@ -511,7 +514,7 @@ public final class PostgresStore: NotificationStore {
                 )
                 SELECT count(*) FROM pruned
                 """, columns.map { .text(Self.arrayLiteral($0)) }).int64(0, 0))
-            return Pruned(changes: pruned, more: pruneRoundOpen)
+            return Pruned(changes: pruned, more: more)
         }
     }
 

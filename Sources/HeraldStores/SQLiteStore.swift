@@ -440,12 +440,18 @@ public final class SQLiteStore: NotificationStore {
     /// pruned already or still pointed at. Without statistics the planner
     /// would rather scan the whole table in key order (to skip a sort) than
     /// read a range of the `at` index.
+    /// The latest change per user in a pruning call's window: changes from
+    /// its start key to its end key, both in `changes_by_at` order (`at`,
+    /// then the primary key), start included.
     static let pruneScanSQL = """
-        SELECT app, user, max(seq) FROM changes INDEXED BY changes_by_at WHERE at >= ? AND at < ? GROUP BY app, user
+        SELECT app, user, max(seq) FROM changes INDEXED BY changes_by_at
+        WHERE (at, app, user, seq) >= (?1, ?2, ?3, ?4) AND (at, app, user, seq) < (?5, ?6, ?7, ?8) GROUP BY app, user
         """
-    /// The instant of the change past the first ?3 in a pass's window.
+    /// The key of the change past the first ?6 from a start key, before ?5:
+    /// where a limited call's window ends.
     static let pruneBoundarySQL = """
-        SELECT at FROM changes INDEXED BY changes_by_at WHERE at >= ?1 AND at < ?2 ORDER BY at LIMIT 1 OFFSET ?3
+        SELECT at, app, user, seq FROM changes INDEXED BY changes_by_at
+        WHERE (at, app, user, seq) >= (?1, ?2, ?3, ?4) AND at < ?5 ORDER BY at, app, user, seq LIMIT 1 OFFSET ?6
         """
     /// A user's changes after the floor up to a seq, but those a
     /// notification still points at. (Reading `notification_id`, stored
@@ -695,20 +701,24 @@ public final class SQLiteStore: NotificationStore {
     /// changes or goes (`nextSeq`). A pass looks only at changes recorded
     /// since the last one's `before`, as what is older was pruned or is
     /// kept; at all of them if the clock went back past that. A call with a
-    /// `limit` ends its window before `before` and records that end as the
-    /// next call's start.
+    /// `limit` ends its window after that many changes and records where,
+    /// as the next call's start.
     public func pruneChanges(before: Millis, limit: Int) throws(StoreError) -> Pruned {
         try write { () throws(StoreError) -> Pruned in
-            let last = try db.text("SELECT value FROM meta WHERE key = 'pruned_before'").flatMap { Int64($0) } ?? 0
-            let since = last <= before ? last : 0
-            // This call's cutoff: below the instant of the change past the
-            // first `limit`, or past that instant when all of them share it.
-            var cut = before
-            if limit < .max, let at = try db.int(Self.pruneBoundarySQL, [.int(since), .int(before), .int(Int64(limit))]) {
-                cut = at > since ? at : at + 1
+            let last = try db.text("SELECT value FROM meta WHERE key = 'pruned_before'").map(PruneKey.init(stored:)) ?? PruneKey(at: 0)
+            let start = last.at <= before ? last : PruneKey(at: 0)
+            // A limited call's window ends at the change past its first
+            // `limit`, inside an instant if need be (a send to many users
+            // writes all their changes at one instant).
+            var end = PruneKey(at: before)
+            if limit < .max {
+                try db.query(Self.pruneBoundarySQL, start.values + [.int(before), .int(Int64(limit))]) { r throws(StoreError) in
+                    end = PruneKey(at: r.int64(0), app: r.text(1) ?? "", user: r.text(2) ?? "", seq: r.int64(3))
+                    return false
+                }
             }
             var cuts: [(UserKey, Int64)] = []
-            try db.query(Self.pruneScanSQL, [.int(since), .int(cut)]) { r throws(StoreError) in
+            try db.query(Self.pruneScanSQL, start.values + end.values) { r throws(StoreError) in
                 if let app = r.text(0), let u = r.text(1) { cuts.append((UserKey(app: app, user: u), r.int64(2))) }
                 return true
             }
@@ -723,9 +733,32 @@ public final class SQLiteStore: NotificationStore {
                 try db.execute("UPDATE feeds SET floor = ? WHERE app = ? AND user = ?", [.int(seq)] + key)
             }
             try db.execute("INSERT INTO meta (key, value) VALUES ('pruned_before', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                           [.text(String(cut))])
-            return Pruned(changes: pruned, more: cut < before)
+                           [.text(end.stored)])
+            return Pruned(changes: pruned, more: end.at < before)
         }
+    }
+
+    /// A change's place in `changes_by_at` order; where a pruning call's
+    /// window starts or ends. Stored (meta 'pruned_before') as its instant
+    /// alone when it is an instant's start, else as `at app user seq`,
+    /// tab-separated (ids never hold a tab).
+    struct PruneKey: Equatable {
+        var at: Int64
+        var app = "", user = ""
+        var seq: Int64 = 0
+
+        init(at: Int64, app: String = "", user: String = "", seq: Int64 = 0) {
+            self.at = at; self.app = app; self.user = user; self.seq = seq
+        }
+
+        init(stored: String) {
+            let parts = stored.split(separator: "\t", omittingEmptySubsequences: false)
+            at = Int64(parts[0]) ?? 0
+            if parts.count == 4 { app = String(parts[1]); user = String(parts[2]); seq = Int64(parts[3]) ?? 0 }
+        }
+
+        var stored: String { app.isEmpty ? String(at) : "\(at)\t\(app)\t\(user)\t\(seq)" }
+        var values: [SQLiteValue] { [.int(at), .text(app), .text(user), .int(seq)] }
     }
 
     // MARK: Writing devices

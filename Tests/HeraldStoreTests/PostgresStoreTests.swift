@@ -357,6 +357,13 @@ final class PostgresStoreTests: XCTestCase {
         XCTAssertEqual(try store.db.query("SELECT count(*) FROM counts").int64(0, 0), 1)
         _ = try store.pruneChanges(before: t0)
         XCTAssertEqual(try store.db.query("SELECT count(*) FROM counts").int64(0, 0), 0)
+        // The sweep scans the table, so it runs every `countsSweepEvery`, not with every call.
+        _ = try store.upsert(alice, note("n_2"), previous: nil, at: t0 + 2)
+        _ = try store.delete(alice, note("n_2"), reason: .deleted, at: t0 + 3)
+        _ = try store.pruneChanges(before: t0 + PostgresStore.countsSweepEvery - 1)
+        XCTAssertEqual(try store.db.query("SELECT count(*) FROM counts").int64(0, 0), 1)
+        _ = try store.pruneChanges(before: t0 + PostgresStore.countsSweepEvery)
+        XCTAssertEqual(try store.db.query("SELECT count(*) FROM counts").int64(0, 0), 0)
     }
 
     /// A notification's JSON is written once, in its change, which a prune

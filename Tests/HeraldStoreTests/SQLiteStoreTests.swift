@@ -394,6 +394,24 @@ final class SQLiteStoreTests: XCTestCase {
         XCTAssertEqual(try s.notification(alice, id: "n_0"), n0)
     }
 
+    /// A limited call may end inside an instant (a send to many users
+    /// writes all their changes at one): it records the change it stopped
+    /// at, and the next call starts there.
+    func testPruningInsideAnInstantResumesWhereItStopped() throws {
+        let s = try SQLiteStore(path: path, durability: .off)
+        let users = (0..<5).map { UserKey(app: "app1", user: "u\($0)") }
+        for u in users { _ = try s.upsert(u, note("n_\(u.user)", "a"), previous: nil, at: t0) }
+        func stored() throws -> String? { try s.db.text("SELECT value FROM meta WHERE key = 'pruned_before'") }
+        XCTAssertEqual(try s.pruneChanges(before: t0 + 1, limit: 2), Pruned(changes: 2, more: true))
+        XCTAssertEqual(try stored(), "\(t0)\tapp1\tu2\t1")
+        XCTAssertEqual(try users.map { try s.feed($0).floor }, [1, 1, 0, 0, 0])
+        XCTAssertEqual(try s.pruneChanges(before: t0 + 1, limit: 2), Pruned(changes: 2, more: true))
+        XCTAssertEqual(try s.pruneChanges(before: t0 + 1, limit: 2), Pruned(changes: 1, more: false))
+        XCTAssertEqual(try stored(), String(t0 + 1))
+        XCTAssertEqual(try users.map { try s.feed($0).floor }, [1, 1, 1, 1, 1])
+        XCTAssertEqual(SQLiteStore.PruneKey(stored: String(t0)), SQLiteStore.PruneKey(at: t0), "the form before keys")
+    }
+
     /// A pass looks only at the changes recorded since the last one's
     /// cutoff, unless the clock went back past it.
     func testPruningLooksAtChangesSinceTheLastPassUnlessTheClockWentBack() throws {
@@ -753,7 +771,8 @@ final class SQLiteStoreTests: XCTestCase {
             (SQLiteStore.historyAfterSQL, 7, "notifications_history"),
             (SQLiteStore.changesAfterSQL, 4, "PRIMARY KEY"),
             (SQLiteStore.expiringSQL, 2, "notifications_expiry"),
-            (SQLiteStore.pruneScanSQL, 2, "changes_by_at"),
+            (SQLiteStore.pruneScanSQL, 8, "changes_by_at"),
+            (SQLiteStore.pruneBoundarySQL, 6, "changes_by_at"),
             (SQLiteStore.notificationByIdSQL, 3, "notifications_by_id"),
             (SQLiteStore.notificationByAppIdSQL, 3, "notifications_by_app_id"),
         ]
@@ -762,7 +781,8 @@ final class SQLiteStoreTests: XCTestCase {
             XCTAssertTrue(p.hasPrefix("SEARCH") && p.contains("USING") && p.contains(index), p)
             if sql != SQLiteStore.pruneScanSQL { XCTAssertFalse(p.contains("TEMP B-TREE"), p) }
         }
-        XCTAssertTrue(try plan(s, SQLiteStore.pruneScanSQL, 2).contains("COVERING INDEX changes_by_at"))
+        XCTAssertTrue(try plan(s, SQLiteStore.pruneScanSQL, 8).contains("COVERING INDEX changes_by_at ((at,app,user,seq)>"))
+        XCTAssertTrue(try plan(s, SQLiteStore.pruneBoundarySQL, 6).contains("COVERING INDEX changes_by_at ((at,app,user,seq)>"))
         let counts = try plan(s, SQLiteStore.countsSQL, 2)
         XCTAssertTrue(counts.contains("SEARCH feeds USING PRIMARY KEY (app=? AND user=?)")
                       && counts.contains("SEARCH counts USING PRIMARY KEY (app=? AND user=?)") && !counts.contains("SCAN"), counts)
