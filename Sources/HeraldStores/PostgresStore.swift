@@ -464,11 +464,14 @@ public final class PostgresStore: NotificationStore {
     /// transaction holds are skipped (pruned next time) rather than waited
     /// for, so the sweep never deadlocks with a batch. Also drops the counts
     /// rows that writes left at 0 (see `appendAndCount`), as skipping, every
-    /// `countsSweepEvery` (it scans the table). A user whose changes at one
-    /// instant straddle the `limit` has them all pruned in one call.
+    /// `countsSweepEvery` (it scans the table). A call may go past `limit`
+    /// by changes of one user at one instant (up to that user's latest
+    /// among the oldest `limit`).
     public func pruneChanges(before: Millis, limit: Int) throws(StoreError) -> Pruned {
-        try write { () throws(StoreError) -> Pruned in
-            if countsSweptAt.map({ before >= $0 + Self.countsSweepEvery }) ?? true {
+        let limit = max(limit, 1)
+        return try write { () throws(StoreError) -> Pruned in
+            // Also when the clock went back. (A rolled-back sweep waits for the next.)
+            if countsSweptAt.map({ before < $0 || before >= $0 + Self.countsSweepEvery }) ?? true {
                 try db.execute("""
                     DELETE FROM counts WHERE ctid = ANY(ARRAY(SELECT ctid FROM counts WHERE total = 0 FOR UPDATE SKIP LOCKED))
                     """)

@@ -436,13 +436,12 @@ public final class SQLiteStore: NotificationStore {
           AND seq > max(?3, coalesce((SELECT floor FROM feeds WHERE app = ?1 AND user = ?2), 0))
         ORDER BY seq LIMIT ?4
         """
-    /// The changes recorded since the last pass's cutoff: older ones are
-    /// pruned already or still pointed at. Without statistics the planner
-    /// would rather scan the whole table in key order (to skip a sort) than
-    /// read a range of the `at` index.
     /// The latest change per user in a pruning call's window: changes from
-    /// its start key to its end key, both in `changes_by_at` order (`at`,
-    /// then the primary key), start included.
+    /// its start key (where the last call stopped: what is older is pruned
+    /// already or still pointed at) to its end key, both in `changes_by_at`
+    /// order (`at`, then the primary key), start included. Without
+    /// statistics the planner would rather scan the whole table in key
+    /// order (to skip a sort) than read a range of the `at` index.
     static let pruneScanSQL = """
         SELECT app, user, max(seq) FROM changes INDEXED BY changes_by_at
         WHERE (at, app, user, seq) >= (?1, ?2, ?3, ?4) AND (at, app, user, seq) < (?5, ?6, ?7, ?8) GROUP BY app, user
@@ -704,7 +703,8 @@ public final class SQLiteStore: NotificationStore {
     /// `limit` ends its window after that many changes and records where,
     /// as the next call's start.
     public func pruneChanges(before: Millis, limit: Int) throws(StoreError) -> Pruned {
-        try write { () throws(StoreError) -> Pruned in
+        let limit = max(limit, 1)  // OFFSET 0 would end every window where it starts
+        return try write { () throws(StoreError) -> Pruned in
             let last = try db.text("SELECT value FROM meta WHERE key = 'pruned_before'").map(PruneKey.init(stored:)) ?? PruneKey(at: 0)
             let start = last.at <= before ? last : PruneKey(at: 0)
             // A limited call's window ends at the change past its first
