@@ -177,12 +177,13 @@ public final class MemoryStore: NotificationStore {
     }
 
     public func pruneChanges(before: Millis, limit: Int) throws(StoreError) -> Pruned {
+        let limit = max(limit, 1)
         var pruned = 0
         for k in Array(users.keys) {
             guard let first = users[k]!.changes.first, first.at < before else { continue }
-            guard pruned < max(limit, 1) else { return Pruned(changes: pruned, more: true) }
+            guard pruned < limit else { return Pruned(changes: pruned, more: true) }
             let due = users[k]!.changes.prefix { $0.at < before }.count
-            let n = min(due, max(limit, 1) - pruned)
+            let n = min(due, limit - pruned)
             let removed = Array(users[k]!.changes.prefix(n))
             let floor = users[k]!.feed.floor
             users[k]!.feed.floor = removed[n - 1].seq
