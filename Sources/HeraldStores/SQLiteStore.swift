@@ -697,11 +697,10 @@ public final class SQLiteStore: NotificationStore {
     /// to the last such one and raises the feed's floor to it, so that every
     /// change after the floor is still kept. Changes a notification points
     /// at (it keeps its JSON only there) stay below the floor until it
-    /// changes or goes (`nextSeq`). A pass looks only at changes recorded
-    /// since the last one's `before`, as what is older was pruned or is
-    /// kept; at all of them if the clock went back past that. A call with a
-    /// `limit` ends its window after that many changes and records where,
-    /// as the next call's start.
+    /// changes or goes (`nextSeq`). A call looks only at changes from where
+    /// the last one stopped (`PruneKey`), as what is older was pruned or is
+    /// kept; at all of them if the clock went back past that. It stops
+    /// after `limit` changes, or at `before`, and records where.
     public func pruneChanges(before: Millis, limit: Int) throws(StoreError) -> Pruned {
         let limit = max(limit, 1)  // OFFSET 0 would end every window where it starts
         return try write { () throws(StoreError) -> Pruned in
