@@ -17,6 +17,8 @@ import os
 import queue
 import re
 import signal
+import socket
+import ssl
 import subprocess
 import threading
 import time
@@ -451,10 +453,12 @@ class Gateway:
     # ---- WebSocket
 
     def ws(self, **kw) -> "WsClient":
-        if self.ca is not None:
-            import ssl
-            kw.setdefault("ssl", ssl.create_default_context(cafile=str(self.ca)))
-        return WsClient(self.ws_url, **kw)
+        if self.ca is None:
+            return WsClient(self.ws_url, **kw)
+        sock = SerialTLSSocket.open(self.host, self.port, ssl.create_default_context(cafile=str(self.ca)),
+                                    timeout=kw.get("open_timeout", WsClient.OPEN_TIMEOUT))
+        # The TLS is ours: websockets speaks plain WebSocket over it.
+        return WsClient(self.ws_url.replace("wss://", "ws://", 1), sock=sock, **kw)
 
     def connect(self, user: str, device: str | None = None, app: str = "app.one", token: str | None = None,
                 **hello) -> tuple["WsClient", list[dict], dict]:
@@ -471,9 +475,104 @@ class Closed(Exception):
         self.reason = reason
 
 
+class SerialTLSSocket:
+    """A TLS client connection websockets' reading thread and its writers can
+    share. CPython's ssl sockets before 3.13.6 let two threads into one
+    OpenSSL session at once (python/cpython#137583 added the lock). Under
+    TLS 1.3 a write racing the read of the gateway's session tickets could
+    end up waiting in a read of its own: the upgrade request was never sent,
+    and the gateway closed the connection at its request deadline (about 1
+    in 200 connections here). OpenSSL works on memory buffers under a lock;
+    the socket is read and written outside it."""
+
+    def __init__(self, sock: socket.socket, ctx: ssl.SSLContext, server_hostname: str):
+        self.sock = sock
+        self.incoming, self.outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+        self.tls = ctx.wrap_bio(self.incoming, self.outgoing, server_hostname=server_hostname)
+        self.lock = threading.Lock()       # the TLS session and its buffers
+        self.send_lock = threading.Lock()  # records leave in the order they were made
+        while True:  # one thread: websockets starts its reader after this
+            try:
+                self.tls.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                self._send_made()
+                self._take(self.sock.recv(65536))
+        self._send_made()
+
+    @classmethod
+    def open(cls, host: str, port: int, ctx: ssl.SSLContext, timeout: float) -> "SerialTLSSocket":
+        sock = socket.create_connection((host, port), timeout=timeout)
+        try:
+            tls = cls(sock, ctx, host)
+        except BaseException:
+            sock.close()
+            raise
+        sock.settimeout(None)
+        return tls
+
+    def __getattr__(self, name: str) -> Any:
+        # fileno (websockets selects on it), settimeout, shutdown, close, ...
+        return getattr(self.sock, name)
+
+    def _take(self, data: bytes) -> None:
+        with self.lock:
+            if data:
+                self.incoming.write(data)
+            else:
+                self.incoming.write_eof()
+
+    def _send_made(self, wait: bool = True) -> None:
+        if not self.send_lock.acquire(blocking=wait):
+            return  # a writer sends it with its own record
+        try:
+            with self.lock:
+                out = self.outgoing.read()
+            if out:
+                self.sock.sendall(out)
+        finally:
+            self.send_lock.release()
+
+    def recv(self, bufsize: int) -> bytes:
+        """All the plaintext there is, past `bufsize` too: a record left
+        decrypted here would not make the socket readable again."""
+        while True:
+            chunks: list[bytes] = []
+            eof = False
+            with self.lock:
+                while True:
+                    try:
+                        data = self.tls.read(65536)
+                    except ssl.SSLWantReadError:
+                        break
+                    except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
+                        data = b""
+                    if not data:
+                        eof = True
+                        break
+                    chunks.append(data)
+                made = self.outgoing.pending > 0
+            if made:  # an answer OpenSSL owes (a key update)
+                self._send_made(wait=False)
+            if chunks:
+                return b"".join(chunks)
+            if eof:
+                return b""
+            self._take(self.sock.recv(65536))
+
+    def sendall(self, data) -> None:
+        with self.send_lock:
+            with self.lock:
+                self.tls.write(data)
+                out = self.outgoing.read()
+            self.sock.sendall(out)
+
+
 class WsClient:
+    OPEN_TIMEOUT = 20
+
     def __init__(self, url: str, **kw):
-        kw.setdefault("open_timeout", 20)
+        kw.setdefault("open_timeout", self.OPEN_TIMEOUT)
         kw.setdefault("close_timeout", 2)
         kw.setdefault("max_size", None)
         kw.setdefault("compression", None)
@@ -734,7 +833,6 @@ def parse_responses(data: bytes) -> list[RawResponse]:
 def read_until_eof(s, timeout: float = 10.0) -> bytes:
     """Everything a socket receives until the peer closes it; fails if it
     stays open `timeout` seconds without sending."""
-    import socket
     s.settimeout(timeout)
     data = b""
     try:
@@ -751,8 +849,6 @@ def raw_http(gw: "Gateway", method: str, path: str, headers: dict | None = None,
              timeout: float = 10.0) -> RawResponse:
     """Sends one request over a plain socket, tolerating the gateway closing
     while the body is still being sent; answers the response it got."""
-    import socket
-
     s = socket.create_connection(("127.0.0.1", gw.port), timeout=timeout)
     try:
         h = {"Host": f"127.0.0.1:{gw.port}", "Connection": "close", "Content-Length": str(len(body))}
