@@ -117,7 +117,7 @@ public struct WebSocketFrameReader {
         if opcode == 2 {
             skipping = true
             emit(.binary)
-        } else if !skipping, message.count + remaining > maxMessage {
+        } else if !skipping, remaining > maxMessage - message.count {  // a sum could overflow: lengths reach 2^63 - 1
             skipping = true
             message = []
             emit(.tooBig)

@@ -253,11 +253,20 @@ public final class WebSocketSession {
         close(code, e.message, drop: drop)
     }
 
+    /// `reason` cut to the 123 bytes a close frame has room for (RFC 6455
+    /// 5.5), at a character's first byte: reasons quote client input.
+    static func closeReason(_ reason: String) -> String {
+        let u = Array(reason.utf8)
+        var end = min(u.count, 120)
+        while end > 0, end < u.count, u[end] & 0xC0 == 0x80 { end -= 1 }
+        return String(decoding: u[..<end], as: UTF8.self)
+    }
+
     /// Closes after what is queued has been written; nothing more is queued.
     func close(_ code: CloseCode, _ reason: String, drop: Metrics.DropReason?) {
         guard closeRequest == nil, state != .closed else { return }
         if let drop, code != .goingAway { gateway.metrics.dropped(drop) }
-        closeRequest = (code, String(reason.utf8.prefix(120))!)
+        closeRequest = (code, Self.closeReason(reason))
         drainWaiter = nil
         subscription?.cancel()
         transport.requestWrite()

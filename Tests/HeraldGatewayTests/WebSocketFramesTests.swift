@@ -32,6 +32,24 @@ final class WebSocketFramesTests: XCTestCase {
         XCTAssertEqual(read(frame(0x81, half + half.prefix(40))), [.text(half + half.prefix(40))], "exactly the limit is taken")
     }
 
+    func testTheLargestLengthAfterAFragmentIsTooBigNotAnOverflow() {
+        // 2^63 - 1 bytes announced behind one byte of the message: the sum
+        // of the two does not fit an Int.
+        let largest: [UInt8] = [127, 0x7F, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF]
+        XCTAssertEqual(read(frame(0x01, [97]) + frame(0x80, [], length: largest)), [.tooBig])
+        XCTAssertEqual(read(frame(0x81, [], length: largest)), [.tooBig])
+    }
+
+    func testCloseReasonsAreCutAtACharacter() {
+        for reason in [String(repeating: "é", count: 70), "x" + String(repeating: "é", count: 70), String(repeating: "😀", count: 40)] {
+            let cut = WebSocketSession.closeReason(reason)
+            XCTAssertLessThanOrEqual(cut.utf8.count, 120)
+            XCTAssertGreaterThan(cut.utf8.count, 116, "only the partial character goes")
+            XCTAssertTrue(reason.hasPrefix(cut))
+        }
+        XCTAssertEqual(WebSocketSession.closeReason("short"), "short")
+    }
+
     func testFramingErrors() {
         func refused(_ bytes: [UInt8], _ why: String) {
             guard case .protocolError(let m)? = read(bytes).last, m.contains(why) else {

@@ -460,6 +460,30 @@ def test_invalid_utf8_closes_1007(gateway, user):
     assert code == 1007
 
 
+def test_a_close_reason_quoting_multibyte_input_is_cut_at_a_character(gateway, user):
+    """The reason quotes the client's field name; 120 bytes of it used to end
+    inside an `é`, which crashed the gateway."""
+    for pad in ("", "x"):
+        code, frames = _hello_close(gateway, {"type": "hello", "token": mint_token(user), "deviceId": "d1",
+                                              pad + "é" * 70: 1})
+        assert code == 1008, frames
+        assert "unknown field" in frames[-1]["message"], frames
+    assert gateway.request("GET", "/healthz").status_code == 200
+
+
+def test_the_largest_frame_length_after_a_fragment_closes_1009(gateway, user):
+    """2^63 - 1 bytes announced behind one byte of a fragmented message:
+    refused as too big, where summing the two used to crash the gateway."""
+    w, _, _ = gateway.connect(user)
+    mask = bytes([1, 2, 3, 4])
+    first = bytes([0x01, 0x81]) + mask + bytes([ord("{") ^ mask[0]])
+    largest = bytes([0x80, 0xFF, 0x7F, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF]) + mask
+    w.conn.socket.sendall(first + largest)
+    code, _ = w.expect_close()
+    assert code == 1009
+    assert gateway.request("GET", "/healthz").status_code == 200
+
+
 def _send_quietly(w, data):
     try:
         w.send_raw(data)
