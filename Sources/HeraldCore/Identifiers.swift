@@ -36,6 +36,15 @@ public enum NotificationID {
     struct Last { var ms: Millis = -1; var random = [UInt8](repeating: 0, count: 10) }
     static let last = Mutex(Last())
 
+    /// Whether `s` has the form of every id `make` gives. Anything else
+    /// names no notification; PostgreSQL could not even be asked about an id
+    /// with a NUL in it (its text holds none: the statement fails, and with
+    /// it every write of its batch).
+    public static func isWellFormed(_ s: String) -> Bool {
+        let u = s.utf8
+        return u.count == 28 && u.starts(with: "n_".utf8) && u.dropFirst(2).allSatisfy(alphabet.contains)
+    }
+
     public static func make(now: Millis = WallClock.now()) -> String {
         let (ms, rnd) = last.withLock { l -> (Millis, [UInt8]) in
             if now == l.ms {

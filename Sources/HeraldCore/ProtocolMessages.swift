@@ -227,7 +227,7 @@ public enum PageToken {
               let colon = text.firstIndex(of: ":"),
               let ms = Int64(text[..<colon]) else { return nil }
         let id = String(text[text.index(after: colon)...])
-        guard !id.isEmpty, id.utf8.count <= 128 else { return nil }
+        guard NotificationID.isWellFormed(id) else { return nil }
         return HistoryKey(createdAt: ms, id: id)
     }
 }

@@ -83,13 +83,13 @@ extension Gateway {
                     return .success(HTTPResponse(status: 200, body: body))
                 }
             case .getNotification(let owner, let id):
-                let (user, device) = try self.owner(owner, req)
+                let (user, device) = try self.owner(owner, req, notification: id)
                 x.read(user, device) { s, v throws(StoreError) in
                     guard let n = try s.visibleNotification(user, id: id, viewer: v) else { return .failure(.notFound) }
                     return .success(.json(200, ["notification": n.json]))
                 }
             case .updateNotification(let owner, let id):
-                let (user, device) = try self.owner(owner, req)
+                let (user, device) = try self.owner(owner, req, notification: id)
                 let u = try StateUpdate(bytes: req.body, ifMatch: req.headers["if-match"])
                 x.write([user], [.id(user, id)]) { e throws(StoreError) in
                     let now = clock.now()
@@ -97,7 +97,7 @@ extension Gateway {
                     return try e.updateState(user, id: id, u, viewer: v, now: now).map { HTTPResponse(status: 200, body: $0.httpBody) }
                 }
             case .deleteNotification(let owner, let id):
-                let (user, device) = try self.owner(owner, req)
+                let (user, device) = try self.owner(owner, req, notification: id)
                 x.write([user], [.id(user, id)]) { e throws(StoreError) in
                     let now = clock.now()
                     let v = try e.registerViewer(user, deviceId: device, now: now)
@@ -209,6 +209,14 @@ extension Gateway {
             let d = try deviceAuth(req)
             return (d.user, d.deviceId)
         }
+    }
+
+    /// The owner of a route that names notification `id`; an id of no form
+    /// the gateway gives is unknown, and goes no further.
+    private func owner(_ o: Route.Owner, _ req: HTTPRequest, notification id: String) throws(HeraldError) -> (UserKey, String?) {
+        let found = try owner(o, req)
+        guard NotificationID.isWellFormed(id) else { throw .notFound }
+        return found
     }
 
     // MARK: Authentication

@@ -186,6 +186,8 @@ public final class WebSocketSession {
     /// Runs `body` (a write to notification `id` of `user`) on the engine and answers `ack` or `error`.
     private func request(_ ref: String?, _ user: UserKey, _ id: String,
                          _ body: @escaping @Sendable (Engine) throws(StoreError) -> Result<WriteAnswer, HeraldError>) {
+        // An id of no form the gateway gives names nothing (see NotificationID.isWellFormed).
+        guard NotificationID.isWellFormed(id) else { return send(ServerFrame.error(ref: ref, .notFound)) }
         gateway.engine.perform(on: shard, users: [user], lookups: [.id(user, id)], body) { [self] r in
             switch r.flatMap({ $0 }) {
             case .success(let answer): send(ServerFrame.ack(ref: ref, answer))

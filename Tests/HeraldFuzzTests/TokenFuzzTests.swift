@@ -183,15 +183,19 @@ final class TokenFuzzTests: XCTestCase {
         },
         check: { bytes in
             let s = String(decoding: bytes, as: UTF8.self)
-            // The input's bytes as a page position (printable ASCII ids, as the server makes).
+            // The input's bytes as a page position: it comes back if the id
+            // has the form the gateway gives ids, else the token is refused.
             if (1...128).contains(bytes.count), bytes.allSatisfy({ $0 > 0x20 && $0 < 0x7F }) {
                 let k = HistoryKey(createdAt: Int64(bitPattern: fnv1a(bytes)), id: String(decoding: bytes, as: UTF8.self))
                 let enc = PageToken.encode(k)
                 guard enc.utf8.count <= 256 else { return .failed("page token for a 128-byte id is \(enc.utf8.count) bytes") }
-                guard PageToken.decode(enc) == k else { return .failed("decode(encode(\(k))) differs") }
+                let wellFormed = NotificationID.isWellFormed(k.id)
+                guard (PageToken.decode(enc) == k) == wellFormed else {
+                    return .failed(wellFormed ? "decode(encode(\(k))) differs" : "decoded \(k), an id the gateway never gives")
+                }
             }
             guard let k = PageToken.decode(s) else { return .rejected }
-            guard !k.id.isEmpty, k.id.utf8.count <= 128 else { return .failed("decoded a bad id") }
+            guard NotificationID.isWellFormed(k.id) else { return .failed("decoded an id the gateway never gives") }
             guard PageToken.decode(PageToken.encode(k)) == k else { return .failed("decoded key does not survive encode/decode") }
             return .accepted
         })

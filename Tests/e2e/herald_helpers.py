@@ -830,6 +830,36 @@ def parse_responses(data: bytes) -> list[RawResponse]:
     return out
 
 
+# Notification ids no gateway gives: among them a NUL, which PostgreSQL text
+# cannot hold (asking it about one used to fail every write of the batch).
+IDS_OF_NO_FORM = ["a\u0000b", "n_01J\u0000", "n_" + "Z" * 25 + "\u00e9", "n_" + "U" * 26]
+
+
+def assert_ids_of_no_form_are_unknown(gw: "Gateway", user: str) -> None:
+    """Every way to name a notification answers not_found for such ids and
+    changes nothing; the store stays healthy and writes go on."""
+    import urllib.parse
+    tok = mint_token(user)
+    first = gw.publish(user, "kept")
+    n = first["notification"]
+    ws, _, _ = gw.connect(user)
+    with ws:
+        for bad in IDS_OF_NO_FORM:
+            path = "/notifications/" + urllib.parse.quote(bad, safe="")
+            check_error(gw.me("GET", path, tok), 404, "not_found")
+            check_error(gw.me("PATCH", path, tok, json={"readState": "read"}), 404, "not_found")
+            check_error(gw.me("DELETE", path, tok), 404, "not_found")
+            check_error(gw.server("DELETE", f"/users/{user}" + path), 404, "not_found")
+            for msg in ({"type": "delete", "ref": "d", "id": bad}, {"type": "update", "ref": "d", "id": bad, "readState": "read"}):
+                ws.send(msg)
+                f, _ = ws.recv_until(lambda f: f.get("ref") == "d")
+                assert f["type"] == "error" and f["code"] == "not_found", f
+        ws.assert_silent(ignore=("counts",))
+    assert gw.request("GET", "/healthz").json()["store"] == "ok"
+    assert gw.get_notification(user, n["id"]) == n
+    assert gw.publish(user, "after")["seq"] == first["seq"] + 1
+
+
 def read_until_eof(s, timeout: float = 10.0) -> bytes:
     """Everything a socket receives until the peer closes it; fails if it
     stays open `timeout` seconds without sending."""

@@ -3,7 +3,7 @@ counts, read-all. Sync, events and device PUT are in test_fallback.py."""
 
 import pytest
 
-from herald_helpers import check_error, check_notification, mint_token, uid
+from herald_helpers import assert_ids_of_no_form_are_unknown, check_error, check_notification, mint_token, uid
 
 
 def _history(gateway, tok, **params):
@@ -224,6 +224,10 @@ def test_delete(gateway, user):
         check_error(gateway.me("PATCH", f"/notifications/{n['id']}", tok, json={"readState": "read"}), 404)
         ws.assert_silent(ignore=("counts",))
     assert _history(gateway, tok)["notifications"] == []
+
+
+def test_ids_of_no_form_the_gateway_gives_are_unknown(gateway, user):
+    assert_ids_of_no_form_are_unknown(gateway, user)
 
 
 def test_counts(gateway, user):

@@ -16,7 +16,7 @@ from typing import Callable
 
 import pytest
 
-from herald_helpers import CONFIG, Gateway, uid, wait_until
+from herald_helpers import CONFIG, Gateway, assert_ids_of_no_form_are_unknown, uid, wait_until
 
 URL = os.environ.get("HERALD_TEST_POSTGRES_URL")
 pytestmark = pytest.mark.skipif(not URL, reason="no test PostgreSQL: set HERALD_TEST_POSTGRES_URL "
@@ -60,6 +60,15 @@ def test_publish_reaches_a_websocket_and_a_restart_keeps_epoch_and_cursor(herald
             assert got == missed
             assert welcome["cursor"] == missed[-1]
         assert gw.publish(user, "after")["seq"] > missed[-1], "seq continues after a restart"
+    finally:
+        assert gw.terminate(10) == 0, gw.stderr_tail()
+
+
+def test_ids_of_no_form_are_unknown_and_fail_no_batch(herald_bin, tmp_path, store_url):
+    """A NUL in a notification id used to fail its whole batch with 503."""
+    gw = Gateway(herald_bin, tmp_path, CONFIG, store=store_url).start()
+    try:
+        assert_ids_of_no_form_are_unknown(gw, uid("user"))
     finally:
         assert gw.terminate(10) == 0, gw.stderr_tail()
 
