@@ -52,5 +52,10 @@ public struct StoreError: Error, Sendable, CustomStringConvertible {
     /// serialization failure) and was rolled back: running it again from
     /// its start may well succeed.
     public let conflict: Bool
-    public init(_ d: String, conflict: Bool = false) { description = d; self.conflict = conflict }
+    /// The connection was lost after COMMIT was sent and before its answer
+    /// came: the transaction may have committed, or not.
+    public let outcomeUnknown: Bool
+    public init(_ d: String, conflict: Bool = false, outcomeUnknown: Bool = false) {
+        description = d; self.conflict = conflict; self.outcomeUnknown = outcomeUnknown
+    }
 }

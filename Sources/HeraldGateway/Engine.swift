@@ -78,6 +78,10 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
     private var effects: [Effect] = []
     /// Undoes the open batch's bookkeeping outside the store if it rolls back.
     private var undo: [() -> Void] = []
+    /// Users with changes that may have committed unseen (the answer to a
+    /// COMMIT was lost): their followers here catch up from the store at the
+    /// next commit, before any later change of theirs reaches them.
+    private var uncertain: Set<UserKey> = []
     /// Notifications the open batch published: `herald_publishes_total` once it commits.
     var publishedInBatch = 0
     /// Who follows which user, and which devices are connected.
@@ -210,7 +214,10 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
         undo.append(f)
     }
 
-    private func rolledBack() {
+    private func rolledBack(after error: any Error) {
+        if (error as? StoreError)?.outcomeUnknown == true {
+            for case .deliver(let u, _) in effects { uncertain.insert(u) }
+        }
         store.rollback()
         effects.removeAll()
         publishedInBatch = 0
@@ -230,6 +237,7 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
             throw error
         }
         undo.removeAll()
+        recoverUncertain()
         let batch = Committed(effects: effects, published: publishedInBatch, began: began)
         effects.removeAll(keepingCapacity: true)
         publishedInBatch = 0
@@ -364,7 +372,7 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
                 try commit(began: t0)
                 break
             } catch {
-                rolledBack()
+                rolledBack(after: error)
                 // A deadlock or serialization failure with another node's
                 // batch: nothing of it happened (effects and bookkeeping were
                 // undone), so the same commands run again from the start.
@@ -376,8 +384,9 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
                 health.failed("batch of \(batch.count) (rolled back)", error)
                 // Earlier batches' replies and deliveries go first.
                 runSynced(all: true)
+                let answer = (error as? StoreError)?.outcomeUnknown == true ? StoreHealth.outcomeUnknown : StoreHealth.unavailable
                 for c in batch {
-                    if let f = c.control { f(self) } else { c.failed(StoreHealth.unavailable) }
+                    if let f = c.control { f(self) } else { c.failed(answer) }
                 }
                 return true
             }
@@ -398,10 +407,22 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
             health.succeeded()
             return true
         } catch {
-            rolledBack()
+            rolledBack(after: error)
             health.failed(what, error)
             return false
         }
+    }
+
+    /// The store commits again: followers of `uncertain` users catch up from
+    /// it (`Subscription.recover`). Queued on their shards ahead of this
+    /// commit's deliveries, so a change that did commit unseen comes before
+    /// any later one, and a change that did not is simply not found.
+    private func recoverUncertain() {
+        guard !uncertain.isEmpty else { return }
+        for u in uncertain {
+            for shard in registry.shards(following: u).map({ shards[$0] }) { shard.post { shard.recover(u) } }
+        }
+        uncertain.removeAll()
     }
 
     /// Runs a committed, durable batch's effects.

@@ -11,6 +11,10 @@ public final class StoreHealth: Sendable {
     /// Answered for everything the store could not do: nothing changed, try
     /// again shortly.
     static let unavailable = HeraldError(.unavailable, "storage is unavailable; nothing was changed", retryAfterSeconds: 2)
+    /// Answered when the store went away while committing: the change may
+    /// have been made. A publish is safe to repeat (same appNotificationId).
+    static let outcomeUnknown = HeraldError(.unavailable, "storage became unavailable while saving; the change may have been made",
+                                            retryAfterSeconds: 2)
 
     private struct State {
         var failing = false

@@ -275,15 +275,28 @@ final class PostgresConnection {
 
     /// Ends the pipeline with `sql` (COMMIT): sends it and a sync, reads
     /// every result and leaves pipeline mode; throws the first error.
+    /// A session lost once `sql` may have been sent, without its success,
+    /// throws `outcomeUnknown` (unless the server had already refused a
+    /// statement before it, which aborted the transaction).
     func finish(_ sql: String) throws(StoreError) {
-        guard pipelining else { return try script(sql) }
+        guard pipelining else {
+            let wasConnected = isConnected
+            do throws(StoreError) { return try script(sql) } catch {
+                throw wasConnected && !isConnected ? Self.unknownOutcome(error) : error
+            }
+        }
         do throws(StoreError) {
             try enqueue(sql, [])
         } catch {
             abandon()
             throw error
         }
-        if let failure = endPipeline() { throw failure }
+        let (failure, unanswered) = endPipeline()
+        if let failure { throw unanswered ? Self.unknownOutcome(failure) : failure }
+    }
+
+    private static func unknownOutcome(_ e: StoreError) -> StoreError {
+        StoreError(e.description + " (whether the transaction committed is unknown)", outcomeUnknown: true)
     }
 
     /// Leaves the pipeline whatever is pending, its results discarded. The
@@ -291,20 +304,31 @@ final class PostgresConnection {
     func abandon() { endPipeline() }
 
     /// Sends a sync after what was sent, reads every result up to it and
-    /// leaves pipeline mode: one round trip. Returns the first error.
-    @discardableResult private func endPipeline() -> StoreError? {
-        guard pipelining else { return nil }
+    /// leaves pipeline mode: one round trip. Returns the first error, and
+    /// whether the session was lost without the last statement succeeding
+    /// and with no statement refused by the server before it.
+    @discardableResult private func endPipeline() -> (failure: StoreError?, unanswered: Bool) {
+        guard pipelining else { return (nil, false) }
         pipelining = false
         let pending = unread
         unread.removeAll()
-        guard let c = conn, isConnected else { return error("pipeline", "the connection was lost") }
+        guard let c = conn, isConnected else { return (error("pipeline", "the connection was lost"), !pending.isEmpty) }
         guard PQpipelineSync(c) == 1 else {
             close()
-            return error("pipeline", "the connection was lost")
+            return (error("pipeline", "the connection was lost"), !pending.isEmpty)
         }
         var failure: StoreError?
-        for sql in pending where isConnected {
-            do throws(StoreError) { _ = try nextResult(c, sql) } catch { if failure == nil { failure = error } }
+        // A statement before the last refused by the server (the connection
+        // fine): the transaction is aborted, whatever the last one's fate.
+        var refusedBefore = false, lastSucceeded = false
+        for (i, sql) in pending.enumerated() where isConnected {
+            do throws(StoreError) {
+                _ = try nextResult(c, sql)
+                lastSucceeded = i == pending.count - 1
+            } catch {
+                if failure == nil { failure = error }
+                if isConnected, i < pending.count - 1 { refusedBefore = true }
+            }
         }
         // Up to the sync: also the results of statements a failed `query` left unread.
         while isConnected {
@@ -313,13 +337,17 @@ final class PostgresConnection {
             PQclear(res)
             if status == PGRES_PIPELINE_SYNC { break }
         }
+        // The last statement's answer never came, or came as the session
+        // ended (a FATAL: PostgreSQL may still have committed, as when a
+        // wait for a synchronous standby is cut short).
+        let unanswered = !isConnected && !lastSucceeded && !refusedBefore
         // Still in pipeline mode (the sync never came): a fresh session is
         // simpler than finding out why.
         if !isConnected || PQexitPipelineMode(c) != 1 {
             close()
-            return failure ?? error("pipeline", "the connection was lost")
+            return (failure ?? error("pipeline", "the connection was lost"), unanswered)
         }
-        return failure
+        return (failure, unanswered)
     }
 
     /// Runs several statements without parameters or preparing (schema

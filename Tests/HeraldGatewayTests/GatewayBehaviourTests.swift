@@ -40,6 +40,32 @@ final class GatewayBehaviourTests: XCTestCase {
         XCTAssertEqual(h.request("GET", "/healthz").json?["store"], "ok")
     }
 
+    /// A batch that committed although its COMMIT's answer was lost is
+    /// answered 503 "may have been made"; at the next commit the user's
+    /// devices catch up from the store, so they get its change before the
+    /// next one, once each, in seq order.
+    func testAChangeThatCommittedUnseenIsDeliveredBeforeTheNextOne() {
+        let store = FailingStore()
+        let h = Harness(store: store)
+        let s = h.webSocket()
+        h.hello(s, user: "u")
+        h.settle(); s.read()
+        store.loseCommitAnswers = 1
+        let lost = h.publish("u", "lost")
+        h.settle(); s.read()
+        XCTAssertEqual(lost.response?.status, 503)
+        XCTAssertEqual(lost.json?["error"]?.objectValue?["message"], "storage became unavailable while saving; the change may have been made")
+        XCTAssertEqual(changeSeqs(s.frames), [], "not delivered as if it had committed")
+        let next = h.publish("u", "next")
+        h.settle(); s.read()
+        XCTAssertEqual(next.response?.status, 201)
+        XCTAssertEqual(changeSeqs(s.frames), [1, 2])
+        let again = h.publish("u", "lost")
+        h.settle(); s.read()
+        XCTAssertEqual(again.response?.status, 200, "repeating it replaces what did commit")
+        XCTAssertEqual(changeSeqs(s.frames), [1, 2, 3])
+    }
+
     /// A subscription whose admission batch failed is refused (1001 on a
     /// WebSocket) and leaves no follow behind.
     func testFailedAdmissionClosesAndFollowsNothing() {

@@ -49,6 +49,8 @@ final class InlineLoop: LoopExecutor {
 final class FailingStore: NotificationStore {
     let inner = MemoryStore()
     var failCommits = 0
+    /// Commits that happen, then throw as if the answer to COMMIT was lost.
+    var loseCommitAnswers = 0
     /// Commits, upserts and prune calls so far, readable from any thread.
     let commits = Atomic<Int>(0), upserts = Atomic<Int>(0), pruneCalls = Atomic<Int>(0)
     /// Offers a reader connection (over the same MemoryStore, run by the test).
@@ -62,6 +64,10 @@ final class FailingStore: NotificationStore {
         }
         try inner.commit()
         commits.add(1, ordering: .relaxed)
+        if loseCommitAnswers > 0 {
+            loseCommitAnswers -= 1
+            throw StoreError("connection lost after COMMIT (test)", outcomeUnknown: true)
+        }
     }
     func rollback() { inner.rollback() }
     func feed(_ u: UserKey) throws(StoreError) -> FeedState { try inner.feed(u) }

@@ -291,6 +291,48 @@ final class PostgresStoreTests: XCTestCase {
         XCTAssertEqual(bRead.values, [2], "then reads what a committed")
     }
 
+    /// The session ends while COMMIT runs (here: in a deferred trigger that
+    /// sleeps, ended by `pg_terminate_backend`, as a crash or a cut network
+    /// would): the store cannot know whether the transaction committed, and
+    /// says so, for the engine to catch the user's devices up from the store.
+    func testACommitWhoseAnswerIsLostSaysItsOutcomeIsUnknown() throws {
+        let url = database.url, alice = alice
+        let store = try PostgresStore(url: url)
+        let admin = try PostgresConnection(url: url)
+        defer { admin.close() }
+        try admin.script("""
+            CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+                BEGIN PERFORM pg_sleep(60); RETURN NULL; END $$;
+            CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT ON changes
+                DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION slow_commit();
+            """)
+        try store.begin()
+        _ = try store.upsert(alice, note("n_1"), previous: nil, at: t0)
+        let ended = DispatchSemaphore(value: 0)
+        let killer = Unchecked(admin)
+        Thread.detachNewThread {
+            // Waits for the event (the COMMIT sleeping), with a deadline.
+            let deadline = Date().addingTimeInterval(30)
+            while Date() < deadline {
+                let rows = try? killer.value.query(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query = 'COMMIT' AND wait_event = 'PgSleep'")
+                if let rows, rows.count > 0 { break }
+                usleep(20_000)
+            }
+            ended.signal()
+        }
+        XCTAssertThrowsError(try store.commit()) { e in
+            XCTAssertEqual((e as? StoreError)?.outcomeUnknown, true, "\(e)")
+        }
+        XCTAssertEqual(ended.wait(timeout: .now() + 40), .success)
+        // The next transaction runs on a new session.
+        try admin.script("DROP TRIGGER slow_commit ON changes")
+        try store.begin()
+        _ = try store.upsert(alice, note("n_2"), previous: nil, at: t0)
+        try store.commit()
+        XCTAssertNotNil(try store.notification(alice, id: "n_2"))
+    }
+
     /// `claim` locks every user it is given at once, past its 500-user
     /// statements and whatever the ids hold, creating their feeds at head 0.
     func testClaimLocksEveryUserGivenAtOnce() throws {
