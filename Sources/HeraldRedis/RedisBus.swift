@@ -120,13 +120,20 @@ public final class RedisBus: Bus, @unchecked Sendable {  // mutable state is und
             var sent = 0
             if let c = ctx {
                 for m in batch { _ = command(c, [Array("PUBLISH".utf8), channelName(m.channel), m.payload], append: true) }
-                // Replies in order: each one confirms its record reached Redis.
+                // Replies in order: each one confirms its record reached
+                // Redis, unless it is an error (-NOPERM, -BUSY, ...): that
+                // record and the rest go again on a new connection.
+                var refusal: String?
                 while sent < batch.count, let r = reply(c) {
+                    let answer = r.assumingMemoryBound(to: redisReply.self).pointee
+                    if answer.type == REDIS_REPLY_ERROR { refusal = answer.str.map { String(cString: $0) } ?? "an error" }
                     freeReplyObject(r)
+                    if refusal != nil { break }
                     sent += 1
                 }
                 if sent < batch.count {
-                    if !failing { Log.error("bus: publishing to Redis at \(endpoint) failed: \(errorText(c)); reconnecting") }
+                    let why = refusal.map { "Redis answered \($0)" } ?? errorText(c)
+                    if !failing { Log.error("bus: publishing to Redis at \(endpoint) failed: \(why); reconnecting") }
                     failing = true
                     redisFree(c)
                     ctx = nil

@@ -89,6 +89,41 @@ final class RedisBusTests: XCTestCase {
         XCTAssertTrue(seqs == [1, 2, 3] || seqs == [1, 3], "got \(seqs)")
     }
 
+    /// A PUBLISH Redis answers with an error (-NOPERM here: an ACL took the
+    /// right away) is not taken as sent: it goes again until Redis takes it.
+    func testARecordRedisRefusesIsPublishedAgain() throws {
+        let url = try XCTUnwrap(ProcessInfo.processInfo.environment["HERALD_TEST_REDIS_URL"])
+        func redis(_ args: String) throws -> String {
+            let p = Process(), out = Pipe()
+            p.executableURL = URL(fileURLWithPath: "/usr/bin/redis-cli")
+            p.arguments = ["-u", url] + args.split(separator: " ").map(String.init)
+            p.standardOutput = out
+            try p.run()
+            let text = String(decoding: out.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+            p.waitUntilExit()
+            return text
+        }
+        func refusedPublishes() throws -> Int {
+            let line = try redis("INFO commandstats").split(whereSeparator: \.isNewline).first { $0.hasPrefix("cmdstat_publish:") } ?? ""
+            let field = line.split(separator: ",").first { $0.hasPrefix("rejected_calls=") }
+            return field.flatMap { Int($0.dropFirst("rejected_calls=".count)) } ?? 0
+        }
+        let (a, _) = node(), (b, rb) = node()
+        defer { _ = try? redis("ACL SETUSER default +publish"); a.stop(); b.stop() }
+        let user = UserKey(app: "app", user: "u")
+        let before = try refusedPublishes()
+        _ = try redis("ACL SETUSER default -publish")
+        a.publish(user, record(1))
+        // Waits for the refusal itself (Redis counts it), with a deadline.
+        let until = Date(timeIntervalSinceNow: 10)
+        while try refusedPublishes() == before {
+            guard Date() < until else { return XCTFail("Redis never refused the PUBLISH") }
+            usleep(20_000)
+        }
+        _ = try redis("ACL SETUSER default +publish")
+        rb.wait("the refused record, published again") { $0.records.map(\.1.seq) == [1] }
+    }
+
     func testURLForms() throws {
         let e = try RedisEndpoint(url: "redis://:s3cret@10.0.0.5:6380/2")
         XCTAssertEqual([e.host, "\(e.port)", e.password ?? "-", "\(e.db)"], ["10.0.0.5", "6380", "s3cret", "2"])
