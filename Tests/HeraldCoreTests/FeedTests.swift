@@ -34,8 +34,8 @@ final class FeedPositionTests: XCTestCase {
 
 final class PageTokenTests: XCTestCase {
     func testRoundTrip() {
-        for k in [HistoryKey(createdAt: T0, id: "n_01J0000000000000000000000"), HistoryKey(createdAt: 0, id: "x"),
-                  HistoryKey(createdAt: T0, id: "a:b:c"), HistoryKey(createdAt: T0, id: String(repeating: "z", count: 128))] {
+        for k in [HistoryKey(createdAt: T0, id: "n_01J00000000000000000000000"), HistoryKey(createdAt: 0, id: NotificationID.make(now: 0)),
+                  HistoryKey(createdAt: -5, id: "n_ZZZZZZZZZZZZZZZZZZZZZZZZZZ")] {
             let s = PageToken.encode(k)
             XCTAssertTrue(s.utf8.allSatisfy { c in
                 (0x30...0x39).contains(c) || (0x41...0x5A).contains(c) || (0x61...0x7A).contains(c) || c == 0x2D || c == 0x5F
@@ -50,7 +50,10 @@ final class PageTokenTests: XCTestCase {
         let b = { (s: String) in Base64URL.encode(Array(s.utf8)) }
         for s in ["", "!!!", "====", "abc=", "not a token", "Zh", b("no-colon"), b(":id"), b("abc:id"), b("123:"),
                   b("1.5:id"), b("99999999999999999999:id"), b("12:" + String(repeating: "x", count: 129)),
-                  Base64URL.encode([0x31, 0x3A, 0xFF, 0xFE]), String(repeating: "A", count: 300), b(" 12:id")] {
+                  Base64URL.encode([0x31, 0x3A, 0xFF, 0xFE]), String(repeating: "A", count: 300), b(" 12:id"),
+                  // Ids of no form the gateway gives: they name nothing.
+                  b("12:x"), b("12:a:b:c"), b("12:n_01J0000000000000000000000"), b("12:n_01J00000000000000000000\u{0}0"),
+                  b("12:n_01J0000000000000000000000U")] {
             XCTAssertNil(PageToken.decode(s), s.prefix(40).description)
         }
     }
