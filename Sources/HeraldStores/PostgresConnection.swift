@@ -102,16 +102,22 @@ final class PostgresConnection {
     /// transaction back for another's sake; it may be run again.
     static let conflictStates: Set<String> = ["40P01", "40001"]
 
+    /// How long a call waits on a peer that vanished without closing the
+    /// connection (host down, network cut): unacknowledged data for 15 s, or
+    /// 3 unanswered keepalives 5 s apart after 15 s of silence. As libpq's
+    /// and as the server's parameter names.
+    static let tcpBounds: [(client: String, server: String, value: String)] = [
+        ("tcp_user_timeout", "tcp_user_timeout", "15000"), ("keepalives_idle", "tcp_keepalives_idle", "15"),
+        ("keepalives_interval", "tcp_keepalives_interval", "5"), ("keepalives_count", "tcp_keepalives_count", "3"),
+    ]
+
     private func connect() throws(StoreError) {
         close()
         // Defaults first: what the URL says overrides them (expand_dbname).
-        // The TCP settings bound how long a call waits on a server that
-        // vanished without closing the connection (host down, network cut):
-        // unacknowledged data for 15 s, or 3 unanswered keepalives 5 s apart
-        // after 15 s of silence, fail it instead of holding the engine forever.
-        let settings = [("connect_timeout", "5"), ("application_name", "herald"), ("tcp_user_timeout", "15000"),
-                        ("keepalives_idle", "15"), ("keepalives_interval", "5"), ("keepalives_count", "3"),
-                        ("dbname", url)]
+        // The TCP bounds fail a call on a vanished server instead of holding
+        // the engine forever.
+        let settings = [("connect_timeout", "5"), ("application_name", "herald")] + Self.tcpBounds.map { ($0.client, $0.value) }
+            + [("dbname", url)]
         let keys = settings.map { PostgresValue.text($0.0) } + [.null]
         let values = settings.map { PostgresValue.text($0.1) } + [.null]
         let c = Self.withCStrings(keys) { k in Self.withCStrings(values) { v in PQconnectdbParams(k, v, 1) } }
@@ -124,6 +130,15 @@ final class PostgresConnection {
         // default libpq prints them on stderr.
         PQsetNoticeProcessor(c, { _, _ in }, nil)
         conn = c
+        // The same bounds on the server's side of the session: a node whose
+        // host vanished mid-transaction (its session waits for the next
+        // statement, holding its users' row locks, and with them every other
+        // node's writes to those users) is let go within about 30 s, not
+        // after the system's 2 hours. Only where nothing else set them
+        // (server, role, URL `options`). Names and values are ours.
+        let wanted = Self.tcpBounds.map { "('\($0.server)', '\($0.value)')" }.joined(separator: ", ")
+        try script("SELECT set_config(name, value, false) FROM (VALUES \(wanted)) AS wanted(name, value) "
+                   + "JOIN pg_settings USING (name) WHERE source = 'default'")
     }
 
     var isConnected: Bool { conn.map { PQstatus($0) == CONNECTION_OK } ?? false }

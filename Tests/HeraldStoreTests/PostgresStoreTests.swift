@@ -333,6 +333,23 @@ final class PostgresStoreTests: XCTestCase {
         XCTAssertNotNil(try store.notification(alice, id: "n_2"))
     }
 
+    /// The server lets a vanished node's session go within about 30 s (its
+    /// TCP keepalives and user timeout, as Herald's side has them), unless
+    /// something set them already: here the URL, for the idle time.
+    func testTheServerSideOfASessionHasTCPBounds() throws {
+        func show(_ c: PostgresConnection, _ name: String) throws -> String? { try c.query("SHOW \(name)").text(0, 0) }
+        let plain = try PostgresConnection(url: database.url)
+        defer { plain.close() }
+        XCTAssertEqual(try show(plain, "tcp_keepalives_idle"), "15")
+        XCTAssertEqual(try show(plain, "tcp_keepalives_interval"), "5")
+        XCTAssertEqual(try show(plain, "tcp_keepalives_count"), "3")
+        XCTAssertEqual(try show(plain, "tcp_user_timeout"), "15000")
+        let own = try PostgresConnection(url: database.url + "%20-ctcp_keepalives_idle%3D60")
+        defer { own.close() }
+        XCTAssertEqual(try show(own, "tcp_keepalives_idle"), "60", "the URL's own value stays")
+        XCTAssertEqual(try show(own, "tcp_keepalives_count"), "3")
+    }
+
     /// `claim` locks every user it is given at once, past its 500-user
     /// statements and whatever the ids hold, creating their feeds at head 0.
     func testClaimLocksEveryUserGivenAtOnce() throws {
