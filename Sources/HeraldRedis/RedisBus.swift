@@ -30,6 +30,9 @@ public final class RedisBus: Bus, @unchecked Sendable {  // mutable state is und
     /// Records held while Redis is away; the oldest go first past it (other
     /// nodes see the gap at the user's next change, or resubscribe).
     static let queueLimit = 100_000
+    /// How long a reply is awaited: every one the publisher waits for, and
+    /// the subscriber's until it is subscribed.
+    static let replySeconds = 2
 
     public let endpoint: RedisEndpoint
     /// Tells this node's records from others' when they come back.
@@ -110,7 +113,7 @@ public final class RedisBus: Bus, @unchecked Sendable {  // mutable state is und
             cond.unlock()
             if batch.isEmpty { break }
             if ctx == nil {
-                switch connect(timeout: 2) {
+                switch connect() {
                 case .success(let c): ctx = c
                 case .failure(let err):
                     if !failing { Log.error("bus: cannot publish to Redis at \(endpoint): \(err); holding records and retrying") }
@@ -171,16 +174,22 @@ public final class RedisBus: Bus, @unchecked Sendable {  // mutable state is und
         var lostAt: Date? = nil
         var reported = false
         while !isStopping {
-            guard let c = subscribe() else {
+            let c: Context
+            switch subscribe() {
+            case .success(let subscribed):
+                c = subscribed
+            case .failure(let why):
+                if !reported { Log.error("bus: cannot subscribe to Redis at \(endpoint): \(why); retrying") }
+                reported = true
                 setState(subscribedOnce ? "disconnected" : "connecting")
-                if !pause(backoff.next()) { break }
+                if !pause(backoff.next()) { return }
                 continue
             }
             cond.lock()
             let leaving = stopping
-            if !leaving { subscriberFD = c.pointee.fd; currentState = "connected" }
+            if !leaving { currentState = "connected" }
             cond.unlock()
-            if leaving { redisFree(c); break }
+            if leaving { return unsubscribed(c) }
             metrics.connected.store(1, ordering: .relaxed)
             if subscribedOnce {
                 metrics.resubscriptions.add(1, ordering: .relaxed)
@@ -194,11 +203,8 @@ public final class RedisBus: Bus, @unchecked Sendable {  // mutable state is und
             backoff.reset()
             receiver?.subscribed()
             let err = readMessages(c)
-            cond.lock()
-            subscriberFD = -1
-            let quitting = stopping
-            cond.unlock()
-            redisFree(c)
+            unsubscribed(c)
+            let quitting = isStopping
             metrics.connected.store(0, ordering: .relaxed)
             setState("disconnected")
             if quitting { break }
@@ -216,16 +222,46 @@ public final class RedisBus: Bus, @unchecked Sendable {  // mutable state is und
         cond.unlock()
     }
 
-    /// Connects and subscribes to every channel; nil when Redis cannot be
-    /// reached or refuses.
-    private func subscribe() -> Context? {
-        guard case .success(let c) = connect(timeout: nil) else { return nil }
+    /// Connects and subscribes to every channel, or answers why not. The
+    /// descriptor is known to `stop` from the start, and each reply is
+    /// awaited 2 s at most, so a Redis that never answers holds nothing; an
+    /// error reply (-NOPERM: an ACL denies the channels) is a refusal.
+    private func subscribe() -> Result<Context, Failure> {
+        let c: Context
+        switch connect() {
+        case .success(let connected): c = connected
+        case .failure(let why): return .failure(why)
+        }
+        cond.lock()
+        subscriberFD = c.pointee.fd
+        cond.unlock()
         _ = command(c, [Array("SUBSCRIBE".utf8)] + (0..<Self.channelCount).map(channelName), append: true)
         for _ in 0..<Self.channelCount {
-            guard let r = reply(c) else { redisFree(c); return nil }
+            guard let r = reply(c) else {
+                defer { unsubscribed(c) }
+                return .failure(.failed(errorText(c)))
+            }
+            let answer = r.assumingMemoryBound(to: redisReply.self).pointee
+            let refusal = answer.type == REDIS_REPLY_ERROR ? (answer.str.map { String(cString: $0) } ?? "an error") : nil
             freeReplyObject(r)
+            if let refusal {
+                unsubscribed(c)
+                return .failure(.failed("Redis answered \(refusal)"))
+            }
         }
-        return c
+        // Messages may come minutes apart: from here reads wait without a
+        // limit, and TCP keepalive notices a vanished server.
+        _ = redisSetTimeout(c, timeval(tv_sec: 0, tv_usec: 0))
+        return .success(c)
+    }
+
+    /// Forgets the subscriber's descriptor (under `cond`, so `stop` never
+    /// shuts a reused one), then closes it.
+    private func unsubscribed(_ c: Context) {
+        cond.lock()
+        subscriberFD = -1
+        cond.unlock()
+        redisFree(c)
     }
 
     /// Hands other nodes' records to the receiver until the connection
@@ -266,10 +302,9 @@ public final class RedisBus: Bus, @unchecked Sendable {  // mutable state is und
         var description: String { switch self { case .failed(let m): m } }
     }
 
-    /// A connection, authenticated when the URL has a password. `timeout`
-    /// bounds each reply (the publisher's); the subscriber waits for
-    /// messages without one, and TCP keepalive notices a vanished server.
-    private func connect(timeout: Int?) -> Result<Context, Failure> {
+    /// A connection, authenticated when the URL has a password, whose
+    /// replies are awaited `replySeconds` at most.
+    private func connect() -> Result<Context, Failure> {
         guard let p = redisConnectWithTimeout(endpoint.host, endpoint.port, timeval(tv_sec: 2, tv_usec: 0)) else {
             return .failure(.failed("out of memory"))
         }
@@ -280,7 +315,7 @@ public final class RedisBus: Bus, @unchecked Sendable {  // mutable state is und
             return .failure(.failed(e))
         }
         _ = redisEnableKeepAlive(p)
-        if let timeout { _ = redisSetTimeout(p, timeval(tv_sec: timeout, tv_usec: 0)) }
+        _ = redisSetTimeout(p, timeval(tv_sec: Self.replySeconds, tv_usec: 0))
         if let password = endpoint.password {
             let args = [Array("AUTH".utf8)] + (endpoint.user.map { [Array($0.utf8)] } ?? []) + [Array(password.utf8)]
             guard let r = command(c, args, append: false) else {

@@ -89,39 +89,69 @@ final class RedisBusTests: XCTestCase {
         XCTAssertTrue(seqs == [1, 2, 3] || seqs == [1, 3], "got \(seqs)")
     }
 
+    /// Runs redis-cli against the test server; answers what it printed.
+    @discardableResult private func redis(_ args: String) throws -> String {
+        let url = try XCTUnwrap(ProcessInfo.processInfo.environment["HERALD_TEST_REDIS_URL"])
+        let p = Process(), out = Pipe()
+        p.executableURL = URL(fileURLWithPath: "/usr/bin/redis-cli")
+        p.arguments = ["-u", url] + args.split(separator: " ").map(String.init)
+        p.standardOutput = out
+        try p.run()
+        let text = String(decoding: out.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        p.waitUntilExit()
+        return text
+    }
+
+    /// How many calls of `command` Redis refused so far (INFO commandstats).
+    private func rejectedCalls(_ command: String) throws -> Int {
+        let line = try redis("INFO commandstats").split(whereSeparator: \.isNewline).first { $0.hasPrefix("cmdstat_\(command):") } ?? ""
+        let field = line.split(separator: ",").first { $0.hasPrefix("rejected_calls=") }
+        return field.flatMap { Int($0.dropFirst("rejected_calls=".count)) } ?? 0
+    }
+
+    /// Waits (up to 10 s) for Redis to refuse `command` once more than `before`.
+    private func waitForRefusal(of command: String, after before: Int) throws {
+        let until = Date(timeIntervalSinceNow: 10)
+        while try rejectedCalls(command) == before {
+            guard Date() < until else { return XCTFail("Redis never refused \(command)") }
+            usleep(20_000)
+        }
+    }
+
     /// A PUBLISH Redis answers with an error (-NOPERM here: an ACL took the
     /// right away) is not taken as sent: it goes again until Redis takes it.
     func testARecordRedisRefusesIsPublishedAgain() throws {
-        let url = try XCTUnwrap(ProcessInfo.processInfo.environment["HERALD_TEST_REDIS_URL"])
-        func redis(_ args: String) throws -> String {
-            let p = Process(), out = Pipe()
-            p.executableURL = URL(fileURLWithPath: "/usr/bin/redis-cli")
-            p.arguments = ["-u", url] + args.split(separator: " ").map(String.init)
-            p.standardOutput = out
-            try p.run()
-            let text = String(decoding: out.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-            p.waitUntilExit()
-            return text
-        }
-        func refusedPublishes() throws -> Int {
-            let line = try redis("INFO commandstats").split(whereSeparator: \.isNewline).first { $0.hasPrefix("cmdstat_publish:") } ?? ""
-            let field = line.split(separator: ",").first { $0.hasPrefix("rejected_calls=") }
-            return field.flatMap { Int($0.dropFirst("rejected_calls=".count)) } ?? 0
-        }
         let (a, _) = node(), (b, rb) = node()
         defer { _ = try? redis("ACL SETUSER default +publish"); a.stop(); b.stop() }
         let user = UserKey(app: "app", user: "u")
-        let before = try refusedPublishes()
-        _ = try redis("ACL SETUSER default -publish")
+        let before = try rejectedCalls("publish")
+        try redis("ACL SETUSER default -publish")
         a.publish(user, record(1))
-        // Waits for the refusal itself (Redis counts it), with a deadline.
-        let until = Date(timeIntervalSinceNow: 10)
-        while try refusedPublishes() == before {
-            guard Date() < until else { return XCTFail("Redis never refused the PUBLISH") }
-            usleep(20_000)
-        }
-        _ = try redis("ACL SETUSER default +publish")
+        try waitForRefusal(of: "publish", after: before)
+        try redis("ACL SETUSER default +publish")
         rb.wait("the refused record, published again") { $0.records.map(\.1.seq) == [1] }
+    }
+
+    /// A SUBSCRIBE Redis refuses (an ACL takes the channels away, which also
+    /// drops the node's subscription) is tried again until Redis takes it;
+    /// meanwhile the bus stops at once when asked.
+    func testARefusedSubscriptionIsTriedAgainAndStopsWhenAsked() throws {
+        let (a, ra) = node()
+        defer { _ = try? redis("ACL SETUSER default allchannels") }
+        var before = try rejectedCalls("subscribe")
+        try redis("ACL SETUSER default resetchannels")
+        try waitForRefusal(of: "subscribe", after: before)
+        try redis("ACL SETUSER default allchannels")
+        ra.wait("the subscription again") { $0.subscriptions == 2 }
+        before = try rejectedCalls("subscribe")
+        try redis("ACL SETUSER default resetchannels")
+        try waitForRefusal(of: "subscribe", after: before)
+        let stopped = DispatchSemaphore(value: 0)
+        Thread.detachNewThread {
+            a.stop()
+            stopped.signal()
+        }
+        XCTAssertEqual(stopped.wait(timeout: .now() + 10), .success, "stop() returned")
     }
 
     func testURLForms() throws {
