@@ -482,7 +482,7 @@ class SerialTLSSocket:
     TLS 1.3 a write racing the read of the gateway's session tickets could
     end up waiting in a read of its own: the upgrade request was never sent,
     and the gateway closed the connection at its request deadline (about 1
-    in 200 connections here). OpenSSL works on memory buffers under a lock;
+    in 170 connections here). OpenSSL works on memory buffers under a lock;
     the socket is read and written outside it."""
 
     def __init__(self, sock: socket.socket, ctx: ssl.SSLContext, server_hostname: str):
