@@ -255,8 +255,8 @@ public final class WebSocketSession {
         close(code, e.message, drop: drop)
     }
 
-    /// `reason` cut to the 123 bytes a close frame has room for (RFC 6455
-    /// 5.5), at a character's first byte: reasons quote client input.
+    /// `reason` cut to at most 120 bytes (a close frame has room for 123,
+    /// RFC 6455 5.5), at a character's first byte: reasons quote client input.
     static func closeReason(_ reason: String) -> String {
         let u = Array(reason.utf8)
         var end = min(u.count, 120)

@@ -128,9 +128,7 @@ public final class RedisBus: Bus, @unchecked Sendable {  // mutable state is und
                 // record and the rest go again on a new connection.
                 var refusal: String?
                 while sent < batch.count, let r = reply(c) {
-                    let answer = r.assumingMemoryBound(to: redisReply.self).pointee
-                    if answer.type == REDIS_REPLY_ERROR { refusal = answer.str.map { String(cString: $0) } ?? "an error" }
-                    freeReplyObject(r)
+                    refusal = Self.refusal(r)
                     if refusal != nil { break }
                     sent += 1
                 }
@@ -237,16 +235,11 @@ public final class RedisBus: Bus, @unchecked Sendable {  // mutable state is und
         cond.unlock()
         _ = command(c, [Array("SUBSCRIBE".utf8)] + (0..<Self.channelCount).map(channelName), append: true)
         for _ in 0..<Self.channelCount {
-            guard let r = reply(c) else {
-                defer { unsubscribed(c) }
-                return .failure(.failed(errorText(c)))
-            }
-            let answer = r.assumingMemoryBound(to: redisReply.self).pointee
-            let refusal = answer.type == REDIS_REPLY_ERROR ? (answer.str.map { String(cString: $0) } ?? "an error") : nil
-            freeReplyObject(r)
-            if let refusal {
+            let why: String?
+            if let r = reply(c) { why = Self.refusal(r).map { "Redis answered \($0)" } } else { why = errorText(c) }
+            if let why {
                 unsubscribed(c)
-                return .failure(.failed("Redis answered \(refusal)"))
+                return .failure(.failed(why))
             }
         }
         // Messages may come minutes apart: from here reads wait without a
@@ -323,10 +316,7 @@ public final class RedisBus: Bus, @unchecked Sendable {  // mutable state is und
                 redisFree(p)
                 return .failure(.failed(e))
             }
-            let reply = r.assumingMemoryBound(to: redisReply.self).pointee
-            let refused = reply.type == REDIS_REPLY_ERROR ? (reply.str.map { String(cString: $0) } ?? "AUTH refused") : nil
-            freeReplyObject(r)
-            if let refused {
+            if let refused = Self.refusal(r) {
                 redisFree(p)
                 return .failure(.failed(refused))
             }
@@ -359,6 +349,15 @@ public final class RedisBus: Bus, @unchecked Sendable {  // mutable state is und
         var r: UnsafeMutableRawPointer? = nil
         guard redisGetReply(c, &r) == REDIS_OK else { return nil }
         return r
+    }
+
+    /// Frees reply `r`; answers its text if it is an error (-NOPERM, -BUSY,
+    /// -WRONGPASS, ...), else nil.
+    private static func refusal(_ r: UnsafeMutableRawPointer) -> String? {
+        defer { freeReplyObject(r) }
+        let answer = r.assumingMemoryBound(to: redisReply.self).pointee
+        guard answer.type == REDIS_REPLY_ERROR else { return nil }
+        return answer.str.map { String(cString: $0) } ?? "an error"
     }
 
     private func errorText(_ c: Context) -> String {
