@@ -56,9 +56,19 @@ public protocol StoreReading: AnyObject {
     /// order, without repeats.
     func counts(_ user: UserKey) throws(StoreError) -> [TargetingCounts]
     func devices(_ user: UserKey) throws(StoreError) -> [Device]
+    /// The committed heads of the feeds of `users` (a user with no feed yet
+    /// may be left out), read without taking locks: for comparing many
+    /// followed feeds at once (`FeedAudit`).
+    func heads(_ users: [UserKey]) throws(StoreError) -> [UserKey: Int64]
 }
 
 extension StoreReading {
+    public func heads(_ users: [UserKey]) throws(StoreError) -> [UserKey: Int64] {
+        var out: [UserKey: Int64] = [:]
+        for u in users { out[u] = try feed(u).head }
+        return out
+    }
+
     public func device(_ user: UserKey, id: String) throws(StoreError) -> Device? {
         try devices(user).first { $0.deviceId == id }
     }

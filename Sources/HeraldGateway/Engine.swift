@@ -491,10 +491,12 @@ extension Engine: BusReceiver {
         }
     }
 
-    /// Every follower may have missed changes while the bus was away.
+    /// Every follower may have missed changes while the bus was away. The
+    /// last seqs delivered stay: a record missed meanwhile shows as a gap
+    /// before the next one (seqs are consecutive), and `FeedAudit` compares
+    /// them with the store.
     public func subscribed() {
         control { e in
-            e.registry.forgetSequences()
             for shard in e.shards { shard.post { shard.recover(nil) } }
         }
     }

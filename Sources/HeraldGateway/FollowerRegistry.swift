@@ -75,7 +75,7 @@ final class FollowerRegistry {
     /// Drops the records at or below the last seq delivered (a duplicate, or
     /// one a catch-up already covered) and says whether some may be missing
     /// before the rest: a seq past the next one (PostgreSQL's seqs per user
-    /// are consecutive), or no known last seq (a resubscribed bus). Then
+    /// are consecutive), or no known last seq. Then
     /// the followers must be caught up from the store, whose
     /// snapshot, read after this record committed, holds what is missing.
     func sequence(_ user: UserKey, _ records: [ChangeRecord]) -> (fresh: [ChangeRecord], gap: Bool) {
@@ -92,8 +92,18 @@ final class FollowerRegistry {
         return (fresh, gap && !fresh.isEmpty)
     }
 
-    /// The bus subscribed again: what was published meanwhile is unknown.
-    func forgetSequences() { delivered.removeAll() }
+    /// Every followed user.
+    var followedUsers: [UserKey] { Array(following.keys) }
+
+    /// The last seq of `user` handed to its shards, when known.
+    func lastDelivered(_ user: UserKey) -> Int64? { delivered[user] }
+
+    /// `user`'s followers are catching up from a store snapshot holding
+    /// every change through `head`: records up to it are not delivered again.
+    func caughtUp(_ user: UserKey, through head: Int64) {
+        guard following[user] != nil else { return }
+        delivered[user] = max(delivered[user] ?? head, head)
+    }
 
     func opened(_ user: UserKey, device: String?, _ transport: TransportKind, now: Millis) {
         guard let device else { return }

@@ -2,8 +2,10 @@ import HeraldCore
 
 /// The engine's periodic store work: the expiry sweep (SPEC 3: expired
 /// notifications announced within 2 s), presence across nodes, the
-/// lastSeenAt flush, and pruning of old changes and lapsed registrations.
+/// lastSeenAt flush, pruning of old changes and lapsed registrations, and
+/// with a bus the comparison of followed feeds with the store.
 struct Maintenance {
+    private var audit = FeedAudit()
     private var nextSweep: Millis = 0
     private var nextPrune: Millis = 0
     private var nextDevicePrune: Millis = 0
@@ -34,6 +36,7 @@ struct Maintenance {
             e.transaction("lastSeen flush") { () throws(StoreError) in try Self.flushSeen(e, now: now) }
         }
         if now >= nextPrune { prune(e, now: now) }
+        if e.bus != nil { audit.run(e, now: now) }
     }
 
     /// A round of pruning calls; lapsed registrations go with its first

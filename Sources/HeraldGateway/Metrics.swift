@@ -89,8 +89,11 @@ public final class BusMetrics: Sendable {
     /// Records never published: the queue was full while Redis was away.
     public let dropped = Atomic<Int>(0)
     /// Users whose followers were caught up from the store: a seq past the
-    /// next one expected, or a first change after a resubscription.
+    /// next one expected, or no last seq known.
     public let catchUps = Atomic<Int>(0)
+    /// Users whose feed head stayed past what reached this node (`FeedAudit`):
+    /// a change committed that never came over the bus.
+    public let missed = Atomic<Int>(0)
 
     public init() {}
 
@@ -104,7 +107,8 @@ public final class BusMetrics: Sendable {
             + line("received_total", "counter", "Change records received from other nodes.", received)
             + line("publish_queue", "gauge", "Change records waiting to be published.", queued)
             + line("dropped_total", "counter", "Change records never published (queue full while the bus was away).", dropped)
-            + line("catchups_total", "counter", "Users whose followers were caught up from the store: a seq past the next expected, or a first change after a resubscription.", catchUps)
+            + line("catchups_total", "counter", "Users whose followers were caught up from the store: a seq past the next expected, or no last seq known.", catchUps)
+            + line("missed_total", "counter", "Users whose feed head stayed past what reached this node, for a change that never came over the bus; their followers were caught up from the store.", missed)
     }
 }
 

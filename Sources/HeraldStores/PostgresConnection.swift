@@ -9,6 +9,20 @@ enum PostgresValue {
     case utf8(ArraySlice<UInt8>)
     case bool(Bool)
     case null
+
+    /// A text[] parameter: every element quoted, `"` and `\` escaped.
+    static func textArray(_ items: [String]) -> PostgresValue {
+        var out = "{"
+        for (i, item) in items.enumerated() {
+            out += i == 0 ? "\"" : ",\""
+            for c in item.unicodeScalars {
+                if c == "\"" || c == "\\" { out += "\\" }
+                out.unicodeScalars.append(c)
+            }
+            out += "\""
+        }
+        return .text(out + "}")
+    }
 }
 
 /// The rows of one statement's result, in text format.

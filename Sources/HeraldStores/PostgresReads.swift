@@ -17,6 +17,27 @@ struct PostgresReads {
         return r.count == 0 ? FeedState() : FeedState(head: r.int64(0, 0), floor: r.int64(0, 1))
     }
 
+    /// `users` as two text[] parameters, apps and user ids.
+    static func userArrays<C: Collection<UserKey>>(_ users: C) -> [PostgresValue] {
+        [.textArray(users.map(\.app)), .textArray(users.map(\.user))]
+    }
+
+    /// Feed heads, 500 users a statement.
+    func heads(_ users: [UserKey]) throws(StoreError) -> [UserKey: Int64] {
+        var out: [UserKey: Int64] = [:]
+        for start in stride(from: 0, to: users.count, by: 500) {
+            let r = try db.query("""
+                SELECT f.app, f.user_id, f.head FROM feeds f JOIN unnest($1::text[], $2::text[]) AS u(app, user_id)
+                ON f.app = u.app AND f.user_id = u.user_id
+                """, Self.userArrays(users[start..<min(start + 500, users.count)]))
+            for i in 0..<r.count {
+                guard let app = r.text(i, 0), let user = r.text(i, 1) else { throw corrupt("feed") }
+                out[UserKey(app: app, user: user)] = r.int64(i, 2)
+            }
+        }
+        return out
+    }
+
     /// A stored notification's columns, as `notifications` decodes them:
     /// its own JSON, or the seq of the change holding it and that change.
     static let storedNotification = "n.json, n.seq, c.change"
@@ -167,6 +188,7 @@ final class PostgresStoreReader: StoreReader {
     }
 
     func feed(_ user: UserKey) throws(StoreError) -> FeedState { try ready().feed(user) }
+    func heads(_ users: [UserKey]) throws(StoreError) -> [UserKey: Int64] { try ready().heads(users) }
     func notification(_ user: UserKey, id: String) throws(StoreError) -> Notification? { try ready().notification(user, id: id) }
     func changes(_ user: UserKey, after: Int64, limit: Int) throws(StoreError) -> [ChangeRecord] {
         try ready().changes(user, after: after, limit: limit)

@@ -166,20 +166,12 @@ public final class PostgresStore: NotificationStore {
         try check()
         for start in stride(from: 0, to: todo.count, by: 500) {
             let part = todo[start..<min(start + 500, todo.count)]
-            let keys: [PostgresValue] = [.text(Self.arrayLiteral(part.map(\.app))), .text(Self.arrayLiteral(part.map(\.user)))]
             try db.send("""
                 INSERT INTO feeds (app, user_id, head, floor)
                 SELECT app, user_id, 0, 0 FROM unnest($1::text[], $2::text[]) AS u(app, user_id)
                 ON CONFLICT (app, user_id) DO UPDATE SET head = feeds.head WHERE false
-                """, keys)
-            let r = try db.query("""
-                SELECT f.app, f.user_id, f.head FROM feeds f JOIN unnest($1::text[], $2::text[]) AS u(app, user_id)
-                ON f.app = u.app AND f.user_id = u.user_id
-                """, keys)
-            for i in 0..<r.count {
-                guard let app = r.text(i, 0), let user = r.text(i, 1) else { throw reads.corrupt("feed") }
-                heads[UserKey(app: app, user: user)] = r.int64(i, 2)
-            }
+                """, PostgresReads.userArrays(part))
+            heads.merge(try reads.heads(Array(part))) { $1 }
             guard part.allSatisfy({ heads[$0] != nil }) else { throw db.error("claim", "a feed row is missing") }
         }
         try readAhead(Array(Set(lookups.filter { known[$0] == nil })))
@@ -209,7 +201,7 @@ public final class PostgresStore: NotificationStore {
                 case .appNotificationId(let u, let a): byApp[0].append(u.app); byApp[1].append(u.user); byApp[2].append(a)
                 }
             }
-            let r = try db.query(Self.readAheadSQL, (byId + byApp).map { .text(Self.arrayLiteral($0)) })
+            let r = try db.query(Self.readAheadSQL, (byId + byApp).map(PostgresValue.textArray))
             for l in part { known.updateValue(nil, forKey: l) }
             for (i, n) in try reads.notifications(r, 2).enumerated() {
                 guard let app = r.text(i, 0), let user = r.text(i, 1) else { throw reads.corrupt("notification") }
@@ -226,20 +218,6 @@ public final class PostgresStore: NotificationStore {
         known.updateValue(deleted ? nil : n, forKey: .appNotificationId(user, n.appNotificationId))
     }
 
-    /// A text[] parameter: every element quoted, `"` and `\` escaped.
-    private static func arrayLiteral(_ items: [String]) -> String {
-        var out = "{"
-        for (i, item) in items.enumerated() {
-            out += i == 0 ? "\"" : ",\""
-            for c in item.unicodeScalars {
-                if c == "\"" || c == "\\" { out += "\\" }
-                out.unicodeScalars.append(c)
-            }
-            out += "\""
-        }
-        return out + "}"
-    }
-
     /// The reads of one user, after `check` and `lock`.
     private func reading(_ user: UserKey) throws(StoreError) -> PostgresReads {
         try check()
@@ -250,6 +228,13 @@ public final class PostgresStore: NotificationStore {
     // MARK: Reads
 
     public func feed(_ user: UserKey) throws(StoreError) -> FeedState { try reading(user).feed(user) }
+
+    /// Outside a transaction, what other nodes committed; inside, also this
+    /// transaction's writes. Takes no locks either way.
+    public func heads(_ users: [UserKey]) throws(StoreError) -> [UserKey: Int64] {
+        try check()
+        return try reads.heads(users)
+    }
 
     public func notification(_ user: UserKey, id: String) throws(StoreError) -> Notification? {
         if let hit = known[.id(user, id)] { return hit }
@@ -304,7 +289,7 @@ public final class PostgresStore: NotificationStore {
             let user = UserKey(app: app, user: u)
             if inTransaction, heads[user] == nil { heads[user] = due.int64(i, 3) }
         }
-        let r = try db.query(Self.dueSQL, keys.map { .text(Self.arrayLiteral($0)) })
+        let r = try db.query(Self.dueSQL, keys.map(PostgresValue.textArray))
         let ns = try reads.notifications(r, 2)
         var out: [(UserKey, Notification)] = []
         for (i, n) in ns.enumerated() {
@@ -516,7 +501,7 @@ public final class PostgresStore: NotificationStore {
                     WHERE NOT p.pointed AND c.app = p.app AND c.user_id = p.user_id AND c.seq = p.seq
                 )
                 SELECT count(*) FROM pruned
-                """, columns.map { .text(Self.arrayLiteral($0)) }).int64(0, 0))
+                """, columns.map(PostgresValue.textArray)).int64(0, 0))
             return Pruned(changes: pruned, more: more)
         }
     }

@@ -70,4 +70,49 @@ final class BusTests: XCTestCase {
         settle()
         XCTAssertEqual(seqs(s), [1, 2])
     }
+
+    /// Runs `node`'s maintenance, feed audit included, and what it queued.
+    func audit(_ node: Harness) {
+        node.gateway.engine.runMaintenance()
+        settle()
+    }
+
+    /// A change that never came over the bus (its node died between commit
+    /// and publish) reaches the devices here without a later change: the
+    /// feed audit finds the head past what was delivered and, once it stays
+    /// so for the grace, catches the followers up from the store.
+    func testAChangeThatNeverCameOverTheBusArrivesWithoutALaterChange() {
+        let s = deviceOnB()
+        busA.disconnect()
+        a.publish("u", "never-on-the-bus")
+        settle()
+        audit(b)
+        XCTAssertEqual(seqs(s), [], "within the grace a record may still be on its way")
+        b.clock.advance(millis: FeedAudit.grace)
+        audit(b)
+        XCTAssertEqual(seqs(s), [1], "caught up from the store")
+        XCTAssertEqual(b.gateway.metrics.bus.missed.load(ordering: .relaxed), 1)
+        busA.reconnect()
+        a.publish("u", "next")
+        settle()
+        XCTAssertEqual(seqs(s), [1, 2], "the next change follows once, with no second catch-up")
+        XCTAssertEqual(b.gateway.metrics.bus.catchUps.load(ordering: .relaxed), 0)
+    }
+
+    /// A record still on its way when the head was read, and at the next
+    /// round, is delivered as it comes within the grace, not read back.
+    func testARecordInFlightDuringTheAuditIsNotReadBack() {
+        let s = deviceOnB()
+        a.publish("u", "in-flight")
+        a.settle()  // committed on A; its record waits in B's engine queue
+        b.gateway.engine.runMaintenance()
+        b.clock.advance(millis: FeedAudit.every)
+        b.gateway.engine.runMaintenance()
+        XCTAssertEqual(b.gateway.metrics.engineQueue.load(ordering: .relaxed), 1, "still on its way after two rounds")
+        settle()
+        b.clock.advance(millis: FeedAudit.grace)
+        audit(b)
+        XCTAssertEqual(seqs(s), [1])
+        XCTAssertEqual(b.gateway.metrics.bus.missed.load(ordering: .relaxed), 0)
+    }
 }

@@ -26,6 +26,7 @@ final class PostgresStoreConformanceTests: StoreConformanceTests {
     func testCountsUndoneByRollback() throws { try checkCountsUndoneByRollback() }
     func testReaderReadsWhatTheStoreReads() throws { try checkReaderReadsWhatTheStoreReads() }
     func testDevices() throws { try checkDevices() }
+    func testHeadsOfManyFeeds() throws { try checkHeadsOfManyFeeds() }
 
     override func tearDown() {
         super.tearDown()  // closes the store first: nothing holds a lock on the schema

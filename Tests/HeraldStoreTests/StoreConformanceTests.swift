@@ -532,6 +532,28 @@ class StoreConformanceTests: XCTestCase {
         XCTAssertEqual(try reader.read { r throws(StoreError) in try Reads(r, alice) }, expected)
     }
 
+    /// Heads of many feeds at once (the feed audit's read), also past one
+    /// statement's 500 users and through a reader.
+    func checkHeadsOfManyFeeds() throws {
+        let many = (0..<600).map { UserKey(app: "app3", user: "u:\($0)@x") }
+        try store.begin()
+        try store.claim(many)
+        for (i, u) in many.enumerated() { try publish(u, note("n_m\(i)", "m", user: u)) }
+        try store.commit()
+        try publish(alice, note("n_1", "a1"))
+        try publish(bob, note("n_2", "b1", user: bob))
+        try publish(bob, note("n_3", "b2", user: bob))
+        var expected = [alice: Int64(1), bob: 2]
+        for u in many { expected[u] = 1 }
+        let asked = [alice, bob, aliceInApp2] + many
+        // A feed with no change yet may be left out, or be 0.
+        func known(_ h: [UserKey: Int64]) -> [UserKey: Int64] { h.filter { $0.value > 0 } }
+        XCTAssertEqual(known(try store.heads(asked)), expected)
+        XCTAssertEqual(try store.heads([]), [:])
+        guard let reader = try store.makeReader() else { return }
+        XCTAssertEqual(known(try reader.read { r throws(StoreError) in try r.heads(asked) }), expected)
+    }
+
     // MARK: Devices
 
     func checkDevices() throws {
@@ -590,6 +612,7 @@ final class MemoryStoreConformanceTests: StoreConformanceTests {
     func testCountsUndoneByRollback() throws { try checkCountsUndoneByRollback() }
     func testReaderReadsWhatTheStoreReads() throws { try checkReaderReadsWhatTheStoreReads() }
     func testDevices() throws { try checkDevices() }
+    func testHeadsOfManyFeeds() throws { try checkHeadsOfManyFeeds() }
 }
 
 final class SQLiteStoreConformanceTests: StoreConformanceTests {
@@ -616,6 +639,7 @@ final class SQLiteStoreConformanceTests: StoreConformanceTests {
     func testCountsUndoneByRollback() throws { try checkCountsUndoneByRollback() }
     func testReaderReadsWhatTheStoreReads() throws { try checkReaderReadsWhatTheStoreReads() }
     func testDevices() throws { try checkDevices() }
+    func testHeadsOfManyFeeds() throws { try checkHeadsOfManyFeeds() }
 
     override func tearDown() {
         super.tearDown()

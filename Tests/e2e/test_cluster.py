@@ -215,6 +215,33 @@ def test_publish_and_dismiss_on_one_node_reach_a_device_on_the_other(nodes):
     assert [n.metric("herald_bus_catchups_total") for n in (n1, n2)] == [0, 0]
 
 
+def test_a_change_that_never_came_over_the_bus_reaches_the_other_node_s_devices(herald_bin, tmp_path, store_url):  # noqa: F811
+    """A change committed on one node whose record never reaches another
+    (here node 1 publishes on a bus of its own, as if the record were lost:
+    a node killed between commit and publish, Redis dropping it) still
+    reaches the other node's devices with no later change of the user: that
+    node compares its followed feeds with the store every 5 s and catches up
+    a feed still behind 10 s later (docs/ARCHITECTURE.md, "Changes across
+    nodes")."""
+    apart = [Cluster(herald_bin, tmp_path / name, store_url) for name in ("a", "b")]
+    try:
+        (n1,), (n2,) = (c.start(1) for c in apart)
+        user = uid("user")
+        phone, _, _ = n2.connect(user, "phone")
+        with phone:
+            out = n1.publish(user, "never-on-node-2-s-bus")
+            frames = phone.collect_until(lambda fs: changes_in(fs), timeout=40, what="the change, from the store")
+            assert changes_in(frames) == [{"seq": out["seq"], "op": "upsert", "notification": out["notification"]}], frames
+            assert n2.metric("herald_bus_missed_total") == 1
+            nxt = n2.publish(user, "next")
+            changes, frames = phone.expect_changes(1)
+            assert changes == [{"seq": nxt["seq"], "op": "upsert", "notification": nxt["notification"]}], frames
+        assert n2.metric("herald_bus_catchups_total") == 0, "the next change followed on, no gap"
+    finally:
+        for c in apart:
+            c.stop()
+
+
 @pytest.mark.skipif(not REDIS_CTL, reason="HERALD_TEST_REDIS_CTL is not set")
 def test_redis_killed_and_restarted_in_a_burst_loses_and_repeats_nothing(nodes):
     n1, n2 = nodes
