@@ -251,7 +251,7 @@ big_table() { # name placement
         local n
         for n in $(seq 1 "$BIG_NODES"); do
             [ -f "$OUT/cluster-$1-metrics-n$n.txt" ] || continue
-            echo "| node $n: bus catch-ups; store time per publish (ms) | $(awk '$1 == "herald_bus_catchups_total" {print $2}' "$OUT/cluster-$1-metrics-n$n.txt"); $(na "$(store_ms_per_publish "$1" "n$n")") |"
+            echo "| node $n: bus catch-ups; feed-audit catch-ups; store time per publish (ms) | $(awk '$1 == "herald_bus_catchups_total" {print $2}' "$OUT/cluster-$1-metrics-n$n.txt"); $(na "$(awk '$1 == "herald_bus_missed_total" {print $2}' "$OUT/cluster-$1-metrics-n$n.txt")"); $(na "$(store_ms_per_publish "$1" "n$n")") |"
         done
         grep '^RESULT mode=node' "$F" | while read -r line; do
             echo "| node $(echo "$line" | tr ' ' '\n' | awk -F= '$1=="node" {print $2}') after the run (connections closed): RSS KiB, open files | $(echo "$line" | tr ' ' '\n' | awk -F= '$1=="rss_kib" {r=$2} $1=="fds" {f=$2} END {print r ", " f}') |"

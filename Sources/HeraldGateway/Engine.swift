@@ -419,10 +419,19 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
     /// any later one, and a change that did not is simply not found.
     private func recoverUncertain() {
         guard !uncertain.isEmpty else { return }
-        for u in uncertain {
-            for shard in registry.shards(following: u).map({ shards[$0] }) { shard.post { shard.recover(u) } }
-        }
+        recoverFollowers(of: uncertain)
         uncertain.removeAll()
+    }
+
+    /// Catches the followers here of `users` up from the store
+    /// (`Subscription.recover`). `heads`, read before this call, are where
+    /// the catch-up's snapshot (taken later) reaches at least: records up to
+    /// them that still come over the bus are not handed on again.
+    func recoverFollowers(of users: some Sequence<UserKey>, heads: [UserKey: Int64] = [:]) {
+        for u in users {
+            for shard in registry.shards(following: u).map({ shards[$0] }) { shard.post { shard.recover(u) } }
+            if let head = heads[u] { registry.caughtUp(u, through: head) }
+        }
     }
 
     /// Runs a committed, durable batch's effects.
@@ -491,12 +500,16 @@ extension Engine: BusReceiver {
         }
     }
 
-    /// Every follower may have missed changes while the bus was away. The
-    /// last seqs delivered stay: a record missed meanwhile shows as a gap
-    /// before the next one (seqs are consecutive), and `FeedAudit` compares
-    /// them with the store.
+    /// Every follower may have missed changes while the bus was away: all
+    /// catch up from the store. Their feeds' heads, read first (now that
+    /// the bus is subscribed), become the last seqs delivered, so neither the
+    /// next record nor `FeedAudit` takes what was missed for a gap again.
+    /// When they cannot be read, the old last seqs stay: a record missed
+    /// meanwhile still shows as a gap (seqs are consecutive).
     public func subscribed() {
         control { e in
+            let heads = (try? e.store.heads(e.registry.followedUsers)) ?? [:]
+            for (u, head) in heads { e.registry.caughtUp(u, through: head) }
             for shard in e.shards { shard.post { shard.recover(nil) } }
         }
     }

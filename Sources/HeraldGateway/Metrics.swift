@@ -55,7 +55,7 @@ public final class Metrics: Sendable {
         s += "herald_deliveries_total \(deliveries.load(ordering: .relaxed))\n"
         s += deliveryLatency.text(name: "herald_delivery_latency_seconds", help: "From the commit of a change to its hand-off to the followers' sockets, one observation per user and shard.")
         s += storeLatency.text(name: "herald_store_latency_seconds", help: "Store batch time, begin to commit.")
-        s += maintenanceLatency.text(name: "herald_maintenance_seconds", help: "Engine time of each maintenance transaction (expiry sweep, pruning call, lastSeen flush), begin to commit; no batch runs meanwhile.")
+        s += maintenanceLatency.text(name: "herald_maintenance_seconds", help: "Engine time of each maintenance transaction (expiry sweep, pruning call, lastSeen flush, feed audit read), begin to commit; no batch runs meanwhile.")
         s += "# HELP herald_engine_queue Commands waiting for the engine (store writes and what must follow them).\n# TYPE herald_engine_queue gauge\n"
         s += "herald_engine_queue \(engineQueue.load(ordering: .relaxed))\n"
         s += "# HELP herald_store_conflict_retries_total Batches run again after a deadlock or serialization failure with another node.\n# TYPE herald_store_conflict_retries_total counter\n"
@@ -89,7 +89,7 @@ public final class BusMetrics: Sendable {
     /// Records never published: the queue was full while Redis was away.
     public let dropped = Atomic<Int>(0)
     /// Users whose followers were caught up from the store: a seq past the
-    /// next one expected, or no last seq known.
+    /// next one expected (a record missed or reordered on the bus).
     public let catchUps = Atomic<Int>(0)
     /// Users whose feed head stayed past what reached this node (`FeedAudit`):
     /// a change committed that never came over the bus.
@@ -107,7 +107,7 @@ public final class BusMetrics: Sendable {
             + line("received_total", "counter", "Change records received from other nodes.", received)
             + line("publish_queue", "gauge", "Change records waiting to be published.", queued)
             + line("dropped_total", "counter", "Change records never published (queue full while the bus was away).", dropped)
-            + line("catchups_total", "counter", "Users whose followers were caught up from the store: a seq past the next expected, or no last seq known.", catchUps)
+            + line("catchups_total", "counter", "Users whose followers were caught up from the store: a seq past the next expected (a record missed or reordered on the bus).", catchUps)
             + line("missed_total", "counter", "Users whose feed head stayed past what reached this node, for a change that never came over the bus; their followers were caught up from the store.", missed)
     }
 }
