@@ -58,7 +58,7 @@ public final class Metrics: Sendable {
         s += maintenanceLatency.text(name: "herald_maintenance_seconds", help: "Engine time of each maintenance transaction (expiry sweep, pruning call, lastSeen flush, feed audit read), begin to commit; no batch runs meanwhile.")
         s += "# HELP herald_engine_queue Commands waiting for the engine (store writes and what must follow them).\n# TYPE herald_engine_queue gauge\n"
         s += "herald_engine_queue \(engineQueue.load(ordering: .relaxed))\n"
-        s += "# HELP herald_store_conflict_retries_total Batches run again after a deadlock or serialization failure with another node.\n# TYPE herald_store_conflict_retries_total counter\n"
+        s += "# HELP herald_store_conflict_retries_total Batches run again after a deadlock, a serialization failure or a lock wait that ran out (a node frozen mid-transaction) with another node.\n# TYPE herald_store_conflict_retries_total counter\n"
         s += "herald_store_conflict_retries_total \(storeConflictRetries.load(ordering: .relaxed))\n"
         s += "# HELP herald_dropped_connections_total Connections closed by the gateway.\n# TYPE herald_dropped_connections_total counter\n"
         let dropped = drops.withLock { $0 }

@@ -113,8 +113,23 @@ final class PostgresConnection {
     }
 
     /// deadlock_detected, serialization_failure: PostgreSQL rolled the
-    /// transaction back for another's sake; it may be run again.
-    static let conflictStates: Set<String> = ["40P01", "40001"]
+    /// transaction back for another's sake; it may be run again. Also
+    /// lock_not_available: a lock wait ran out (`lockTimeoutMillis`).
+    static let conflictStates: Set<String> = ["40P01", "40001", lockNotAvailable]
+    static let lockNotAvailable = "55P03"
+
+    /// The server's `lock_timeout` for Herald's sessions, where nothing else
+    /// set it. Batches hold their users' locks for milliseconds and a
+    /// deadlock ends after `deadlock_timeout` (1 s), so a lock waited for
+    /// this long is held by a node frozen in the middle of a transaction
+    /// (SIGSTOP, a paused VM): the wait fails, the store ends that node's
+    /// session (`PostgresStore.fenceFrozenNodes`), and the batch runs again.
+    static let lockTimeoutMillis: Int64 = 15_000
+    /// A statement's lock wait ran out since the owner last cleared this.
+    var lockWaitRanOut = false
+    /// The session's `application_name`, also after a reconnect: `herald`,
+    /// or `herald/NODE` once the store knows its node (`name`).
+    private(set) var applicationName = "herald"
 
     /// How long a call waits on a peer that vanished without closing the
     /// connection (host down, network cut): unacknowledged data for 15 s, or
@@ -129,9 +144,10 @@ final class PostgresConnection {
         close()
         // Defaults first: what the URL says overrides them (expand_dbname).
         // The TCP bounds fail a call on a vanished server instead of holding
-        // the engine forever.
-        let settings = [("connect_timeout", "5"), ("application_name", "herald")] + Self.tcpBounds.map { ($0.client, $0.value) }
-            + [("dbname", url)]
+        // the engine forever. The application name comes after the URL and
+        // overrides it: other nodes tell this node's sessions by it.
+        let settings = [("connect_timeout", "5")] + Self.tcpBounds.map { ($0.client, $0.value) }
+            + [("dbname", url), ("application_name", applicationName)]
         let keys = settings.map { PostgresValue.text($0.0) } + [.null]
         let values = settings.map { PostgresValue.text($0.1) } + [.null]
         let c = Self.withCStrings(keys) { k in Self.withCStrings(values) { v in PQconnectdbParams(k, v, 1) } }
@@ -148,11 +164,20 @@ final class PostgresConnection {
         // host vanished mid-transaction (its session waits for the next
         // statement, holding its users' row locks, and with them every other
         // node's writes to those users) is let go within about 30 s, not
-        // after the system's 2 hours. Only where nothing else set them
-        // (server, role, URL `options`). Names and values are ours.
-        let wanted = Self.tcpBounds.map { "('\($0.server)', '\($0.value)')" }.joined(separator: ", ")
+        // after the system's 2 hours. And `lockTimeoutMillis`. Only where
+        // nothing else set them (server, role, URL `options`). Names and
+        // values are ours.
+        let wanted = (Self.tcpBounds.map { ($0.server, $0.value) } + [("lock_timeout", "\(Self.lockTimeoutMillis)")])
+            .map { "('\($0.0)', '\($0.1)')" }.joined(separator: ", ")
         try script("SELECT set_config(name, value, false) FROM (VALUES \(wanted)) AS wanted(name, value) "
                    + "JOIN pg_settings USING (name) WHERE source = 'default'")
+    }
+
+    /// Names the session `name` (`application_name`), now and after any
+    /// reconnect. Set again each time: a transaction that rolls back undoes it.
+    func name(_ name: String) throws(StoreError) {
+        applicationName = name
+        try query("SELECT set_config('application_name', $1, false)", [.text(name)])
     }
 
     var isConnected: Bool { conn.map { PQstatus($0) == CONNECTION_OK } ?? false }
@@ -402,6 +427,7 @@ final class PostgresConnection {
             var message = Self.message(PQresultErrorMessage(res))
             if message == "unknown error" || message.isEmpty { message = Self.message(conn.flatMap { PQerrorMessage($0) }) }
             PQclear(res)
+            if state == Self.lockNotAvailable { lockWaitRanOut = true }
             let lost = !isConnected ? " (connection lost)" : ""
             throw error(String(sql.prefix(60)), message + (state.map { " (SQLSTATE \($0))" } ?? "") + lost,
                         conflict: state.map(Self.conflictStates.contains) ?? false)

@@ -116,6 +116,40 @@ public final class PostgresStore: NotificationStore {
         known.removeAll()
         db.abandon()
         if db.inTransaction { _ = try? db.script("ROLLBACK") }
+        if db.lockWaitRanOut {
+            db.lockWaitRanOut = false
+            fenceFrozenNodes()
+        }
+    }
+
+    /// Said when this store ends another node's session (`fenceFrozenNodes`).
+    public var warn: (String) -> Void = { _ in }
+
+    /// Sessions of other nodes whose lease lapsed that have been in one
+    /// transaction for longer than a lock wait may last, and now wait for
+    /// their client: a node frozen in the middle of a batch. Sessions of
+    /// this database role only, which it may end.
+    private static let frozenSQL = """
+        WITH frozen AS MATERIALIZED (
+            SELECT a.pid, n.node FROM pg_stat_activity a JOIN herald_nodes n ON a.application_name = 'herald/' || n.node
+            WHERE n.lease_until < now() AND a.xact_start < now() - $1 * interval '1 millisecond'
+              AND a.wait_event = 'ClientRead' AND a.usename = current_user AND a.datname = current_database()
+              AND a.pid <> pg_backend_pid()
+        )
+        SELECT node FROM frozen WHERE pg_terminate_backend(pid)
+        """
+
+    /// After a lock wait ran out: ends the sessions of frozen nodes
+    /// (`frozenSQL`). Such a node holds its users' locks, and every node's
+    /// writes to those users would wait until it resumes; once its session
+    /// is gone they go on, and its own batch fails when it resumes (503,
+    /// outcome unknown, then a catch-up). Outside any transaction.
+    private func fenceFrozenNodes() {
+        guard let r = try? db.query(Self.frozenSQL, [.int(PostgresConnection.lockTimeoutMillis)]) else { return }
+        for i in 0..<r.count {
+            warn("ended the database session of node \(r.text(i, 0) ?? "?"), frozen in a transaction for over "
+                 + "\(PostgresConnection.lockTimeoutMillis / 1000) s with its lease lapsed, holding locks other writes waited for")
+        }
     }
 
     /// Runs a multi-statement write atomically: in the open transaction,
@@ -537,6 +571,7 @@ public final class PostgresStore: NotificationStore {
 extension PostgresStore: ClusterDirectory {
     public func renewLease(node: String, millis: Int64) throws(StoreError) -> Bool {
         try check()
+        try db.name("herald/" + node)
         let lease: [PostgresValue] = [.text(node), .int(millis)]
         if try db.execute("UPDATE herald_nodes SET lease_until = now() + $2 * interval '1 millisecond' WHERE node = $1", lease) > 0 {
             return true

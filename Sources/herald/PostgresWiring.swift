@@ -1,5 +1,6 @@
 import Foundation
 import HeraldCore
+import HeraldGateway
 import HeraldStores
 
 /// `--store postgres://...`: a URL libpq cannot parse is a usage error
@@ -12,7 +13,11 @@ func openPostgres(url: String, durability: String?) throws(UsageError) -> Notifi
     guard PostgresStore.describe(url: url) != nil else {
         throw UsageError("--store: not a valid PostgreSQL URL (postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE[?PARAM=VALUE...])")
     }
-    do { return try PostgresStore(url: url) } catch {
+    do {
+        let store = try PostgresStore(url: url)
+        store.warn = { Log.warning("store: \($0)") }
+        return store
+    } catch {
         FileHandle.standardError.write("herald: --store \(error.description)\n".data(using: .utf8)!)
         exit(1)
     }

@@ -345,6 +345,10 @@ final class PostgresStoreTests: XCTestCase {
         XCTAssertEqual(try show(plain, "tcp_keepalives_interval"), "5")
         XCTAssertEqual(try show(plain, "tcp_keepalives_count"), "3")
         XCTAssertEqual(try show(plain, "tcp_user_timeout"), "15000")
+        XCTAssertEqual(try show(plain, "lock_timeout"), "15s", "a lock held longer is a frozen node's (fenced)")
+        XCTAssertEqual(try show(plain, "application_name"), "herald")
+        try plain.name("herald/node1")
+        XCTAssertEqual(try show(plain, "application_name"), "herald/node1")
         let own = try PostgresConnection(url: database.url + "%20-ctcp_keepalives_idle%3D60")
         defer { own.close() }
         XCTAssertEqual(try show(own, "tcp_keepalives_idle"), "60", "the URL's own value stays")

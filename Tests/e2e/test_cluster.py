@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import signal
 import subprocess
 import threading
 import time
@@ -23,7 +24,7 @@ import requests
 
 from herald_helpers import CONFIG, Gateway, changes_in, check_notification, mint_token, uid, wait_until
 from test_fallback import Sse
-from test_postgres import store_url  # noqa: F401  (the fixture: a schema per test)
+from test_postgres import PsqlSession, store_url  # noqa: F401  (the fixture: a schema per test)
 
 REDIS = os.environ.get("HERALD_TEST_REDIS_URL")
 REDIS_CTL = os.environ.get("HERALD_TEST_REDIS_CTL")
@@ -240,6 +241,60 @@ def test_a_change_that_never_came_over_the_bus_reaches_the_other_node_s_devices(
     finally:
         for c in apart:
             c.stop()
+
+
+def herald_sessions(where: str) -> int:
+    """How many of the gateways' PostgreSQL sessions match `where`."""
+    r = subprocess.run(["psql", os.environ["HERALD_TEST_POSTGRES_URL"], "-tAX", "-c",
+                        f"SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'herald%' AND {where}"],
+                       check=True, capture_output=True, text=True)
+    return int(r.stdout.strip())
+
+
+def test_a_node_frozen_in_a_transaction_is_fenced_and_the_others_write_on(nodes, store_url):  # noqa: F811
+    """A node frozen in the middle of a batch (SIGSTOP, a paused VM) holds
+    its users' row locks, and the other nodes' writes to those users wait.
+    Once such a wait has lasted PostgreSQL's lock_timeout (15 s), the waiting
+    node ends the frozen node's session (lease lapsed, transaction open that
+    long, waiting for its client) and runs its batch again; the frozen node,
+    resumed, answers its batch 503 (nothing was saved) and works on."""
+    n1, n2 = nodes
+    user = uid("user")
+    n2.publish(user, "first")
+    # Node 1's statements prepared (preparing is a round trip of its own):
+    # its batch below then waits in its first write, not before it.
+    n1.publish(uid("other"), "warm-up")
+    blocker = PsqlSession(store_url)
+    answer: dict = {}
+    frozen = threading.Thread(target=lambda: answer.update(
+        r=n1.publish_raw(user, {"appNotificationId": "frozen", "payload": {}})))
+    try:
+        # Node 1's batch waits for the feeds table, then claims the user's
+        # row and reads the heads, whose answer finds the process stopped.
+        blocker.run("BEGIN; LOCK TABLE feeds IN SHARE ROW EXCLUSIVE MODE;")
+        frozen.start()
+        wait_until(lambda: herald_sessions("wait_event_type = 'Lock'") == 1, "node 1's batch waiting for the table")
+        n1.proc.send_signal(signal.SIGSTOP)
+        blocker.run("COMMIT;")
+        wait_until(lambda: herald_sessions("xact_start IS NOT NULL AND wait_event = 'ClientRead'") == 1,
+                   "node 1's session holding the user's row, waiting for its stopped client")
+        began = time.monotonic()
+        out = n2.publish(user, "goes-through")
+        waited = time.monotonic() - began
+        assert out["seq"] == 2, out
+        assert 14 < waited < 30, f"waited {waited:.1f} s: one lock_timeout, then the batch ran again"
+        assert "ended the database session of node" in n2.stderr_tail(), n2.stderr_tail()
+        assert n2.metric("herald_store_conflict_retries_total") == 1
+    finally:
+        n1.proc.send_signal(signal.SIGCONT)
+        frozen.join(30)
+        blocker.close()
+    # The server ended the session before the COMMIT came: nothing of it was saved.
+    assert answer["r"].status_code == 503, answer["r"].text
+    assert "nothing was changed" in answer["r"].json()["error"]["message"], answer["r"].text
+    after = n1.publish(user, "after")
+    assert after["seq"] == 3, after
+    assert sorted(n["appNotificationId"] for n in n2.list_all(user)) == ["after", "first", "goes-through"]
 
 
 @pytest.mark.skipif(not REDIS_CTL, reason="HERALD_TEST_REDIS_CTL is not set")
