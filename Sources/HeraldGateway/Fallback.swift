@@ -146,10 +146,12 @@ final class HeldPoll: SubscriptionOutput {
         answer([], cursor: s.cursor, more: false)
     }
 
+    /// At most a page of them, as a catch-up page would be (`limit`, and
+    /// about `maxBytes`): the rest are the next poll's, from the store.
     func live(_ changes: [EncodedChange], cursor: Int64, unread: Int?) {
         guard !changes.isEmpty else { return }
-        let more = changes.count > limit
-        let taken = changes.prefix(limit)
+        let taken = changes.prefix(PageBounds(items: limit, bytes: Self.maxBytes).fitting(changes))
+        let more = taken.count < changes.count
         answer(taken.map(\.bytes), cursor: more ? taken.last!.seq : cursor, more: more)
     }
 
@@ -161,7 +163,7 @@ final class HeldPoll: SubscriptionOutput {
         switch why {
         case .refused(let e), .failed(let e): answer(.error(e))
         case .revoked: answer(.error(.revoked))
-        case .slowConsumer, .deviceDeleted, .shutdown:
+        case .deviceDeleted, .shutdown:
             // A held poll is answered empty; one still catching up is told to retry.
             held ? answerEmpty() : answer(.error(HeraldError.shuttingDown))
         }
@@ -263,9 +265,6 @@ final class EventStream: SubscriptionOutput {
         case .revoked where !streaming:
             done = true
             responder.respond(.error(.revoked))
-        case .slowConsumer:
-            gateway.metrics.dropped(.slowConsumer)
-            finish()
         case .revoked:
             gateway.metrics.dropped(.authRevoked)
             finish()

@@ -85,7 +85,7 @@ extension StoreReading {
             guard !page.isEmpty else { break }
             for r in page {
                 if let b = r.bytes(for: viewer) {
-                    if items.count == bounds.items || bytes >= bounds.bytes {
+                    if bounds.isFull(items: items.count, bytes: bytes) {
                         return ChangesPage(items: items, reached: reached, unread: nil)
                     }
                     items.append(EncodedChange(seq: r.seq, bytes: b))
@@ -151,6 +151,19 @@ struct PageBounds: Sendable {
     var items: Int
     var bytes: Int
     static let webSocket = PageBounds(items: 500, bytes: 512 * 1024)
+
+    /// Whether a page holding `items` of `bytes` takes no more.
+    func isFull(items n: Int, bytes b: Int) -> Bool { n >= items || b >= bytes }
+
+    /// How many of `changes`, from the first, one page holds.
+    func fitting(_ changes: [EncodedChange]) -> Int {
+        var n = 0, b = 0
+        while n < changes.count && !isFull(items: n, bytes: b) {
+            b += changes[n].bytes.count
+            n += 1
+        }
+        return n
+    }
 }
 
 /// Where the next catch-up read starts.

@@ -31,6 +31,9 @@ public final class Metrics: Sendable {
     public let engineQueue = Atomic<Int>(0)
     /// Batches run again after losing a conflict (a PostgreSQL deadlock).
     public let storeConflictRetries = Atomic<Int>(0)
+    /// Live changes too many for a connection's unsent-data limit, sent
+    /// from the store at the client's pace instead (`Subscription.deliverLive`).
+    public let deferredBursts = Atomic<Int>(0)
     /// Shown once a bus is configured.
     public let bus = BusMetrics()
 
@@ -60,6 +63,8 @@ public final class Metrics: Sendable {
         s += "herald_engine_queue \(engineQueue.load(ordering: .relaxed))\n"
         s += "# HELP herald_store_conflict_retries_total Batches run again after a deadlock, a serialization failure or a lock wait that ran out (a node frozen mid-transaction) with another node.\n# TYPE herald_store_conflict_retries_total counter\n"
         s += "herald_store_conflict_retries_total \(storeConflictRetries.load(ordering: .relaxed))\n"
+        s += "# HELP herald_deferred_bursts_total Live changes that would have taken a connection past its unsent-data limit, sent from the store as the client read instead.\n# TYPE herald_deferred_bursts_total counter\n"
+        s += "herald_deferred_bursts_total \(deferredBursts.load(ordering: .relaxed))\n"
         s += "# HELP herald_dropped_connections_total Connections closed by the gateway.\n# TYPE herald_dropped_connections_total counter\n"
         let dropped = drops.withLock { $0 }
         for (i, r) in DropReason.allCases.enumerated() {

@@ -40,8 +40,6 @@ enum SubscriptionEnd {
     case refused(HeraldError)
     /// The store failed: nothing was sent that is not durable; retry.
     case failed(HeraldError)
-    /// More unread live data queued than the per-connection limit.
-    case slowConsumer
     case deviceDeleted
     /// A reload retired the secret of its token, or removed its app.
     case revoked
@@ -184,9 +182,10 @@ final class Subscription {
     var queuedSyncCount: Int { queuedSyncs.count }
 
     /// Changes may have been missed on their way here (a gap in the user's
-    /// seqs from the bus, a resubscribed bus): read them from the store, as
-    /// a `sync` would, before delivering more. Taken after the missing
-    /// changes committed, the next page's snapshot holds them.
+    /// seqs from the bus, a resubscribed bus), or were too many to queue
+    /// (`deliverLive`): read them from the store, as a `sync` would, before
+    /// delivering more. Taken after those changes committed, the next
+    /// page's snapshot holds them.
     func recover() {
         switch phase {
         case .live:
@@ -296,21 +295,37 @@ final class Subscription {
         }
     }
 
-    /// `judged`: whether the slow-consumer limit applies (not to what the
+    /// `judged`: whether the per-connection limit applies (not to what the
     /// catch-up buffered, which the client could not have read yet).
+    ///
+    /// Changes that would take the unsent data past the limit are not
+    /// queued: the connection catches up from the store instead, a page at
+    /// a time as the client reads, like after a missed record. One commit
+    /// can carry many megabytes for one user (a read-all over large
+    /// notifications, a burst of 64 KiB publishes), and closing a client
+    /// that was keeping up would only make it catch up anyway. A client
+    /// that takes nothing is closed by the write timeout.
     private func deliverLive(_ records: [ChangeRecord], judged: Bool = true) {
+        guard let output else { return }
         var items: [EncodedChange] = []
-        var delta = 0
-        for r in records where r.seq > cursor {
-            cursor = r.seq
+        var delta = 0, reached = cursor, bytes = 0
+        for r in records where r.seq > reached {
+            reached = r.seq
             delta += r.unreadDelta(for: viewer)
-            if let b = r.bytes(for: viewer) { items.append(EncodedChange(seq: r.seq, bytes: b)) }
+            if let b = r.bytes(for: viewer) {
+                items.append(EncodedChange(seq: r.seq, bytes: b))
+                bytes += b.count
+            }
         }
-        guard !items.isEmpty || delta != 0, let output else { return }
+        if judged, phase == .live, output.backlog + bytes > gateway.config.limits.maxQueuedBytesPerConnection {
+            gateway.metrics.deferredBursts.add(1, ordering: .relaxed)
+            return recover()  // its pages are read after these changes committed
+        }
+        cursor = reached
+        guard !items.isEmpty || delta != 0 else { return }
         unread += delta
         if !items.isEmpty { gateway.metrics.deliveries.add(items.count, ordering: .relaxed) }
         output.live(items, cursor: cursor, unread: delta != 0 ? unread : nil)
-        if judged, phase == .live, output.backlog > gateway.config.limits.maxQueuedBytesPerConnection { end(.slowConsumer) }
     }
 
     func viewerChanged(_ v: Viewer) { viewer = v }

@@ -356,10 +356,6 @@ extension WebSocketSession: SubscriptionOutput {
         switch why {
         case .refused(let e): fail(.policy, e, drop: .rateLimited)
         case .failed(let e): fail(.goingAway, e)
-        case .slowConsumer:
-            // A consumer this far behind would hold memory for everyone.
-            outbox.removeAll()
-            close(.policy, "slow consumer", drop: .slowConsumer)
         case .deviceDeleted: close(.forbiddenDevice, "device deleted", drop: nil)
         case .revoked: fail(.unauthenticated, .revoked, drop: .authRevoked)
         case .shutdown: shutdown()

@@ -82,9 +82,11 @@ final class GatewayBehaviourTests: XCTestCase {
 
     // MARK: Slow consumers
 
-    /// A live client that reads nothing is cut off with 4008 once more than
-    /// the queue limit is unread, and nothing is queued after that.
-    func testSlowLiveConsumerIsClosedAndNothingFollows() {
+    /// Live changes past a connection's unsent-data limit are not queued:
+    /// the connection catches up from the store as its client reads. A burst
+    /// bigger than the limit in one commit (30 × 60 KB against 1 MiB) used
+    /// to close a client that had read everything with 4008.
+    func testABurstPastTheQueueLimitIsSentFromTheStoreAsTheClientReads() {
         var limits = GatewayLimits()
         limits.maxQueuedBytesPerConnection = 1 << 20
         let h = Harness(limits: limits)
@@ -94,13 +96,46 @@ final class GatewayBehaviourTests: XCTestCase {
         XCTAssertEqual(s.types, ["reset", "welcome"])
         for i in 0..<30 { h.publish("u", "big\(i)", payloadBytes: 60_000) }
         h.settle()
-        XCTAssertEqual(s.session.closeRequest?.code, .policy)
-        XCTAssertEqual(s.session.closeRequest?.reason, "slow consumer")
-        XCTAssertFalse(s.session.hasPendingOutput, "nothing queued once condemned")
+        XCTAssertNil(s.session.closeRequest)
+        XCTAssertLessThanOrEqual(s.session.backlog, 1 << 20, "never more than the limit queued")
+        XCTAssertEqual(h.gateway.metrics.deferredBursts.load(ordering: .relaxed), 1)
+        for _ in 0..<30 where changeSeqs(s.frames).count < 30 {
+            s.read()
+            h.settle()
+            XCTAssertLessThanOrEqual(s.session.backlog, 1 << 20)
+        }
+        XCTAssertEqual(changeSeqs(s.frames), Array(1...30), "every change, in order, once")
         h.publish("u", "after")
         h.settle()
-        XCTAssertFalse(s.session.hasPendingOutput)
-        XCTAssertEqual(h.gateway.engine.registry.followers(of: UserKey(app: Harness.app.id, user: "u")), 0, "released")
+        s.read()
+        XCTAssertEqual(changeSeqs(s.frames), Array(1...31), "live again")
+        XCTAssertNil(s.session.closeRequest)
+    }
+
+    /// A held poll's answer is a page, like a catch-up's: a read-all of 20
+    /// notifications of 60 KB (one commit, one delivery of 20 changes) gives
+    /// it about 1 MiB and `hasMore`, the next poll the rest.
+    func testAHeldPollIsAnsweredAPageOfABurst() {
+        let h = Harness()
+        let tok = h.token("u")
+        h.publishSettled("u", count: 20, payloadBytes: 60_000)
+        let held = h.request("GET", "/v1/me/sync", token: tok, query: [("cursor", "20"), ("wait", "30")])
+        h.settle()
+        XCTAssertNil(held.response, "held")
+        let readAll = h.request("POST", "/v1/me/notifications/read-all", token: tok)
+        h.settle()
+        XCTAssertEqual(readAll.response?.status, 200)
+        let page = try! JSONParser.parse(held.response!.body).objectValue!
+        let got = changeSeqs([["type": "changes", "changes": page["changes"]!]])
+        XCTAssertEqual(got, Array(21...Int64(20 + got.count)))
+        XCTAssertLessThan(got.count, 20)
+        XCTAssertLessThanOrEqual(held.response!.body.count, HeldPoll.maxBytes + 70_000)
+        XCTAssertEqual(page["hasMore"], true)
+        XCTAssertEqual(page.int("cursor"), got.last)
+        let rest = h.request("GET", "/v1/me/sync", token: tok, query: [("cursor", "\(got.last!)")])
+        h.settle()
+        let next = try! JSONParser.parse(rest.response!.body).objectValue!
+        XCTAssertEqual(changeSeqs([["type": "changes", "changes": next["changes"]!]]).first, got.last! + 1)
     }
 
     // MARK: Timers

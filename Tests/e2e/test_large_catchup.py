@@ -127,6 +127,37 @@ def test_websocket_catch_up_merges_changes_made_meanwhile(gateway):
         assert welcome["cursor"] >= max(caught_up)
 
 
+def test_a_read_all_over_large_notifications_reaches_live_devices_whole(gateway):
+    """One commit of about 5 MiB for one user (a read-all over 80 unread
+    notifications of 60 KB), past the 4 MiB a connection may queue: the
+    user's live WebSocket and event stream each get every change, in order,
+    once, and stay open. Both used to be closed as slow consumers however
+    fast they read: the commit was queued whole before anything was sent."""
+    user = uid("readall")
+    tok = mint_token(user)
+    publish_many(gateway, user, 80, 60_000)
+    ws, _, welcome = ws_catch_up(gateway, user)
+    sse = Sse(gateway, tok, cursor=welcome["cursor"], epoch=welcome["epoch"])
+    deferred = gateway.metric("herald_deferred_bursts_total")
+    try:
+        r = gateway.me("POST", "/notifications/read-all", tok)
+        assert r.status_code == 200, r.text
+        want = list(range(welcome["cursor"] + 1, r.json()["seq"] + 1))
+        assert len(want) == 80
+        frames = ws.collect_until(lambda fs: [c["seq"] for c in changes_in(fs)][-1:] == want[-1:],
+                                  timeout=CATCH_UP_WAIT, what="every change of the read-all")
+        assert [c["seq"] for c in changes_in(frames)] == want, "in order, once"
+        assert all(c["notification"]["readState"] == "read" for c in changes_in(frames))
+        assert_frames_bounded(frames)
+        ws.ping()  # still open
+        assert [int(sse.next(CATCH_UP_WAIT)["id"]) for _ in want] == want
+        assert gateway.metric("herald_deferred_bursts_total") >= deferred + 2
+        assert gateway.metric('herald_dropped_connections_total{reason="slow_consumer"}') == 0
+    finally:
+        sse.close()
+        ws.close()
+
+
 @pytest.mark.fallback
 def test_sse_resume_brings_every_change(gateway, users):
     user, seqs = users["many"]

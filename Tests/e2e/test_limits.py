@@ -232,8 +232,12 @@ def _raw_ws(gw, token: str, device: str) -> tuple[socket.socket, int]:
             return s, pings
 
 
-def test_slow_consumer_is_cut_off_and_others_get_everything(gateway_factory):
-    gw = gateway_factory(limited(maxQueuedBytesPerConnection=256 * 1024))
+def test_a_stalled_consumer_holds_up_no_one_and_is_dropped_once_silent(gateway_factory):
+    """A connection whose client stops reading gets no more than its queue
+    limit: past it, what it missed waits in the store (it would catch up as
+    it read again). It does not slow the user's other connections, and,
+    silent to the pings, it is dropped as idle."""
+    gw = gateway_factory(limited(maxQueuedBytesPerConnection=256 * 1024, pingIntervalSeconds=1, idleHangupSeconds=3))
     user = uid("user")
     stalled, _ = _raw_ws(gw, mint_token(user), "stalled")
     fast = gw.ws(max_queue=None)   # reads everything as it comes
@@ -245,8 +249,10 @@ def test_slow_consumer_is_cut_off_and_others_get_everything(gateway_factory):
             gw.publish(user, f"m{i}", payload=big)
         changes, _ = fast.expect_changes(n, timeout=30)
         assert [c["notification"]["appNotificationId"] for c in changes] == [f"m{i}" for i in range(n)]
-        wait_until(lambda: metric(gw, 'herald_dropped_connections_total{reason="slow_consumer"}') >= 1,
-                   "the stalled connection to be dropped as a slow consumer", interval=0.1)
+        assert metric(gw, "herald_deferred_bursts_total") >= 1, "the stalled connection's share waited in the store"
+        wait_until(lambda: metric(gw, 'herald_dropped_connections_total{reason="idle"}') >= 1,
+                   "the stalled connection to be dropped as idle", interval=0.1)
+        assert metric(gw, 'herald_dropped_connections_total{reason="slow_consumer"}') == 0
     stalled.close()
 
 
