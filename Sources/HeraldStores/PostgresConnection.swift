@@ -91,10 +91,13 @@ final class PostgresConnection {
         return "\(host):\(found["port"] ?? "5432")/\(found["dbname"] ?? found["user"] ?? "?")"
     }
 
-    init(url: String) throws(StoreError) {
+    /// `boundsLockWaits`: the session gets `lockTimeoutMillis` (a writer's;
+    /// a reader takes no row locks and waits for nobody frozen).
+    init(url: String, boundsLockWaits: Bool = true) throws(StoreError) {
         guard let name = Self.describe(url) else { throw StoreError("postgres: not a valid connection URL") }
         self.name = name
         self.url = url
+        self.boundsLockWaits = boundsLockWaits
         try connect()
     }
 
@@ -118,15 +121,18 @@ final class PostgresConnection {
     static let conflictStates: Set<String> = ["40P01", "40001", lockNotAvailable]
     static let lockNotAvailable = "55P03"
 
-    /// The server's `lock_timeout` for Herald's sessions, where nothing else
-    /// set it. Batches hold their users' locks for milliseconds and a
-    /// deadlock ends after `deadlock_timeout` (1 s), so a lock waited for
-    /// this long is held by a node frozen in the middle of a transaction
-    /// (SIGSTOP, a paused VM): the wait fails, the store ends that node's
-    /// session (`PostgresStore.fenceFrozenNodes`), and the batch runs again.
+    /// The server's `lock_timeout` for the writer's session, where nothing
+    /// else set it. Batches hold their users' locks for milliseconds, longer
+    /// maintenance transactions keep talking to the server, and a deadlock
+    /// ends after `deadlock_timeout` (1 s): a lock waited for this long is
+    /// held by a node frozen in the middle of a transaction (SIGSTOP, a
+    /// paused VM), or by a session outside Herald. The wait fails, the store
+    /// ends the sessions of frozen nodes (`PostgresStore.fenceFrozenNodes`),
+    /// and the batch runs again.
     static let lockTimeoutMillis: Int64 = 15_000
     /// A statement's lock wait ran out since the owner last cleared this.
     var lockWaitRanOut = false
+    private let boundsLockWaits: Bool
     /// The session's `application_name`, also after a reconnect: `herald`,
     /// or `herald/NODE` once the store knows its node (`name`).
     private(set) var applicationName = "herald"
@@ -167,7 +173,8 @@ final class PostgresConnection {
         // after the system's 2 hours. And `lockTimeoutMillis`. Only where
         // nothing else set them (server, role, URL `options`). Names and
         // values are ours.
-        let wanted = (Self.tcpBounds.map { ($0.server, $0.value) } + [("lock_timeout", "\(Self.lockTimeoutMillis)")])
+        let lockWaits = boundsLockWaits ? [("lock_timeout", "\(Self.lockTimeoutMillis)")] : []
+        let wanted = (Self.tcpBounds.map { ($0.server, $0.value) } + lockWaits)
             .map { "('\($0.0)', '\($0.1)')" }.joined(separator: ", ")
         try script("SELECT set_config(name, value, false) FROM (VALUES \(wanted)) AS wanted(name, value) "
                    + "JOIN pg_settings USING (name) WHERE source = 'default'")

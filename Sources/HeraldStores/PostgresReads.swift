@@ -159,7 +159,7 @@ final class PostgresStoreReader: StoreReader {
 
     init(url: String, epoch: String) throws(StoreError) {
         self.epoch = epoch
-        reads = PostgresReads(db: try PostgresConnection(url: url))
+        reads = PostgresReads(db: try PostgresConnection(url: url, boundsLockWaits: false))
     }
 
     /// Outside `read`: connect again if the last call lost the connection.

@@ -162,7 +162,9 @@ enum PostgresSchema {
     /// Brings the database to the current version and returns its epoch,
     /// made by the first migration.
     static func migrate(_ db: PostgresConnection) throws(StoreError) -> String {
-        try db.script("BEGIN")
+        // A node starting waits for another's migration however long it
+        // takes (the session's lock_timeout is for frozen peers' row locks).
+        try db.script("BEGIN; SET LOCAL lock_timeout = 0")
         do throws(StoreError) {
             try db.execute("SELECT pg_advisory_xact_lock($1)", [.int(migrationLock)])
             try db.script("""

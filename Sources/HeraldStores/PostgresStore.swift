@@ -93,6 +93,7 @@ public final class PostgresStore: NotificationStore {
         guard !inTransaction else { throw db.error("begin", "inside an open transaction") }
         inTransaction = true
         started = false
+        db.lockWaitRanOut = false
     }
 
     public func commit() throws(StoreError) {
@@ -105,6 +106,7 @@ public final class PostgresStore: NotificationStore {
         } catch {
             db.abandon()
             if db.inTransaction { _ = try? db.script("ROLLBACK") }
+            fenceIfLockWaitRanOut()
             throw error
         }
     }
@@ -116,40 +118,50 @@ public final class PostgresStore: NotificationStore {
         known.removeAll()
         db.abandon()
         if db.inTransaction { _ = try? db.script("ROLLBACK") }
-        if db.lockWaitRanOut {
-            db.lockWaitRanOut = false
-            fenceFrozenNodes()
-        }
+        fenceIfLockWaitRanOut()
     }
 
     /// Said when this store ends another node's session (`fenceFrozenNodes`).
     public var warn: (String) -> Void = { _ in }
 
-    /// Sessions of other nodes whose lease lapsed that have been in one
-    /// transaction for longer than a lock wait may last, and now wait for
-    /// their client: a node frozen in the middle of a batch. Sessions of
-    /// this database role only, which it may end.
+    /// How long a node's session must have sent nothing, inside a
+    /// transaction, to be taken for frozen: a busy engine, even in a long
+    /// maintenance transaction, sends a statement every few milliseconds.
+    static let frozenAfterMillis: Int64 = 10_000
+
+    /// Sessions of other nodes whose lease lapsed, inside a transaction,
+    /// that have sent no statement for `$1` ms and wait for their client: a
+    /// node frozen in the middle of a batch. Sessions of this database
+    /// role only, which it may end.
     private static let frozenSQL = """
         WITH frozen AS MATERIALIZED (
             SELECT a.pid, n.node FROM pg_stat_activity a JOIN herald_nodes n ON a.application_name = 'herald/' || n.node
-            WHERE n.lease_until < now() AND a.xact_start < now() - $1 * interval '1 millisecond'
+            WHERE n.lease_until < now() AND a.xact_start IS NOT NULL AND a.query_start < now() - $1 * interval '1 millisecond'
               AND a.wait_event = 'ClientRead' AND a.usename = current_user AND a.datname = current_database()
               AND a.pid <> pg_backend_pid()
         )
         SELECT node FROM frozen WHERE pg_terminate_backend(pid)
         """
 
-    /// After a lock wait ran out: ends the sessions of frozen nodes
-    /// (`frozenSQL`). Such a node holds its users' locks, and every node's
-    /// writes to those users would wait until it resumes; once its session
-    /// is gone they go on, and its own batch fails when it resumes (503,
-    /// outcome unknown, then a catch-up). Outside any transaction.
-    private func fenceFrozenNodes() {
-        guard let r = try? db.query(Self.frozenSQL, [.int(PostgresConnection.lockTimeoutMillis)]) else { return }
-        for i in 0..<r.count {
-            warn("ended the database session of node \(r.text(i, 0) ?? "?"), frozen in a transaction for over "
-                 + "\(PostgresConnection.lockTimeoutMillis / 1000) s with its lease lapsed, holding locks other writes waited for")
+    /// After a transaction whose lock wait ran out (`lock_timeout`, at a
+    /// statement or at COMMIT) rolled back: ends the sessions of frozen
+    /// nodes.
+    private func fenceIfLockWaitRanOut() {
+        guard db.lockWaitRanOut else { return }
+        db.lockWaitRanOut = false
+        for node in fenceFrozenNodes(silentFor: Self.frozenAfterMillis) {
+            warn("ended the database session of node \(node), frozen in a transaction for over "
+                 + "\(Self.frozenAfterMillis / 1000) s with its lease lapsed, holding locks other writes waited for")
         }
+    }
+
+    /// Ends the sessions of frozen nodes (`frozenSQL`); answers their nodes.
+    /// Such a node holds its users' locks, and every node's writes to those
+    /// users would wait until it resumes; once its session is gone they go
+    /// on, and its batch fails when it resumes (503). Outside a transaction.
+    func fenceFrozenNodes(silentFor millis: Int64) -> [String] {
+        guard let r = try? db.query(Self.frozenSQL, [.int(millis)]) else { return [] }
+        return (0..<r.count).map { r.text($0, 0) ?? "?" }
     }
 
     /// Runs a multi-statement write atomically: in the open transaction,

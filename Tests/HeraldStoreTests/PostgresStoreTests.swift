@@ -355,6 +355,42 @@ final class PostgresStoreTests: XCTestCase {
         XCTAssertEqual(try show(own, "tcp_keepalives_count"), "3")
     }
 
+    /// Only a frozen node's session is ended: named after a node whose lease
+    /// lapsed, inside a transaction, silent for the threshold and waiting
+    /// for its client. Not one that keeps talking (a long maintenance
+    /// transaction), not one with a live lease, not one outside a
+    /// transaction, and never a session of the store itself.
+    func testOnlyAFrozenNodesSessionIsFenced() throws {
+        let store = try PostgresStore(url: database.url)
+        func session(_ node: String, lease: String, inTransaction: Bool) throws -> PostgresConnection {
+            let c = try PostgresConnection(url: database.url)
+            try c.name("herald/" + node)
+            try c.execute("INSERT INTO herald_nodes (node, lease_until) VALUES ($1, now() + $2::interval)", [.text(node), .text(lease)])
+            if inTransaction { try c.script("BEGIN; SELECT 1") }
+            return c
+        }
+        let frozen = try session("frozen", lease: "-1 second", inTransaction: true)
+        let busy = try session("busy", lease: "-1 second", inTransaction: true)
+        let leased = try session("leased", lease: "1 hour", inTransaction: true)
+        let idle = try session("idle", lease: "-1 second", inTransaction: false)
+        defer { for c in [frozen, busy, leased, idle] { c.close() } }
+        let silence: Int64 = 3_000
+        // Until the frozen session has been silent past the threshold, as the server sees it.
+        let observer = try PostgresConnection(url: database.url)
+        defer { observer.close() }
+        let deadline = Date().addingTimeInterval(30)
+        while Date() < deadline, try observer.query("""
+            SELECT count(*) FROM pg_stat_activity WHERE application_name = 'herald/frozen'
+            AND query_start < now() - $1 * interval '1 millisecond'
+            """, [.int(silence)]).int64(0, 0) == 0 {
+            Thread.sleep(forTimeInterval: 0.1)
+        }
+        try busy.query("SELECT 1")  // a statement just now, as a busy engine sends
+        XCTAssertEqual(store.fenceFrozenNodes(silentFor: silence), ["frozen"])
+        XCTAssertThrowsError(try frozen.query("SELECT 1"), "its session was ended")
+        for c in [busy, leased, idle] { XCTAssertEqual(try c.query("SELECT 1").count, 1) }
+    }
+
     /// `claim` locks every user it is given at once, past its 500-user
     /// statements and whatever the ids hold, creating their feeds at head 0.
     func testClaimLocksEveryUserGivenAtOnce() throws {

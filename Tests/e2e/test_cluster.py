@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import threading
@@ -243,10 +244,18 @@ def test_a_change_that_never_came_over_the_bus_reaches_the_other_node_s_devices(
             c.stop()
 
 
-def herald_sessions(where: str) -> int:
-    """How many of the gateways' PostgreSQL sessions match `where`."""
+def node_id(g: Gateway) -> str:
+    """A node's id, from its log line `bus: subscribed ... (node ID)`."""
+    m = re.search(r"\(node ([0-9a-f]{16})\)", g.stderr_tail(100_000))
+    assert m, g.stderr_tail()
+    return m.group(1)
+
+
+def node_sessions(g: Gateway, where: str) -> int:
+    """How many of node `g`'s PostgreSQL sessions (its engine's is named
+    `herald/NODE`) match `where`."""
     r = subprocess.run(["psql", os.environ["HERALD_TEST_POSTGRES_URL"], "-tAX", "-c",
-                        f"SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'herald%' AND {where}"],
+                        f"SELECT count(*) FROM pg_stat_activity WHERE application_name = 'herald/{node_id(g)}' AND {where}"],
                        check=True, capture_output=True, text=True)
     return int(r.stdout.strip())
 
@@ -256,8 +265,9 @@ def test_a_node_frozen_in_a_transaction_is_fenced_and_the_others_write_on(nodes,
     its users' row locks, and the other nodes' writes to those users wait.
     Once such a wait has lasted PostgreSQL's lock_timeout (15 s), the waiting
     node ends the frozen node's session (lease lapsed, transaction open that
-    long, waiting for its client) and runs its batch again; the frozen node,
-    resumed, answers its batch 503 (nothing was saved) and works on."""
+    long, silent for 10 s, waiting for its client) and runs its batch
+    again; the frozen node, resumed, answers its batch 503 (nothing was
+    saved: it froze before its COMMIT) and works on."""
     n1, n2 = nodes
     user = uid("user")
     n2.publish(user, "first")
@@ -273,10 +283,10 @@ def test_a_node_frozen_in_a_transaction_is_fenced_and_the_others_write_on(nodes,
         # row and reads the heads, whose answer finds the process stopped.
         blocker.run("BEGIN; LOCK TABLE feeds IN SHARE ROW EXCLUSIVE MODE;")
         frozen.start()
-        wait_until(lambda: herald_sessions("wait_event_type = 'Lock'") == 1, "node 1's batch waiting for the table")
+        wait_until(lambda: node_sessions(n1, "wait_event_type = 'Lock'") == 1, "node 1's batch waiting for the table")
         n1.proc.send_signal(signal.SIGSTOP)
         blocker.run("COMMIT;")
-        wait_until(lambda: herald_sessions("xact_start IS NOT NULL AND wait_event = 'ClientRead'") == 1,
+        wait_until(lambda: node_sessions(n1, "xact_start IS NOT NULL AND wait_event = 'ClientRead'") == 1,
                    "node 1's session holding the user's row, waiting for its stopped client")
         began = time.monotonic()
         out = n2.publish(user, "goes-through")
