@@ -54,10 +54,11 @@ final class ClusterConnections {
     }
 
     /// Renews the lease when due and records what changed, in one transaction.
-    func flush(_ e: Engine, now: Millis) {
-        guard now >= nextFlush else { return }
-        nextFlush = now + Self.flushEvery
-        let renew = now >= nextRenew, prune = now >= nextPrune
+    /// `now`: wall time, as the records' times; `tick`: when each step is due.
+    func flush(_ e: Engine, now: Millis, tick: Millis) {
+        guard tick >= nextFlush else { return }
+        nextFlush = tick + Self.flushEvery
+        let renew = tick >= nextRenew, prune = tick >= nextPrune
         guard renew || prune || e.registry.presenceDirty?.isEmpty == false else { return }
         e.transaction("presence") { () throws(StoreError) in
             var base = written
@@ -89,8 +90,8 @@ final class ClusterConnections {
             e.afterCommit { [self] in
                 written = next
                 e.registry.presenceDirty = [:]
-                if renew { nextRenew = now + Self.renewEvery }
-                if prune { nextPrune = now + Self.pruneEvery }
+                if renew { nextRenew = tick + Self.renewEvery }
+                if prune { nextPrune = tick + Self.pruneEvery }
             }
         }
     }

@@ -271,7 +271,7 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
             cond.unlock()
             runSynced()
             runBatch()
-            maintenance.run(self, now: clock.now(), force: done)
+            maintenance.run(self, now: clock.now(), tick: clock.ticks(), force: done)
             if done { break }
         }
         cluster?.retire(self)
@@ -292,7 +292,7 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
     /// Runs the expiry sweep, pruning and last-seen flush that are due.
     public func runMaintenance(force: Bool = false) {
         thread.claim()
-        maintenance.run(self, now: clock.now(), force: force)
+        maintenance.run(self, now: clock.now(), tick: clock.ticks(), force: force)
     }
 
     /// Takes up to `n` queued commands; the caller holds `cond`. Their

@@ -138,7 +138,7 @@ final class HeldPoll: SubscriptionOutput {
         held = true
         gateway.heldPolls.add(1, ordering: .relaxed)
         gateway.metrics.connectionOpened(.poll)
-        deadline = shard.schedule(at: gateway.clock.now() + Millis(waitSeconds) * 1000) { [weak self] in self?.answerEmpty() }
+        deadline = shard.schedule(at: gateway.clock.ticks() + Millis(waitSeconds) * 1000) { [weak self] in self?.answerEmpty() }
     }
 
     private func answerEmpty() {
@@ -217,7 +217,7 @@ final class EventStream: SubscriptionOutput {
         responder.startStream(contentType: "text/event-stream", headers: [("Cache-Control", "no-cache"), ("X-Accel-Buffering", "no")])
         // The stream ends when its token expires; EventSource then
         // reconnects, with a fresh token in its URL.
-        expiry = shard.schedule(at: tokenExpiresAt) { [weak self] in
+        expiry = shard.schedule(atWall: tokenExpiresAt) { [weak self] in
             guard let self, !self.done else { return }
             self.gateway.metrics.dropped(.authExpired)
             self.finish()
@@ -226,7 +226,7 @@ final class EventStream: SubscriptionOutput {
     }
 
     private func keepAlive() {
-        nextKeepAlive = shard.schedule(at: gateway.clock.now() + Gateway.keepAliveMillis) { [weak self] in
+        nextKeepAlive = shard.schedule(at: gateway.clock.ticks() + Gateway.keepAliveMillis) { [weak self] in
             guard let self, !self.done else { return }
             self.responder.send(Array(": keep-alive\n\n".utf8))
             self.keepAlive()

@@ -33,7 +33,8 @@ struct FeedAudit {
     /// read, and when it was first read so.
     private var behind: [UserKey: (head: Int64, readAt: Millis)] = [:]
 
-    mutating func run(_ e: Engine, now: Millis) {
+    /// `now`: a tick (`Clock.ticks`).
+    mutating func run(_ e: Engine, tick now: Millis) {
         if now >= nextJudge {
             nextJudge = now + Self.judgeEvery
             recoverMissed(e, now: now)

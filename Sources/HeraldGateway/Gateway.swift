@@ -13,6 +13,7 @@ public final class Gateway: Sendable {
     private let appsInForce: Locked<[String: AppConfig]>
     public let engine: Engine
     public let reads: Reads
+    /// A tick (`Clock.ticks`), for the uptime.
     let startedAt: Millis
     let publishBuckets = Locked<[String: TokenBucket]>([:])
     /// Long-polls held now, across shards.
@@ -24,7 +25,7 @@ public final class Gateway: Sendable {
         self.config = config
         self.clock = clock
         appsInForce = Locked(Self.byId(config.allApps))
-        startedAt = clock.now()
+        startedAt = clock.ticks()
         engine = Engine(store: store, bus: bus, limits: config.limits, metrics: metrics, clock: clock)
         if bus != nil { metrics.bus.enabled.store(true, ordering: .relaxed) }
         reads = Reads(engine: engine, reader: try store.makeReader())

@@ -29,7 +29,7 @@ extension Gateway {
                 // (they share it), so a load balancer gains nothing by draining.
                 var health = JSONObject()
                 health["status"] = "ok"
-                health["uptimeSeconds"] = .int((clock.now() - startedAt) / 1000)
+                health["uptimeSeconds"] = .int((clock.ticks() - startedAt) / 1000)
                 health["store"] = .string(engine.health.isAvailable ? "ok" : "unavailable")
                 health["bus"] = engine.bus.map { .string($0.state) }
                 responder.respond(.json(200, .object(health)))
@@ -234,7 +234,7 @@ extension Gateway {
     /// The per-app publish rate (`publishesPerSecondPerApp`, burst twice that).
     func admitPublishes(_ appId: String, _ n: Int) throws(HeraldError) {
         let rate = Double(config.limits.publishesPerSecondPerApp)
-        let now = clock.now()
+        let now = clock.ticks()
         let r = publishBuckets.withLock { b in
             b[appId, default: TokenBucket(rate: rate, burst: 2 * rate, now: now)].take(Double(n), now: now)
         }

@@ -24,43 +24,46 @@ struct Maintenance {
     static let pruneChunk = 1_000
     static let pruneChunkSpacing: Millis = 50
 
-    mutating func run(_ e: Engine, now: Millis, force: Bool) {
+    /// `now`: wall time, for what is stored (expiry, cutoffs); `tick`
+    /// (`Clock.ticks`): when each task is next due, so a step of the wall
+    /// clock neither stops nor floods them.
+    mutating func run(_ e: Engine, now: Millis, tick: Millis, force: Bool) {
         e.thread.assertCurrent()
-        if now >= nextSweep || force {
-            nextSweep = now + 250
+        if tick >= nextSweep || force {
+            nextSweep = tick + 250
             e.transaction("expiry sweep") { () throws(StoreError) in try Self.sweepExpired(e, now: now) }
         }
-        e.cluster?.flush(e, now: now)
-        if now >= nextSeenFlush || force {
-            nextSeenFlush = now + 30_000
+        e.cluster?.flush(e, now: now, tick: tick)
+        if tick >= nextSeenFlush || force {
+            nextSeenFlush = tick + 30_000
             e.transaction("lastSeen flush") { () throws(StoreError) in try Self.flushSeen(e, now: now) }
         }
-        if now >= nextPrune { prune(e, now: now) }
-        if e.bus != nil { audit.run(e, now: now) }
+        if tick >= nextPrune { prune(e, now: now, tick: tick) }
+        if e.bus != nil { audit.run(e, tick: tick) }
     }
 
     /// A round of pruning calls; lapsed registrations go with its first
     /// call, or once a minute while a round lasts longer.
-    private mutating func prune(_ e: Engine, now: Millis) {
+    private mutating func prune(_ e: Engine, now: Millis, tick: Millis) {
         var pruned = Pruned(changes: 0, more: false), lapsed = 0
-        let devicesDue = now >= nextDevicePrune
+        let devicesDue = tick >= nextDevicePrune
         let committed = e.transaction("pruning") { () throws(StoreError) in
             if devicesDue { lapsed = try e.store.pruneDevices(lastSeenBefore: now - e.limits.deviceLapseSeconds * 1000) }
             pruned = try e.store.pruneChanges(before: now - e.limits.changeRetentionSeconds * 1000, limit: Self.pruneChunk)
         }
         if committed && devicesDue {
-            nextDevicePrune = now + Self.pruneEvery
+            nextDevicePrune = tick + Self.pruneEvery
             if lapsed > 0 { Log.info("pruned \(lapsed) lapsed devices") }
         }
         if committed { prunedInRound += pruned.changes }
         // A call that failed ends the round too: the next round tries again.
         if committed && pruned.more {
-            nextPrune = now + Self.pruneChunkSpacing
+            nextPrune = tick + Self.pruneChunkSpacing
             return
         }
         if prunedInRound > 0 { Log.info("pruned \(prunedInRound) old changes") }
         prunedInRound = 0
-        nextPrune = now + Self.pruneEvery
+        nextPrune = tick + Self.pruneEvery
     }
 
     private static func sweepExpired(_ e: Engine, now: Millis) throws(StoreError) {

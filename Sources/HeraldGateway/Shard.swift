@@ -14,7 +14,9 @@ public final class Shard: @unchecked Sendable {  // loop-thread state, checked b
     /// The loop's thread; the transport claims it when the loop starts.
     public let thread: ThreadOwner
     private var subscriptions: [UserKey: Subscribers] = [:]
+    /// Timers by tick (`Clock.ticks`), and by wall time (a token's `exp`).
     private var timers = Heap<TimerEntry>()
+    private var wallTimers = Heap<TimerEntry>()
     private var timerSerial: UInt64 = 0
     /// Timers cancelled but still in the heap (dropped when due, or all at
     /// once when they are half of it: a closed connection's token timer may
@@ -107,36 +109,54 @@ public final class Shard: @unchecked Sendable {  // loop-thread state, checked b
         static func == (a: Self, b: Self) -> Bool { a.serial == b.serial }
     }
 
-    /// Runs `fire` on this thread at `at` (checked by `runTimers`), unless
-    /// cancelled first.
+    /// Runs `fire` on this thread at tick `at` (`Clock.ticks`, checked by
+    /// `runTimers`), unless cancelled first.
     @discardableResult func schedule(at: Millis, _ fire: @escaping () -> Void) -> TimerID {
+        let t = timer(at, fire)
+        timers.push(t)
+        return TimerID(serial: t.serial)
+    }
+
+    /// Runs `fire` once the wall clock reads `wall` (a token's `exp`, which
+    /// is wall time: a clock set forward expires it sooner), unless cancelled.
+    @discardableResult func schedule(atWall wall: Millis, _ fire: @escaping () -> Void) -> TimerID {
+        let t = timer(wall, fire)
+        wallTimers.push(t)
+        return TimerID(serial: t.serial)
+    }
+
+    private func timer(_ at: Millis, _ fire: @escaping () -> Void) -> TimerEntry {
         thread.assertCurrent()
         timerSerial += 1
-        timers.push(TimerEntry(at: at, serial: timerSerial, fire: fire))
-        return TimerID(serial: timerSerial)
+        return TimerEntry(at: at, serial: timerSerial, fire: fire)
     }
 
     func cancel(_ id: TimerID?) {
         thread.assertCurrent()
         guard let id, id.serial <= timerSerial else { return }
         cancelled.insert(id.serial)
-        if cancelled.count > 64, cancelled.count * 2 > timers.count {
+        if cancelled.count > 64, cancelled.count * 2 > timers.count + wallTimers.count {
             timers.removeAll { cancelled.contains($0.serial) }
+            wallTimers.removeAll { cancelled.contains($0.serial) }
             cancelled.removeAll()
         }
     }
 
     struct TimerID { fileprivate let serial: UInt64 }
 
-    var pendingTimers: Int { timers.count - cancelled.count }
+    var pendingTimers: Int { timers.count + wallTimers.count - cancelled.count }
 
     /// Fires the timers that are due. The transport calls it several times a
     /// second; tests call it after moving their clock.
     public func runTimers() {
         thread.assertCurrent()
-        let now = gateway.clock.now()
-        while let t = timers.peek, t.at <= now {
-            _ = timers.pop()
+        fireDue(\.timers, now: gateway.clock.ticks())
+        fireDue(\.wallTimers, now: gateway.clock.now())
+    }
+
+    private func fireDue(_ heap: ReferenceWritableKeyPath<Shard, Heap<TimerEntry>>, now: Millis) {
+        while let t = self[keyPath: heap].peek, t.at <= now {
+            _ = self[keyPath: heap].pop()
             if cancelled.remove(t.serial) == nil { t.fire() }
         }
     }

@@ -30,7 +30,7 @@ public final class StoreHealth: Sendable {
     public var isAvailable: Bool { state.withLock { !$0.failing } }
 
     func failed(_ what: String, _ error: any Error) {
-        let now = clock.now()
+        let now = clock.ticks()
         let line: String? = state.withLock { s in
             s.failing = true
             guard now - s.lastLog >= Self.logInterval else {

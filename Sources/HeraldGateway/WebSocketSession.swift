@@ -39,7 +39,7 @@ public final class WebSocketSession {
     /// The hello deadline, then the token's warning or expiry: one pending
     /// timer at a time, cancelled when the connection closes.
     private var timer: Shard.TimerID?
-    /// When the client last sent anything, and the timer that pings it
+    /// When the client last sent anything (a tick), and the timer that pings it
     /// after `pingIntervalSeconds` of silence and hangs up after
     /// `idleHangupSeconds`.
     private var lastHeard: Millis
@@ -54,7 +54,7 @@ public final class WebSocketSession {
         self.gateway = gateway; self.shard = shard; self.transport = transport; self.origin = origin
         // 14 characters: a Swift small string, no allocation per connection.
         connectionId = "c_" + Random.hex(6)
-        let now = gateway.clock.now(), limits = gateway.config.limits
+        let now = gateway.clock.ticks(), limits = gateway.config.limits
         let rate = Double(limits.messagesPerSecondPerConnection)
         messageBudget = TokenBucket(rate: rate, burst: 2 * rate, now: now)
         lastHeard = now
@@ -80,7 +80,7 @@ public final class WebSocketSession {
     /// reads (our close frame waits behind what it left unread) is hung up
     /// on after `idleHangupSeconds` like a silent one.
     public func heard() {
-        if closeRequest == nil { lastHeard = gateway.clock.now() }
+        if closeRequest == nil { lastHeard = gateway.clock.ticks() }
     }
 
     /// Answers a ping with its payload (RFC 6455 5.5.3).
@@ -98,7 +98,7 @@ public final class WebSocketSession {
         case .binary: return close(.unsupportedData, "binary frames are not supported", drop: .protocolError)
         case .tooBig: return close(.tooBig, "message larger than \(gateway.config.limits.maxMessageBytes) bytes", drop: .protocolError)
         case .text(let bytes):
-            if case .failure = messageBudget.take(now: gateway.clock.now()) {
+            if case .failure = messageBudget.take(now: gateway.clock.ticks()) {
                 return close(.policy, "more than \(Int(messageBudget.rate)) messages per second", drop: .rateLimited)
             }
             if state == .subscribing {
@@ -218,10 +218,10 @@ public final class WebSocketSession {
         guard let tokenExpiresAt else { return }
         let exp = tokenExpiresAt * 1000
         shard.cancel(timer)
-        timer = shard.schedule(at: exp - 60_000) { [weak self] in
+        timer = shard.schedule(atWall: exp - 60_000) { [weak self] in
             guard let self, self.state == .live else { return }
             self.send(ServerFrame.tokenExpiring(exp))
-            self.timer = self.shard.schedule(at: exp) { [weak self] in
+            self.timer = self.shard.schedule(atWall: exp) { [weak self] in
                 guard let self, self.state == .live else { return }
                 self.close(.unauthenticated, "token expired", drop: .authExpired)
             }
@@ -281,7 +281,7 @@ public final class WebSocketSession {
     private func keepaliveDue() {
         guard state != .closed else { return }
         let limits = gateway.config.limits
-        let silent = gateway.clock.now() - lastHeard
+        let silent = gateway.clock.ticks() - lastHeard
         if silent >= Millis(limits.idleHangupSeconds) * 1000 {
             gateway.metrics.dropped(.idle)
             return transport.hangUp()

@@ -140,6 +140,34 @@ final class GatewayBehaviourTests: XCTestCase {
 
     // MARK: Timers
 
+    /// Setting the wall clock moves no interval: an hour forward drops no
+    /// idle WebSocket (it used to hang up every one at once, as silent for
+    /// an hour); an hour back holds no poll past its `wait`. A token's
+    /// `exp` is wall time: set forward past it, the clock ends the connection.
+    func testAStepOfTheWallClockMovesNoDeadline() {
+        let h = Harness()
+        let s = h.webSocket()
+        h.hello(s, user: "u", ttl: 3 * 3600)
+        h.settle(); s.read()
+        let held = h.request("GET", "/v1/me/sync", token: h.token("u", ttl: 3 * 3600), query: [("cursor", "0"), ("wait", "30")])
+        h.settle()
+        XCTAssertNil(held.response, "held")
+        h.clock.stepWall(seconds: 3600)
+        h.shard.runTimers(); s.read()
+        XCTAssertFalse(s.hungUp)
+        XCTAssertNil(s.session.closeRequest)
+        XCTAssertNil(held.response)
+        h.clock.stepWall(seconds: -7200)
+        h.clock.advance(seconds: 30)
+        h.shard.runTimers(); s.read()
+        XCTAssertEqual(held.response?.status, 200, "answered empty at its wait")
+        XCTAssertEqual(s.controls, [9], "pinged after 30 s of silence, as if the clock had not moved")
+        XCTAssertFalse(s.hungUp)
+        h.clock.stepWall(seconds: 4 * 3600)
+        h.shard.runTimers()
+        XCTAssertEqual(s.session.closeRequest?.reason, "token expired")
+    }
+
     func testHelloDeadline() {
         let h = Harness()
         let s = h.webSocket()
