@@ -27,7 +27,8 @@ public struct AppConfig: Sendable, Equatable {
 
 /// Tunables, each documented in docs/OPERATIONS.md.
 public struct GatewayLimits: Sendable, Equatable {
-    /// Close a WebSocket with 4008 once this much is queued unsent for it.
+    /// Live data queued unsent per connection; changes past it are read
+    /// from the store as the client reads (`Subscription.deliverLive`).
     public var maxQueuedBytesPerConnection = 4 << 20
     /// Incoming WebSocket message size (fragments counted together).
     public var maxMessageBytes = 256 * 1024
@@ -47,6 +48,9 @@ public struct GatewayLimits: Sendable, Equatable {
     public var maxConnections = 0
     /// Open WebSocket and SSE connections per user; one more is refused.
     public var maxConnectionsPerUser = 50
+    /// Registered devices per user: a new one past it takes the place of
+    /// the one not connected and seen longest ago.
+    public var maxDevicesPerUser = 100
     /// WebSocket messages a connection may send per second (burst: twice
     /// that); past it the connection closes with 4008.
     public var messagesPerSecondPerConnection = 50

@@ -82,7 +82,9 @@ extension Engine {
     /// generation and tells its open connections), and marks it seen.
     func registerViewer(_ user: UserKey, deviceId: String?, registration: DeviceRegistration? = nil, now: Millis) throws(StoreError) -> Viewer {
         guard let deviceId else { return .unnamed }
-        let existing = try store.device(user, id: deviceId)
+        let all = try store.devices(user)
+        let existing = all.first { $0.deviceId == deviceId }
+        if existing == nil, all.count >= limits.maxDevicesPerUser { try makeRoom(user, among: all, now: now) }
         var device = existing ?? Device(deviceId: deviceId, lastSeenAt: now)
         if let registration { device = registration.applied(to: existing, deviceId: deviceId, now: now) }
         if existing == nil || existing != device {
@@ -94,6 +96,17 @@ extension Engine {
         }
         registry.seen(user, device: deviceId, at: now)
         return Viewer(userId: user.user, device: device)
+    }
+
+    /// Past `maxDevicesPerUser` (any device token could otherwise name new
+    /// devices without end: rows that every listing and send by tags
+    /// reads): the registrations seen longest ago go, not connected ones
+    /// first, until one more fits. A device that comes back registers anew.
+    private func makeRoom(_ user: UserKey, among all: [Device], now: Millis) throws(StoreError) {
+        func seen(_ d: Device) -> Millis { max(d.lastSeenAt, registry.connections(user, device: d.deviceId)?.lastSeenAt ?? 0) }
+        func connected(_ d: Device) -> Bool { registry.connections(user, device: d.deviceId)?.transport(now: now) != nil }
+        let order = all.sorted { (connected($0) ? 1 : 0, seen($0)) < (connected($1) ? 1 : 0, seen($1)) }
+        for d in order.prefix(all.count - limits.maxDevicesPerUser + 1) { _ = try deleteDevice(user, deviceId: d.deviceId) }
     }
 
     /// `PUT /v1/me/devices/{id}`: the device as the listing shows it.

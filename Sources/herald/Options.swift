@@ -106,6 +106,7 @@ struct ConfigFile {
     nonisolated(unsafe) static let limitKeys: [(String, WritableKeyPath<GatewayLimits, Int>)] = [
         ("maxConnections", \.maxConnections),
         ("maxConnectionsPerUser", \.maxConnectionsPerUser),
+        ("maxDevicesPerUser", \.maxDevicesPerUser),
         ("messagesPerSecondPerConnection", \.messagesPerSecondPerConnection),
         ("publishesPerSecondPerApp", \.publishesPerSecondPerApp),
         ("maxHeldPolls", \.maxHeldPolls),

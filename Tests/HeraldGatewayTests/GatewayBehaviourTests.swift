@@ -138,6 +138,37 @@ final class GatewayBehaviourTests: XCTestCase {
         XCTAssertEqual(changeSeqs([["type": "changes", "changes": next["changes"]!]]).first, got.last! + 1)
     }
 
+    /// Past `maxDevicesPerUser` a new device takes the place of the one not
+    /// connected and seen longest ago; a connected one stays, however old.
+    func testANewDevicePastTheLimitReplacesTheOneSeenLongestAgo() {
+        var limits = GatewayLimits()
+        limits.maxDevicesPerUser = 3
+        let h = Harness(limits: limits)
+        let tok = h.token("u")
+        let s = h.webSocket()
+        h.hello(s, user: "u", device: "d1")
+        h.settle(); s.read()
+        func put(_ id: String) {
+            h.clock.advance(seconds: 1)
+            let r = h.request("PUT", "/v1/me/devices/\(id)", token: tok, body: [:])
+            h.settle()
+            XCTAssertEqual(r.response?.status, 200)
+        }
+        func listed() -> [String] {
+            let r = h.request("GET", "/v1/apps/\(Harness.app.id)/users/u/devices")
+            h.settle()
+            let devices = try! JSONParser.parse(r.response!.body).objectValue!["devices"]!.arrayValue!
+            return devices.map { $0.objectValue!["deviceId"]!.stringValue! }.sorted()
+        }
+        put("d2"); put("d3")
+        XCTAssertEqual(listed(), ["d1", "d2", "d3"])
+        put("d4")
+        XCTAssertEqual(listed(), ["d1", "d3", "d4"], "d2: not connected, seen longest ago")
+        put("d5")
+        XCTAssertEqual(listed(), ["d1", "d4", "d5"])
+        XCTAssertNil(s.session.closeRequest, "the connected device stays")
+    }
+
     // MARK: Timers
 
     /// Setting the wall clock moves no interval: an hour forward drops no
