@@ -49,7 +49,7 @@ public struct GatewayLimits: Sendable, Equatable {
     /// Open WebSocket and SSE connections per user; one more is refused.
     public var maxConnectionsPerUser = 50
     /// Registered devices per user: a new one past it takes the place of
-    /// the one not connected and seen longest ago.
+    /// the one not connected and seen longest ago, or is refused when all are.
     public var maxDevicesPerUser = 100
     /// WebSocket messages a connection may send per second (burst: twice
     /// that); past it the connection closes with 4008.

@@ -77,14 +77,19 @@ extension Engine {
         return (updated, try store.feed(user).head)
     }
 
-    /// The viewer of a named device: registers the device if it is new,
+    /// The viewer of a named device: registers the device if it is new (or
+    /// refuses, past `maxDevicesPerUser` with every registration connected),
     /// applies `registration` (a changed platform or tag set bumps its view
     /// generation and tells its open connections), and marks it seen.
-    func registerViewer(_ user: UserKey, deviceId: String?, registration: DeviceRegistration? = nil, now: Millis) throws(StoreError) -> Viewer {
-        guard let deviceId else { return .unnamed }
+    func registerViewer(_ user: UserKey, deviceId: String?, registration: DeviceRegistration? = nil,
+                        now: Millis) throws(StoreError) -> Result<Viewer, HeraldError> {
+        guard let deviceId else { return .success(.unnamed) }
         let all = try store.devices(user)
         let existing = all.first { $0.deviceId == deviceId }
-        if existing == nil, all.count >= limits.maxDevicesPerUser { try makeRoom(user, among: all, now: now) }
+        if existing == nil, all.count >= limits.maxDevicesPerUser, !(try makeRoom(user, among: all, now: now)) {
+            return .failure(HeraldError(.rateLimited, "this user has reached its limit of \(limits.maxDevicesPerUser) registered devices, "
+                                        + "all connected; delete one (DELETE /v1/me/devices/{id})", retryAfterSeconds: 60))
+        }
         var device = existing ?? Device(deviceId: deviceId, lastSeenAt: now)
         if let registration { device = registration.applied(to: existing, deviceId: deviceId, now: now) }
         if existing == nil || existing != device {
@@ -95,25 +100,40 @@ extension Engine {
             }
         }
         registry.seen(user, device: deviceId, at: now)
-        return Viewer(userId: user.user, device: device)
+        return .success(Viewer(userId: user.user, device: device))
+    }
+
+    /// `body` with the viewer of `deviceId`, unless its registration is refused.
+    func withViewer<T>(_ user: UserKey, deviceId: String?, registration: DeviceRegistration? = nil, now: Millis,
+                       _ body: (Viewer) throws(StoreError) -> Result<T, HeraldError>) throws(StoreError) -> Result<T, HeraldError> {
+        switch try registerViewer(user, deviceId: deviceId, registration: registration, now: now) {
+        case .failure(let e): return .failure(e)
+        case .success(let v): return try body(v)
+        }
     }
 
     /// Past `maxDevicesPerUser` (any device token could otherwise name new
     /// devices without end: rows that every listing and send by tags
-    /// reads): the registrations seen longest ago go, not connected ones
-    /// first, until one more fits. A device that comes back registers anew.
-    private func makeRoom(_ user: UserKey, among all: [Device], now: Millis) throws(StoreError) {
+    /// reads): the registrations not connected to any node and seen longest
+    /// ago go, until one more fits. False when not enough are unconnected.
+    private func makeRoom(_ user: UserKey, among all: [Device], now: Millis) throws(StoreError) -> Bool {
+        let elsewhere = try cluster?.elsewhere(user) ?? [:]
         func seen(_ d: Device) -> Millis { max(d.lastSeenAt, registry.connections(user, device: d.deviceId)?.lastSeenAt ?? 0) }
-        func connected(_ d: Device) -> Bool { registry.connections(user, device: d.deviceId)?.transport(now: now) != nil }
-        let order = all.sorted { (connected($0) ? 1 : 0, seen($0)) < (connected($1) ? 1 : 0, seen($1)) }
-        for d in order.prefix(all.count - limits.maxDevicesPerUser + 1) { _ = try deleteDevice(user, deviceId: d.deviceId) }
+        let idle = all.filter { d in
+            elsewhere[d.deviceId] == nil && registry.connections(user, device: d.deviceId)?.transport(now: now) == nil
+        }
+        let excess = all.count - limits.maxDevicesPerUser + 1
+        guard idle.count >= excess else { return false }
+        for d in idle.sorted(by: { seen($0) < seen($1) }).prefix(excess) { _ = try deleteDevice(user, deviceId: d.deviceId) }
+        return true
     }
 
     /// `PUT /v1/me/devices/{id}`: the device as the listing shows it.
-    func registerDevice(_ user: UserKey, deviceId: String, _ reg: DeviceRegistration, now: Millis) throws(StoreError) -> JSON {
-        _ = try registerViewer(user, deviceId: deviceId, registration: reg, now: now)
-        guard let d = try store.device(user, id: deviceId) else { throw StoreError("device \(deviceId) vanished after saving") }
-        return deviceJSON(user, d, elsewhere: try cluster?.elsewhere(user)[deviceId], now: now)
+    func registerDevice(_ user: UserKey, deviceId: String, _ reg: DeviceRegistration, now: Millis) throws(StoreError) -> Result<JSON, HeraldError> {
+        try withViewer(user, deviceId: deviceId, registration: reg, now: now) { _ throws(StoreError) in
+            guard let d = try store.device(user, id: deviceId) else { throw StoreError("device \(deviceId) vanished after saving") }
+            return .success(deviceJSON(user, d, elsewhere: try cluster?.elsewhere(user)[deviceId], now: now))
+        }
     }
 
     /// `GET /v1/apps/{app}/users/{user}/devices`: connected to this node or,

@@ -93,15 +93,17 @@ extension Gateway {
                 let u = try StateUpdate(bytes: req.body, ifMatch: req.headers["if-match"])
                 x.write([user], [.id(user, id)]) { e throws(StoreError) in
                     let now = clock.now()
-                    let v = try e.registerViewer(user, deviceId: device, now: now)
-                    return try e.updateState(user, id: id, u, viewer: v, now: now).map { HTTPResponse(status: 200, body: $0.httpBody) }
+                    return try e.withViewer(user, deviceId: device, now: now) { v throws(StoreError) in
+                        try e.updateState(user, id: id, u, viewer: v, now: now).map { HTTPResponse(status: 200, body: $0.httpBody) }
+                    }
                 }
             case .deleteNotification(let owner, let id):
                 let (user, device) = try self.owner(owner, req, notification: id)
                 x.write([user], [.id(user, id)]) { e throws(StoreError) in
                     let now = clock.now()
-                    let v = try e.registerViewer(user, deviceId: device, now: now)
-                    return try e.deleteNotification(user, id: id, viewer: v, now: now).map { _ in .noContent }
+                    return try e.withViewer(user, deviceId: device, now: now) { v throws(StoreError) in
+                        try e.deleteNotification(user, id: id, viewer: v, now: now).map { _ in .noContent }
+                    }
                 }
             case .listDevices(let appId, let userId):
                 let user = try serverUser(req, appId, userId)
@@ -110,9 +112,10 @@ extension Gateway {
                 let d = try deviceAuth(req)
                 x.write([d.user]) { e throws(StoreError) in
                     let now = clock.now()
-                    let v = try e.registerViewer(d.user, deviceId: d.deviceId, now: now)
-                    let (n, seq) = try e.markAllRead(d.user, viewer: v, now: now)
-                    return .success(.json(200, ["updated": .int(n), "seq": .int(seq)]))
+                    return try e.withViewer(d.user, deviceId: d.deviceId, now: now) { v throws(StoreError) in
+                        let (n, seq) = try e.markAllRead(d.user, viewer: v, now: now)
+                        return .success(.json(200, ["updated": .int(n), "seq": .int(seq)]))
+                    }
                 }
             case .counts:
                 let d = try deviceAuth(req)
@@ -132,7 +135,7 @@ extension Gateway {
                 if case .registerDevice = route {
                     let reg = try DeviceRegistration(bytes: req.body)
                     x.write([d.user]) { e throws(StoreError) in
-                        .success(.json(200, ["device": try e.registerDevice(d.user, deviceId: id, reg, now: clock.now())]))
+                        try e.registerDevice(d.user, deviceId: id, reg, now: clock.now()).map { .json(200, ["device": $0]) }
                     }
                 } else {
                     x.write([d.user]) { e throws(StoreError) in
@@ -196,7 +199,9 @@ extension Gateway {
                 engine.control { e in e.registry.seen(user, device: deviceId, at: now) }
                 then(.success(Viewer(userId: user.user, device: device)))
             case .success(nil):
-                engine.perform(on: shard, users: [user], { e throws(StoreError) in try e.registerViewer(user, deviceId: deviceId, now: now) }, reply: then)
+                engine.perform(on: shard, users: [user], { e throws(StoreError) in try e.registerViewer(user, deviceId: deviceId, now: now) }) {
+                    then($0.flatMap { $0 })
+                }
             }
         }
     }

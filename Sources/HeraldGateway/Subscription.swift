@@ -304,7 +304,8 @@ final class Subscription {
     /// can carry many megabytes for one user (a read-all over large
     /// notifications, a burst of 64 KiB publishes), and closing a client
     /// that was keeping up would only make it catch up anyway. A client
-    /// that takes nothing is closed by the write timeout.
+    /// that takes nothing is closed by the write timeout (HTTPConnection,
+    /// WebSocketSession.keepaliveDue).
     private func deliverLive(_ records: [ChangeRecord], judged: Bool = true) {
         guard let output else { return }
         var items: [EncodedChange] = []
@@ -383,7 +384,11 @@ extension Engine {
             return .refused(HeraldError(.rateLimited, "this user has reached its limit of \(limits.maxConnectionsPerUser) open connections",
                                         retryAfterSeconds: 5))
         }
-        let v = try registerViewer(r.user, deviceId: r.deviceId, registration: r.registration, now: now)
+        let v: Viewer
+        switch try registerViewer(r.user, deviceId: r.deviceId, registration: r.registration, now: now) {
+        case .failure(let e): return .refused(e)
+        case .success(let viewer): v = viewer
+        }
         if r.follows {
             let head = bus != nil && registry.followers(of: r.user) == 0 ? try store.feed(r.user).head : nil
             registry.follow(r.user, shard: shard, head: head)

@@ -44,6 +44,10 @@ public final class WebSocketSession {
     /// `idleHangupSeconds`.
     private var lastHeard: Millis
     private var keepalive: Shard.TimerID?
+    /// While output waits: the tick the socket last took some (or the
+    /// keep-alive first saw it waiting). A client that sends but never reads
+    /// is never silent; this is how it is told from one that reads slowly.
+    private var writeWaitingSince: Millis?
     public private(set) var closeRequest: (code: CloseCode, reason: String)?
     private var messageBudget: TokenBucket
 
@@ -242,6 +246,7 @@ public final class WebSocketSession {
     /// transport to send.
     public func writePending(into out: inout [UInt8], limit: Int) {
         outbox.write(into: &out, limit: limit)
+        writeWaitingSince = outbox.isEmpty ? nil : gateway.clock.ticks()
         if let w = drainWaiter, outbox.bytes < w.below {
             drainWaiter = nil
             w.run()
@@ -280,8 +285,20 @@ public final class WebSocketSession {
 
     private func keepaliveDue() {
         guard state != .closed else { return }
-        let limits = gateway.config.limits
-        let silent = gateway.clock.ticks() - lastHeard
+        let limits = gateway.config.limits, tick = gateway.clock.ticks()
+        // A socket that took none of the output for `writeTimeoutSeconds`
+        // (seen at a keep-alive, so within one ping interval more): the
+        // client stopped reading. Live changes past the queue limit wait in
+        // the store, so nothing else would end it.
+        if outbox.isEmpty {
+            writeWaitingSince = nil
+        } else if let since = writeWaitingSince, tick - since >= Millis(limits.writeTimeoutSeconds) * 1000 {
+            gateway.metrics.dropped(.slowConsumer)
+            return transport.hangUp()
+        } else if writeWaitingSince == nil {
+            writeWaitingSince = tick
+        }
+        let silent = tick - lastHeard
         if silent >= Millis(limits.idleHangupSeconds) * 1000 {
             gateway.metrics.dropped(.idle)
             return transport.hangUp()

@@ -317,8 +317,8 @@ final class HTTPConnection: Flushable, RawConnection {
     /// client is not reading (its answer, or its event stream).
     func writeTimedOut() {
         unwatchWrite()
-        // A stream the gateway ended (slow consumer, expired token) was
-        // counted when it was ended.
+        // A stream the gateway ended (an expired token, a deleted device)
+        // was counted when it was ended.
         if case .streaming(finishing: true) = state {} else { loop.gateway.metrics.dropped(.slowConsumer) }
         kill()
     }

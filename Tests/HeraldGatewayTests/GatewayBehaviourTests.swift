@@ -167,6 +167,15 @@ final class GatewayBehaviourTests: XCTestCase {
         put("d5")
         XCTAssertEqual(listed(), ["d1", "d4", "d5"])
         XCTAssertNil(s.session.closeRequest, "the connected device stays")
+        // Every registration connected: a new device is refused, nothing goes.
+        let more = [h.webSocket(), h.webSocket()]
+        h.hello(more[0], user: "u", device: "d4")
+        h.hello(more[1], user: "u", device: "d5")
+        h.settle()
+        let refused = h.request("PUT", "/v1/me/devices/d6", token: tok, body: [:])
+        h.settle()
+        XCTAssertEqual(refused.response?.status, 429)
+        XCTAssertEqual(listed(), ["d1", "d4", "d5"])
     }
 
     // MARK: Timers
@@ -197,6 +206,32 @@ final class GatewayBehaviourTests: XCTestCase {
         h.clock.stepWall(seconds: 4 * 3600)
         h.shard.runTimers()
         XCTAssertEqual(s.session.closeRequest?.reason, "token expired")
+    }
+
+    /// A client that keeps sending but never reads is never silent, and
+    /// live changes past its queue limit wait in the store: the socket
+    /// taking none of its output for `writeTimeoutSeconds` ends it (at a
+    /// keep-alive), counted as a slow consumer. One that reads stays.
+    func testAClientThatSendsButNeverReadsIsHungUp() {
+        let h = Harness()
+        let stuck = h.webSocket(), reading = h.webSocket()
+        h.hello(stuck, user: "u", device: "stuck")
+        h.hello(reading, user: "u", device: "reading")
+        h.settle(); stuck.read(); reading.read()
+        h.publish("u", "waits")
+        h.settle()
+        for _ in 0..<6 {
+            h.clock.advance(seconds: 10)
+            for s in [stuck, reading] {
+                s.session.heard()
+                s.session.receive(.text(Array(#"{"type":"ping","ref":"p"}"#.utf8)))
+            }
+            h.shard.runTimers()
+            reading.read()
+        }
+        XCTAssertTrue(stuck.hungUp, "no write progress for over 30 s")
+        XCTAssertFalse(reading.hungUp)
+        XCTAssertTrue(h.gateway.metrics.prometheusText().contains(#"herald_dropped_connections_total{reason="slow_consumer"} 1"#))
     }
 
     func testHelloDeadline() {

@@ -44,7 +44,7 @@ final class HandOverTests: XCTestCase {
     }
 
     /// A client that reads nothing gets about one page past the drain mark,
-    /// never the whole history (what condemned it as a slow consumer before).
+    /// never the whole history (which once had it closed as a slow consumer).
     func testCatchUpWaitsForTheClientToRead() {
         let h = Harness()
         h.publishSettled("u", count: 120, payloadBytes: 60_000)   // ~7 MB
@@ -52,7 +52,7 @@ final class HandOverTests: XCTestCase {
         h.hello(s, user: "u", cursor: 0)
         h.settle()
         XCTAssertLessThan(s.session.backlog, Subscription.drainedBelow + 2 * PageBounds.webSocket.bytes)
-        XCTAssertNil(s.session.closeRequest, "catch-up volume never trips the slow-consumer limit")
+        XCTAssertNil(s.session.closeRequest, "catch-up volume never closes the connection")
         var rounds = 0
         while !s.types.contains("welcome") {
             s.read(); h.settle()
