@@ -66,7 +66,7 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
     let thread = ThreadOwner("engine")
     public internal(set) var shards: [Shard] = []
 
-    private let cond = NSCondition()
+    private let cond = MonotonicCondition()
     private var queue: [Command] = []
     private var stopping = false
     /// The sync thread moved on since the engine last looked.
@@ -264,7 +264,7 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
         thread.claim()
         while true {
             cond.lock()
-            if queue.isEmpty && !stopping && !syncAdvanced { _ = cond.wait(until: Date(timeIntervalSinceNow: 0.1)) }
+            if queue.isEmpty && !stopping && !syncAdvanced { cond.wait(until: .seconds(fromNow: 0.1)) }
             syncAdvanced = false
             // Stopping, and the next batch takes all that is queued.
             let done = stopping && queue.count <= nextBatchSize()

@@ -38,7 +38,7 @@ public final class RedisBus: Bus, @unchecked Sendable {  // mutable state is und
     /// Tells this node's records from others' when they come back.
     public let node = Random.hex(8)
 
-    private let cond = NSCondition()
+    private let cond = MonotonicCondition()
     private var queue: [(channel: Int, payload: [UInt8])] = []
     private var stopping = false
     private var receiver: BusReceiver?
@@ -368,7 +368,7 @@ public final class RedisBus: Bus, @unchecked Sendable {  // mutable state is und
 
     /// Waits `seconds` unless the bus stops first (then answers false).
     private func pause(_ seconds: Double) -> Bool {
-        let until = Date(timeIntervalSinceNow: seconds)
+        let until = MonotonicCondition.Deadline.seconds(fromNow: seconds)
         cond.lock()
         defer { cond.unlock() }
         while !stopping, cond.wait(until: until) {}

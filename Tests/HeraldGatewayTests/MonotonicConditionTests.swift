@@ -1,0 +1,21 @@
+import XCTest
+import Synchronization
+@testable import HeraldGateway
+
+final class MonotonicConditionTests: XCTestCase {
+    /// A timed wait ends at its deadline (false) or at a signal (true).
+    func testAWaitEndsAtItsDeadlineOrASignal() {
+        let c = MonotonicCondition()
+        let signalled = Atomic<Bool>(false)
+        c.lock()
+        XCTAssertFalse(c.wait(until: .seconds(fromNow: 0.01)), "nobody signals: the deadline ends it")
+        Thread {
+            c.withLock { signalled.store(true, ordering: .relaxed) }
+            c.signal()
+        }.start()
+        while !signalled.load(ordering: .relaxed) {
+            XCTAssertTrue(c.wait(until: .seconds(fromNow: 60)), "woken by the signal, long before the deadline")
+        }
+        c.unlock()
+    }
+}
