@@ -132,11 +132,10 @@ final class HeldPoll: SubscriptionOutput {
     func caughtUp(_ purpose: CatchUpPurpose, cursor: Int64, epoch: String, unread: Int) {
         guard purpose != .recover else { return }  // held already
         guard waitSeconds > 0 else { return answer([], cursor: cursor, more: false) }
-        guard gateway.heldPolls.load(ordering: .relaxed) < gateway.config.limits.maxHeldPolls else {
+        guard gateway.holdPoll() else {
             return answer(.error(HeraldError(.rateLimited, "too many held polls; retry shortly", retryAfterSeconds: 1)))
         }
         held = true
-        gateway.heldPolls.add(1, ordering: .relaxed)
         gateway.metrics.connectionOpened(.poll)
         deadline = shard.schedule(at: gateway.clock.ticks() + Millis(waitSeconds) * 1000) { [weak self] in self?.answerEmpty() }
     }

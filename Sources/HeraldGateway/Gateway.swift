@@ -19,6 +19,19 @@ public final class Gateway: Sendable {
     /// Long-polls held now, across shards.
     let heldPolls = Atomic<Int>(0)
 
+    /// Counts one more held poll unless `maxHeldPolls` are held, across
+    /// every shard at once (a load then an add let each shard pass the
+    /// limit by one).
+    func holdPoll() -> Bool {
+        var held = heldPolls.load(ordering: .relaxed)
+        while held < config.limits.maxHeldPolls {
+            let (done, now) = heldPolls.compareExchange(expected: held, desired: held + 1, ordering: .relaxed)
+            if done { return true }
+            held = now
+        }
+        return false
+    }
+
     /// `store`'s reader connection (if it has one) serves reads on a thread
     /// of its own. `bus`: the other nodes on the same store.
     public init(config: GatewayConfig, store: NotificationStore, bus: Bus? = nil, clock: Clock = SystemClock()) throws(StoreError) {

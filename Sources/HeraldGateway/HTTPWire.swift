@@ -14,6 +14,9 @@ public enum HTTPWire {
         public var keepAlive: Bool
         /// `Connection: upgrade` was sent (a WebSocket handshake, with `Upgrade`).
         public var connectionUpgrade = false
+        /// An HTTP/1.0 request: such a client knows no chunked bodies, so a
+        /// stream goes to it raw, ended by closing the connection.
+        public var http10 = false
         /// A well-framed request the gateway must not see (a malformed
         /// query): answered with this, the connection kept.
         public var refusal: HeraldError?
@@ -126,6 +129,7 @@ public enum HTTPWire {
         var h = Head(request: request, bodyLength: length ?? 0,
                      keepAlive: version == "HTTP/1.1" ? !connection.contains("close") : connection.contains("keep-alive"))
         h.connectionUpgrade = connection.contains("upgrade")
+        h.http10 = version == "HTTP/1.0"
         for pair in query.split(separator: "&") {
             let kv = pair.split(separator: "=", maxSplits: 1, omittingEmptySubsequences: false)
             guard let k = percentDecoded(kv[0], plusIsSpace: true), let v = percentDecoded(kv.count > 1 ? kv[1] : "", plusIsSpace: true) else {
@@ -155,12 +159,12 @@ public enum HTTPWire {
     }
 
     /// The status line and header fields of an answer; without a `length`
-    /// the body follows as chunks.
-    public static func responseHead(_ r: HTTPResponse, length: Int?, close: Bool) -> [UInt8] {
+    /// the body follows as chunks, or, not `chunked`, until the connection closes.
+    public static func responseHead(_ r: HTTPResponse, length: Int?, chunked: Bool = true, close: Bool) -> [UInt8] {
         var s = "HTTP/1.1 \(r.status) \(reason(r.status))\r\n"
         if r.status != 204 {
             s += "Content-Type: \(r.contentType)\r\n"
-            s += length.map { "Content-Length: \($0)\r\n" } ?? "Transfer-Encoding: chunked\r\n"
+            if let length { s += "Content-Length: \(length)\r\n" } else if chunked { s += "Transfer-Encoding: chunked\r\n" }
         }
         for (name, value) in r.headers { s += "\(name): \(value)\r\n" }
         if close { s += "Connection: close\r\n" }

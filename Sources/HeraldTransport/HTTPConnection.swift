@@ -66,6 +66,8 @@ final class HTTPConnection: Flushable, RawConnection {
     /// some of it (`writeTimeoutSeconds` after it last did, or after the
     /// output was queued). The loop closes the connection past it.
     private(set) var writeDeadline: Millis?
+    /// Whether the answer being given may be chunked (not to HTTP/1.0).
+    private var streamsChunked = true
 
     static let keepAliveSeconds: UInt32 = 5
     static let lingerSeconds: UInt32 = 2
@@ -161,6 +163,7 @@ final class HTTPConnection: Flushable, RawConnection {
             break
         }
         serial += 1
+        streamsChunked = !h.http10
         state = .awaitingAnswer(keepAlive: h.keepAlive)
         // Answers come back asynchronously (held polls after up to 60 s).
         stopRequestTimer()
@@ -235,11 +238,12 @@ final class HTTPConnection: Flushable, RawConnection {
         requestWrite()
     }
 
-    /// Streams go out chunked and end by closing the connection.
+    /// Streams go out chunked (raw to an HTTP/1.0 client) and end by
+    /// closing the connection.
     func startStream(contentType: String, headers: [(String, String)], serial: Int) {
         guard serial == self.serial, case .awaitingAnswer = state else { return }
         output = HTTPWire.responseHead(HTTPResponse(status: 200, contentType: contentType, headers: headers, body: []),
-                                       length: nil, close: true)
+                                       length: nil, chunked: streamsChunked, close: true)
         written = 0
         // (No route streams to HEAD; if one did, the head alone goes out.)
         state = .streaming(finishing: answeringHead)
@@ -252,13 +256,13 @@ final class HTTPConnection: Flushable, RawConnection {
             output.removeFirst(written)
             written = 0
         }
-        output += HTTPWire.chunk(bytes)
+        output += streamsChunked ? HTTPWire.chunk(bytes) : bytes
         requestWrite()
     }
 
     func finish(serial: Int) {
         guard serial == self.serial, case .streaming(finishing: false) = state else { return }
-        output += HTTPWire.lastChunk
+        if streamsChunked { output += HTTPWire.lastChunk }
         state = .streaming(finishing: true)
         drainWaiters = []
         requestWrite()

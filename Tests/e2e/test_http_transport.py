@@ -188,6 +188,28 @@ def test_event_stream_closed_by_its_client_is_released(gateway):
     assert d["transport"] is None, d
 
 
+def test_an_event_stream_to_an_http_1_0_client_is_not_chunked(gateway):
+    """An HTTP/1.0 client knows no chunked bodies (RFC 9112 6.1): its event
+    stream comes raw, ended by closing; it used to be chunked, the chunk
+    sizes read as part of the events."""
+    user = uid("sse10")
+    published = gateway.publish(user, "first")
+    s = socket.create_connection(("127.0.0.1", gateway.port), timeout=10)
+    try:
+        s.sendall(f"GET /v1/me/events?token={mint_token(user)}&deviceId=d1&cursor=0 HTTP/1.0\r\n\r\n".encode())
+        got = b""
+        while b"\n\n" not in got.partition(b"\r\n\r\n")[2]:
+            chunk = s.recv(65536)
+            assert chunk, f"stream ended early: {got!r}"
+            got += chunk
+        head, _, body = got.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200"), head
+        assert b"transfer-encoding" not in head.lower(), head
+        assert body.startswith(f"id: {published['seq']}\nevent: change\ndata: ".encode()), body[:200]
+    finally:
+        s.close()
+
+
 # ---------------------------------------------------------------- found by the OpenAPI review
 
 @pytest.mark.parametrize("method,path,allowed", [
