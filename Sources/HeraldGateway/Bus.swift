@@ -11,6 +11,10 @@ public protocol Bus: AnyObject, Sendable {
     /// Publishes a record after its commit, from the engine thread, in
     /// commit order. Never blocks: the bus queues it.
     func publish(_ user: UserKey, _ record: ChangeRecord)
+    /// Says, after its commit, that `deviceId` of `user` was deleted or
+    /// took another platform or tags: nodes with connections of it look it
+    /// up again (SPEC 4: a deleted device's connections close with 4003).
+    func publish(device deviceId: String, of user: UserKey)
     /// Sends what is queued (briefly) and stops.
     func stop()
     /// For `/healthz`: `connected`, `connecting` or `disconnected`.
@@ -24,6 +28,8 @@ public protocol Bus: AnyObject, Sendable {
 public protocol BusReceiver: AnyObject, Sendable {
     /// Records committed on other nodes, in the order the bus delivered them.
     func received(_ records: [(UserKey, ChangeRecord)])
+    /// Another node deleted or re-registered `deviceId` of `user`.
+    func deviceChanged(_ user: UserKey, deviceId: String)
     /// Subscribed (again): whatever was published meanwhile was missed.
     func subscribed()
 }
@@ -31,26 +37,39 @@ public protocol BusReceiver: AnyObject, Sendable {
 /// A record as it travels on a bus: a JSON header (node, user, the change's
 /// presences, time) and, after a newline, the change exactly as the
 /// committing node encoded it, so no node encodes a change again.
+/// A device event is the header alone, with `device` and no change.
 public enum BusWire {
+    public enum Message {
+        case record(ChangeRecord)
+        case device(String)
+    }
+
     public static func encode(node: String, user: UserKey, _ r: ChangeRecord) -> [UInt8] {
         let header: JSON = ["node": .string(node), "app": .string(user.app), "user": .string(user.user),
                             "at": .int(r.at), "before": r.before?.json ?? .null, "after": r.after?.json ?? .null]
         return header.encoded + [0x0A] + r.encoded
     }
 
-    /// nil for bytes that are not a record (logged and dropped by the bus).
-    public static func decode(_ bytes: UnsafeBufferPointer<UInt8>) -> (node: String, user: UserKey, record: ChangeRecord)? {
+    public static func encode(node: String, user: UserKey, device: String) -> [UInt8] {
+        let header: JSON = ["node": .string(node), "app": .string(user.app), "user": .string(user.user), "device": .string(device)]
+        return header.encoded + [0x0A]
+    }
+
+    /// nil for bytes that are neither (logged and dropped by the bus).
+    public static func decode(_ bytes: UnsafeBufferPointer<UInt8>) -> (node: String, user: UserKey, message: Message)? {
         guard let nl = bytes.firstIndex(of: 0x0A),
               let h = (try? JSONParser.parse(UnsafeBufferPointer(rebasing: bytes[..<nl])))?.objectValue,
-              let node = h["node"]?.stringValue, let app = h["app"]?.stringValue, let user = h["user"]?.stringValue,
-              let at = h["at"]?.int64Value else { return nil }
+              let node = h["node"]?.stringValue, let app = h["app"]?.stringValue, let user = h["user"]?.stringValue
+        else { return nil }
+        if let device = h["device"]?.stringValue { return (node, UserKey(app: app, user: user), .device(device)) }
+        guard let at = h["at"]?.int64Value else { return nil }
         let body = UnsafeBufferPointer(rebasing: bytes[(nl + 1)...])
         // A change nests the app's payload two levels down.
         guard let change = (try? JSONParser.parse(body, maxDepth: JSONParser.defaultMaxDepth + 8)).flatMap(Change.init(json:))
         else { return nil }
         let before = h["before"].flatMap(Presence.init(json:)), after = h["after"].flatMap(Presence.init(json:))
         return (node, UserKey(app: app, user: user),
-                ChangeRecord(change: change, before: before, after: after, at: at, encoded: Array(body)))
+                .record(ChangeRecord(change: change, before: before, after: after, at: at, encoded: Array(body))))
     }
 }
 
@@ -81,6 +100,13 @@ public final class MemoryBus: Bus {
         guard connected.load(ordering: .relaxed) else { return }
         for node in hub.nodes.withLock({ $0 }) where node !== self && node.connected.load(ordering: .relaxed) {
             node.receiver.withLock { $0 }?.received([(user, record)])
+        }
+    }
+
+    public func publish(device deviceId: String, of user: UserKey) {
+        guard connected.load(ordering: .relaxed) else { return }
+        for node in hub.nodes.withLock({ $0 }) where node !== self && node.connected.load(ordering: .relaxed) {
+            node.receiver.withLock { $0 }?.deviceChanged(user, deviceId: deviceId)
         }
     }
 

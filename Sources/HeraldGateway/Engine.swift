@@ -500,6 +500,26 @@ extension Engine: BusReceiver {
         }
     }
 
+    /// Another node deleted or re-registered a device: its connections here
+    /// (if any) end with 4003, or take its new view, as on that node.
+    public func deviceChanged(_ user: UserKey, deviceId: String) {
+        control { e in
+            let shards = e.registry.shards(following: user).map { e.shards[$0] }
+            guard !shards.isEmpty else { return }
+            // Unreadable now (the store away): the connections keep what they had.
+            let read: Device?
+            do { read = try e.store.device(user, id: deviceId) } catch { return }
+            for s in shards {
+                if let d = read {
+                    let v = Viewer(userId: user.user, device: d)
+                    s.post { s.viewerChanged(user, deviceId: deviceId, viewer: v) }
+                } else {
+                    s.post { s.deviceDeleted(user, deviceId: deviceId) }
+                }
+            }
+        }
+    }
+
     /// Every follower may have missed changes while the bus was away: all
     /// catch up from the store. Their feeds' heads, read first (now that
     /// the bus is subscribed), become the last seqs delivered, so neither the

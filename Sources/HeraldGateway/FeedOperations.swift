@@ -96,7 +96,10 @@ extension Engine {
             try store.saveDevice(user, device)
             if let existing, existing.viewGeneration != device.viewGeneration {
                 let v = Viewer(userId: user.user, device: device)
-                afterCommit { [shards] in for s in shards { s.post { s.viewerChanged(user, deviceId: deviceId, viewer: v) } } }
+                afterCommit { [shards, bus] in
+                    for s in shards { s.post { s.viewerChanged(user, deviceId: deviceId, viewer: v) } }
+                    bus?.publish(device: deviceId, of: user)
+                }
             }
         }
         registry.seen(user, device: deviceId, at: now)
@@ -156,7 +159,10 @@ extension Engine {
     /// Deletes a registration; its open connections close with 4003.
     func deleteDevice(_ user: UserKey, deviceId: String) throws(StoreError) -> Bool {
         guard try store.deleteDevice(user, id: deviceId) else { return false }
-        afterCommit { [shards] in for s in shards { s.post { s.deviceDeleted(user, deviceId: deviceId) } } }
+        afterCommit { [shards, bus] in
+            for s in shards { s.post { s.deviceDeleted(user, deviceId: deviceId) } }
+            bus?.publish(device: deviceId, of: user)
+        }
         return true
     }
 }

@@ -87,7 +87,14 @@ public final class RedisBus: Bus, @unchecked Sendable {  // mutable state is und
     // MARK: Publishing
 
     public func publish(_ user: UserKey, _ record: ChangeRecord) {
-        let m = (Self.channel(of: user), BusWire.encode(node: node, user: user, record))
+        enqueue((Self.channel(of: user), BusWire.encode(node: node, user: user, record)))
+    }
+
+    public func publish(device deviceId: String, of user: UserKey) {
+        enqueue((Self.channel(of: user), BusWire.encode(node: node, user: user, device: deviceId)))
+    }
+
+    private func enqueue(_ m: (channel: Int, payload: [UInt8])) {
         cond.lock()
         queue.append(m)
         if queue.count > Self.queueLimit {
@@ -285,7 +292,11 @@ public final class RedisBus: Bus, @unchecked Sendable {  // mutable state is und
         let bytes = UnsafeBufferPointer(start: UnsafeRawPointer(payload.pointee.str)?.assumingMemoryBound(to: UInt8.self),
                                         count: payload.pointee.len)
         guard let m = BusWire.decode(bytes) else { return Log.warning("bus: dropped a message that is not a change record") }
-        if m.node != node { batch.append((m.user, m.record)) }
+        guard m.node != node else { return }
+        switch m.message {
+        case .record(let r): batch.append((m.user, r))
+        case .device(let id): receiver?.deviceChanged(m.user, deviceId: id)
+        }
     }
 
     // MARK: hiredis

@@ -175,4 +175,23 @@ final class BusTests: XCTestCase {
         XCTAssertLessThanOrEqual(waited, FeedAudit.every + FeedAudit.spread + FeedAudit.grace + FeedAudit.judgeEvery)
         XCTAssertEqual(b.gateway.metrics.bus.missed.load(ordering: .relaxed), 600)
     }
+
+    /// A device deleted through one node closes its connections on the
+    /// others with 4003 (SPEC 4), and one re-registered with another
+    /// platform sees, on the others too, what that platform may see.
+    func testADeviceDeletedOrReRegisteredOnOneNodeActsOnItsConnectionsOnTheOthers() {
+        let s = deviceOnB()  // device "d1", platform other
+        let tok = a.token("u")
+        let put = a.request("PUT", "/v1/me/devices/d1", token: tok, body: ["platform": "ios"])
+        settle()
+        XCTAssertEqual(put.response?.status, 200)
+        a.request("POST", "/v1/apps/\(Harness.app.id)/users/u/notifications",
+                  body: ["appNotificationId": "ios-only", "payload": [:], "targetPlatforms": ["ios"]])
+        settle()
+        XCTAssertEqual(seqs(s), [1], "seen as ios on node B as well")
+        let del = a.request("DELETE", "/v1/me/devices/d1", token: tok)
+        settle()
+        XCTAssertEqual(del.response?.status, 204)
+        XCTAssertEqual(s.session.closeRequest?.code, .forbiddenDevice)
+    }
 }

@@ -11,9 +11,11 @@ final class RedisBusTests: XCTestCase {
         let cond = NSCondition()
         var records: [(UserKey, ChangeRecord)] = []
         var subscriptions = 0
+        var devices: [(UserKey, String)] = []
 
         func received(_ r: [(UserKey, ChangeRecord)]) { cond.lock(); records += r; cond.broadcast(); cond.unlock() }
         func subscribed() { cond.lock(); subscriptions += 1; cond.broadcast(); cond.unlock() }
+        func deviceChanged(_ user: UserKey, deviceId: String) { cond.lock(); devices.append((user, deviceId)); cond.broadcast(); cond.unlock() }
 
         /// Waits (up to 10 s) until `done` holds.
         func wait(_ what: String, _ done: (Receiver) -> Bool) {

@@ -307,6 +307,18 @@ def test_a_node_frozen_in_a_transaction_is_fenced_and_the_others_write_on(nodes,
     assert sorted(n["appNotificationId"] for n in n2.list_all(user)) == ["after", "first", "goes-through"]
 
 
+def test_a_device_deleted_through_one_node_is_disconnected_on_the_other(nodes):
+    """SPEC 4: a deleted device's open connections close with 4003, also
+    those on another node (they used to stay open there)."""
+    n1, n2 = nodes
+    user = uid("user")
+    phone, _, _ = n2.connect(user, "phone")
+    with phone:
+        assert n1.me("DELETE", "/devices/phone", mint_token(user)).status_code == 204
+        code, _ = phone.expect_close()
+        assert code == 4003
+
+
 @pytest.mark.skipif(not REDIS_CTL, reason="HERALD_TEST_REDIS_CTL is not set")
 def test_redis_killed_and_restarted_in_a_burst_loses_and_repeats_nothing(nodes):
     n1, n2 = nodes
