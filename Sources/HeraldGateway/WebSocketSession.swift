@@ -48,6 +48,11 @@ public final class WebSocketSession {
     /// keep-alive first saw it waiting). A client that sends but never reads
     /// is never silent; this is how it is told from one that reads slowly.
     private var writeWaitingSince: Millis?
+    /// When the socket last took part of a backlog, more of it still
+    /// waiting: a client reading a long backlog is alive even while its pong
+    /// waits behind it. (A write that empties the queue, such as our own
+    /// ping, proves nothing: the kernel takes it whether or not anyone reads.)
+    private var lastDraining: Millis = 0
     public private(set) var closeRequest: (code: CloseCode, reason: String)?
     private var messageBudget: TokenBucket
 
@@ -245,8 +250,11 @@ public final class WebSocketSession {
     /// Frames what is queued into `out` (up to about `limit` bytes), for the
     /// transport to send.
     public func writePending(into out: inout [UInt8], limit: Int) {
+        let before = out.count
         outbox.write(into: &out, limit: limit)
-        writeWaitingSince = outbox.isEmpty ? nil : gateway.clock.ticks()
+        let tick = gateway.clock.ticks()
+        if out.count > before, !outbox.isEmpty { lastDraining = tick }
+        writeWaitingSince = outbox.isEmpty ? nil : tick
         if let w = drainWaiter, outbox.bytes < w.below {
             drainWaiter = nil
             w.run()
@@ -298,7 +306,10 @@ public final class WebSocketSession {
         } else if writeWaitingSince == nil {
             writeWaitingSince = tick
         }
-        let silent = tick - lastHeard
+        // Heard from, or reading what is sent: a slow reader's pong may wait
+        // behind megabytes of changes, and it is not idle meanwhile.
+        let active = max(lastHeard, lastDraining)
+        let silent = tick - active
         if silent >= Millis(limits.idleHangupSeconds) * 1000 {
             gateway.metrics.dropped(.idle)
             return transport.hangUp()
@@ -308,9 +319,9 @@ public final class WebSocketSession {
                 outbox.append(control: WebSocketOutbox.ping, [])
                 transport.requestWrite()
             }
-            return scheduleKeepalive(at: lastHeard + Millis(limits.idleHangupSeconds) * 1000)
+            return scheduleKeepalive(at: active + Millis(limits.idleHangupSeconds) * 1000)
         }
-        scheduleKeepalive(at: lastHeard + Millis(limits.pingIntervalSeconds) * 1000)
+        scheduleKeepalive(at: active + Millis(limits.pingIntervalSeconds) * 1000)
     }
 
     /// Gateway shutdown: 1001 to everyone, also those not subscribed yet.

@@ -234,6 +234,32 @@ final class GatewayBehaviourTests: XCTestCase {
         XCTAssertTrue(h.gateway.metrics.prometheusText().contains(#"herald_dropped_connections_total{reason="slow_consumer"} 1"#))
     }
 
+    /// A client reading a long backlog slowly, saying nothing (its pong waits
+    /// behind the backlog), is not dropped as idle while the socket takes
+    /// its output; once nothing moves either way, it is.
+    func testASlowReaderIsNotIdleWhileItsSocketTakesOutput() {
+        let h = Harness()
+        let s = h.webSocket()
+        h.hello(s, user: "u")
+        h.settle(); s.read()
+        h.publishSettled("u", count: 60, payloadBytes: 60_000)  // ~3.6 MB queued
+        var rounds = 0
+        while s.session.hasPendingOutput && rounds < 20 {  // a frame every 20 s
+            h.clock.advance(seconds: 20)
+            var frame: [UInt8] = []
+            s.session.writePending(into: &frame, limit: 1)
+            h.shard.runTimers()
+            XCTAssertFalse(s.hungUp, "reading, however slowly (round \(rounds))")
+            rounds += 1
+        }
+        XCTAssertGreaterThan(rounds * 20, 45, "longer than the idle limit")
+        for _ in 0..<8 {
+            h.clock.advance(seconds: 10)
+            h.shard.runTimers()
+        }
+        XCTAssertTrue(s.hungUp, "nothing read nor heard")
+    }
+
     func testHelloDeadline() {
         let h = Harness()
         let s = h.webSocket()
