@@ -17,6 +17,10 @@ public enum HTTPWire {
         /// An HTTP/1.0 request: such a client knows no chunked bodies, so a
         /// stream goes to it raw, ended by closing the connection.
         public var http10 = false
+        /// `Expect: 100-continue`: the client waits for a `100 Continue`
+        /// before it sends its body (libcurl's default above 1 KiB: else
+        /// each such publish waited a second).
+        public var expectsContinue = false
         /// A well-framed request the gateway must not see (a malformed
         /// query): answered with this, the connection kept.
         public var refusal: HeraldError?
@@ -98,6 +102,7 @@ public enum HTTPWire {
         var request = HTTPRequest(method: String(decoding: parts[0], as: UTF8.self), path: String(path))
         var length: Int?
         var connection: [Substring] = []
+        var expectsContinue = false
         for line in lines.dropFirst() {
             guard let colon = line.firstIndex(of: UInt8(ascii: ":")), colon > line.startIndex,
                   line[..<colon].allSatisfy(isTokenChar)
@@ -120,6 +125,8 @@ public enum HTTPWire {
                 return .failure(.badRequest("chunked request bodies are not supported; send Content-Length"))
             case "connection":
                 connection += value.lowercased().split(separator: ",").map(\.trimmingSpaces)
+            case "expect":
+                expectsContinue = value.lowercased() == "100-continue"
             default:
                 if HTTPRequest.headerNames.contains(name) {
                     request.headers[name] = request.headers[name].map { $0 + "," + value } ?? value
@@ -130,6 +137,7 @@ public enum HTTPWire {
                      keepAlive: version == "HTTP/1.1" ? !connection.contains("close") : connection.contains("keep-alive"))
         h.connectionUpgrade = connection.contains("upgrade")
         h.http10 = version == "HTTP/1.0"
+        h.expectsContinue = expectsContinue && !h.http10
         for pair in query.split(separator: "&") {
             let kv = pair.split(separator: "=", maxSplits: 1, omittingEmptySubsequences: false)
             guard let k = percentDecoded(kv[0], plusIsSpace: true), let v = percentDecoded(kv.count > 1 ? kv[1] : "", plusIsSpace: true) else {
@@ -177,6 +185,9 @@ public enum HTTPWire {
     }
 
     public static let lastChunk: [UInt8] = Array("0\r\n\r\n".utf8)
+
+    /// The interim answer to `Expect: 100-continue`.
+    public static let continueHead: [UInt8] = Array("HTTP/1.1 100 Continue\r\n\r\n".utf8)
 
     static func reason(_ status: Int) -> String {
         switch status {

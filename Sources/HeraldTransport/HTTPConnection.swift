@@ -134,6 +134,11 @@ final class HTTPConnection: Flushable, RawConnection {
                     return true
                 }
                 state = .receivingBody(h)
+                if h.expectsContinue, input.count - inputStart < h.bodyLength {
+                    output = HTTPWire.continueHead
+                    written = 0
+                    return true  // `pump` sends it, then waits for the body
+                }
             }
         }
         guard case .receivingBody(var h) = state, input.count - inputStart >= h.bodyLength else { return false }
@@ -348,6 +353,8 @@ final class HTTPConnection: Flushable, RawConnection {
         while true {
             switch state {
             case .idle, .receivingBody:
+                // A `100 Continue` still going out goes first.
+                if !output.isEmpty { guard drain() else { return } }
                 guard takeRequest() else { return }
             case .writingAnswer(let keepAlive):
                 guard drain() else { return }

@@ -210,6 +210,30 @@ def test_an_event_stream_to_an_http_1_0_client_is_not_chunked(gateway):
         s.close()
 
 
+def test_expect_100_continue_is_answered_before_the_body(gateway):
+    """libcurl (PHP's too) sends `Expect: 100-continue` with bodies over
+    1 KiB and waits for `100 Continue` before sending them; unanswered, it
+    waited a second per publish."""
+    user = uid("expect")
+    body = json.dumps({"appNotificationId": "big", "payload": {"blob": "x" * 4000}}).encode()
+    s = socket.create_connection(("127.0.0.1", gateway.port), timeout=10)
+    try:
+        s.sendall(request("POST", f"/v1/apps/app.one/users/{user}/notifications",
+                          **{"Authorization": f"Bearer {APPS['app.one']['serverKey']}", "Content-Type": "application/json",
+                             "Expect": "100-continue", "Content-Length": str(len(body))}))
+        got = b""
+        while b"\r\n\r\n" not in got:
+            chunk = s.recv(65536)
+            assert chunk, f"closed: {got!r}"
+            got += chunk
+        assert got == b"HTTP/1.1 100 Continue\r\n\r\n", got
+        s.sendall(body)
+        r = read_response(s)
+        assert r.status_code == 201, r.text
+    finally:
+        s.close()
+
+
 # ---------------------------------------------------------------- found by the OpenAPI review
 
 @pytest.mark.parametrize("method,path,allowed", [
