@@ -96,17 +96,15 @@ public final class MemoryBus: Bus {
         receiver.subscribed()
     }
 
-    public func publish(_ user: UserKey, _ record: ChangeRecord) {
-        guard connected.load(ordering: .relaxed) else { return }
-        for node in hub.nodes.withLock({ $0 }) where node !== self && node.connected.load(ordering: .relaxed) {
-            node.receiver.withLock { $0 }?.received([(user, record)])
-        }
-    }
+    public func publish(_ user: UserKey, _ record: ChangeRecord) { toOthers { $0.received([(user, record)]) } }
 
-    public func publish(device deviceId: String, of user: UserKey) {
+    public func publish(device deviceId: String, of user: UserKey) { toOthers { $0.deviceChanged(user, deviceId: deviceId) } }
+
+    /// Hands a message to every other connected node, while this one is.
+    private func toOthers(_ deliver: (BusReceiver) -> Void) {
         guard connected.load(ordering: .relaxed) else { return }
         for node in hub.nodes.withLock({ $0 }) where node !== self && node.connected.load(ordering: .relaxed) {
-            node.receiver.withLock { $0 }?.deviceChanged(user, deviceId: deviceId)
+            node.receiver.withLock { $0 }.map(deliver)
         }
     }
 

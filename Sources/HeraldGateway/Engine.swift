@@ -509,14 +509,7 @@ extension Engine: BusReceiver {
             // Unreadable now (the store away): the connections keep what they had.
             let read: Device?
             do { read = try e.store.device(user, id: deviceId) } catch { return }
-            for s in shards {
-                if let d = read {
-                    let v = Viewer(userId: user.user, device: d)
-                    s.post { s.viewerChanged(user, deviceId: deviceId, viewer: v) }
-                } else {
-                    s.post { s.deviceDeleted(user, deviceId: deviceId) }
-                }
-            }
+            e.tell(shards, user, deviceId, read)
         }
     }
 

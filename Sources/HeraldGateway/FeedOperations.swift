@@ -94,13 +94,7 @@ extension Engine {
         if let registration { device = registration.applied(to: existing, deviceId: deviceId, now: now) }
         if existing == nil || existing != device {
             try store.saveDevice(user, device)
-            if let existing, existing.viewGeneration != device.viewGeneration {
-                let v = Viewer(userId: user.user, device: device)
-                afterCommit { [shards, bus] in
-                    for s in shards { s.post { s.viewerChanged(user, deviceId: deviceId, viewer: v) } }
-                    bus?.publish(device: deviceId, of: user)
-                }
-            }
+            if let existing, existing.viewGeneration != device.viewGeneration { registrationChanged(user, deviceId, to: device) }
         }
         registry.seen(user, device: deviceId, at: now)
         return .success(Viewer(userId: user.user, device: device))
@@ -159,10 +153,27 @@ extension Engine {
     /// Deletes a registration; its open connections close with 4003.
     func deleteDevice(_ user: UserKey, deviceId: String) throws(StoreError) -> Bool {
         guard try store.deleteDevice(user, id: deviceId) else { return false }
-        afterCommit { [shards, bus] in
-            for s in shards { s.post { s.deviceDeleted(user, deviceId: deviceId) } }
+        registrationChanged(user, deviceId, to: nil)
+        return true
+    }
+
+    /// After the commit: the device's connections on every node end with
+    /// 4003 (`device` nil: deleted) or take its new view; this node's at
+    /// once, the others' through the bus (`deviceChanged`).
+    private func registrationChanged(_ user: UserKey, _ deviceId: String, to device: Device?) {
+        afterCommit { [self] in
+            tell(shards, user, deviceId, device)
             bus?.publish(device: deviceId, of: user)
         }
-        return true
+    }
+
+    /// Tells `shards` that `deviceId` is now registered as `device` (nil: deleted).
+    func tell(_ shards: [Shard], _ user: UserKey, _ deviceId: String, _ device: Device?) {
+        guard let device else {
+            for s in shards { s.post { s.deviceDeleted(user, deviceId: deviceId) } }
+            return
+        }
+        let v = Viewer(userId: user.user, device: device)
+        for s in shards { s.post { s.viewerChanged(user, deviceId: deviceId, viewer: v) } }
     }
 }
