@@ -8,7 +8,11 @@ final class MonotonicConditionTests: XCTestCase {
         let c = MonotonicCondition()
         let signalled = Atomic<Bool>(false)
         c.lock()
-        XCTAssertFalse(c.wait(until: .seconds(fromNow: 0.01)), "nobody signals: the deadline ends it")
+        // Nobody signals: the deadline ends it (a spurious wake-up may come first).
+        let deadline = MonotonicCondition.Deadline.seconds(fromNow: 0.01)
+        var timedOut = false
+        for _ in 0..<1_000 where !timedOut { timedOut = !c.wait(until: deadline) }
+        XCTAssertTrue(timedOut)
         Thread {
             c.withLock { signalled.store(true, ordering: .relaxed) }
             c.signal()
