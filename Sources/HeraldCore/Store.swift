@@ -60,12 +60,21 @@ public protocol StoreReading: AnyObject {
     /// may be left out), read without taking locks: for comparing many
     /// followed feeds at once (`FeedAudit`).
     func heads(_ users: [UserKey]) throws(StoreError) -> [UserKey: Int64]
+    /// The registrations of `users` (one with none may be left out): for
+    /// checking many connected devices at once (`Engine.subscribed`).
+    func devices(of users: [UserKey]) throws(StoreError) -> [UserKey: [Device]]
 }
 
 extension StoreReading {
     public func heads(_ users: [UserKey]) throws(StoreError) -> [UserKey: Int64] {
         var out: [UserKey: Int64] = [:]
         for u in users { out[u] = try feed(u).head }
+        return out
+    }
+
+    public func devices(of users: [UserKey]) throws(StoreError) -> [UserKey: [Device]] {
+        var out: [UserKey: [Device]] = [:]
+        for u in users { out[u] = try devices(u) }
         return out
     }
 

@@ -519,11 +519,28 @@ extension Engine: BusReceiver {
     /// next record nor `FeedAudit` takes what was missed for a gap again.
     /// When they cannot be read, the old last seqs stay: a record missed
     /// meanwhile still shows as a gap (seqs are consecutive).
+    /// Device events (`deviceChanged`) missed meanwhile carry no seq: the
+    /// devices connected here take their registrations as stored instead.
     public func subscribed() {
         control { e in
             let heads = (try? e.store.heads(e.registry.followedUsers)) ?? [:]
             for (u, head) in heads { e.registry.caughtUp(u, through: head) }
             for shard in e.shards { shard.post { shard.recover(nil) } }
+            e.refreshConnectedDevices()
+        }
+    }
+}
+
+extension Engine {
+    /// Tells the connections of every device connected here what its
+    /// registration is now (closed with 4003 if it is gone). Unreadable (the
+    /// store away): they keep what they had.
+    func refreshConnectedDevices() {
+        let connected = registry.connectedDevices.filter { !registry.shards(following: $0.key).isEmpty }
+        guard !connected.isEmpty, let stored = try? store.devices(of: Array(connected.keys)) else { return }
+        for (user, ids) in connected {
+            let shards = registry.shards(following: user).map { self.shards[$0] }
+            for id in ids { tell(shards, user, id, stored[user]?.first { $0.deviceId == id }) }
         }
     }
 }

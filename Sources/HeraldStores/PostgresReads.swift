@@ -25,17 +25,36 @@ struct PostgresReads {
     /// Feed heads, 500 users a statement.
     func heads(_ users: [UserKey]) throws(StoreError) -> [UserKey: Int64] {
         var out: [UserKey: Int64] = [:]
-        for start in stride(from: 0, to: users.count, by: 500) {
-            let r = try db.query("""
-                SELECT f.app, f.user_id, f.head FROM feeds f JOIN unnest($1::text[], $2::text[]) AS u(app, user_id)
-                ON f.app = u.app AND f.user_id = u.user_id
-                """, Self.userArrays(users[start..<min(start + 500, users.count)]))
-            for i in 0..<r.count {
-                guard let app = r.text(i, 0), let user = r.text(i, 1) else { throw corrupt("feed") }
-                out[UserKey(app: app, user: user)] = r.int64(i, 2)
-            }
+        try forEachRow(of: users, "feed", select: "f.head FROM feeds f") { user, r, i throws(StoreError) in
+            out[user] = r.int64(i, 2)
         }
         return out
+    }
+
+    /// Device registrations, 500 users a statement, each user's in registration order.
+    func devices(of users: [UserKey]) throws(StoreError) -> [UserKey: [Device]] {
+        var out: [UserKey: [Device]] = [:]
+        try forEachRow(of: users, "device", select: "f.device_id, f.platform, f.tags, f.last_seen_at, f.view_generation FROM devices f",
+                       orderBy: "ORDER BY f.registered") { user, r, i throws(StoreError) in
+            out[user, default: []].append(try device(r, i, 2))
+        }
+        return out
+    }
+
+    /// Runs `SELECT f.app, f.user_id, <select> JOIN <users>` for 500 users a
+    /// statement (`select` names its table `f`) and passes each row on with its user.
+    private func forEachRow(of users: [UserKey], _ what: String, select: String, orderBy: String = "",
+                            _ body: (UserKey, PostgresRows, Int) throws(StoreError) -> Void) throws(StoreError) {
+        for start in stride(from: 0, to: users.count, by: 500) {
+            let r = try db.query("""
+                SELECT f.app, f.user_id, \(select) JOIN unnest($1::text[], $2::text[]) AS u(app, user_id)
+                ON f.app = u.app AND f.user_id = u.user_id \(orderBy)
+                """, Self.userArrays(users[start..<min(start + 500, users.count)]))
+            for i in 0..<r.count {
+                guard let app = r.text(i, 0), let user = r.text(i, 1) else { throw corrupt(what) }
+                try body(UserKey(app: app, user: user), r, i)
+            }
+        }
     }
 
     /// A stored notification's columns, as `notifications` decodes them:
@@ -189,6 +208,7 @@ final class PostgresStoreReader: StoreReader {
 
     func feed(_ user: UserKey) throws(StoreError) -> FeedState { try ready().feed(user) }
     func heads(_ users: [UserKey]) throws(StoreError) -> [UserKey: Int64] { try ready().heads(users) }
+    func devices(of users: [UserKey]) throws(StoreError) -> [UserKey: [Device]] { try ready().devices(of: users) }
     func notification(_ user: UserKey, id: String) throws(StoreError) -> Notification? { try ready().notification(user, id: id) }
     func changes(_ user: UserKey, after: Int64, limit: Int) throws(StoreError) -> [ChangeRecord] {
         try ready().changes(user, after: after, limit: limit)

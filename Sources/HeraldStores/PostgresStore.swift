@@ -304,6 +304,12 @@ public final class PostgresStore: NotificationStore {
 
     public func devices(_ user: UserKey) throws(StoreError) -> [Device] { try reading(user).devices(user) }
 
+    /// Committed registrations (and this transaction's), taking no locks.
+    public func devices(of users: [UserKey]) throws(StoreError) -> [UserKey: [Device]] {
+        try check()
+        return try reads.devices(of: users)
+    }
+
     /// The notifications of arrays of (app, user, id), in the arrays' order.
     private static let dueSQL = """
         SELECT n.app, n.user_id, \(PostgresReads.storedNotification) FROM \(PostgresReads.notificationsWithChanges)

@@ -194,4 +194,30 @@ final class BusTests: XCTestCase {
         XCTAssertEqual(del.response?.status, 204)
         XCTAssertEqual(s.session.closeRequest?.code, .forbiddenDevice)
     }
+
+    /// Device events lost while this node was off the bus are made up for
+    /// at its resubscription: a device deleted elsewhere meanwhile closes
+    /// with 4003, and one re-registered takes its new view.
+    func testDeviceEventsLostWithTheBusActAtTheResubscription() {
+        let s = deviceOnB()  // device "d1", platform other
+        let gone = b.webSocket()
+        b.hello(gone, user: "u", device: "d2", cursor: 0)
+        settle()
+        let tok = a.token("u")
+        busB.disconnect()
+        let put = a.request("PUT", "/v1/me/devices/d1", token: tok, body: ["platform": "ios"])
+        let del = a.request("DELETE", "/v1/me/devices/d2", token: tok)
+        settle()
+        XCTAssertEqual(put.response?.status, 200)
+        XCTAssertEqual(del.response?.status, 204)
+        XCTAssertNil(gone.session.closeRequest, "the event was lost with the bus")
+        busB.reconnect()
+        settle()
+        XCTAssertEqual(gone.session.closeRequest?.code, .forbiddenDevice)
+        XCTAssertNil(s.session.closeRequest)
+        a.request("POST", "/v1/apps/\(Harness.app.id)/users/u/notifications",
+                  body: ["appNotificationId": "ios-only", "payload": [:], "targetPlatforms": ["ios"]])
+        settle()
+        XCTAssertEqual(seqs(s), [1], "seen as ios on node B after the resubscription")
+    }
 }

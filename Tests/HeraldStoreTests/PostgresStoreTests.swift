@@ -27,6 +27,7 @@ final class PostgresStoreConformanceTests: StoreConformanceTests {
     func testReaderReadsWhatTheStoreReads() throws { try checkReaderReadsWhatTheStoreReads() }
     func testDevices() throws { try checkDevices() }
     func testHeadsOfManyFeeds() throws { try checkHeadsOfManyFeeds() }
+    func testDevicesOfManyUsers() throws { try checkDevicesOfManyUsers() }
 
     override func tearDown() {
         super.tearDown()  // closes the store first: nothing holds a lock on the schema

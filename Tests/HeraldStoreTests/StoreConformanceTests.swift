@@ -556,6 +556,27 @@ class StoreConformanceTests: XCTestCase {
 
     // MARK: Devices
 
+    /// Registrations of many users at once (a resubscription's read), in
+    /// registration order, also past one statement's 500 users and through
+    /// a reader; a user with none may be left out.
+    func checkDevicesOfManyUsers() throws {
+        let many = (0..<600).map { UserKey(app: "app3", user: "u:\($0)@x") }
+        var expected: [UserKey: [Device]] = [:]
+        for (i, u) in many.enumerated() {
+            let ds = [Device(deviceId: "z\(i)", platform: .ios, tags: ["t\(i)"], lastSeenAt: Int64(i), viewGeneration: 2),
+                      Device(deviceId: "a\(i)", lastSeenAt: 7)]
+            for d in ds { try store.saveDevice(u, d) }
+            expected[u] = ds
+        }
+        try store.saveDevice(aliceInApp2, Device(deviceId: "other-app", lastSeenAt: 1))
+        let asked = many + [alice]
+        func known(_ d: [UserKey: [Device]]) -> [UserKey: [Device]] { d.filter { !$0.value.isEmpty } }
+        XCTAssertEqual(known(try store.devices(of: asked)), expected)
+        XCTAssertEqual(try store.devices(of: []), [:])
+        guard let reader = try store.makeReader() else { return }
+        XCTAssertEqual(known(try reader.read { r throws(StoreError) in try r.devices(of: asked) }), expected)
+    }
+
     func checkDevices() throws {
         XCTAssertEqual(try store.devices(alice), [])
         let phone = Device(deviceId: "phone-1", platform: .ios, tags: ["lang:it", "beta"], lastSeenAt: 100)
@@ -613,6 +634,7 @@ final class MemoryStoreConformanceTests: StoreConformanceTests {
     func testReaderReadsWhatTheStoreReads() throws { try checkReaderReadsWhatTheStoreReads() }
     func testDevices() throws { try checkDevices() }
     func testHeadsOfManyFeeds() throws { try checkHeadsOfManyFeeds() }
+    func testDevicesOfManyUsers() throws { try checkDevicesOfManyUsers() }
 }
 
 final class SQLiteStoreConformanceTests: StoreConformanceTests {
@@ -640,6 +662,7 @@ final class SQLiteStoreConformanceTests: StoreConformanceTests {
     func testReaderReadsWhatTheStoreReads() throws { try checkReaderReadsWhatTheStoreReads() }
     func testDevices() throws { try checkDevices() }
     func testHeadsOfManyFeeds() throws { try checkHeadsOfManyFeeds() }
+    func testDevicesOfManyUsers() throws { try checkDevicesOfManyUsers() }
 
     override func tearDown() {
         super.tearDown()

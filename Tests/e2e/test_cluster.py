@@ -320,6 +320,34 @@ def test_a_device_deleted_through_one_node_is_disconnected_on_the_other(nodes):
 
 
 @pytest.mark.skipif(not REDIS_CTL, reason="HERALD_TEST_REDIS_CTL is not set")
+def test_device_events_lost_with_the_bus_act_on_the_other_node_when_it_resubscribes(cluster):
+    """A device re-registered and another deleted through node 1 while Redis
+    is down, node 1 killed before Redis returns: their events never reach
+    the bus. Node 2, resubscribing, reads the registrations of the devices
+    connected to it: the deleted one closes with 4003, the other takes its
+    new platform (they used to keep their old state until they reconnected)."""
+    n1, n2 = cluster.start(2)
+    user = uid("user")
+    phone, _, _ = n2.connect(user, "phone")
+    tablet, _, _ = n2.connect(user, "tablet")
+    token = mint_token(user)
+    subprocess.run([REDIS_CTL, "kill"], check=True)
+    try:
+        assert n1.me("PUT", "/devices/phone", token, json={"platform": "ios"}).status_code == 200
+        assert n1.me("DELETE", "/devices/tablet", token).status_code == 204
+        cluster.kill(0)  # the events it holds for Redis die with it
+    finally:
+        subprocess.run([REDIS_CTL, "start"], check=True)
+    with tablet:
+        code, _ = tablet.expect_close(timeout=30)
+        assert code == 4003
+    with phone:
+        seq = n2.publish(user, "ios-only", targetPlatforms=["ios"])["seq"]
+        phone.collect_until(lambda fs: seq in {c["seq"] for c in changes_in(fs)}, timeout=10,
+                            what="the ios-only notification, seen as ios")
+
+
+@pytest.mark.skipif(not REDIS_CTL, reason="HERALD_TEST_REDIS_CTL is not set")
 def test_redis_killed_and_restarted_in_a_burst_loses_and_repeats_nothing(nodes):
     n1, n2 = nodes
     user = uid("user")
