@@ -138,6 +138,10 @@ public protocol NotificationStore: StoreReading {
     /// Drops registrations not seen since `before`.
     func pruneDevices(lastSeenBefore before: Millis) throws(StoreError) -> Int
 
+    /// Outside a transaction: brings the query planner's statistics up to
+    /// date where the tables outgrew them (PostgreSQL); the tables it did.
+    func refreshPlannerStatistics() throws(StoreError) -> [String]
+
     /// A read-only connection for one other thread, or nil when only the
     /// owner's thread may read this store (MemoryStore).
     func makeReader() throws(StoreError) -> StoreReader?
@@ -163,6 +167,7 @@ extension NotificationStore {
     public var commitSync: CommitSync? { nil }
     public func claim(_ users: [UserKey], lookups: [NotificationLookup]) throws(StoreError) {}
     public func claim(_ users: [UserKey]) throws(StoreError) { try claim(users, lookups: []) }
+    public func refreshPlannerStatistics() throws(StoreError) -> [String] { [] }
 
     /// Drops every change recorded before `before` in one call; how many.
     public func pruneChanges(before: Millis) throws(StoreError) -> Int {

@@ -1,3 +1,4 @@
+import Dispatch
 import HeraldCore
 
 /// The engine's periodic store work: the expiry sweep (SPEC 3: expired
@@ -10,6 +11,7 @@ struct Maintenance {
     private var nextPrune: Millis = 0
     private var nextDevicePrune: Millis = 0
     private var nextSeenFlush: Millis = 0
+    private var nextStatistics: Millis = 0
     /// Changes the open pruning round dropped so far (logged at its end).
     private var prunedInRound = 0
 
@@ -23,6 +25,8 @@ struct Maintenance {
     static let pruneEvery: Millis = 60_000
     static let pruneChunk = 1_000
     static let pruneChunkSpacing: Millis = 50
+    /// How often the store checks its tables against the planner's statistics.
+    static let statisticsEvery: Millis = 5_000
 
     /// `now`: wall time, for what is stored (expiry, cutoffs); `tick`
     /// (`Clock.ticks`): when each task is next due, so a step of the wall
@@ -39,6 +43,10 @@ struct Maintenance {
             e.transaction("lastSeen flush") { () throws(StoreError) in try Self.flushSeen(e, now: now) }
         }
         if tick >= nextPrune { prune(e, now: now, tick: tick) }
+        if tick >= nextStatistics {
+            nextStatistics = tick + Self.statisticsEvery
+            refreshStatistics(e)
+        }
         if e.bus != nil { audit.run(e, tick: tick) }
     }
 
@@ -64,6 +72,17 @@ struct Maintenance {
         if prunedInRound > 0 { Log.info("pruned \(prunedInRound) old changes") }
         prunedInRound = 0
         nextPrune = tick + Self.pruneEvery
+    }
+
+    private func refreshStatistics(_ e: Engine) {
+        let t0 = DispatchTime.now().uptimeNanoseconds
+        defer { e.metrics.maintenanceLatency.observe(nanos: DispatchTime.now().uptimeNanoseconds - t0) }
+        do {
+            let analyzed = try e.store.refreshPlannerStatistics()
+            if !analyzed.isEmpty { Log.info("analyzed \(analyzed.joined(separator: ", ")): grown past the planner's statistics") }
+        } catch {
+            e.health.failed("planner statistics", error)
+        }
     }
 
     private static func sweepExpired(_ e: Engine, now: Millis) throws(StoreError) {

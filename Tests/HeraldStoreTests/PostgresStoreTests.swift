@@ -95,6 +95,39 @@ final class PostgresStoreTests: XCTestCase {
         XCTAssertNotEqual(try PostgresStore(url: other.url).epoch, again.epoch)
     }
 
+    /// A table that outgrew its planner statistics (never analyzed, 1,200
+    /// rows) is analyzed, once: not again for rows updated in place, nor
+    /// one with a few rows.
+    func testTablesThatOutgrewTheirStatisticsAreAnalyzedOnce() throws {
+        let store = try PostgresStore(url: database.url)
+        XCTAssertEqual(try store.refreshPlannerStatistics(), [])
+        try store.begin()
+        try store.claim((0..<1_200).map { UserKey(app: "app1", user: "u\($0)") })
+        try store.commit()
+        try store.saveDevice(alice, Device(deviceId: "d", lastSeenAt: 1))
+        // A session reports its row counts to the statistics within a second
+        // or so of its commit: until then nothing looks grown.
+        var analyzed: [String] = []
+        let deadline = Date().addingTimeInterval(20)
+        while analyzed.isEmpty && Date() < deadline {
+            analyzed = try store.refreshPlannerStatistics()
+            if analyzed.isEmpty { Thread.sleep(forTimeInterval: 0.05) }
+        }
+        XCTAssertEqual(analyzed, ["feeds"])
+        let stamped = try store.db.query(
+            "SELECT relname FROM pg_stat_user_tables WHERE schemaname = current_schema() AND last_analyze IS NOT NULL")
+        XCTAssertEqual((0..<stamped.count).map { stamped.text($0, 0) }, ["feeds"])
+        XCTAssertEqual(try store.refreshPlannerStatistics(), [], "nothing outgrew its statistics since")
+        try store.db.execute("UPDATE feeds SET head = head + 1")
+        try store.db.execute("UPDATE feeds SET head = head + 1")
+        func updated() throws -> Int64 {
+            try store.db.query("SELECT n_mod_since_analyze FROM pg_stat_user_tables WHERE schemaname = current_schema() AND relname = 'feeds'").int64(0, 0)
+        }
+        while try updated() < 2_400 && Date() < deadline { Thread.sleep(forTimeInterval: 0.05) }
+        XCTAssertEqual(try updated(), 2_400)
+        XCTAssertEqual(try store.refreshPlannerStatistics(), [], "updated twice over, but no larger")
+    }
+
     func testNewerSchemaIsRefused() throws {
         let store = try PostgresStore(url: database.url)
         try store.db.execute("INSERT INTO herald_schema (version) VALUES ($1)", [.int(PostgresSchema.version + 1)])
