@@ -32,6 +32,9 @@ public protocol BusReceiver: AnyObject, Sendable {
     func deviceChanged(_ user: UserKey, deviceId: String)
     /// Subscribed (again): whatever was published meanwhile was missed.
     func subscribed()
+    /// Whether `user` has followers here, so its records are worth
+    /// decoding; any thread.
+    func follows(_ user: UserKey) -> Bool
 }
 
 /// A record as it travels on a bus: a JSON header (node, user, the change's
@@ -42,6 +45,8 @@ public enum BusWire {
     public enum Message {
         case record(ChangeRecord)
         case device(String)
+        /// A record `decode` was not asked for: its change left undecoded.
+        case unwanted
     }
 
     public static func encode(node: String, user: UserKey, _ r: ChangeRecord) -> [UInt8] {
@@ -55,14 +60,18 @@ public enum BusWire {
         return header.encoded + [0x0A]
     }
 
-    /// nil for bytes that are neither (logged and dropped by the bus).
-    public static func decode(_ bytes: UnsafeBufferPointer<UInt8>) -> (node: String, user: UserKey, message: Message)? {
+    /// nil for bytes that are neither (logged and dropped by the bus). A
+    /// record's change, the costly part (it holds the app's payload), is
+    /// decoded only when `wanted(node, user)`.
+    public static func decode(_ bytes: UnsafeBufferPointer<UInt8>, wanted: (String, UserKey) -> Bool = { _, _ in true })
+        -> (node: String, user: UserKey, message: Message)? {
         guard let nl = bytes.firstIndex(of: 0x0A),
               let h = (try? JSONParser.parse(UnsafeBufferPointer(rebasing: bytes[..<nl])))?.objectValue,
               let node = h["node"]?.stringValue, let app = h["app"]?.stringValue, let user = h["user"]?.stringValue
         else { return nil }
         if let device = h["device"]?.stringValue { return (node, UserKey(app: app, user: user), .device(device)) }
         guard let at = h["at"]?.int64Value else { return nil }
+        guard wanted(node, UserKey(app: app, user: user)) else { return (node, UserKey(app: app, user: user), .unwanted) }
         let body = UnsafeBufferPointer(rebasing: bytes[(nl + 1)...])
         // A change nests the app's payload two levels down.
         guard let change = (try? JSONParser.parse(body, maxDepth: JSONParser.defaultMaxDepth + 8)).flatMap(Change.init(json:))

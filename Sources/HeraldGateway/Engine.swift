@@ -500,6 +500,8 @@ extension Engine: BusReceiver {
         }
     }
 
+    public func follows(_ user: UserKey) -> Bool { registry.followedForBus.withLock { $0.contains(user) } }
+
     /// Another node deleted or re-registered a device: its connections here
     /// (if any) end with 4003, or take its new view, as on that node.
     public func deviceChanged(_ user: UserKey, deviceId: String) {

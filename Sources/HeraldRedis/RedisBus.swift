@@ -291,11 +291,16 @@ public final class RedisBus: Bus, @unchecked Sendable {  // mutable state is und
               kind.pointee.len == 7, memcmp(kind.pointee.str, "message", 7) == 0 else { return }
         let bytes = UnsafeBufferPointer(start: UnsafeRawPointer(payload.pointee.str)?.assumingMemoryBound(to: UInt8.self),
                                         count: payload.pointee.len)
-        guard let m = BusWire.decode(bytes) else { return Log.warning("bus: dropped a message that is not a change record") }
+        // Every node hears every channel: only records of users followed
+        // here are worth decoding, and never this node's own.
+        let own = node, receiver = receiver
+        guard let m = BusWire.decode(bytes, wanted: { n, u in n != own && receiver?.follows(u) == true })
+        else { return Log.warning("bus: dropped a message that is not a change record") }
         guard m.node != node else { return }
         switch m.message {
         case .record(let r): batch.append((m.user, r))
         case .device(let id): receiver?.deviceChanged(m.user, deviceId: id)
+        case .unwanted: break
         }
     }
 

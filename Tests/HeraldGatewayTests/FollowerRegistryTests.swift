@@ -24,6 +24,23 @@ final class FollowerRegistryTests: XCTestCase {
         XCTAssertEqual(Array(r.shards(following: bob)), [1], "another user's follows are apart")
     }
 
+    /// What the bus's thread reads to skip other users' records: the users
+    /// with a follower on any shard, no more and no less.
+    func testTheBusSeesTheFollowedUsers() {
+        let r = FollowerRegistry()
+        func seen() -> Set<UserKey> { r.followedForBus.withLock { $0 } }
+        r.follow(alice, shard: 0)
+        r.follow(alice, shard: 4)
+        r.follow(bob, shard: 0)
+        XCTAssertEqual(seen(), [alice, bob])
+        r.unfollow(alice, shard: 0)
+        XCTAssertEqual(seen(), [alice, bob], "alice still followed on shard 4")
+        r.unfollow(alice, shard: 4)
+        r.unfollow(alice, shard: 4)
+        XCTAssertEqual(seen(), [bob])
+        XCTAssertEqual(Set(r.followedUsers), seen())
+    }
+
     /// Per-shard counts exist only while a user is followed on several
     /// shards: going from one shard to two and back must keep each count.
     func testCountsSurviveMovesBetweenOneShardAndSeveral() {

@@ -12,10 +12,13 @@ final class RedisBusTests: XCTestCase {
         var records: [(UserKey, ChangeRecord)] = []
         var subscriptions = 0
         var devices: [(UserKey, String)] = []
+        /// Users with no followers on this node.
+        var unfollowed: Set<UserKey> = []
 
         func received(_ r: [(UserKey, ChangeRecord)]) { cond.lock(); records += r; cond.broadcast(); cond.unlock() }
         func subscribed() { cond.lock(); subscriptions += 1; cond.broadcast(); cond.unlock() }
         func deviceChanged(_ user: UserKey, deviceId: String) { cond.lock(); devices.append((user, deviceId)); cond.broadcast(); cond.unlock() }
+        func follows(_ user: UserKey) -> Bool { cond.lock(); defer { cond.unlock() }; return !unfollowed.contains(user) }
 
         /// Waits (up to 10 s) until `done` holds.
         func wait(_ what: String, _ done: (Receiver) -> Bool) {
@@ -62,6 +65,21 @@ final class RedisBusTests: XCTestCase {
         XCTAssertEqual(seven.after?.targeting.tags?.source, "lang:it && !muted")
         XCTAssertNil(seven.before)
         ra.cond.lock(); XCTAssertTrue(ra.records.isEmpty, "a node never hears itself"); ra.cond.unlock()
+    }
+
+    /// Every node hears every channel; the records of users it has no
+    /// follower for are dropped undecoded, not handed on.
+    func testRecordsOfUsersNotFollowedHereAreNotHandedOn() {
+        let (a, _) = node(), (b, rb) = node()
+        defer { a.stop(); b.stop() }
+        let followed = UserKey(app: "app", user: "u"), other = UserKey(app: "app", user: "elsewhere")
+        rb.cond.lock(); rb.unfollowed = [other]; rb.cond.unlock()
+        for seq: Int64 in 1...20 {
+            a.publish(other, record(seq))
+            a.publish(followed, record(seq))
+        }
+        rb.wait("the followed user's 20 records") { $0.records.count >= 20 }
+        XCTAssertEqual(rb.records.map(\.0), Array(repeating: followed, count: 20))
     }
 
     /// Redis killed (-9) and started again: both nodes reconnect and
