@@ -12,7 +12,8 @@ public protocol LoopExecutor: AnyObject, Sendable {
 ///
 /// Invariants (docs/ARCHITECTURE.md):
 /// - Only the engine thread touches `store`, `registry` and the effects
-///   (checked in debug builds through `thread`).
+///   (checked in debug builds through `thread`); of `registry`, the bus's
+///   thread reads `followedForBus` alone, behind its lock.
 /// - Nothing a batch did is visible to anyone until its commit returned and
 ///   is durable: replies and fan-out are effects queued during the batch and
 ///   run after the commit, in the order they were queued, batch after
@@ -82,6 +83,9 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
     /// COMMIT was lost): their followers here catch up from the store at the
     /// next commit, before any later change of theirs reaches them.
     private var uncertain: Set<UserKey> = []
+    /// The registrations a resubscription had to read back were unreadable:
+    /// maintenance tries again (`refreshConnectedDevices`).
+    var devicesStale = false
     /// Notifications the open batch published: `herald_publishes_total` once it commits.
     var publishedInBatch = 0
     /// Who follows which user, and which devices are connected.
@@ -522,28 +526,32 @@ extension Engine: BusReceiver {
     /// When they cannot be read, the old last seqs stay: a record missed
     /// meanwhile still shows as a gap (seqs are consecutive).
     /// Device events (`deviceChanged`) missed meanwhile carry no seq: the
-    /// devices connected here take their registrations as stored instead.
+    /// devices connected here take their registrations as stored instead,
+    /// before the catch-up, which then filters by the new views.
     public func subscribed() {
         control { e in
             let heads = (try? e.store.heads(e.registry.followedUsers)) ?? [:]
             for (u, head) in heads { e.registry.caughtUp(u, through: head) }
+            e.devicesStale = !e.refreshConnectedDevices()
             for shard in e.shards { shard.post { shard.recover(nil) } }
-            e.refreshConnectedDevices()
         }
     }
 }
 
 extension Engine {
     /// Tells the connections of every device connected here what its
-    /// registration is now (closed with 4003 if it is gone). Unreadable (the
-    /// store away): they keep what they had.
-    func refreshConnectedDevices() {
+    /// registration is now (closed with 4003 if it is gone); false when the
+    /// registrations could not be read (the store away), and they keep
+    /// what they had.
+    func refreshConnectedDevices() -> Bool {
         let connected = registry.connectedDevices.filter { !registry.shards(following: $0.key).isEmpty }
-        guard !connected.isEmpty, let stored = try? store.devices(of: Array(connected.keys)) else { return }
+        guard !connected.isEmpty else { return true }
+        guard let stored = try? store.devices(of: Array(connected.keys)) else { return false }
         for (user, ids) in connected {
             let shards = registry.shards(following: user).map { self.shards[$0] }
             for id in ids { tell(shards, user, id, stored[user]?.first { $0.deviceId == id }) }
         }
+        return true
     }
 }
 

@@ -48,6 +48,7 @@ struct Maintenance {
             refreshStatistics(e)
         }
         if e.bus != nil { audit.run(e, tick: tick) }
+        if e.devicesStale { e.devicesStale = !e.refreshConnectedDevices() }
     }
 
     /// A round of pruning calls; lapsed registrations go with its first
@@ -79,6 +80,7 @@ struct Maintenance {
         defer { e.metrics.maintenanceLatency.observe(nanos: DispatchTime.now().uptimeNanoseconds - t0) }
         do {
             let analyzed = try e.store.refreshPlannerStatistics()
+            e.health.succeeded()
             if !analyzed.isEmpty { Log.info("analyzed \(analyzed.joined(separator: ", ")): grown past the planner's statistics") }
         } catch {
             e.health.failed("planner statistics", error)

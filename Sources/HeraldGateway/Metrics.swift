@@ -109,7 +109,7 @@ public final class BusMetrics: Sendable {
         return line("connected", "gauge", "1 while subscribed to the bus.", connected)
             + line("resubscriptions_total", "counter", "Subscriptions after a lost bus connection; each catches every follower up.", resubscriptions)
             + line("published_total", "counter", "Change records published on the bus.", published)
-            + line("received_total", "counter", "Change records received from other nodes.", received)
+            + line("received_total", "counter", "Change records received from other nodes for users followed here.", received)
             + line("publish_queue", "gauge", "Change records waiting to be published.", queued)
             + line("dropped_total", "counter", "Change records never published (queue full while the bus was away).", dropped)
             + line("catchups_total", "counter", "Users whose followers were caught up from the store: a seq past the next expected (a record missed or reordered on the bus).", catchUps)

@@ -196,8 +196,9 @@ final class BusTests: XCTestCase {
     }
 
     /// Device events lost while this node was off the bus are made up for
-    /// at its resubscription: a device deleted elsewhere meanwhile closes
-    /// with 4003, and one re-registered takes its new view.
+    /// at its resubscription, before the catch-up of the changes also lost:
+    /// a device deleted elsewhere meanwhile closes with 4003 and is sent
+    /// none of them; one re-registered is caught up by its new view.
     func testDeviceEventsLostWithTheBusActAtTheResubscription() {
         let s = deviceOnB()  // device "d1", platform other
         let gone = b.webSocket()
@@ -207,17 +208,19 @@ final class BusTests: XCTestCase {
         busB.disconnect()
         let put = a.request("PUT", "/v1/me/devices/d1", token: tok, body: ["platform": "ios"])
         let del = a.request("DELETE", "/v1/me/devices/d2", token: tok)
+        a.request("POST", "/v1/apps/\(Harness.app.id)/users/u/notifications",
+                  body: ["appNotificationId": "ios-only", "payload": [:], "targetPlatforms": ["ios"]])
+        a.publish("u", "for-all")
         settle()
         XCTAssertEqual(put.response?.status, 200)
         XCTAssertEqual(del.response?.status, 204)
         XCTAssertNil(gone.session.closeRequest, "the event was lost with the bus")
+        XCTAssertEqual(seqs(s), [])
         busB.reconnect()
         settle()
         XCTAssertEqual(gone.session.closeRequest?.code, .forbiddenDevice)
+        XCTAssertEqual(seqs(gone), [], "a deleted device is sent none of the catch-up")
         XCTAssertNil(s.session.closeRequest)
-        a.request("POST", "/v1/apps/\(Harness.app.id)/users/u/notifications",
-                  body: ["appNotificationId": "ios-only", "payload": [:], "targetPlatforms": ["ios"]])
-        settle()
-        XCTAssertEqual(seqs(s), [1], "seen as ios on node B after the resubscription")
+        XCTAssertEqual(seqs(s), [1, 2], "caught up as ios: the ios-only notification too")
     }
 }

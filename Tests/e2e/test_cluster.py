@@ -324,8 +324,10 @@ def test_device_events_lost_with_the_bus_act_on_the_other_node_when_it_resubscri
     """A device re-registered and another deleted through node 1 while Redis
     is down, node 1 killed before Redis returns: their events never reach
     the bus. Node 2, resubscribing, reads the registrations of the devices
-    connected to it: the deleted one closes with 4003, the other takes its
-    new platform (they used to keep their old state until they reconnected)."""
+    connected to it before catching them up: the deleted one closes with
+    4003, the other takes its new platform, and its catch-up brings what
+    that platform may see (they used to keep their old state until they
+    reconnected)."""
     n1, n2 = cluster.start(2)
     user = uid("user")
     phone, _, _ = n2.connect(user, "phone")
@@ -335,16 +337,19 @@ def test_device_events_lost_with_the_bus_act_on_the_other_node_when_it_resubscri
     try:
         assert n1.me("PUT", "/devices/phone", token, json={"platform": "ios"}).status_code == 200
         assert n1.me("DELETE", "/devices/tablet", token).status_code == 204
-        cluster.kill(0)  # the events it holds for Redis die with it
+        missed = n1.publish(user, "ios-only-meanwhile", targetPlatforms=["ios"])["seq"]
+        cluster.kill(0)  # the records it holds for Redis die with it
     finally:
         subprocess.run([REDIS_CTL, "start"], check=True)
     with tablet:
         code, _ = tablet.expect_close(timeout=30)
         assert code == 4003
     with phone:
+        phone.collect_until(lambda fs: missed in {c["seq"] for c in changes_in(fs)}, timeout=30,
+                            what="the ios-only notification published meanwhile, caught up as ios")
         seq = n2.publish(user, "ios-only", targetPlatforms=["ios"])["seq"]
         phone.collect_until(lambda fs: seq in {c["seq"] for c in changes_in(fs)}, timeout=10,
-                            what="the ios-only notification, seen as ios")
+                            what="a live ios-only notification, seen as ios")
 
 
 @pytest.mark.skipif(not REDIS_CTL, reason="HERALD_TEST_REDIS_CTL is not set")
