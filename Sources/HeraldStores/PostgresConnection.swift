@@ -232,21 +232,35 @@ final class PostgresConnection {
     @discardableResult
     func query(_ sql: String, _ args: [PostgresValue] = []) throws(StoreError) -> PostgresRows {
         guard let c = conn else { throw error(String(sql.prefix(60)), "not connected") }
-        if pipelining {
-            do throws(StoreError) {
-                try enqueue(sql, args)
-                let mine = unread.removeLast()
-                try drain()
-                PQsendFlushRequest(c)
-                return try nextResult(c, mine)
-            } catch {
-                abandon()
-                throw error
-            }
-        }
+        if pipelining { return try queries([(sql, args)])[0] }
         let statement = try prepare(c, sql, args.count)
         let res = Self.withCStrings(args) { values in PQexecPrepared(c, statement, Int32(args.count), values, nil, nil, 0) }
         return try check(res, sql)
+    }
+
+    /// Runs `statements`; their rows, in order. Inside a pipeline they go
+    /// out together, after what was sent before: one round trip for all.
+    func queries(_ statements: [(sql: String, args: [PostgresValue])]) throws(StoreError) -> [PostgresRows] {
+        guard pipelining, let c = conn else {
+            var out: [PostgresRows] = []
+            for (sql, args) in statements { out.append(try query(sql, args)) }
+            return out
+        }
+        do throws(StoreError) {
+            // Prepared first: preparing reads the results pending before it.
+            for (sql, args) in statements { _ = try preparedName(c, sql, args.count) }
+            for (sql, args) in statements { try enqueue(sql, args) }
+            let mine = unread.suffix(statements.count)
+            unread.removeLast(statements.count)
+            try drain()
+            PQsendFlushRequest(c)
+            var out: [PostgresRows] = []
+            for sql in mine { out.append(try nextResult(c, sql)) }
+            return out
+        } catch {
+            abandon()
+            throw error
+        }
     }
 
     /// Runs a statement for its effect; returns the number of rows it changed.
@@ -288,20 +302,21 @@ final class PostgresConnection {
 
     private func enqueue(_ sql: String, _ args: [PostgresValue]) throws(StoreError) {
         guard let c = conn else { throw error(String(sql.prefix(60)), "not connected") }
-        let statement: String
-        if let name = prepared[sql] {
-            statement = name
-        } else {
-            // Preparing is synchronous, which pipeline mode forbids: leave it
-            // for a moment (once per statement and session).
-            try drain()
-            PQexitPipelineMode(c)
-            defer { PQenterPipelineMode(c) }
-            statement = try prepare(c, sql, args.count)
-        }
+        let statement = try preparedName(c, sql, args.count)
         let sent = Self.withCStrings(args) { values in PQsendQueryPrepared(c, statement, Int32(args.count), values, nil, nil, 0) }
         guard sent == 1 else { throw error(String(sql.prefix(60)), Self.message(PQerrorMessage(c))) }
         unread.append(sql)
+    }
+
+    /// The name `sql` is prepared under in the pipeline's session.
+    private func preparedName(_ c: OpaquePointer, _ sql: String, _ count: Int) throws(StoreError) -> String {
+        if let name = prepared[sql] { return name }
+        // Preparing is synchronous, which pipeline mode forbids: leave it for
+        // a moment (once per statement and session), reading what is pending.
+        try drain()
+        PQexitPipelineMode(c)
+        defer { PQenterPipelineMode(c) }
+        return try prepare(c, sql, count)
     }
 
     /// Reads the results of what was sent, in order; throws the first error

@@ -22,38 +22,53 @@ struct PostgresReads {
         [.textArray(users.map(\.app)), .textArray(users.map(\.user))]
     }
 
-    /// Feed heads, 500 users a statement.
+    /// Users a statement, for the reads and locks that take arrays of users.
+    static let chunk = 500
+
+    /// `items` in parts of at most `chunk`.
+    static func chunked<T>(_ items: [T]) -> [ArraySlice<T>] {
+        stride(from: 0, to: items.count, by: chunk).map { items[$0..<min($0 + chunk, items.count)] }
+    }
+
+    /// `SELECT f.app, f.user_id, <select>` for the users of two text[]
+    /// parameters (`select` names its table `f`).
+    private static func forUsers(_ select: String, _ orderBy: String = "") -> String {
+        """
+        SELECT f.app, f.user_id, \(select) JOIN unnest($1::text[], $2::text[]) AS u(app, user_id)
+        ON f.app = u.app AND f.user_id = u.user_id \(orderBy)
+        """
+    }
+
+    static let headsSQL = forUsers("f.head FROM feeds f")
+    private static let devicesSQL = forUsers("\(deviceColumns) FROM devices f", "ORDER BY f.registered")
+
+    /// Feed heads, `chunk` users a statement.
     func heads(_ users: [UserKey]) throws(StoreError) -> [UserKey: Int64] {
         var out: [UserKey: Int64] = [:]
-        try forEachRow(of: users, "feed", select: "f.head FROM feeds f") { user, r, i throws(StoreError) in
-            out[user] = r.int64(i, 2)
-        }
+        for part in Self.chunked(users) { try addHeads(db.query(Self.headsSQL, Self.userArrays(part)), to: &out) }
         return out
     }
 
-    /// Device registrations, 500 users a statement, each user's in registration order.
+    /// Adds the heads `headsSQL` read.
+    func addHeads(_ r: PostgresRows, to out: inout [UserKey: Int64]) throws(StoreError) {
+        try forEachUser(r, "feed") { user, i throws(StoreError) in out[user] = r.int64(i, 2) }
+    }
+
+    /// Device registrations, `chunk` users a statement, each user's in registration order.
     func devices(of users: [UserKey]) throws(StoreError) -> [UserKey: [Device]] {
         var out: [UserKey: [Device]] = [:]
-        try forEachRow(of: users, "device", select: "f.device_id, f.platform, f.tags, f.last_seen_at, f.view_generation FROM devices f",
-                       orderBy: "ORDER BY f.registered") { user, r, i throws(StoreError) in
-            out[user, default: []].append(try device(r, i, 2))
+        for part in Self.chunked(users) {
+            let r = try db.query(Self.devicesSQL, Self.userArrays(part))
+            try forEachUser(r, "device") { user, i throws(StoreError) in out[user, default: []].append(try device(r, i, 2)) }
         }
         return out
     }
 
-    /// Runs `SELECT f.app, f.user_id, <select> JOIN <users>` for 500 users a
-    /// statement (`select` names its table `f`) and passes each row on with its user.
-    private func forEachRow(of users: [UserKey], _ what: String, select: String, orderBy: String = "",
-                            _ body: (UserKey, PostgresRows, Int) throws(StoreError) -> Void) throws(StoreError) {
-        for start in stride(from: 0, to: users.count, by: 500) {
-            let r = try db.query("""
-                SELECT f.app, f.user_id, \(select) JOIN unnest($1::text[], $2::text[]) AS u(app, user_id)
-                ON f.app = u.app AND f.user_id = u.user_id \(orderBy)
-                """, Self.userArrays(users[start..<min(start + 500, users.count)]))
-            for i in 0..<r.count {
-                guard let app = r.text(i, 0), let user = r.text(i, 1) else { throw corrupt(what) }
-                try body(UserKey(app: app, user: user), r, i)
-            }
+    /// Each row of a `forUsers` statement with its user.
+    private func forEachUser(_ r: PostgresRows, _ what: String, _ body: (UserKey, Int) throws(StoreError) -> Void) throws(StoreError) {
+        for i in 0..<r.count {
+            guard let app = r.text(i, 0), let user = r.text(i, 1) else { throw corrupt(what) }
+            try body(UserKey(app: app, user: user), i)
         }
     }
 
@@ -147,8 +162,10 @@ struct PostgresReads {
         return out
     }
 
-    /// Decodes columns `col...col+4` as device_id, platform, tags,
-    /// last_seen_at, view_generation.
+    /// A device's columns, as `device` decodes them.
+    static let deviceColumns = "device_id, platform, tags, last_seen_at, view_generation"
+
+    /// Decodes columns `col...col+4`, `deviceColumns`.
     func device(_ r: PostgresRows, _ i: Int, _ col: Int32) throws(StoreError) -> Device {
         guard let id = r.text(i, col), let platform = r.text(i, col + 1).flatMap(Platform.init(rawValue:)),
               let tags = StoredForm.tags(r.json(i, col + 2))
@@ -159,7 +176,7 @@ struct PostgresReads {
 
     func devices(_ user: UserKey) throws(StoreError) -> [Device] {
         let r = try db.query("""
-            SELECT device_id, platform, tags, last_seen_at, view_generation FROM devices
+            SELECT \(Self.deviceColumns) FROM devices
             WHERE app = $1 AND user_id = $2 ORDER BY registered
             """, key(user))
         var out: [Device] = []

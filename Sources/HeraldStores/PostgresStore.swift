@@ -201,26 +201,39 @@ public final class PostgresStore: NotificationStore {
     }
 
     /// Locks the feeds rows of `users` not locked yet, creating missing ones
-    /// at head 0, in (app, user) order, and notes their heads: per 500 users
-    /// one statement that takes the locks in the order of its input (an
-    /// `ON CONFLICT DO UPDATE` locks the existing row even when its `WHERE`
-    /// updates nothing), then one that reads the heads, under the locks.
+    /// at head 0, in (app, user) order, and notes their heads; reads the
+    /// notifications `lookups` name into `known` (their users are then
+    /// locked: nothing but this transaction changes them). Per 500 users
+    /// one statement takes the locks in the order of its input (an `ON
+    /// CONFLICT DO UPDATE` locks the existing row even when its `WHERE`
+    /// updates nothing); the reads of the heads, under the locks, and of the
+    /// notifications follow in the same pipeline: one round trip for all.
     public func claim(_ users: [UserKey], lookups: [NotificationLookup]) throws(StoreError) {
         guard inTransaction else { return }
-        let todo = Set(users + lookups.map(\.user)).filter { heads[$0] == nil }.sorted()
-        guard !todo.isEmpty || !lookups.isEmpty else { return }
+        let locking = PostgresReads.chunked(Set(users + lookups.map(\.user)).filter { heads[$0] == nil }.sorted())
+        let reading = PostgresReads.chunked(Array(Set(lookups.filter { known[$0] == nil })))
+        guard !locking.isEmpty || !reading.isEmpty else { return }
         try check()
-        for start in stride(from: 0, to: todo.count, by: 500) {
-            let part = todo[start..<min(start + 500, todo.count)]
+        for part in locking {
             try db.send("""
                 INSERT INTO feeds (app, user_id, head, floor)
                 SELECT app, user_id, 0, 0 FROM unnest($1::text[], $2::text[]) AS u(app, user_id)
                 ON CONFLICT (app, user_id) DO UPDATE SET head = feeds.head WHERE false
                 """, PostgresReads.userArrays(part))
-            heads.merge(try reads.heads(Array(part))) { $1 }
+        }
+        let rows = try db.queries(locking.map { (PostgresReads.headsSQL, PostgresReads.userArrays($0)) }
+                                  + reading.map(Self.readAheadStatement))
+        for (part, r) in zip(locking, rows) {
+            try reads.addHeads(r, to: &heads)
             guard part.allSatisfy({ heads[$0] != nil }) else { throw db.error("claim", "a feed row is missing") }
         }
-        try readAhead(Array(Set(lookups.filter { known[$0] == nil })))
+        for (part, r) in zip(reading, rows.dropFirst(locking.count)) {
+            for l in part { known.updateValue(nil, forKey: l) }
+            for (i, n) in try reads.notifications(r, 2).enumerated() {
+                guard let app = r.text(i, 0), let user = r.text(i, 1) else { throw reads.corrupt("notification") }
+                remember(UserKey(app: app, user: user), n)
+            }
+        }
     }
 
     /// The notifications of arrays of (app, user, id) and of (app, user,
@@ -235,25 +248,16 @@ public final class PostgresStore: NotificationStore {
           ON n.app = k.app AND n.user_id = k.user_id AND n.app_notification_id = k.anid
         """
 
-    /// Reads the notifications `lookups` name, 500 a statement, into `known`
-    /// (their users are locked: nothing but this transaction changes them).
-    private func readAhead(_ lookups: [NotificationLookup]) throws(StoreError) {
-        for start in stride(from: 0, to: lookups.count, by: 500) {
-            let part = lookups[start..<min(start + 500, lookups.count)]
-            var byId: [[String]] = [[], [], []], byApp: [[String]] = [[], [], []]
-            for l in part {
-                switch l {
-                case .id(let u, let id): byId[0].append(u.app); byId[1].append(u.user); byId[2].append(id)
-                case .appNotificationId(let u, let a): byApp[0].append(u.app); byApp[1].append(u.user); byApp[2].append(a)
-                }
-            }
-            let r = try db.query(Self.readAheadSQL, (byId + byApp).map(PostgresValue.textArray))
-            for l in part { known.updateValue(nil, forKey: l) }
-            for (i, n) in try reads.notifications(r, 2).enumerated() {
-                guard let app = r.text(i, 0), let user = r.text(i, 1) else { throw reads.corrupt("notification") }
-                remember(UserKey(app: app, user: user), n)
+    /// `readAheadSQL` with the arrays of `lookups`.
+    private static func readAheadStatement(_ lookups: ArraySlice<NotificationLookup>) -> (sql: String, args: [PostgresValue]) {
+        var byId: [[String]] = [[], [], []], byApp: [[String]] = [[], [], []]
+        for l in lookups {
+            switch l {
+            case .id(let u, let id): byId[0].append(u.app); byId[1].append(u.user); byId[2].append(id)
+            case .appNotificationId(let u, let a): byApp[0].append(u.app); byApp[1].append(u.user); byApp[2].append(a)
             }
         }
+        return (readAheadSQL, (byId + byApp).map(PostgresValue.textArray))
     }
 
     /// Notes what the open transaction now has for `n`'s id and
@@ -354,7 +358,7 @@ public final class PostgresStore: NotificationStore {
     public func usersWithDevices(app: String) throws(StoreError) -> [(user: String, devices: [Device])] {
         try check()
         let r = try db.query("""
-            SELECT user_id, device_id, platform, tags, last_seen_at, view_generation FROM devices
+            SELECT user_id, \(PostgresReads.deviceColumns) FROM devices
             WHERE app = $1 ORDER BY user_id, registered
             """, [.text(app)])
         var out: [(user: String, devices: [Device])] = []
@@ -603,19 +607,26 @@ public final class PostgresStore: NotificationStore {
         guard !inTransaction else { throw db.error("statistics", "inside a transaction") }
         try check()
         let grown = try db.query("""
-            SELECT s.relname FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid
+            SELECT s.relname, clock_timestamp() FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid
             WHERE s.schemaname = current_schema() AND s.relname = ANY($1::text[]) AND pg_has_role(c.relowner, 'USAGE')
               AND s.n_live_tup > greatest($2::bigint, 2 * c.reltuples)
             ORDER BY s.relname
             """, [.textArray(Self.plannedTables), .int(Self.statisticsFloor)])
-        var analyzed: [String] = []
+        guard grown.count > 0, let began = grown.text(0, 1) else { return [] }
+        var due: [String] = []
         for i in 0..<grown.count {
             guard let table = grown.text(i, 0), Self.plannedTables.contains(table) else { continue }
-            // Another node analyzing it at the moment does as well.
+            // Skipped (only a warning) while another session holds it:
+            // autovacuum or another node analyzing it, which does as well.
             try db.script("ANALYZE (SKIP_LOCKED) \(table)")
-            analyzed.append(table)
+            due.append(table)
         }
-        return analyzed
+        let analyzed = try db.query("""
+            SELECT relname FROM pg_stat_user_tables
+            WHERE schemaname = current_schema() AND relname = ANY($1::text[]) AND last_analyze >= $2::timestamptz
+            ORDER BY relname
+            """, [.textArray(due), .text(began)])
+        return (0..<analyzed.count).compactMap { analyzed.text($0, 0) }
     }
 }
 
