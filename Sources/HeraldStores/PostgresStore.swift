@@ -595,11 +595,13 @@ public final class PostgresStore: NotificationStore {
     /// Analyzes the tables this role owns that hold more than twice the
     /// rows of their last ANALYZE (and over `statisticsFloor`), or were
     /// never analyzed: rows updated in place (a feed's head, counts) leave
-    /// the plans as good as they were. The statements are prepared once per session and PostgreSQL
-    /// keeps a generic plan made from the statistics of that moment; made
-    /// on a new, still empty database (autovacuum first analyzes a table up
-    /// to a minute after it fills, `autovacuum_naptime`), it hash-joined
-    /// whole tables for every batch's lookups: PostgreSQL's CPU per publish
+    /// the plans as good as they were. Answers the tables analyzed.
+    ///
+    /// The statements are prepared once per session and PostgreSQL keeps a
+    /// generic plan made from the statistics of that moment; made on a new,
+    /// still empty database (autovacuum first analyzes a table up to a
+    /// minute after it fills, `autovacuum_naptime`), it hash-joined whole
+    /// tables for every batch's lookups: PostgreSQL's CPU per publish
     /// doubled (docs/BENCHMARKS.md, "Round four"). An ANALYZE makes every
     /// node plan its statements again. Afterwards autovacuum, analyzing at
     /// 10 % of changed rows, keeps ahead of this rule.
