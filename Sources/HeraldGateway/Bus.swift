@@ -69,16 +69,16 @@ public enum BusWire {
               let h = (try? JSONParser.parse(UnsafeBufferPointer(rebasing: bytes[..<nl])))?.objectValue,
               let node = h["node"]?.stringValue, let app = h["app"]?.stringValue, let user = h["user"]?.stringValue
         else { return nil }
-        if let device = h["device"]?.stringValue { return (node, UserKey(app: app, user: user), .device(device)) }
+        let key = UserKey(app: app, user: user)
+        if let device = h["device"]?.stringValue { return (node, key, .device(device)) }
         guard let at = h["at"]?.int64Value else { return nil }
-        guard wanted(node, UserKey(app: app, user: user)) else { return (node, UserKey(app: app, user: user), .unwanted) }
+        guard wanted(node, key) else { return (node, key, .unwanted) }
         let body = UnsafeBufferPointer(rebasing: bytes[(nl + 1)...])
         // A change nests the app's payload two levels down.
         guard let change = (try? JSONParser.parse(body, maxDepth: JSONParser.defaultMaxDepth + 8)).flatMap(Change.init(json:))
         else { return nil }
         let before = h["before"].flatMap(Presence.init(json:)), after = h["after"].flatMap(Presence.init(json:))
-        return (node, UserKey(app: app, user: user),
-                .record(ChangeRecord(change: change, before: before, after: after, at: at, encoded: Array(body))))
+        return (node, key, .record(ChangeRecord(change: change, before: before, after: after, at: at, encoded: Array(body))))
     }
 }
 
