@@ -15,6 +15,7 @@
 #     two-node cluster, dismiss within node 1, within node 2, then node 1 to node 2
 #   DISMISS_USERS [2000] DISMISS_RATE [1000]   (2 samples per user)
 #   DISMISS_DRAIN [2]  s between the seed notifications and the updates
+#   SETUPS [sqlite-1node pg-1node pg-2nodes]  which setups dismiss and fanout run
 #   FANOUT_USERS [1000] FANOUT_DEVICES [3] FANOUT_RATES [1000,5000] FANOUT_SECONDS [10]
 #   DURABLE_RAMP [ramp:1000:1000:12000] DURABLE_CONNS [64 512] RAMP_SECONDS [5]
 #   MAX_P99_MS [100]  (durable: the best step with p99 under it and nothing lost)
@@ -65,6 +66,7 @@ if [ "$QUICK" = 1 ]; then
     DISMISS_USERS=500 FANOUT_SECONDS=3 RAMP_SECONDS=2 DURABLE_RAMP=ramp:1000:2000:5000
     BIG_USERS=1500 BIG_SECONDS=3
 fi
+SETUPS=${SETUPS:-sqlite-1node pg-1node pg-2nodes}
 SETTLE=${SETTLE:-3} # pause between scenarios (closed connections, timers)
 
 # ---------------------------------------------------------------- servers
@@ -261,13 +263,19 @@ big_table() { # name placement
 
 # a scenario on one SQLite node, one PostgreSQL + Redis node, then across two
 # of those (node 1 to node 2)
-three_setups() { # scenario
-    start_nodes sq 1 sqlite && "$1" "$1-sqlite-1node" 1 1
-    sleep "$SETTLE"
-    start_nodes pg1 1 postgres && "$1" "$1-pg-1node" 1 1
-    sleep "$SETTLE"
-    start_nodes pg2 2 postgres && "$1" "$1-pg-2nodes" 1 2
-    sleep "$SETTLE"
+three_setups() { # scenario (the setups of SETUPS)
+    if [[ " $SETUPS " == *" sqlite-1node "* ]]; then
+        start_nodes sq 1 sqlite && "$1" "$1-sqlite-1node" 1 1
+        sleep "$SETTLE"
+    fi
+    if [[ " $SETUPS " == *" pg-1node "* ]]; then
+        start_nodes pg1 1 postgres && "$1" "$1-pg-1node" 1 1
+        sleep "$SETTLE"
+    fi
+    if [[ " $SETUPS " == *" pg-2nodes "* ]]; then
+        start_nodes pg2 2 postgres && "$1" "$1-pg-2nodes" 1 2
+        sleep "$SETTLE"
+    fi
 }
 
 want() { [[ " $SCENARIOS " == *" $1 "* ]]; }

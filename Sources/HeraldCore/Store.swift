@@ -63,6 +63,11 @@ public protocol StoreReading: AnyObject {
     /// The registrations of `users` (one with none may be left out): for
     /// checking many connected devices at once (`Engine.subscribed`).
     func devices(of users: [UserKey]) throws(StoreError) -> [UserKey: [Device]]
+    /// The earliest `expiresAt` of a stored notification, nil when there is
+    /// none: whether the expiry sweep has anything to do, asked off the
+    /// engine thread (`Maintenance`). It may be earlier than the truth,
+    /// never later.
+    func nextExpiry() throws(StoreError) -> Millis?
 }
 
 extension StoreReading {

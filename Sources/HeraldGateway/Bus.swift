@@ -95,6 +95,8 @@ public final class MemoryBus: Bus {
     private let hub: Hub
     private let receiver = Locked<BusReceiver?>(nil)
     private let connected = Atomic<Bool>(true)
+    /// While paused: what reaches this node, held in order (`pause`).
+    private let held = Locked<[@Sendable (BusReceiver) -> Void]?>(nil)
     public let node = Random.hex(8)
 
     public init(hub: Hub) { self.hub = hub }
@@ -110,10 +112,11 @@ public final class MemoryBus: Bus {
     public func publish(device deviceId: String, of user: UserKey) { toOthers { $0.deviceChanged(user, deviceId: deviceId) } }
 
     /// Hands a message to every other connected node, while this one is.
-    private func toOthers(_ deliver: (BusReceiver) -> Void) {
+    private func toOthers(_ deliver: @escaping @Sendable (BusReceiver) -> Void) {
         guard connected.load(ordering: .relaxed) else { return }
         for node in hub.nodes.withLock({ $0 }) where node !== self && node.connected.load(ordering: .relaxed) {
-            node.receiver.withLock { $0 }.map(deliver)
+            let kept = node.held.withLock { h in h?.append(deliver) != nil }
+            if !kept { node.receiver.withLock { $0 }.map(deliver) }
         }
     }
 
@@ -123,6 +126,16 @@ public final class MemoryBus: Bus {
 
     /// Loses this node's traffic, both ways, until `reconnect()`.
     public func disconnect() { connected.store(false, ordering: .relaxed) }
+
+    /// Holds what reaches this node until `resume()`, as a subscriber that
+    /// fell behind would: late, but nothing lost.
+    public func pause() { held.withLock { $0 = $0 ?? [] } }
+
+    public func resume() {
+        let late = held.withLock { h in defer { h = nil }; return h ?? [] }
+        guard let r = receiver.withLock({ $0 }) else { return }
+        for deliver in late { deliver(r) }
+    }
 
     public func reconnect() {
         connected.store(true, ordering: .relaxed)

@@ -59,6 +59,9 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
     }
 
     public let store: NotificationStore
+    /// The store's reader thread, if it has one: maintenance reads there
+    /// (`readAside`).
+    private let reader: ReaderThread?
     /// Carries each committed change to the other nodes, and theirs here.
     let bus: Bus?
     public let metrics: Metrics
@@ -92,7 +95,7 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
     let registry = FollowerRegistry()
     /// In a cluster: this node's devices as the other nodes see them.
     let cluster: ClusterConnections?
-    private var maintenance = Maintenance()
+    let maintenance = Maintenance()
     /// Syncs commits off this thread, for stores that leave that to `CommitSync`.
     let syncer: CommitSyncer?
     /// Committed batches waiting for their sync, oldest first, with their generation.
@@ -105,8 +108,8 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
 
     let health: StoreHealth
 
-    init(store: NotificationStore, bus: Bus?, limits: GatewayLimits, metrics: Metrics, clock: Clock) {
-        self.store = store; self.bus = bus; self.limits = limits; self.metrics = metrics; self.clock = clock
+    init(store: NotificationStore, reader: ReaderThread?, bus: Bus?, limits: GatewayLimits, metrics: Metrics, clock: Clock) {
+        self.store = store; self.reader = reader; self.bus = bus; self.limits = limits; self.metrics = metrics; self.clock = clock
         health = StoreHealth(clock: clock)
         if let bus, let directory = store as? ClusterDirectory {
             cluster = ClusterConnections(node: bus.node, directory: directory, registry: registry)
@@ -397,6 +400,22 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
         }
         health.succeeded()
         return true
+    }
+
+    /// Runs `body` on the store's reader thread, then `reply` on this one
+    /// (as a `control` command); without a reader thread, both now, here.
+    /// For maintenance's routine reads, which would otherwise hold up every
+    /// batch queued behind them for a round trip to the database (on a
+    /// receiving node, every delivery from the bus; docs/BENCHMARKS.md).
+    /// One statement each, so they need no snapshot (`StoreReader.read`).
+    func readAside<T: Sendable>(_ body: @escaping @Sendable (StoreReading) throws(StoreError) -> T,
+                                reply: @escaping @Sendable (Engine, Result<T, StoreError>) -> Void) {
+        thread.assertCurrent()
+        guard let reader else { return reply(self, Result { () throws(StoreError) in try body(store) }) }
+        reader.submit { [self] r in
+            let result = Result { () throws(StoreError) in try body(r) }
+            control { e in reply(e, result) }
+        }
     }
 
     /// Runs `body` as its own transaction (maintenance), then its effects;

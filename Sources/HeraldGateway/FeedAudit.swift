@@ -1,4 +1,3 @@
-import Dispatch
 import HeraldCore
 
 /// With a bus: the net under `FollowerRegistry.sequence`, which sees a
@@ -15,8 +14,9 @@ import HeraldCore
 /// records in flight arrive first (the bus, the engine's queue), so a busy
 /// node does not read back what is on its way. A change lost at time T is
 /// so delivered by T + every + spread + grace + `judgeEvery` (under 20 s).
+/// The heads are read on the store's reader thread (`Engine.readAside`).
 /// Engine thread only.
-struct FeedAudit {
+final class FeedAudit {
     static let every: Millis = 5_000
     static let spread: Millis = 2_500
     static let grace: Millis = 10_000
@@ -32,13 +32,16 @@ struct FeedAudit {
     /// Users whose head was past what was delivered here: the highest head
     /// read, and when it was first read so.
     private var behind: [UserKey: (head: Int64, readAt: Millis)] = [:]
+    /// A read of heads is out on the reader thread.
+    private var reading = false
 
     /// `now`: a tick (`Clock.ticks`).
-    mutating func run(_ e: Engine, tick now: Millis) {
+    func run(_ e: Engine, tick now: Millis) {
         if now >= nextJudge {
             nextJudge = now + Self.judgeEvery
             recoverMissed(e, now: now)
         }
+        guard !reading else { return }
         if unread.isEmpty {
             guard now >= roundStart + Self.every else { return }
             roundStart = now
@@ -50,25 +53,31 @@ struct FeedAudit {
         let count = min(unread.count, max(Self.chunk, due - (roundSize - unread.count)))
         let part = Array(unread.suffix(count))
         unread.removeLast(count)
-        let t0 = DispatchTime.now().uptimeNanoseconds
-        defer { e.metrics.maintenanceLatency.observe(nanos: DispatchTime.now().uptimeNanoseconds - t0) }
-        let heads: [UserKey: Int64]
-        do {
-            heads = try e.store.heads(part)
-        } catch {
+        reading = true
+        e.readAside({ r throws(StoreError) in try r.heads(part) }) { e, heads in e.maintenance.audit.read(heads, e) }
+    }
+
+    /// Notes the users whose head read is past what was delivered here, as
+    /// of now (the reply's arrival: the grace runs from no earlier than the
+    /// read).
+    private func read(_ heads: Result<[UserKey: Int64], StoreError>, _ e: Engine) {
+        reading = false
+        switch heads {
+        case .success(let heads):
+            let now = e.clock.ticks()
+            for (user, head) in heads where head > e.registry.lastDelivered(user) ?? 0 {
+                behind[user] = (max(head, behind[user]?.head ?? 0), behind[user]?.readAt ?? now)
+            }
+        case .failure(let error):
             // The next round reads again; the store's health says why.
             e.health.failed("feed audit", error)
             unread.removeAll()
-            return
-        }
-        for (user, head) in heads where head > e.registry.lastDelivered(user) ?? 0 {
-            behind[user] = (max(head, behind[user]?.head ?? 0), behind[user]?.readAt ?? now)
         }
     }
 
     /// Catches up the followers of users still behind a head read at least
     /// `grace` ago.
-    private mutating func recoverMissed(_ e: Engine, now: Millis) {
+    private func recoverMissed(_ e: Engine, now: Millis) {
         for (user, seen) in behind where now - seen.readAt >= Self.grace {
             behind[user] = nil
             guard seen.head > e.registry.lastDelivered(user) ?? 0, !e.registry.shards(following: user).isEmpty else { continue }

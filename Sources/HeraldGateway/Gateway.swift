@@ -39,9 +39,10 @@ public final class Gateway: Sendable {
         self.clock = clock
         appsInForce = Locked(Self.byId(config.allApps))
         startedAt = clock.ticks()
-        engine = Engine(store: store, bus: bus, limits: config.limits, metrics: metrics, clock: clock)
+        let reader = try store.makeReader().map(ReaderThread.init)
+        engine = Engine(store: store, reader: reader, bus: bus, limits: config.limits, metrics: metrics, clock: clock)
         if bus != nil { metrics.bus.enabled.store(true, ordering: .relaxed) }
-        reads = Reads(engine: engine, reader: try store.makeReader())
+        reads = Reads(engine: engine, reader: reader)
     }
 
     /// Creates the shards, one per service loop, before `start()`.

@@ -4,10 +4,18 @@ import HeraldCore
 /// The engine's periodic store work: the expiry sweep (SPEC 3: expired
 /// notifications announced within 2 s), presence across nodes, the
 /// lastSeenAt flush, pruning of old changes and lapsed registrations, and
-/// with a bus the comparison of followed feeds with the store.
-struct Maintenance {
-    private var audit = FeedAudit()
+/// with a bus the comparison of followed feeds with the store. Engine
+/// thread only. The checks that run every few hundred milliseconds read on
+/// the store's reader thread (`Engine.readAside`), so the engine is held
+/// only when there is work: a database round trip per check would delay
+/// every batch and bus delivery queued behind it.
+final class Maintenance {
+    let audit = FeedAudit()
     private var nextSweep: Millis = 0
+    /// An expiry check is out on the reader thread.
+    private var checkingExpiry = false
+    /// A check found a notification due: the sweep runs at the next call.
+    private var expiryDue = false
     private var nextPrune: Millis = 0
     private var nextDevicePrune: Millis = 0
     private var nextSeenFlush: Millis = 0
@@ -27,14 +35,21 @@ struct Maintenance {
     static let pruneChunkSpacing: Millis = 50
     /// How often the store checks its tables against the planner's statistics.
     static let statisticsEvery: Millis = 5_000
+    /// How often the store is asked whether a notification is due (SPEC 3:
+    /// announced within 2 s of its expiry).
+    static let sweepEvery: Millis = 250
 
     /// `now`: wall time, for what is stored (expiry, cutoffs); `tick`
     /// (`Clock.ticks`): when each task is next due, so a step of the wall
     /// clock neither stops nor floods them.
-    mutating func run(_ e: Engine, now: Millis, tick: Millis, force: Bool) {
+    func run(_ e: Engine, now: Millis, tick: Millis, force: Bool) {
         e.thread.assertCurrent()
         if tick >= nextSweep || force {
-            nextSweep = tick + 250
+            nextSweep = tick + Self.sweepEvery
+            if force { expiryDue = true } else { checkExpiry(e, now: now) }
+        }
+        if expiryDue {
+            expiryDue = false
             e.transaction("expiry sweep") { () throws(StoreError) in try Self.sweepExpired(e, now: now) }
         }
         e.cluster?.flush(e, now: now, tick: tick)
@@ -51,9 +66,24 @@ struct Maintenance {
         if e.devicesStale { e.devicesStale = !e.refreshConnectedDevices() }
     }
 
+    /// Asks the store, off the engine, whether a notification expired by
+    /// `now`, unless the last question is still out (a slow database).
+    private func checkExpiry(_ e: Engine, now: Millis) {
+        guard !checkingExpiry else { return }
+        checkingExpiry = true
+        e.readAside({ r throws(StoreError) in try r.nextExpiry() }) { e, result in
+            let m = e.maintenance
+            m.checkingExpiry = false
+            switch result {
+            case .success(let at): if let at, at <= now { m.expiryDue = true }
+            case .failure(let error): e.health.failed("expiry check", error)
+            }
+        }
+    }
+
     /// A round of pruning calls; lapsed registrations go with its first
     /// call, or once a minute while a round lasts longer.
-    private mutating func prune(_ e: Engine, now: Millis, tick: Millis) {
+    private func prune(_ e: Engine, now: Millis, tick: Millis) {
         var pruned = Pruned(changes: 0, more: false), lapsed = 0
         let devicesDue = tick >= nextDevicePrune
         let committed = e.transaction("pruning") { () throws(StoreError) in

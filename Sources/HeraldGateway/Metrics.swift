@@ -58,7 +58,7 @@ public final class Metrics: Sendable {
         s += "herald_deliveries_total \(deliveries.load(ordering: .relaxed))\n"
         s += deliveryLatency.text(name: "herald_delivery_latency_seconds", help: "From the commit of a change to its hand-off to the followers' sockets, one observation per user and shard.")
         s += storeLatency.text(name: "herald_store_latency_seconds", help: "Store batch time, begin to commit.")
-        s += maintenanceLatency.text(name: "herald_maintenance_seconds", help: "Engine time of each maintenance transaction (expiry sweep, pruning call, lastSeen flush, feed audit read), begin to commit; no batch runs meanwhile.")
+        s += maintenanceLatency.text(name: "herald_maintenance_seconds", help: "Engine time of each maintenance transaction (expiry sweep, pruning call, lastSeen flush, presence, planner statistics check), begin to commit; no batch runs meanwhile.")
         s += "# HELP herald_engine_queue Commands waiting for the engine (store writes and what must follow them).\n# TYPE herald_engine_queue gauge\n"
         s += "herald_engine_queue \(engineQueue.load(ordering: .relaxed))\n"
         s += "# HELP herald_store_conflict_retries_total Batches run again after a deadlock, a serialization failure or a lock wait that ran out (a node frozen mid-transaction) with another node.\n# TYPE herald_store_conflict_retries_total counter\n"

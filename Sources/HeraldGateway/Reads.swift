@@ -9,9 +9,9 @@ public final class Reads: Sendable {
     private let engine: Engine
     private let reader: ReaderThread?
 
-    init(engine: Engine, reader: StoreReader?) {
+    init(engine: Engine, reader: ReaderThread?) {
         self.engine = engine
-        self.reader = reader.map(ReaderThread.init)
+        self.reader = reader
     }
 
     func start() { reader?.start() }
@@ -45,8 +45,10 @@ public final class Reads: Sendable {
     }
 }
 
-/// One thread that owns a store's read-only connection and runs queued reads in order.
-private final class ReaderThread: @unchecked Sendable {  // `reader` is touched by `run` only; the queue is under `cond`
+/// One thread that owns a store's read-only connection and runs queued
+/// reads in order: the devices' (`Reads`) and the engine's own routine
+/// ones (`Engine.readAside`).
+final class ReaderThread: @unchecked Sendable {  // `reader` is touched by `run` only; the queue is under `cond`
     private let reader: StoreReader
     private let cond = NSCondition()
     private var queue: [(StoreReader) -> Void] = []

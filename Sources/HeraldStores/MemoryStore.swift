@@ -160,6 +160,9 @@ public final class MemoryStore: NotificationStore {
         countsByUser[user].map { Array($0.values) } ?? []
     }
 
+    /// The heap's top, which may be stale (replaced or deleted since): early, as allowed.
+    public func nextExpiry() throws(StoreError) -> Millis? { expiryHeap.peek?.at }
+
     public func expiring(until: Millis, limit: Int) throws(StoreError) -> [(UserKey, Notification)] {
         var out: [(UserKey, Notification)] = []
         var keep: [ExpiryEntry] = []

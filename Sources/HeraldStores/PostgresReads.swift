@@ -40,6 +40,11 @@ struct PostgresReads {
     }
 
     static let headsSQL = forUsers("f.head FROM feeds f")
+
+    func nextExpiry() throws(StoreError) -> Millis? {
+        let r = try db.query("SELECT min(expires_at) FROM notifications")
+        return r.count == 0 ? nil : r.optionalInt64(0, 0)
+    }
     private static let devicesSQL = forUsers("\(deviceColumns) FROM devices f", "ORDER BY f.registered")
 
     /// Feed heads, `chunk` users a statement.
@@ -235,4 +240,5 @@ final class PostgresStoreReader: StoreReader {
     }
     func counts(_ user: UserKey) throws(StoreError) -> [TargetingCounts] { try ready().counts(user) }
     func devices(_ user: UserKey) throws(StoreError) -> [Device] { try ready().devices(user) }
+    func nextExpiry() throws(StoreError) -> Millis? { try ready().nextExpiry() }
 }

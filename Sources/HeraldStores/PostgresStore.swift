@@ -286,6 +286,11 @@ public final class PostgresStore: NotificationStore {
         return try reads.heads(users)
     }
 
+    public func nextExpiry() throws(StoreError) -> Millis? {
+        try check()
+        return try reads.nextExpiry()
+    }
+
     public func notification(_ user: UserKey, id: String) throws(StoreError) -> Notification? {
         if let hit = known[.id(user, id)] { return hit }
         return try reading(user).notification(user, id: id)

@@ -99,6 +99,15 @@ struct SQLiteReads {
         return out
     }
 
+    func nextExpiry() throws(StoreError) -> Millis? {
+        var at: Millis?
+        try db.query("SELECT min(expires_at) FROM notifications") { r throws(StoreError) in
+            at = r.isNull(0) ? nil : r.int64(0)
+            return false
+        }
+        return at
+    }
+
     func expiring(until: Millis, limit: Int) throws(StoreError) -> [(UserKey, Notification)] {
         guard limit > 0 else { return [] }
         var out: [(UserKey, Notification)] = []
@@ -189,4 +198,5 @@ final class SQLiteStoreReader: StoreReader {
     }
     func counts(_ user: UserKey) throws(StoreError) -> [TargetingCounts] { try reads.counts(user) }
     func devices(_ user: UserKey) throws(StoreError) -> [Device] { try reads.devices(user) }
+    func nextExpiry() throws(StoreError) -> Millis? { try reads.nextExpiry() }
 }

@@ -505,6 +505,8 @@ public final class SQLiteStore: NotificationStore {
 
     public func devices(_ user: UserKey) throws(StoreError) -> [Device] { try check(); return try reads.devices(user) }
 
+    public func nextExpiry() throws(StoreError) -> Millis? { try check(); return try reads.nextExpiry() }
+
     public func usersWithDevices(app: String) throws(StoreError) -> [(user: String, devices: [Device])] {
         try check()
         return try reads.usersWithDevices(app: app)

@@ -606,6 +606,39 @@ extension GatewayBehaviourTests {
         XCTAssertEqual(calls() - before, 4, "the next round, a minute later")
     }
 
+    /// The expiry check every 250 ms asks the store's reader thread, not the
+    /// engine: the engine's store sweeps only once a notification is due,
+    /// and the device is told it expired.
+    func testTheExpiryCheckReadsOffTheEngineAndSweepsOnlyWhenDue() {
+        let store = FailingStore()
+        store.offersReader = true
+        let h = Harness(store: store)
+        let s = h.webSocket()
+        h.hello(s, user: "u", cursor: 0)
+        h.request("POST", "/v1/apps/\(Harness.app.id)/users/u/notifications",
+                  body: ["appNotificationId": "a1", "payload": [:], "ttlSeconds": 1])
+        h.settle()
+        let sweeps = { store.expiringCalls.load(ordering: .relaxed) }
+        let engine = h.gateway.engine
+        for _ in 0..<3 {
+            engine.runMaintenance()
+            h.settle()
+            h.clock.advance(millis: Maintenance.sweepEvery)
+        }
+        XCTAssertEqual(sweeps(), 0, "nothing due: the engine's store is not asked")
+        h.clock.advance(seconds: 1)
+        engine.runMaintenance()
+        XCTAssertEqual(sweeps(), 0, "the question waits on the reader thread")
+        h.settle()
+        engine.runMaintenance()
+        h.settle()
+        XCTAssertEqual(sweeps(), 1, "a notification is due: one sweep")
+        s.read()
+        let change = s.frames.last { $0["type"] == "change" }?["change"]?.objectValue
+        XCTAssertEqual(change?["op"], "delete")
+        XCTAssertEqual(change?["reason"], "expired")
+    }
+
     /// The registry forgets devices that went away once their lastSeenAt is
     /// in the store; the listing still shows it.
     func testRegistryForgetsDevicesThatLeft() {

@@ -56,8 +56,8 @@ final class FailingStore: NotificationStore {
     var failCommits = 0
     /// Commits that happen, then throw as if the answer to COMMIT was lost.
     var loseCommitAnswers = 0
-    /// Commits, upserts and prune calls so far, readable from any thread.
-    let commits = Atomic<Int>(0), upserts = Atomic<Int>(0), pruneCalls = Atomic<Int>(0)
+    /// Commits, upserts, prune calls and expiry sweeps (`expiring`) so far, readable from any thread.
+    let commits = Atomic<Int>(0), upserts = Atomic<Int>(0), pruneCalls = Atomic<Int>(0), expiringCalls = Atomic<Int>(0)
     /// Offers a reader connection (over the same MemoryStore, run by the test).
     var offersReader = false
     var epoch: String { inner.epoch }
@@ -91,7 +91,11 @@ final class FailingStore: NotificationStore {
     func delete(_ u: UserKey, _ n: HeraldCore.Notification, reason: DeleteReason, at: Millis) throws(StoreError) -> ChangeRecord {
         try inner.delete(u, n, reason: reason, at: at)
     }
-    func expiring(until: Millis, limit: Int) throws(StoreError) -> [(UserKey, HeraldCore.Notification)] { try inner.expiring(until: until, limit: limit) }
+    func expiring(until: Millis, limit: Int) throws(StoreError) -> [(UserKey, HeraldCore.Notification)] {
+        expiringCalls.add(1, ordering: .relaxed)
+        return try inner.expiring(until: until, limit: limit)
+    }
+    func nextExpiry() throws(StoreError) -> Millis? { try inner.nextExpiry() }
     func pruneChanges(before: Millis, limit: Int) throws(StoreError) -> Pruned {
         pruneCalls.add(1, ordering: .relaxed)
         return try inner.pruneChanges(before: before, limit: limit)
@@ -133,6 +137,7 @@ final class MemoryReader: StoreReader {
     func history(_ u: UserKey, after: HistoryKey?, limit: Int) throws(StoreError) -> [HeraldCore.Notification] { try store.history(u, after: after, limit: limit) }
     func counts(_ u: UserKey) throws(StoreError) -> [TargetingCounts] { try store.counts(u) }
     func devices(_ u: UserKey) throws(StoreError) -> [Device] { try store.devices(u) }
+    func nextExpiry() throws(StoreError) -> Millis? { try store.nextExpiry() }
 }
 
 /// An HTTP exchange as the gateway sees it, recorded.
@@ -243,7 +248,7 @@ final class Harness {
         repeat {
             gateway.engine.runQueued()
             gateway.reads.runQueued()
-        } while loop.drain() > 0
+        } while loop.drain() > 0 || gateway.metrics.engineQueue.load(ordering: .relaxed) > 0
     }
 
     /// The engine's queue runs once, the loop not at all.

@@ -232,10 +232,13 @@ class StoreConformanceTests: XCTestCase {
 
     func checkExpiring() throws {
         let t = Self.t0
+        XCTAssertNil(try store.nextExpiry(), "nothing stored, nothing to sweep")
         try publish(alice, note("n_1", "a", expiresAt: t + 300))
         try publish(bob, note("n_2", "b", user: bob, expiresAt: t + 100))
         try publish(aliceInApp2, note("n_3", "c", user: aliceInApp2, expiresAt: t + 200))
         try publish(alice, note("n_4", "d", expiresAt: t + 1000))
+        XCTAssertEqual(try store.nextExpiry(), t + 100)
+        if let reader = try store.makeReader() { XCTAssertEqual(try reader.nextExpiry(), t + 100, "the reader sees it too") }
 
         XCTAssertEqual(try store.expiring(until: t + 50, limit: 10).count, 0)
         let due = try store.expiring(until: t + 300, limit: 10)
@@ -255,6 +258,8 @@ class StoreConformanceTests: XCTestCase {
         try publish(alice, n4)
         XCTAssertEqual(try store.expiring(until: t + 500, limit: 10).map(\.1), [n4])
         XCTAssertEqual(try store.expiring(until: t + 500, limit: 0).count, 0)
+        // Early is allowed (a memory store's stale entries), late never.
+        XCTAssertLessThanOrEqual(try XCTUnwrap(store.nextExpiry()), t + 400)
     }
 
     // MARK: Retention
