@@ -86,7 +86,7 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
     /// COMMIT was lost): their followers here catch up from the store at the
     /// next commit, before any later change of theirs reaches them.
     private var uncertain: Set<UserKey> = []
-    /// The registrations a resubscription had to read back were unreadable:
+    /// The registrations a resubscription (or a device event) had to read were unreadable:
     /// maintenance tries again (`refreshConnectedDevices`).
     var devicesStale = false
     /// Notifications the open batch published: `herald_publishes_total` once it commits.
@@ -531,9 +531,14 @@ extension Engine: BusReceiver {
         control { e in
             let shards = e.registry.shards(following: user).map { e.shards[$0] }
             guard !shards.isEmpty else { return }
-            // Unreadable now (the store away): the connections keep what they had.
+            // Unreadable now (the store away): the connections keep what
+            // they had until maintenance reads every connected device's
+            // registration again, as after a resubscription.
             let read: Device?
-            do { read = try e.store.device(user, id: deviceId) } catch { return }
+            do { read = try e.store.device(user, id: deviceId) } catch {
+                e.devicesStale = true
+                return
+            }
             e.tell(shards, user, deviceId, read)
         }
     }

@@ -221,4 +221,20 @@ final class BusTests: XCTestCase {
         XCTAssertNil(s.session.closeRequest)
         XCTAssertEqual(seqs(s), [1, 2], "caught up as ios: the ios-only notification too")
     }
+
+    /// A device event whose registration this node cannot read at once (the
+    /// store away for a moment) is acted on at the next maintenance run.
+    func testADeviceEventReadWhileTheStoreIsAwayActsAtTheNextMaintenance() {
+        let flaky = FailingStore()
+        store = flaky
+        let s = deviceOnB()
+        let del = a.request("DELETE", "/v1/me/devices/d1", token: a.token("u"))
+        a.settle()  // deleted on A; its event waits in B's engine queue
+        XCTAssertEqual(del.response?.status, 204)
+        flaky.failDeviceReads = 1
+        settle()
+        XCTAssertNil(s.session.closeRequest, "the registration was unreadable")
+        audit(b)
+        XCTAssertEqual(s.session.closeRequest?.code, .forbiddenDevice, "read again by maintenance")
+    }
 }

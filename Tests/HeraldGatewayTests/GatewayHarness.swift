@@ -58,6 +58,8 @@ final class FailingStore: NotificationStore {
     var loseCommitAnswers = 0
     /// Commits, upserts, prune calls and expiry sweeps (`expiring`) so far, readable from any thread.
     let commits = Atomic<Int>(0), upserts = Atomic<Int>(0), pruneCalls = Atomic<Int>(0), expiringCalls = Atomic<Int>(0)
+    /// Reads of device registrations that fail next, as with the store away.
+    var failDeviceReads = 0
     /// Offers a reader connection (over the same MemoryStore, run by the test).
     var offersReader = false
     var epoch: String { inner.epoch }
@@ -83,7 +85,13 @@ final class FailingStore: NotificationStore {
     func changes(_ u: UserKey, after: Int64, limit: Int) throws(StoreError) -> [ChangeRecord] { try inner.changes(u, after: after, limit: limit) }
     func history(_ u: UserKey, after: HistoryKey?, limit: Int) throws(StoreError) -> [HeraldCore.Notification] { try inner.history(u, after: after, limit: limit) }
     func counts(_ u: UserKey) throws(StoreError) -> [TargetingCounts] { try inner.counts(u) }
-    func devices(_ u: UserKey) throws(StoreError) -> [Device] { try inner.devices(u) }
+    func devices(_ u: UserKey) throws(StoreError) -> [Device] {
+        if failDeviceReads > 0 {
+            failDeviceReads -= 1
+            throw StoreError("database away (test)")
+        }
+        return try inner.devices(u)
+    }
     func upsert(_ u: UserKey, _ n: HeraldCore.Notification, previous: HeraldCore.Notification?, at: Millis) throws(StoreError) -> ChangeRecord {
         defer { upserts.add(1, ordering: .relaxed) }
         return try inner.upsert(u, n, previous: previous, at: at)
