@@ -568,14 +568,29 @@ extension Engine {
     /// registrations could not be read (the store away), and they keep
     /// what they had.
     func refreshConnectedDevices() -> Bool {
-        let connected = registry.connectedDevices.filter { !registry.shards(following: $0.key).isEmpty }
+        let connected = followedDevices
         guard !connected.isEmpty else { return true }
         guard let stored = try? store.devices(of: Array(connected.keys)) else { return false }
+        tell(stored, of: connected) { shards, user, id in tell(shards, user, id, nil) }
+        return true
+    }
+
+    /// The devices connected here whose users have followers here.
+    var followedDevices: [UserKey: Set<String>] {
+        registry.connectedDevices.filter { !registry.shards(following: $0.key).isEmpty }
+    }
+
+    /// Tells the connections of the `connected` devices still followed here
+    /// their registrations in `stored`; `gone` gets those it does not hold
+    /// (with the shards that follow them).
+    func tell(_ stored: [UserKey: [Device]], of connected: [UserKey: Set<String>], gone: ([Shard], UserKey, String) -> Void) {
         for (user, ids) in connected {
             let shards = registry.shards(following: user).map { self.shards[$0] }
-            for id in ids { tell(shards, user, id, stored[user]?.first { $0.deviceId == id }) }
+            guard !shards.isEmpty else { continue }
+            for id in ids {
+                if let d = stored[user]?.first(where: { $0.deviceId == id }) { tell(shards, user, id, d) } else { gone(shards, user, id) }
+            }
         }
-        return true
     }
 }
 

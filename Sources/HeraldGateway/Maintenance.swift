@@ -11,6 +11,7 @@ import HeraldCore
 /// every batch and bus delivery queued behind it.
 final class Maintenance {
     let audit = FeedAudit()
+    let devices = DeviceAudit()
     private var nextSweep: Millis = 0
     /// An expiry check is out on the reader thread.
     private var checkingExpiry = false
@@ -62,7 +63,10 @@ final class Maintenance {
             nextStatistics = tick + Self.statisticsEvery
             refreshStatistics(e)
         }
-        if e.bus != nil { audit.run(e, tick: tick) }
+        if e.bus != nil {
+            audit.run(e, tick: tick)
+            devices.run(e, tick: tick)
+        }
         if e.devicesStale { e.devicesStale = !e.refreshConnectedDevices() }
     }
 

@@ -222,6 +222,40 @@ final class BusTests: XCTestCase {
         XCTAssertEqual(seqs(s), [1, 2], "caught up as ios: the ios-only notification too")
     }
 
+    /// Device events that never came over the bus (their node died between
+    /// commit and publish) are made up for by the device audit, read on the
+    /// reader thread: the deleted device's connection here closes with 4003,
+    /// the re-registered one filters by its new platform.
+    func testDeviceEventsThatNeverCameOverTheBusActAtTheDeviceAudit() {
+        let readable = FailingStore()
+        readable.offersReader = true
+        store = readable
+        let s = deviceOnB()  // device "d1", platform other
+        let gone = b.webSocket()
+        b.hello(gone, user: "u", device: "d2", cursor: 0)
+        settle()
+        gone.read()
+        let tok = a.token("u")
+        busA.disconnect()
+        let put = a.request("PUT", "/v1/me/devices/d1", token: tok, body: ["platform": "ios"])
+        let del = a.request("DELETE", "/v1/me/devices/d2", token: tok)
+        settle()
+        XCTAssertEqual(put.response?.status, 200)
+        XCTAssertEqual(del.response?.status, 204)
+        XCTAssertNil(gone.session.closeRequest, "the event never came")
+        busA.reconnect()
+        audit(b)
+        XCTAssertEqual(gone.session.closeRequest?.code, .forbiddenDevice)
+        XCTAssertNil(s.session.closeRequest)
+        a.request("POST", "/v1/apps/\(Harness.app.id)/users/u/notifications",
+                  body: ["appNotificationId": "android-only", "payload": [:], "targetPlatforms": ["android"]])
+        a.request("POST", "/v1/apps/\(Harness.app.id)/users/u/notifications",
+                  body: ["appNotificationId": "ios-only", "payload": [:], "targetPlatforms": ["ios"]])
+        settle()
+        XCTAssertEqual(seqs(s), [2], "filtered as ios: the ios-only notification, not the android-only one")
+        XCTAssertEqual(seqs(gone), [])
+    }
+
     /// A device event whose registration this node cannot read at once (the
     /// store away for a moment) is acted on at the next maintenance run.
     func testADeviceEventReadWhileTheStoreIsAwayActsAtTheNextMaintenance() {

@@ -639,6 +639,27 @@ extension GatewayBehaviourTests {
         XCTAssertEqual(change?["reason"], "expired")
     }
 
+    /// A registration read before a newer change of the device (the device
+    /// audit reads aside) does not undo it: the connection keeps the view of
+    /// the later generation.
+    func testAnOlderViewDoesNotReplaceANewerOne() {
+        let h = Harness()
+        let s = h.webSocket()
+        h.hello(s, user: "u", cursor: 0)
+        h.settle()
+        let put = h.request("PUT", me + "/devices/d1", token: h.token("u"), body: ["platform": "android"])
+        h.settle()
+        XCTAssertEqual(put.json?["device"]?.objectValue?["platform"], "android")
+        let user = UserKey(app: Harness.app.id, user: "u")
+        let stale = Viewer(userId: "u", device: Device(deviceId: "d1", platform: .other, lastSeenAt: 0, viewGeneration: 0))
+        h.shard.viewerChanged(user, deviceId: "d1", viewer: stale)
+        h.request("POST", "/v1/apps/\(Harness.app.id)/users/u/notifications",
+                  body: ["appNotificationId": "android-only", "payload": [:], "targetPlatforms": ["android"]])
+        h.settle()
+        s.read()
+        XCTAssertEqual(changeSeqs(s.frames), [1], "still android")
+    }
+
     /// The registry forgets devices that went away once their lastSeenAt is
     /// in the store; the listing still shows it.
     func testRegistryForgetsDevicesThatLeft() {

@@ -244,6 +244,28 @@ def test_a_change_that_never_came_over_the_bus_reaches_the_other_node_s_devices(
             c.stop()
 
 
+def test_a_device_event_that_never_came_over_the_bus_acts_on_the_other_node_within_the_device_audit(
+        herald_bin, tmp_path, store_url):  # noqa: F811
+    """A device deleted through one node whose event never reaches another
+    (node 1 on a bus of its own, as if the event were lost: its node killed
+    between commit and publish) still has its connection on that node
+    closed with 4003: every 30 s each node reads the registrations of the
+    devices connected to it (docs/ARCHITECTURE.md, "Devices across
+    nodes"). Its connection used to stay open until it reconnected."""
+    apart = [Cluster(herald_bin, tmp_path / name, store_url) for name in ("a", "b")]
+    try:
+        (n1,), (n2,) = (c.start(1) for c in apart)
+        user = uid("user")
+        phone, _, _ = n2.connect(user, "phone")
+        with phone:
+            assert n1.me("DELETE", "/devices/phone", mint_token(user)).status_code == 204
+            code, _ = phone.expect_close(timeout=45)
+            assert code == 4003
+    finally:
+        for c in apart:
+            c.stop()
+
+
 def node_id(g: Gateway) -> str:
     """A node's id, from its log line `bus: subscribed ... (node ID)`."""
     m = re.search(r"\(node ([0-9a-f]{16})\)", g.stderr_tail(100_000))
