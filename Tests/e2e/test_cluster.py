@@ -11,6 +11,7 @@ without them these tests skip."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -217,6 +218,19 @@ def test_publish_and_dismiss_on_one_node_reach_a_device_on_the_other(nodes):
     assert [n.metric("herald_bus_catchups_total") for n in (n1, n2)] == [0, 0]
 
 
+@contextlib.contextmanager
+def apart_nodes(herald_bin, tmp_path, store_url):
+    """Two nodes on one store, each on a bus of its own: whatever node 1
+    puts on its bus never reaches node 2, as if lost."""
+    apart = [Cluster(herald_bin, tmp_path / name, store_url) for name in ("a", "b")]
+    try:
+        (n1,), (n2,) = (c.start(1) for c in apart)
+        yield n1, n2
+    finally:
+        for c in apart:
+            c.stop()
+
+
 def test_a_change_that_never_came_over_the_bus_reaches_the_other_node_s_devices(herald_bin, tmp_path, store_url):  # noqa: F811
     """A change committed on one node whose record never reaches another
     (here node 1 publishes on a bus of its own, as if the record were lost:
@@ -225,9 +239,7 @@ def test_a_change_that_never_came_over_the_bus_reaches_the_other_node_s_devices(
     node compares its followed feeds with the store every 5 s and catches up
     a feed still behind 10 s later (docs/ARCHITECTURE.md, "Changes across
     nodes")."""
-    apart = [Cluster(herald_bin, tmp_path / name, store_url) for name in ("a", "b")]
-    try:
-        (n1,), (n2,) = (c.start(1) for c in apart)
+    with apart_nodes(herald_bin, tmp_path, store_url) as (n1, n2):
         user = uid("user")
         phone, _, _ = n2.connect(user, "phone")
         with phone:
@@ -239,9 +251,6 @@ def test_a_change_that_never_came_over_the_bus_reaches_the_other_node_s_devices(
             changes, frames = phone.expect_changes(1)
             assert changes == [{"seq": nxt["seq"], "op": "upsert", "notification": nxt["notification"]}], frames
         assert n2.metric("herald_bus_catchups_total") == 0, "the next change followed on, no gap"
-    finally:
-        for c in apart:
-            c.stop()
 
 
 def test_a_device_event_that_never_came_over_the_bus_acts_on_the_other_node_within_the_device_audit(
@@ -252,18 +261,13 @@ def test_a_device_event_that_never_came_over_the_bus_acts_on_the_other_node_with
     closed with 4003: every 30 s each node reads the registrations of the
     devices connected to it (docs/ARCHITECTURE.md, "Devices across
     nodes"). Its connection used to stay open until it reconnected."""
-    apart = [Cluster(herald_bin, tmp_path / name, store_url) for name in ("a", "b")]
-    try:
-        (n1,), (n2,) = (c.start(1) for c in apart)
+    with apart_nodes(herald_bin, tmp_path, store_url) as (n1, n2):
         user = uid("user")
         phone, _, _ = n2.connect(user, "phone")
         with phone:
             assert n1.me("DELETE", "/devices/phone", mint_token(user)).status_code == 204
             code, _ = phone.expect_close(timeout=45)
             assert code == 4003
-    finally:
-        for c in apart:
-            c.stop()
 
 
 def node_id(g: Gateway) -> str:
