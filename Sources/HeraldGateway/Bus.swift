@@ -131,10 +131,13 @@ public final class MemoryBus: Bus {
     /// fell behind would: late, but nothing lost.
     public func pause() { held.withLock { $0 = $0 ?? [] } }
 
+    /// Hands on what was held, in order, before anything published after.
     public func resume() {
-        let late = held.withLock { h in defer { h = nil }; return h ?? [] }
-        guard let r = receiver.withLock({ $0 }) else { return }
-        for deliver in late { deliver(r) }
+        let r = receiver.withLock { $0 }
+        held.withLock { h in
+            if let r { for deliver in h ?? [] { deliver(r) } }
+            h = nil
+        }
     }
 
     public func reconnect() {

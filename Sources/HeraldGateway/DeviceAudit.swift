@@ -8,10 +8,11 @@ import HeraldCore
 /// reconnects. Every `every`, the registrations of the devices connected
 /// here are read on the store's reader thread (`Engine.readAside`; 500 users
 /// a statement on PostgreSQL) and their connections told, as an event
-/// would. A view read before a newer change cannot undo it
-/// (`Subscription.viewerChanged` keeps the later generation); a device the
-/// read says is gone is read again on the engine (`Engine.deviceChanged`)
-/// before its connections close. Engine thread only.
+/// would: a read that differs from what a connection has (or says the
+/// device is gone) has the engine read that registration again
+/// (`Engine.deviceChanged`) and tell its connections, so a read older than
+/// a change the connection already took never undoes it. Engine thread
+/// only.
 final class DeviceAudit {
     static let every: Millis = 30_000
 
@@ -30,7 +31,12 @@ final class DeviceAudit {
         e.readAside({ r throws(StoreError) in try r.devices(of: users) }) { e, stored in
             e.maintenance.devices.reading = false
             switch stored {
-            case .success(let stored): e.tell(stored, of: connected) { _, user, id in e.deviceChanged(user, deviceId: id) }
+            case .success(let stored):
+                e.forEach(stored, of: connected) { shards, user, id, device in
+                    guard let device else { return e.deviceChanged(user, deviceId: id) }
+                    let v = Viewer(userId: user.user, device: device)
+                    for s in shards { s.post { s.checkViewer(user, deviceId: id, read: v) } }
+                }
             case .failure(let error): e.health.failed("device audit", error)
             }
         }

@@ -42,6 +42,9 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
         /// Bookkeeping that runs once, as soon as the engine takes the
         /// command, ahead of its batch (`release`).
         var early: (@Sendable (Engine) -> Void)? = nil
+        /// Bookkeeping only: a batch of such commands asks nothing of the
+        /// store, so it says nothing of the store's health.
+        var bookkeeping: Bool { control != nil || early != nil }
     }
 
     enum Effect {
@@ -86,7 +89,7 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
     /// COMMIT was lost): their followers here catch up from the store at the
     /// next commit, before any later change of theirs reaches them.
     private var uncertain: Set<UserKey> = []
-    /// The registrations a resubscription (or a device event) had to read were unreadable:
+    /// The registrations a resubscription had to read back were unreadable:
     /// maintenance tries again (`refreshConnectedDevices`).
     var devicesStale = false
     /// Notifications the open batch published: `herald_publishes_total` once it commits.
@@ -398,7 +401,9 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
                 return true
             }
         }
-        health.succeeded()
+        // A reader's failure, handed back in a `control` (`readAside`), is
+        // not undone by the empty batch that carried it.
+        if !batch.allSatisfy(\.bookkeeping) { health.succeeded() }
         return true
     }
 
@@ -532,13 +537,9 @@ extension Engine: BusReceiver {
             let shards = e.registry.shards(following: user).map { e.shards[$0] }
             guard !shards.isEmpty else { return }
             // Unreadable now (the store away): the connections keep what
-            // they had until maintenance reads every connected device's
-            // registration again, as after a resubscription.
+            // they had until the device audit reads it again (`DeviceAudit`).
             let read: Device?
-            do { read = try e.store.device(user, id: deviceId) } catch {
-                e.devicesStale = true
-                return
-            }
+            do { read = try e.store.device(user, id: deviceId) } catch { return }
             e.tell(shards, user, deviceId, read)
         }
     }
@@ -571,7 +572,7 @@ extension Engine {
         let connected = followedDevices
         guard !connected.isEmpty else { return true }
         guard let stored = try? store.devices(of: Array(connected.keys)) else { return false }
-        tell(stored, of: connected) { shards, user, id in tell(shards, user, id, nil) }
+        forEach(stored, of: connected) { shards, user, id, device in tell(shards, user, id, device) }
         return true
     }
 
@@ -580,16 +581,14 @@ extension Engine {
         registry.connectedDevices.filter { !registry.shards(following: $0.key).isEmpty }
     }
 
-    /// Tells the connections of the `connected` devices still followed here
-    /// their registrations in `stored`; `gone` gets those it does not hold
-    /// (with the shards that follow them).
-    func tell(_ stored: [UserKey: [Device]], of connected: [UserKey: Set<String>], gone: ([Shard], UserKey, String) -> Void) {
+    /// Each of the `connected` devices still followed here, with the shards
+    /// that follow its user and its registration in `stored` (nil: gone).
+    func forEach(_ stored: [UserKey: [Device]], of connected: [UserKey: Set<String>],
+                 _ body: ([Shard], UserKey, String, Device?) -> Void) {
         for (user, ids) in connected {
             let shards = registry.shards(following: user).map { self.shards[$0] }
             guard !shards.isEmpty else { continue }
-            for id in ids {
-                if let d = stored[user]?.first(where: { $0.deviceId == id }) { tell(shards, user, id, d) } else { gone(shards, user, id) }
-            }
+            for id in ids { body(shards, user, id, stored[user]?.first { $0.deviceId == id }) }
         }
     }
 }

@@ -13,8 +13,8 @@ final class Maintenance {
     let audit = FeedAudit()
     let devices = DeviceAudit()
     private var nextSweep: Millis = 0
-    /// An expiry check is out on the reader thread.
-    private var checkingExpiry = false
+    /// When the expiry check out on the reader thread was asked (a tick).
+    private var checkingSince: Millis?
     /// A check found a notification due: the sweep runs at the next call.
     private var expiryDue = false
     private var nextPrune: Millis = 0
@@ -39,6 +39,9 @@ final class Maintenance {
     /// How often the store is asked whether a notification is due (SPEC 3:
     /// announced within 2 s of its expiry).
     static let sweepEvery: Millis = 250
+    /// A check still unanswered after this (the reader's queue long with
+    /// catch-ups) gives way to a sweep on the engine, as before checks.
+    static let checkPatience: Millis = 1_000
 
     /// `now`: wall time, for what is stored (expiry, cutoffs); `tick`
     /// (`Clock.ticks`): when each task is next due, so a step of the wall
@@ -47,7 +50,7 @@ final class Maintenance {
         e.thread.assertCurrent()
         if tick >= nextSweep || force {
             nextSweep = tick + Self.sweepEvery
-            if force { expiryDue = true } else { checkExpiry(e, now: now) }
+            if force { expiryDue = true } else { checkExpiry(e, now: now, tick: tick) }
         }
         if expiryDue {
             expiryDue = false
@@ -71,13 +74,17 @@ final class Maintenance {
     }
 
     /// Asks the store, off the engine, whether a notification expired by
-    /// `now`, unless the last question is still out (a slow database).
-    private func checkExpiry(_ e: Engine, now: Millis) {
-        guard !checkingExpiry else { return }
-        checkingExpiry = true
+    /// `now`, unless the last question is still out: then, once it has been
+    /// for `checkPatience`, sweeps anyway.
+    private func checkExpiry(_ e: Engine, now: Millis, tick: Millis) {
+        if let asked = checkingSince {
+            if tick - asked >= Self.checkPatience { expiryDue = true }
+            return
+        }
+        checkingSince = tick
         e.readAside({ r throws(StoreError) in try r.nextExpiry() }) { e, result in
             let m = e.maintenance
-            m.checkingExpiry = false
+            m.checkingSince = nil
             switch result {
             case .success(let at): if let at, at <= now { m.expiryDue = true }
             case .failure(let error): e.health.failed("expiry check", error)

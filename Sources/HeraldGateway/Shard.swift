@@ -65,6 +65,18 @@ public final class Shard: @unchecked Sendable {  // loop-thread state, checked b
         subscriptions[user]?.forEach { s in if s.deviceId == deviceId { s.viewerChanged(viewer) } }
     }
 
+    /// The device audit read `viewer` for the device, off the engine: a
+    /// connection here with another view has the engine read the
+    /// registration again and tell it (`Engine.deviceChanged`), in order
+    /// with every other change of that device. The read itself may be older
+    /// than what the connection has, so it is never applied as it is.
+    func checkViewer(_ user: UserKey, deviceId: String, read viewer: Viewer) {
+        thread.assertCurrent()
+        var differs = false
+        subscriptions[user]?.forEach { s in if s.deviceId == deviceId && s.viewer != viewer { differs = true } }
+        if differs { gateway.engine.deviceChanged(user, deviceId: deviceId) }
+    }
+
     func deviceDeleted(_ user: UserKey, deviceId: String) {
         thread.assertCurrent()
         subscriptions[user]?.forEach { s in if s.deviceId == deviceId { s.end(.deviceDeleted) } }

@@ -329,13 +329,7 @@ final class Subscription {
         output.live(items, cursor: cursor, unread: delta != 0 ? unread : nil)
     }
 
-    /// Takes `v` unless it is older than the view it has (a lower
-    /// `viewGeneration`): a registration read before a newer change (the
-    /// device audit's, on the reader thread) must not undo it.
-    func viewerChanged(_ v: Viewer) {
-        guard (v.device?.viewGeneration ?? 0) >= (viewer.device?.viewGeneration ?? 0) else { return }
-        viewer = v
-    }
+    func viewerChanged(_ v: Viewer) { viewer = v }
 
     /// Whether its token still verifies with `apps`.
     func tokenHolds(in apps: [String: AppConfig]) -> Bool {

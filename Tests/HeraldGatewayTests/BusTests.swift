@@ -257,11 +257,12 @@ final class BusTests: XCTestCase {
     }
 
     /// A device event whose registration this node cannot read at once (the
-    /// store away for a moment) is acted on at the next maintenance run.
-    func testADeviceEventReadWhileTheStoreIsAwayActsAtTheNextMaintenance() {
+    /// store away for a moment) is acted on by the next device audit.
+    func testADeviceEventReadWhileTheStoreIsAwayActsAtTheNextDeviceAudit() {
         let flaky = FailingStore()
         store = flaky
         let s = deviceOnB()
+        audit(b)  // the device audit's first round: the next is 30 s away
         let del = a.request("DELETE", "/v1/me/devices/d1", token: a.token("u"))
         a.settle()  // deleted on A; its event waits in B's engine queue
         XCTAssertEqual(del.response?.status, 204)
@@ -269,6 +270,9 @@ final class BusTests: XCTestCase {
         settle()
         XCTAssertNil(s.session.closeRequest, "the registration was unreadable")
         audit(b)
-        XCTAssertEqual(s.session.closeRequest?.code, .forbiddenDevice, "read again by maintenance")
+        XCTAssertNil(s.session.closeRequest, "no device audit due yet")
+        b.clock.advance(millis: DeviceAudit.every)
+        audit(b)
+        XCTAssertEqual(s.session.closeRequest?.code, .forbiddenDevice, "read again by the device audit")
     }
 }

@@ -639,10 +639,54 @@ extension GatewayBehaviourTests {
         XCTAssertEqual(change?["reason"], "expired")
     }
 
+    /// A check the reader thread does not answer (its queue long with
+    /// catch-ups) gives way to a sweep on the engine after a second, so
+    /// expiry stays within SPEC's 2 s.
+    func testAnUnansweredExpiryCheckGivesWayToASweep() {
+        let store = FailingStore()
+        store.offersReader = true
+        let h = Harness(store: store)
+        h.request("POST", "/v1/apps/\(Harness.app.id)/users/u/notifications",
+                  body: ["appNotificationId": "a1", "payload": [:], "ttlSeconds": 1])
+        h.settle()
+        h.clock.advance(seconds: 2)
+        let engine = h.gateway.engine
+        let sweeps = { store.expiringCalls.load(ordering: .relaxed) }
+        engine.runMaintenance()  // asks the reader, which is not run
+        var waited: Millis = 0
+        while waited + Maintenance.sweepEvery < Maintenance.checkPatience {
+            h.clock.advance(millis: Maintenance.sweepEvery)
+            waited += Maintenance.sweepEvery
+            engine.runMaintenance()
+        }
+        XCTAssertEqual(sweeps(), 0, "the question is still fresh")
+        h.clock.advance(millis: Maintenance.sweepEvery)
+        engine.runMaintenance()
+        XCTAssertEqual(sweeps(), 1, "swept on the engine")
+        XCTAssertNil(try store.notification(UserKey(app: Harness.app.id, user: "u"), appNotificationId: "a1"))
+    }
+
+    /// A failed expiry check on the reader thread shows in the store's
+    /// health: the engine batch that hands the failure back touches no store
+    /// and must not report it working (/healthz said `ok` with PostgreSQL
+    /// stopped).
+    func testAFailedReadAsideLeavesTheStoreUnhealthy() {
+        let store = FailingStore()
+        store.offersReader = true
+        let h = Harness(store: store)
+        store.failExpiryChecks = 1
+        h.gateway.engine.runMaintenance()
+        h.settle()
+        XCTAssertFalse(h.gateway.engine.health.isAvailable)
+        h.publish("u", "a1")
+        h.settle()
+        XCTAssertTrue(h.gateway.engine.health.isAvailable, "a batch that wrote says it works again")
+    }
+
     /// A registration read before a newer change of the device (the device
-    /// audit reads aside) does not undo it: the connection keeps the view of
-    /// the later generation.
-    func testAnOlderViewDoesNotReplaceANewerOne() {
+    /// audit reads aside) does not undo it: a connection whose view differs
+    /// from the read has the engine read it again, and keeps the newer one.
+    func testAnOlderReadDoesNotReplaceANewerView() {
         let h = Harness()
         let s = h.webSocket()
         h.hello(s, user: "u", cursor: 0)
@@ -652,7 +696,7 @@ extension GatewayBehaviourTests {
         XCTAssertEqual(put.json?["device"]?.objectValue?["platform"], "android")
         let user = UserKey(app: Harness.app.id, user: "u")
         let stale = Viewer(userId: "u", device: Device(deviceId: "d1", platform: .other, lastSeenAt: 0, viewGeneration: 0))
-        h.shard.viewerChanged(user, deviceId: "d1", viewer: stale)
+        h.shard.checkViewer(user, deviceId: "d1", read: stale)
         h.request("POST", "/v1/apps/\(Harness.app.id)/users/u/notifications",
                   body: ["appNotificationId": "android-only", "payload": [:], "targetPlatforms": ["android"]])
         h.settle()

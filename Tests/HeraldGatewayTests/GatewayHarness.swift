@@ -58,8 +58,9 @@ final class FailingStore: NotificationStore {
     var loseCommitAnswers = 0
     /// Commits, upserts, prune calls and expiry sweeps (`expiring`) so far, readable from any thread.
     let commits = Atomic<Int>(0), upserts = Atomic<Int>(0), pruneCalls = Atomic<Int>(0), expiringCalls = Atomic<Int>(0)
-    /// Reads of device registrations that fail next, as with the store away.
-    var failDeviceReads = 0
+    /// Reads of device registrations, and expiry checks, that fail next, as
+    /// with the store away.
+    var failDeviceReads = 0, failExpiryChecks = 0
     /// Offers a reader connection (over the same MemoryStore, run by the test).
     var offersReader = false
     var epoch: String { inner.epoch }
@@ -103,7 +104,13 @@ final class FailingStore: NotificationStore {
         expiringCalls.add(1, ordering: .relaxed)
         return try inner.expiring(until: until, limit: limit)
     }
-    func nextExpiry() throws(StoreError) -> Millis? { try inner.nextExpiry() }
+    func nextExpiry() throws(StoreError) -> Millis? {
+        if failExpiryChecks > 0 {
+            failExpiryChecks -= 1
+            throw StoreError("database away (test)")
+        }
+        return try inner.nextExpiry()
+    }
     func pruneChanges(before: Millis, limit: Int) throws(StoreError) -> Pruned {
         pruneCalls.add(1, ordering: .relaxed)
         return try inner.pruneChanges(before: before, limit: limit)
