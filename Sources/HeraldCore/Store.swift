@@ -70,6 +70,10 @@ public protocol StoreReading: AnyObject {
     func nextExpiry() throws(StoreError) -> Millis?
 }
 
+extension NotificationStore {
+    public var lastCommitReachedStore: Bool { true }
+}
+
 extension StoreReading {
     public func heads(_ users: [UserKey]) throws(StoreError) -> [UserKey: Int64] {
         var out: [UserKey: Int64] = [:]
@@ -111,6 +115,10 @@ public protocol StoreReader: StoreReading {
 public protocol NotificationStore: StoreReading {
     func begin() throws(StoreError)
     func commit() throws(StoreError)
+    /// Whether the last `commit()` reached the store: only then does it say
+    /// the store works (PostgreSQL sends nothing for a transaction with no
+    /// statement in it).
+    var lastCommitReachedStore: Bool { get }
     func rollback()
     /// Inside a transaction, takes now what the writes to `users` (and to
     /// the users of `lookups`) would take on first touch (PostgreSQL: each

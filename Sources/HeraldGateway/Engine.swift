@@ -401,9 +401,9 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
                 return true
             }
         }
-        // A reader's failure, handed back in a `control` (`readAside`), is
-        // not undone by the empty batch that carried it.
-        if !batch.allSatisfy(\.bookkeeping) { health.succeeded() }
+        // A batch that sent the store nothing (bookkeeping, or a reader's
+        // failure handed back by `readAside`) says nothing of its health.
+        if store.lastCommitReachedStore && !batch.allSatisfy(\.bookkeeping) { health.succeeded() }
         return true
     }
 
@@ -419,6 +419,8 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
         guard let reader else { return reply(self, Result { () throws(StoreError) in try body(store) }) }
         reader.submit { [self] r in
             let result = Result { () throws(StoreError) in try body(r) }
+            // Failures are the reply's to report, with what failed.
+            if case .success = result { health.succeeded() }
             control { e in reply(e, result) }
         }
     }
@@ -432,7 +434,7 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
             try store.begin()
             try body()
             try commit(began: nil)
-            health.succeeded()
+            if store.lastCommitReachedStore { health.succeeded() }
             return true
         } catch {
             rolledBack(after: error)
@@ -539,7 +541,9 @@ extension Engine: BusReceiver {
             // Unreadable now (the store away): the connections keep what
             // they had until the device audit reads it again (`DeviceAudit`).
             let read: Device?
-            do { read = try e.store.device(user, id: deviceId) } catch { return }
+            do { read = try e.store.device(user, id: deviceId) } catch {
+                return e.health.failed("device read", error)
+            }
             e.tell(shards, user, deviceId, read)
         }
     }

@@ -96,9 +96,12 @@ public final class PostgresStore: NotificationStore {
         db.lockWaitRanOut = false
     }
 
+    public private(set) var lastCommitReachedStore = true
+
     public func commit() throws(StoreError) {
         guard inTransaction else { return }
         defer { inTransaction = false; heads.removeAll(); known.removeAll() }
+        lastCommitReachedStore = started
         guard started else { return }
         do throws(StoreError) {
             try check()

@@ -602,6 +602,19 @@ final class PostgresStoreTests: XCTestCase {
         XCTAssertEqual(try reader.feed(alice).head, 2)
     }
 
+    /// A transaction that sent nothing reached nothing: its commit says so,
+    /// so a store that is down is not reported working (/healthz).
+    func testACommitOfNothingDoesNotReachTheServer() throws {
+        let store = try PostgresStore(url: database.url)
+        try store.begin()
+        try store.commit()
+        XCTAssertFalse(store.lastCommitReachedStore)
+        try store.begin()
+        _ = try store.upsert(alice, note("n_1"), previous: nil, at: t0)
+        try store.commit()
+        XCTAssertTrue(store.lastCommitReachedStore)
+    }
+
     // MARK: Failures
 
     func testFailedStatementDoomsTheBatchUntilRolledBack() throws {
