@@ -412,7 +412,8 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
     /// For maintenance's routine reads, which would otherwise hold up every
     /// batch queued behind them for a round trip to the database (on a
     /// receiving node, every delivery from the bus; docs/BENCHMARKS.md).
-    /// One statement each, so they need no snapshot (`StoreReader.read`).
+    /// Each value they read stands alone (a head, a registration), so they
+    /// need no snapshot (`StoreReader.read`).
     func readAside<T: Sendable>(_ body: @escaping @Sendable (StoreReading) throws(StoreError) -> T,
                                 reply: @escaping @Sendable (Engine, Result<T, StoreError>) -> Void) {
         thread.assertCurrent()
