@@ -87,10 +87,7 @@ final class FailingStore: NotificationStore {
     func history(_ u: UserKey, after: HistoryKey?, limit: Int) throws(StoreError) -> [HeraldCore.Notification] { try inner.history(u, after: after, limit: limit) }
     func counts(_ u: UserKey) throws(StoreError) -> [TargetingCounts] { try inner.counts(u) }
     func devices(_ u: UserKey) throws(StoreError) -> [Device] {
-        if failDeviceReads > 0 {
-            failDeviceReads -= 1
-            throw StoreError("database away (test)")
-        }
+        try failIfDue(&failDeviceReads)
         return try inner.devices(u)
     }
     func upsert(_ u: UserKey, _ n: HeraldCore.Notification, previous: HeraldCore.Notification?, at: Millis) throws(StoreError) -> ChangeRecord {
@@ -105,11 +102,14 @@ final class FailingStore: NotificationStore {
         return try inner.expiring(until: until, limit: limit)
     }
     func nextExpiry() throws(StoreError) -> Millis? {
-        if failExpiryChecks > 0 {
-            failExpiryChecks -= 1
-            throw StoreError("database away (test)")
-        }
+        try failIfDue(&failExpiryChecks)
         return try inner.nextExpiry()
+    }
+    /// Fails while `count` lasts, one failure a call, as a store away would.
+    private func failIfDue(_ count: inout Int) throws(StoreError) {
+        guard count > 0 else { return }
+        count -= 1
+        throw StoreError("database away (test)")
     }
     func pruneChanges(before: Millis, limit: Int) throws(StoreError) -> Pruned {
         pruneCalls.add(1, ordering: .relaxed)
