@@ -127,6 +127,10 @@ public protocol NotificationStore: StoreReading {
     /// and may read the notifications `lookups` name at once, for the
     /// transaction's later lookups. Stores with a single writer need nothing.
     func claim(_ users: [UserKey], lookups: [NotificationLookup]) throws(StoreError)
+    /// Another node committed `records`, changes of `user` in seq order
+    /// (from the bus): a store that keeps what it knows of feeds between
+    /// transactions (PostgreSQL) may follow. Outside a transaction or in one.
+    func noteCommitted(_ user: UserKey, _ records: [ChangeRecord])
 
     func notification(_ user: UserKey, appNotificationId: String) throws(StoreError) -> Notification?
 
@@ -180,6 +184,7 @@ extension NotificationStore {
     public var commitSync: CommitSync? { nil }
     public func claim(_ users: [UserKey], lookups: [NotificationLookup]) throws(StoreError) {}
     public func claim(_ users: [UserKey]) throws(StoreError) { try claim(users, lookups: []) }
+    public func noteCommitted(_ user: UserKey, _ records: [ChangeRecord]) {}
     public func refreshPlannerStatistics() throws(StoreError) -> [String] { [] }
 
     /// Drops every change recorded before `before` in one call; how many.

@@ -527,7 +527,10 @@ extension Engine: BusReceiver {
                 if byUser[u] == nil { order.append(u) }
                 byUser[u, default: []].append(r)
             }
-            for u in order { e.fanOut(u, byUser[u]!, committedAt: at) }
+            for u in order {
+                e.store.noteCommitted(u, byUser[u]!)
+                e.fanOut(u, byUser[u]!, committedAt: at)
+            }
         }
     }
 

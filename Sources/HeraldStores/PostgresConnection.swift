@@ -1,4 +1,5 @@
 import CPostgres
+import Glibc
 import HeraldCore
 
 /// A value bound to a statement parameter (sent in text format).
@@ -166,6 +167,7 @@ final class PostgresConnection {
         // default libpq prints them on stderr.
         PQsetNoticeProcessor(c, { _, _ in }, nil)
         conn = c
+        sessions += 1
         // The same bounds on the server's side of the session: a node whose
         // host vanished mid-transaction (its session waits for the next
         // statement, holding its users' row locks, and with them every other
@@ -188,6 +190,14 @@ final class PostgresConnection {
     }
 
     var isConnected: Bool { conn.map { PQstatus($0) == CONNECTION_OK } ?? false }
+
+    /// Sessions opened so far: what a session learned (a cache) may not
+    /// hold for the next one (the database restored meanwhile).
+    private(set) var sessions = 0
+
+    /// Times this connection has waited for the server's answer: the cost
+    /// that pipelining saves (tests count it).
+    private(set) var roundTrips = 0
 
     /// Connects again when the connection was lost. Only where no
     /// transaction of ours can be open: a new session has none.
@@ -234,6 +244,7 @@ final class PostgresConnection {
         guard let c = conn else { throw error(String(sql.prefix(60)), "not connected") }
         if pipelining { return try queries([(sql, args)])[0] }
         let statement = try prepare(c, sql, args.count)
+        roundTrips += 1
         let res = Self.withCStrings(args) { values in PQexecPrepared(c, statement, Int32(args.count), values, nil, nil, 0) }
         return try check(res, sql)
     }
@@ -252,6 +263,7 @@ final class PostgresConnection {
             for (sql, args) in statements { try enqueue(sql, args) }
             let mine = unread.suffix(statements.count)
             unread.removeLast(statements.count)
+            roundTrips += 1
             try drain()
             PQsendFlushRequest(c)
             var out: [PostgresRows] = []
@@ -284,13 +296,33 @@ final class PostgresConnection {
     /// next `query` returns, or at `finish`; the first error is thrown there
     /// and ends the pipeline (PostgreSQL skipped the rest of it), leaving a
     /// failed transaction for the owner to roll back.
+    /// BEGIN itself is pipelined too: a batch whose reads are all answered
+    /// from memory (`PostgresStore.claim`) costs the one round trip of its
+    /// COMMIT.
     func beginPipelined() throws(StoreError) {
-        try begin("BEGIN")  // replaces a dead connection before anything is pipelined
+        try reconnectIfClosed()
         guard let c = conn, PQenterPipelineMode(c) == 1 else {
-            _ = try? script("ROLLBACK")
             throw error("BEGIN", "cannot enter pipeline mode: \(Self.message(conn.flatMap { PQerrorMessage($0) }))")
         }
         pipelining = true
+        do throws(StoreError) { try enqueue("BEGIN", []) } catch {
+            abandon()
+            throw error
+        }
+    }
+
+    /// Connects again when the connection was lost, or ended by the server
+    /// since its last use (a restart, an administrator), which libpq
+    /// notices only when it reads. Between transactions the server sends
+    /// nothing unasked but its last words (a FATAL, then the end), so a
+    /// session with anything to read now is replaced before anything of a
+    /// transaction is sent: the server's restart costs no batch.
+    private func reconnectIfClosed() throws(StoreError) {
+        if let c = conn {
+            var p = pollfd(fd: PQsocket(c), events: Int16(POLLIN), revents: 0)
+            if poll(&p, 1, 0) != 0 { close() }
+        }
+        try reconnectIfLost()
     }
 
     /// Sends a statement whose result needs no reading, only checking:
@@ -313,6 +345,7 @@ final class PostgresConnection {
         if let name = prepared[sql] { return name }
         // Preparing is synchronous, which pipeline mode forbids: leave it for
         // a moment (once per statement and session), reading what is pending.
+        if !unread.isEmpty { roundTrips += 1 }
         try drain()
         PQexitPipelineMode(c)
         defer { PQenterPipelineMode(c) }
@@ -389,6 +422,7 @@ final class PostgresConnection {
         let pending = unread
         unread.removeAll()
         guard let c = conn, isConnected else { return (error("pipeline", "the connection was lost"), !pending.isEmpty) }
+        roundTrips += 1
         guard PQpipelineSync(c) == 1 else {
             close()
             return (error("pipeline", "the connection was lost"), !pending.isEmpty)
@@ -430,12 +464,14 @@ final class PostgresConnection {
     /// work, transaction control).
     func script(_ sql: String) throws(StoreError) {
         guard let c = conn else { throw error(String(sql.prefix(60)), "not connected") }
+        roundTrips += 1
         _ = try check(PQexec(c, sql), sql)
     }
 
     private func prepare(_ c: OpaquePointer, _ sql: String, _ count: Int) throws(StoreError) -> String {
         if let name = prepared[sql] { return name }
         let name = "h\(prepared.count)"
+        roundTrips += 1
         _ = try check(PQprepare(c, name, sql, Int32(count), nil), sql)
         prepared[sql] = name
         return name

@@ -145,14 +145,34 @@ enum PostgresSchema {
         ALTER TABLE changes ADD COLUMN notification_id text COLLATE "C";
         ALTER TABLE changes ALTER COLUMN at DROP NOT NULL;
         """,
+        // 4: a batch that takes its users' heads from the node's cache
+        // instead of reading them checks them under the users' locks, in
+        // the same pipeline (PostgresStore.claim): a head another node moved
+        // fails the transaction as a serialization failure, which the
+        // engine runs again, reading.
+        """
+        CREATE FUNCTION herald_expect_heads(apps text[], users text[], expected bigint[]) RETURNS void
+        LANGUAGE plpgsql AS $$
+        BEGIN
+            IF (SELECT count(*) FROM feeds f JOIN unnest(apps, users, expected) AS k(app, user_id, head)
+                ON f.app = k.app AND f.user_id = k.user_id AND f.head = k.head) <> cardinality(apps) THEN
+                RAISE EXCEPTION 'a feed moved since this node last saw it' USING ERRCODE = 'serialization_failure';
+            END IF;
+        END
+        $$;
+        """,
     ]
 
-    /// A node of an older Herald misreads what a newer schema holds (since
-    /// version 3 a notification's JSON is in its change, and its pruning
-    /// would drop changes notifications point at): migrate only once every
+    /// The versions an older node would misread: since version 3 a
+    /// notification's JSON is in its change, and an older node's pruning
+    /// would drop changes notifications point at. Version 4 only adds a
+    /// function older nodes never call.
+    static let misreadByOlderNodes: Set<Int64> = [3]
+
+    /// Migrates through a version of `misreadByOlderNodes` only once every
     /// node on the database has stopped (`herald_nodes`, from version 2).
     private static func refuseWhileNodesRun(_ db: PostgresConnection, _ current: Int64) throws(StoreError) {
-        guard current >= 2 else { return }
+        guard current >= 2, ((current + 1)...version).contains(where: misreadByOlderNodes.contains) else { return }
         let running = try db.query("SELECT count(*) FROM herald_nodes WHERE lease_until > now()").int64(0, 0)
         guard running == 0 else {
             throw db.error("schema", "\(running) gateway node(s) are running on this database at schema version \(current); stop every node before upgrading it to \(version) (an older node would misread what this version writes). A stopped or crashed node's lease ends within 10 s. Nothing was changed.")

@@ -56,6 +56,16 @@ public final class PostgresStore: NotificationStore {
     /// Notifications of locked users as the open transaction has them
     /// (nil: none), read ahead by `claim` and kept up by its own writes.
     private var known: [NotificationLookup: Notification?] = [:]
+    /// The open transaction's changes, per user, in seq order: a user's
+    /// head when locked is `heads[user]` less their count.
+    private var written: [UserKey: [ChangeRecord]] = [:]
+    /// Feeds as last committed, which spare `claim` its reads (see there).
+    private var cache: PostgresFeedCache
+    /// The session `cache` was learned on (`PostgresConnection.sessions`).
+    private var cacheSession = 0
+    /// `cache`'s budget unless given: a few thousand users' recent
+    /// notifications.
+    public static let defaultCacheBytes = 32 << 20
     /// The `before` of the prune call that last swept zeroed counts rows.
     private var countsSweptAt: Millis?
     /// How often that sweep (a scan of `counts`) runs.
@@ -67,11 +77,12 @@ public final class PostgresStore: NotificationStore {
 
     /// Connects to the database at `url` (a libpq URL or key=value string)
     /// and migrates it to the current schema.
-    public init(url: String) throws(StoreError) {
+    public init(url: String, cacheBytes: Int = defaultCacheBytes) throws(StoreError) {
         self.url = url
         db = try PostgresConnection(url: url)
         reads = PostgresReads(db: db)
         epoch = try PostgresSchema.migrate(db)
+        cache = PostgresFeedCache(budget: cacheBytes)
     }
 
     // MARK: Transactions
@@ -100,28 +111,56 @@ public final class PostgresStore: NotificationStore {
 
     public func commit() throws(StoreError) {
         guard inTransaction else { return }
-        defer { inTransaction = false; heads.removeAll(); known.removeAll() }
+        defer { ended() }
         lastCommitReachedStore = started
         guard started else { return }
         do throws(StoreError) {
             try check()
             try db.finish("COMMIT")
         } catch {
-            db.abandon()
-            if db.inTransaction { _ = try? db.script("ROLLBACK") }
-            fenceIfLockWaitRanOut()
+            undone()
             throw error
+        }
+        followSession()
+        for (user, head) in heads {
+            let records = written[user] ?? []
+            cache.committed(user, from: head - Int64(records.count), records)
         }
     }
 
     public func rollback() {
         guard inTransaction else { return }
-        inTransaction = false
-        heads.removeAll()
-        known.removeAll()
+        undone()
+        ended()
+    }
+
+    /// Rolls back what reached the server; forgets what the cache had of
+    /// its users, which may be why it failed (`claim`).
+    private func undone() {
+        cache.forget(heads.keys)
         db.abandon()
         if db.inTransaction { _ = try? db.script("ROLLBACK") }
         fenceIfLockWaitRanOut()
+    }
+
+    private func ended() {
+        inTransaction = false
+        heads.removeAll()
+        known.removeAll()
+        written.removeAll()
+    }
+
+    /// Another node committed `records` (from the bus): the cache follows.
+    public func noteCommitted(_ user: UserKey, _ records: [ChangeRecord]) {
+        followSession()
+        cache.heard(user, records)
+    }
+
+    /// Forgets what the cache learned on an earlier session.
+    private func followSession() {
+        guard cacheSession != db.sessions else { return }
+        cache.forgetAll()
+        cacheSession = db.sessions
     }
 
     /// Said when this store ends another node's session (`fenceFrozenNodes`).
@@ -211,19 +250,42 @@ public final class PostgresStore: NotificationStore {
     /// CONFLICT DO UPDATE` locks the existing row even when its `WHERE`
     /// updates nothing); the reads of the heads, under the locks, and of the
     /// notifications follow in the same pipeline: one round trip for all.
+    ///
+    /// When `cache` knows all of it, nothing is read: the heads it has are
+    /// checked under the locks instead (`herald_expect_heads`, migration
+    /// 4), in the pipeline, and a head that moved fails the transaction as
+    /// a conflict when it commits. Nothing of such a transaction reaches
+    /// anyone before then (the engine answers and delivers after commit),
+    /// and it runs again reading, its users forgotten by the cache.
     public func claim(_ users: [UserKey], lookups: [NotificationLookup]) throws(StoreError) {
         guard inTransaction else { return }
-        let locking = PostgresReads.chunked(Set(users + lookups.map(\.user)).filter { heads[$0] == nil }.sorted())
-        let reading = PostgresReads.chunked(Array(Set(lookups.filter { known[$0] == nil })))
-        guard !locking.isEmpty || !reading.isEmpty else { return }
+        let unlocked = Set(users + lookups.map(\.user)).filter { heads[$0] == nil }
+        let unknown = Array(Set(lookups.filter { known[$0] == nil }))
+        guard !unlocked.isEmpty || !unknown.isEmpty else { return }
         try check()
+        followSession()
+        let lockedAt = heads.reduce(into: [UserKey: Int64]()) { out, e in
+            out[e.key] = e.value - Int64(written[e.key]?.count ?? 0)
+        }
+        let served = cache.serve(unlocked, unknown, lockedAt: lockedAt)
+        let locking = PostgresReads.chunked(unlocked.sorted())
         for part in locking {
             try db.send("""
                 INSERT INTO feeds (app, user_id, head, floor)
                 SELECT app, user_id, 0, 0 FROM unnest($1::text[], $2::text[]) AS u(app, user_id)
                 ON CONFLICT (app, user_id) DO UPDATE SET head = feeds.head WHERE false
                 """, PostgresReads.userArrays(part))
+            if let served {
+                try db.send("SELECT herald_expect_heads($1::text[], $2::text[], $3::bigint[])",
+                            PostgresReads.userArrays(part) + [.textArray(part.map { String(served.heads[$0]!) })])
+            }
         }
+        if let served {
+            heads.merge(served.heads) { _, cached in cached }
+            known.merge(served.known) { _, cached in cached }
+            return
+        }
+        let reading = PostgresReads.chunked(unknown)
         let rows = try db.queries(locking.map { (PostgresReads.headsSQL, PostgresReads.userArrays($0)) }
                                   + reading.map(Self.readAheadStatement))
         for (part, r) in zip(locking, rows) {
@@ -480,6 +542,7 @@ public final class PostgresStore: NotificationStore {
                        .text(n.readState.rawValue), .text(n.userActionState.rawValue), .int(n.version),
                        .text(key.platforms), .text(key.tags)])
             remember(user, n)
+            written[user, default: []].append(r)
             return r
         }
     }
@@ -498,6 +561,7 @@ public final class PostgresStore: NotificationStore {
                 ), \(Self.appendAndCount)
                 """, Self.appendParameters(user, r) + [.text(n.id)])
             remember(user, n, deleted: true)
+            written[user, default: []].append(r)
             return r
         }
     }

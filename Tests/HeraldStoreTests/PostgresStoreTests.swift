@@ -481,6 +481,106 @@ final class PostgresStoreTests: XCTestCase {
         XCTAssertEqual(try store.feed(alice).head, 3)
     }
 
+    /// A batch whose users and notifications the node knows from its last
+    /// commits reads nothing: BEGIN, the locks, the check of the heads, the
+    /// writes and COMMIT go out together.
+    func testABatchOfWhatTheNodeKnowsCostsOneRoundTrip() throws {
+        let store = try PostgresStore(url: database.url)
+        _ = try store.upsert(alice, note("n_1"), previous: nil, at: t0)
+        var n = note("n_1")
+        func update() throws -> Int {
+            let before = store.db.roundTrips
+            try store.begin()
+            try store.claim([alice], lookups: [.id(alice, "n_1")])
+            let previous = try XCTUnwrap(store.notification(alice, id: "n_1"))
+            XCTAssertEqual(previous, n)
+            n.version += 1
+            n.readState = previous.readState == .read ? .unread : .read
+            _ = try store.upsert(alice, n, previous: previous, at: t0)
+            try store.commit()
+            return store.db.roundTrips - before
+        }
+        _ = try update()  // prepares the statements: once per session
+        XCTAssertEqual(try update(), 1)
+        XCTAssertEqual(try update(), 1)
+        // Not known (other users, never written here): the claim reads.
+        func readingClaim(_ user: String) throws -> Int {
+            let u = UserKey(app: "app1", user: user), before = store.db.roundTrips
+            try store.begin()
+            try store.claim([u], lookups: [.id(u, "n_1")])
+            XCTAssertNil(try store.notification(u, id: "n_1"))
+            try store.commit()
+            return store.db.roundTrips - before
+        }
+        _ = try readingClaim("bob")
+        XCTAssertEqual(try readingClaim("carol"), 2)
+        XCTAssertEqual(try store.changes(alice, after: 0, limit: 10).map(\.seq), [1, 2, 3, 4])
+        XCTAssertEqual(try store.notification(alice, id: "n_1"), n)
+    }
+
+    /// Another node moved the feed since this one last wrote it: the batch
+    /// that took the old head from memory fails as a conflict at its
+    /// commit, nothing of it committed, and run again it reads.
+    func testABatchOnAHeadAnotherNodeMovedFailsAsAConflictAndRunsAgainReading() throws {
+        let a = try PostgresStore(url: database.url), b = try PostgresStore(url: database.url)
+        _ = try a.upsert(alice, note("n_1"), previous: nil, at: t0)
+        var moved = note("n_1")
+        moved.version = 2
+        moved.userActionState = .dismissed
+        _ = try b.upsert(alice, moved, previous: note("n_1"), at: t0 + 1)
+        func markRead() throws {
+            try a.begin()
+            try a.claim([alice], lookups: [.id(alice, "n_1")])
+            var n = try XCTUnwrap(a.notification(alice, id: "n_1"))
+            let previous = n
+            n.version += 1
+            n.readState = .read
+            _ = try a.upsert(alice, n, previous: previous, at: t0 + 2)
+            try a.commit()
+        }
+        XCTAssertThrowsError(try markRead()) { e in
+            XCTAssertTrue((e as? StoreError)?.conflict == true, "\(e)")
+            XCTAssertTrue("\(e)".contains("a feed moved"), "\(e)")
+        }
+        a.rollback()
+        XCTAssertEqual(try a.feed(alice).head, 2, "nothing of it committed")
+        try markRead()
+        let stored = try XCTUnwrap(a.notification(alice, id: "n_1"))
+        XCTAssertEqual(stored.version, 3)
+        XCTAssertEqual(stored.userActionState, .dismissed, "node b's change kept")
+        XCTAssertEqual(stored.readState, .read)
+        XCTAssertEqual(try b.changes(alice, after: 0, limit: 10).map(\.seq), [1, 2, 3])
+    }
+
+    /// Changes another node committed, heard over the bus, keep what this
+    /// node knows current: its next batch of that user reads nothing.
+    func testChangesHeardFromAnotherNodeKeepWhatTheNodeKnows() throws {
+        let a = try PostgresStore(url: database.url), b = try PostgresStore(url: database.url)
+        _ = try a.upsert(alice, note("n_1"), previous: nil, at: t0)
+        // A batch from memory first: it prepares its statements (once per session).
+        try a.begin()
+        try a.claim([alice], lookups: [.id(alice, "n_1")])
+        try a.commit()
+        var n = note("n_1")
+        n.version = 2
+        n.readState = .read
+        a.noteCommitted(alice, [try b.upsert(alice, n, previous: note("n_1"), at: t0 + 1),
+                                try b.upsert(alice, note("n_2"), previous: nil, at: t0 + 1)])
+        let before = a.db.roundTrips
+        try a.begin()
+        try a.claim([alice], lookups: [.id(alice, "n_1"), .appNotificationId(alice, "a-n_2")])
+        XCTAssertEqual(try a.notification(alice, id: "n_1"), n)
+        XCTAssertEqual(try a.notification(alice, appNotificationId: "a-n_2")?.id, "n_2")
+        var m = n
+        m.version = 3
+        m.userActionState = .dismissed
+        _ = try a.upsert(alice, m, previous: n, at: t0 + 2)
+        try a.commit()
+        XCTAssertEqual(a.db.roundTrips - before, 1)
+        XCTAssertEqual(try a.changes(alice, after: 0, limit: 10).map(\.seq), [1, 2, 3, 4])
+        XCTAssertEqual(try b.notification(alice, id: "n_1"), m)
+    }
+
     /// A write moves the counts in its one statement and leaves a row that
     /// reaches 0 in place; readers skip it and pruning drops it.
     func testCountsRowsLeftAtZeroAreSkippedThenPruned() throws {
@@ -543,7 +643,8 @@ final class PostgresStoreTests: XCTestCase {
             UPDATE notifications n SET json = substr(c.change, \(prefix) + 1, length(c.change) - \(prefix) - 1)
                 FROM changes c WHERE c.app = n.app AND c.user_id = n.user_id AND c.seq = n.seq;
             ALTER TABLE notifications DROP COLUMN seq; ALTER TABLE changes DROP COLUMN notification_id;
-            ALTER TABLE changes ALTER COLUMN at SET NOT NULL; DELETE FROM herald_schema WHERE version = 3;
+            ALTER TABLE changes ALTER COLUMN at SET NOT NULL; DELETE FROM herald_schema WHERE version >= 3;
+            DROP FUNCTION herald_expect_heads;
             """)
     }
 
@@ -565,6 +666,22 @@ final class PostgresStoreTests: XCTestCase {
         let store = try PostgresStore(url: database.url)
         XCTAssertEqual(try store.db.query("SELECT max(version) FROM herald_schema").int64(0, 0), PostgresSchema.version)
         XCTAssertEqual(try store.notification(alice, id: "n_0"), note("n_0"))
+    }
+
+    /// Version 4 only adds what older nodes never call: it rolls while
+    /// they run.
+    func testAnUpgradeFromVersion3RollsWhileNodesRun() throws {
+        do {
+            let store = try PostgresStore(url: database.url)
+            try store.db.script("DROP FUNCTION herald_expect_heads; DELETE FROM herald_schema WHERE version >= 4")
+            _ = try store.renewLease(node: "old-node", millis: 60_000)
+        }
+        let store = try PostgresStore(url: database.url)
+        XCTAssertEqual(try store.db.query("SELECT max(version) FROM herald_schema").int64(0, 0), PostgresSchema.version)
+        _ = try store.upsert(alice, note("n_1"), previous: nil, at: t0)
+        try store.begin()
+        try store.claim([alice], lookups: [.id(alice, "n_1")])
+        try store.commit()
     }
 
     /// A database of version 2 keeps its rows' JSON; they read, change and
@@ -639,7 +756,8 @@ final class PostgresStoreTests: XCTestCase {
         let admin = try PostgresStore(url: database.url)
         func cut() throws {
             let pid = try store.db.query("SELECT pg_backend_pid()").int64(0, 0)
-            try admin.db.query("SELECT pg_terminate_backend($1::int)", [.int(pid)])
+            // Waits until the session is gone: its end is then in the socket.
+            try admin.db.query("SELECT pg_terminate_backend($1::int, 10000)", [.int(pid)])
         }
         // Lost between batches: the next batch connects again first.
         try cut()
