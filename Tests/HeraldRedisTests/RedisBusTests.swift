@@ -67,6 +67,27 @@ final class RedisBusTests: XCTestCase {
         ra.cond.lock(); XCTAssertTrue(ra.records.isEmpty, "a node never hears itself"); ra.cond.unlock()
     }
 
+    /// More than the socket takes at once (64 KiB records, published
+    /// faster than Redis reads them): what the caller could not write goes
+    /// out after, by the publisher, still in order, none twice.
+    func testABurstLargerThanTheSocketArrivesWholeAndInOrder() {
+        let (a, _) = node(), (b, rb) = node()
+        defer { a.stop(); b.stop() }
+        let user = UserKey(app: "app", user: "u")
+        let big = String(repeating: "x", count: 64 * 1024)
+        func large(_ seq: Int64) -> ChangeRecord {
+            let n = Notification(id: "n_\(seq)", appNotificationId: "a\(seq)", userId: "u", payload: ["pad": .string(big)],
+                                 createdAt: 1, updatedAt: 1, expiresAt: 2)
+            return ChangeRecord(change: Change(seq: seq, op: .upsert(n)), before: nil, after: Presence(n), at: 1)
+        }
+        a.publish(user, large(1))
+        rb.wait("the first record") { $0.records.count == 1 }  // the connection is up: later ones go straight out
+        for seq: Int64 in 2...300 { a.publish(user, large(seq)) }
+        rb.wait("300 records") { $0.records.count == 300 }
+        XCTAssertEqual(rb.records.map(\.1.seq), Array(1...300))
+        XCTAssertEqual(rb.records[299].1.encoded, large(300).encoded)
+    }
+
     /// Every node hears every channel; the records of users it has no
     /// follower for are dropped undecoded, not handed on.
     func testRecordsOfUsersNotFollowedHereAreNotHandedOn() {
