@@ -68,6 +68,11 @@ public protocol StoreReading: AnyObject {
     /// engine thread (`Maintenance`). It may be earlier than the truth,
     /// never later.
     func nextExpiry() throws(StoreError) -> Millis?
+    /// Outside a transaction: brings the query planner's statistics up to
+    /// date where the tables outgrew them (PostgreSQL); the tables it did.
+    /// Only reads the tables (ANALYZE samples them), so a reader connection
+    /// may run it, off the engine (`Maintenance`).
+    func refreshPlannerStatistics() throws(StoreError) -> [String]
 }
 
 extension NotificationStore {
@@ -75,6 +80,8 @@ extension NotificationStore {
 }
 
 extension StoreReading {
+    public func refreshPlannerStatistics() throws(StoreError) -> [String] { [] }
+
     public func heads(_ users: [UserKey]) throws(StoreError) -> [UserKey: Int64] {
         var out: [UserKey: Int64] = [:]
         for u in users { out[u] = try feed(u).head }
@@ -155,10 +162,6 @@ public protocol NotificationStore: StoreReading {
     /// Drops registrations not seen since `before`.
     func pruneDevices(lastSeenBefore before: Millis) throws(StoreError) -> Int
 
-    /// Outside a transaction: brings the query planner's statistics up to
-    /// date where the tables outgrew them (PostgreSQL); the tables it did.
-    func refreshPlannerStatistics() throws(StoreError) -> [String]
-
     /// A read-only connection for one other thread, or nil when only the
     /// owner's thread may read this store (MemoryStore).
     func makeReader() throws(StoreError) -> StoreReader?
@@ -185,7 +188,6 @@ extension NotificationStore {
     public func claim(_ users: [UserKey], lookups: [NotificationLookup]) throws(StoreError) {}
     public func claim(_ users: [UserKey]) throws(StoreError) { try claim(users, lookups: []) }
     public func noteCommitted(_ user: UserKey, _ records: [ChangeRecord]) {}
-    public func refreshPlannerStatistics() throws(StoreError) -> [String] { [] }
 
     /// Drops every change recorded before `before` in one call; how many.
     public func pruneChanges(before: Millis) throws(StoreError) -> Int {

@@ -413,15 +413,16 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
     /// batch queued behind them for a round trip to the database (on a
     /// receiving node, every delivery from the bus; docs/BENCHMARKS.md).
     /// Each value they read stands alone (a head, a registration), so they
-    /// need no snapshot (`StoreReader.read`).
-    func readAside<T: Sendable>(_ body: @escaping @Sendable (StoreReading) throws(StoreError) -> T,
+    /// need no snapshot (`StoreReader.read`). A success says the store works
+    /// unless `vouches` is false (a body that may not reach the store).
+    func readAside<T: Sendable>(_ body: @escaping @Sendable (StoreReading) throws(StoreError) -> T, vouches: Bool = true,
                                 reply: @escaping @Sendable (Engine, Result<T, StoreError>) -> Void) {
         thread.assertCurrent()
         guard let reader else { return reply(self, Result { () throws(StoreError) in try body(store) }) }
         reader.submit { [self] r in
             let result = Result { () throws(StoreError) in try body(r) }
             // Failures are the reply's to report, with what failed.
-            if case .success = result { health.succeeded() }
+            if vouches, case .success = result { health.succeeded() }
             control { e in reply(e, result) }
         }
     }

@@ -21,6 +21,8 @@ final class Maintenance {
     private var nextDevicePrune: Millis = 0
     private var nextSeenFlush: Millis = 0
     private var nextStatistics: Millis = 0
+    /// A statistics check is out on the reader thread.
+    private var checkingStatistics = false
     /// Changes the open pruning round dropped so far (logged at its end).
     private var prunedInRound = 0
 
@@ -120,15 +122,20 @@ final class Maintenance {
         nextPrune = tick + Self.pruneEvery
     }
 
+    /// On the reader thread: an ANALYZE of a grown table takes tens of
+    /// milliseconds, which every batch would have waited behind
+    /// (docs/BENCHMARKS.md, "Round six"). No success reported: most stores
+    /// have nothing to do here.
     private func refreshStatistics(_ e: Engine) {
-        let t0 = DispatchTime.now().uptimeNanoseconds
-        defer { e.metrics.maintenanceLatency.observe(nanos: DispatchTime.now().uptimeNanoseconds - t0) }
-        do {
-            // No success reported: most stores have nothing to do here.
-            let analyzed = try e.store.refreshPlannerStatistics()
-            if !analyzed.isEmpty { Log.info("analyzed \(analyzed.joined(separator: ", ")): grown past the planner's statistics") }
-        } catch {
-            e.health.failed("planner statistics", error)
+        guard !checkingStatistics else { return }
+        checkingStatistics = true
+        e.readAside({ r throws(StoreError) in try r.refreshPlannerStatistics() }, vouches: false) { e, result in
+            e.maintenance.checkingStatistics = false
+            switch result {
+            case .success(let analyzed):
+                if !analyzed.isEmpty { Log.info("analyzed \(analyzed.joined(separator: ", ")): grown past the planner's statistics") }
+            case .failure(let error): e.health.failed("planner statistics", error)
+            }
         }
     }
 
@@ -145,8 +152,10 @@ final class Maintenance {
     private static func flushSeen(_ e: Engine, now: Millis) throws(StoreError) {
         let dirty = e.registry.unsavedSeen
         try e.store.claim(Array(dirty.keys))
+        // One statement per 500 users, not a round trip per user.
+        let registered = try e.store.devices(of: Array(dirty.keys))
         for (user, ids) in dirty {
-            for var d in try e.store.devices(user) where ids.contains(d.deviceId) {
+            for var d in registered[user] ?? [] where ids.contains(d.deviceId) {
                 if let seen = e.registry.connections(user, device: d.deviceId)?.lastSeenAt, seen > d.lastSeenAt {
                     d.lastSeenAt = seen
                     try e.store.saveDevice(user, d)

@@ -659,48 +659,10 @@ public final class PostgresStore: NotificationStore {
 
     // MARK: Planner statistics
 
-    /// The tables whose statistics the hot statements' plans rest on.
-    static let plannedTables = ["changes", "counts", "devices", "feeds", "herald_connections", "notifications"]
-    /// A table of fewer rows than this is never analyzed here.
-    static let statisticsFloor: Int64 = 1_000
-
-    /// Analyzes the tables this role owns that hold more than twice the
-    /// rows of their last ANALYZE (and over `statisticsFloor`), or were
-    /// never analyzed: rows updated in place (a feed's head, counts) leave
-    /// the plans as good as they were. Answers the tables analyzed.
-    ///
-    /// The statements are prepared once per session and PostgreSQL keeps a
-    /// generic plan made from the statistics of that moment; made on a new,
-    /// still empty database (autovacuum first analyzes a table up to a
-    /// minute after it fills, `autovacuum_naptime`), it hash-joined whole
-    /// tables for every batch's lookups: PostgreSQL's CPU per publish
-    /// doubled (docs/BENCHMARKS.md, "Round four"). An ANALYZE makes every
-    /// node plan its statements again. Afterwards autovacuum, analyzing at
-    /// 10 % of changed rows, keeps ahead of this rule.
     public func refreshPlannerStatistics() throws(StoreError) -> [String] {
         guard !inTransaction else { throw db.error("statistics", "inside a transaction") }
         try check()
-        let grown = try db.query("""
-            SELECT s.relname, clock_timestamp() FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid
-            WHERE s.schemaname = current_schema() AND s.relname = ANY($1::text[]) AND pg_has_role(c.relowner, 'USAGE')
-              AND s.n_live_tup > greatest($2::bigint, 2 * c.reltuples)
-            ORDER BY s.relname
-            """, [.textArray(Self.plannedTables), .int(Self.statisticsFloor)])
-        guard grown.count > 0, let began = grown.text(0, 1) else { return [] }
-        var due: [String] = []
-        for i in 0..<grown.count {
-            guard let table = grown.text(i, 0), Self.plannedTables.contains(table) else { continue }
-            // Skipped (only a warning) while another session holds it:
-            // autovacuum or another node analyzing it, which does as well.
-            try db.script("ANALYZE (SKIP_LOCKED) \(table)")
-            due.append(table)
-        }
-        let analyzed = try db.query("""
-            SELECT relname FROM pg_stat_user_tables
-            WHERE schemaname = current_schema() AND relname = ANY($1::text[]) AND last_analyze >= $2::timestamptz
-            ORDER BY relname
-            """, [.textArray(due), .text(began)])
-        return (0..<analyzed.count).compactMap { analyzed.text($0, 0) }
+        return try reads.refreshPlannerStatistics()
     }
 }
 

@@ -639,6 +639,30 @@ extension GatewayBehaviourTests {
         XCTAssertEqual(change?["reason"], "expired")
     }
 
+    /// The planner statistics check (an ANALYZE of a grown table takes tens
+    /// of milliseconds on PostgreSQL) runs on the reader thread, one at a
+    /// time, every 5 s.
+    func testThePlannerStatisticsCheckRunsOffTheEngine() {
+        let store = FailingStore()
+        store.offersReader = true
+        let h = Harness(store: store)
+        let checks = { store.statisticsChecks.load(ordering: .relaxed) }
+        let engine = h.gateway.engine
+        h.settle()
+        let before = checks()
+        h.clock.advance(millis: Maintenance.statisticsEvery)
+        engine.runMaintenance()
+        XCTAssertEqual(checks(), before, "the check waits on the reader thread")
+        h.clock.advance(millis: Maintenance.statisticsEvery)
+        engine.runMaintenance()
+        h.settle()
+        XCTAssertEqual(checks(), before + 1, "one at a time")
+        h.clock.advance(millis: Maintenance.statisticsEvery)
+        engine.runMaintenance()
+        h.settle()
+        XCTAssertEqual(checks(), before + 2)
+    }
+
     /// A check the reader thread does not answer (its queue long with
     /// catch-ups) gives way to a sweep on the engine after a second, so
     /// expiry stays within SPEC's 2 s.

@@ -58,6 +58,8 @@ final class FailingStore: NotificationStore {
     var loseCommitAnswers = 0
     /// Commits, upserts, prune calls and expiry sweeps (`expiring`) so far, readable from any thread.
     let commits = Atomic<Int>(0), upserts = Atomic<Int>(0), pruneCalls = Atomic<Int>(0), expiringCalls = Atomic<Int>(0)
+    /// Planner statistics checks so far.
+    let statisticsChecks = Atomic<Int>(0)
     /// Reads of device registrations, and expiry checks, that fail next, as
     /// with the store away.
     var failDeviceReads = 0, failExpiryChecks = 0
@@ -111,6 +113,10 @@ final class FailingStore: NotificationStore {
         count -= 1
         throw StoreError("database away (test)")
     }
+    func refreshPlannerStatistics() throws(StoreError) -> [String] {
+        statisticsChecks.add(1, ordering: .relaxed)
+        return []
+    }
     func pruneChanges(before: Millis, limit: Int) throws(StoreError) -> Pruned {
         pruneCalls.add(1, ordering: .relaxed)
         return try inner.pruneChanges(before: before, limit: limit)
@@ -153,6 +159,7 @@ final class MemoryReader: StoreReader {
     func counts(_ u: UserKey) throws(StoreError) -> [TargetingCounts] { try store.counts(u) }
     func devices(_ u: UserKey) throws(StoreError) -> [Device] { try store.devices(u) }
     func nextExpiry() throws(StoreError) -> Millis? { try store.nextExpiry() }
+    func refreshPlannerStatistics() throws(StoreError) -> [String] { try store.refreshPlannerStatistics() }
 }
 
 /// An HTTP exchange as the gateway sees it, recorded.
