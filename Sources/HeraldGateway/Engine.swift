@@ -428,21 +428,29 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
     }
 
     /// Runs `body` as its own transaction (maintenance), then its effects;
-    /// whether it committed.
+    /// whether it committed. Run again, as a batch is, when it loses a
+    /// conflict (a head another node moved since this one cached it).
     @discardableResult func transaction(_ what: String, _ body: () throws(StoreError) -> Void) -> Bool {
         let t0 = DispatchTime.now().uptimeNanoseconds
         defer { metrics.maintenanceLatency.observe(nanos: DispatchTime.now().uptimeNanoseconds - t0) }
-        do {
-            try store.begin()
-            try body()
-            try commit(began: nil)
-            if store.lastCommitReachedStore { health.succeeded() }
-            return true
-        } catch {
-            rolledBack(after: error)
-            health.failed(what, error)
-            return false
+        for attempt in 1...Self.conflictAttempts {
+            do {
+                try store.begin()
+                try body()
+                try commit(began: nil)
+                if store.lastCommitReachedStore { health.succeeded() }
+                return true
+            } catch {
+                rolledBack(after: error)
+                if (error as? StoreError)?.conflict == true, attempt < Self.conflictAttempts {
+                    metrics.storeConflictRetries.add(1, ordering: .relaxed)
+                    continue
+                }
+                health.failed(what, error)
+                return false
+            }
         }
+        return false
     }
 
     /// The store commits again: followers of `uncertain` users catch up from

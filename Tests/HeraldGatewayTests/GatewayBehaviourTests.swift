@@ -663,6 +663,30 @@ extension GatewayBehaviourTests {
         XCTAssertEqual(checks(), before + 2)
     }
 
+    /// A maintenance transaction that loses a conflict (a head another node
+    /// moved since this one cached it) runs again, as a batch does, and the
+    /// store is not taken for failing.
+    func testAMaintenanceTransactionThatLosesAConflictRunsAgain() {
+        let store = FailingStore()
+        let h = Harness(store: store)
+        let s = h.webSocket()
+        h.hello(s, user: "u", cursor: 0)
+        h.request("POST", "/v1/apps/\(Harness.app.id)/users/u/notifications",
+                  body: ["appNotificationId": "a1", "payload": [:], "ttlSeconds": 1])
+        h.settle()
+        h.clock.advance(seconds: 2)
+        store.conflictCommits = 1
+        h.gateway.engine.runMaintenance()
+        h.settle()
+        XCTAssertEqual(store.expiringCalls.load(ordering: .relaxed), 2, "swept, then swept again")
+        XCTAssertEqual(h.gateway.metrics.storeConflictRetries.load(ordering: .relaxed), 1)
+        XCTAssertTrue(h.gateway.engine.health.isAvailable)
+        s.read()
+        let change = s.frames.last { $0["type"] == "change" }?["change"]?.objectValue
+        XCTAssertEqual(change?["reason"], "expired", "announced once it committed")
+        XCTAssertEqual(s.frames.filter { $0["change"]?.objectValue?["reason"] == "expired" }.count, 1, "announced once")
+    }
+
     /// A check the reader thread does not answer (its queue long with
     /// catch-ups) gives way to a sweep on the engine after a second, so
     /// expiry stays within SPEC's 2 s.

@@ -54,6 +54,9 @@ final class InlineLoop: LoopExecutor {
 final class FailingStore: NotificationStore {
     let inner = MemoryStore()
     var failCommits = 0
+    /// Commits that throw a conflict (as a head another node moved would:
+    /// `PostgresStore.claim`), nothing of them committed.
+    var conflictCommits = 0
     /// Commits that happen, then throw as if the answer to COMMIT was lost.
     var loseCommitAnswers = 0
     /// Commits, upserts, prune calls and expiry sweeps (`expiring`) so far, readable from any thread.
@@ -71,6 +74,10 @@ final class FailingStore: NotificationStore {
         if failCommits > 0 {
             failCommits -= 1
             throw StoreError("disk full (test)")
+        }
+        if conflictCommits > 0 {
+            conflictCommits -= 1
+            throw StoreError("a feed moved (test)", conflict: true)
         }
         try inner.commit()
         commits.add(1, ordering: .relaxed)
