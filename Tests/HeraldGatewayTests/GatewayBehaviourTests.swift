@@ -606,18 +606,25 @@ extension GatewayBehaviourTests {
         XCTAssertEqual(calls() - before, 4, "the next round, a minute later")
     }
 
-    /// The expiry check every 250 ms asks the store's reader thread, not the
-    /// engine: the engine's store sweeps only once a notification is due,
-    /// and the device is told it expired.
-    func testTheExpiryCheckReadsOffTheEngineAndSweepsOnlyWhenDue() {
-        let store = FailingStore()
-        store.offersReader = true
+    /// A harness over `store` with a device of user u connected, and a
+    /// notification of u that expires in 1 s.
+    private func expiringNotification(_ store: FailingStore) -> (Harness, RecordingSocket) {
         let h = Harness(store: store)
         let s = h.webSocket()
         h.hello(s, user: "u", cursor: 0)
         h.request("POST", "/v1/apps/\(Harness.app.id)/users/u/notifications",
                   body: ["appNotificationId": "a1", "payload": [:], "ttlSeconds": 1])
         h.settle()
+        return (h, s)
+    }
+
+    /// The expiry check every 250 ms asks the store's reader thread, not the
+    /// engine: the engine's store sweeps only once a notification is due,
+    /// and the device is told it expired.
+    func testTheExpiryCheckReadsOffTheEngineAndSweepsOnlyWhenDue() {
+        let store = FailingStore()
+        store.offersReader = true
+        let (h, s) = expiringNotification(store)
         let sweeps = { store.expiringCalls.load(ordering: .relaxed) }
         let engine = h.gateway.engine
         for _ in 0..<3 {
@@ -668,12 +675,7 @@ extension GatewayBehaviourTests {
     /// store is not taken for failing.
     func testAMaintenanceTransactionThatLosesAConflictRunsAgain() {
         let store = FailingStore()
-        let h = Harness(store: store)
-        let s = h.webSocket()
-        h.hello(s, user: "u", cursor: 0)
-        h.request("POST", "/v1/apps/\(Harness.app.id)/users/u/notifications",
-                  body: ["appNotificationId": "a1", "payload": [:], "ttlSeconds": 1])
-        h.settle()
+        let (h, s) = expiringNotification(store)
         h.clock.advance(seconds: 2)
         store.conflictCommits = 1
         h.gateway.engine.runMaintenance()
