@@ -21,8 +21,12 @@ import HeraldCore
 struct PostgresFeedCache {
     private struct Entry {
         var head: Int64
-        /// nil: known not to exist at `head`.
-        var known: [NotificationLookup: (notification: Notification?, weight: Int)] = [:]
+        /// The notifications live at `head`. A lookup missing here is not
+        /// known (the batch reads), also once deleted: a deleted
+        /// notification kept as "none" would weigh nothing against the
+        /// budget, and a node whose notifications all expire in time would
+        /// grow without bound.
+        var known: [NotificationLookup: (notification: Notification, weight: Int)] = [:]
         var weight = Self.baseWeight
         var used: UInt64 = 0
 
@@ -38,14 +42,18 @@ struct PostgresFeedCache {
                 set(.id(user, n.id), n, r.encoded.count)
                 set(.appNotificationId(user, n.appNotificationId), n, r.encoded.count)
             case .delete(let id, let appNotificationId, _):
-                set(.id(user, id), nil, 0)
-                set(.appNotificationId(user, appNotificationId), nil, 0)
+                unset(.id(user, id))
+                unset(.appNotificationId(user, appNotificationId))
             }
             head = r.seq
         }
 
-        private mutating func set(_ l: NotificationLookup, _ n: Notification?, _ w: Int) {
+        private mutating func set(_ l: NotificationLookup, _ n: Notification, _ w: Int) {
             weight += w - (known.updateValue((n, w), forKey: l)?.weight ?? 0)
+        }
+
+        private mutating func unset(_ l: NotificationLookup) {
+            weight -= known.removeValue(forKey: l)?.weight ?? 0
         }
     }
 
@@ -58,6 +66,9 @@ struct PostgresFeedCache {
 
     /// Users known here.
     var count: Int { entries.count }
+
+    /// Lookups known here, of all users.
+    var lookups: Int { entries.values.reduce(0) { $0 + $1.known.count } }
 
     /// The head known for `user`.
     func head(_ user: UserKey) -> Int64? { entries[user]?.head }

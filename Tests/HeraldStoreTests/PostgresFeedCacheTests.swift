@@ -15,6 +15,11 @@ final class PostgresFeedCacheTests: XCTestCase {
         return ChangeRecord(change: Change(seq: seq, op: .upsert(n)), before: nil, after: Presence(n), at: t0)
     }
 
+    func expired(_ seq: Int64, _ id: String) -> ChangeRecord {
+        ChangeRecord(change: Change(seq: seq, op: .delete(id: id, appNotificationId: "a-" + id, reason: .expired)),
+                     before: nil, after: nil, at: t0)
+    }
+
     func served(_ cache: inout PostgresFeedCache, _ ids: [String], user: UserKey? = nil) -> Int64? {
         let u = user ?? alice
         return cache.serve([u], ids.map { .id(u, $0) }, lockedAt: [:])?.heads[u]
@@ -55,5 +60,22 @@ final class PostgresFeedCacheTests: XCTestCase {
         XCTAssertNil(cache.head(users[1]), "used least recently")
         XCTAssertNil(cache.head(users[2]), "down to three quarters of the budget")
         XCTAssertNotNil(cache.head(users[3]))
+    }
+
+    /// A deleted notification is forgotten, not kept as "none": kept, it
+    /// weighed nothing against the budget, and a node whose notifications
+    /// all expire in time grew without bound.
+    func testDeletedNotificationsLeaveNothingBehind() {
+        var cache = PostgresFeedCache(budget: 1 << 20)
+        cache.committed(alice, from: 0, [upsert(1, "n_0")])
+        cache.heard(alice, [expired(2, "n_0")])
+        XCTAssertEqual(served(&cache, []), 2)
+        XCTAssertNil(served(&cache, ["n_0"]), "not known: the batch reads it")
+        for i in 1...1_000 {
+            let seq = Int64(2 * i)
+            cache.committed(alice, from: seq, [upsert(seq + 1, "n_\(i)"), expired(seq + 2, "n_\(i)")])
+        }
+        XCTAssertEqual(served(&cache, []), 2_002)
+        XCTAssertEqual(cache.lookups, 0, "a thousand notifications come and gone")
     }
 }
