@@ -150,14 +150,17 @@ final class FollowerRegistry {
 
     /// After a flush of lastSeenAt to the store: forgets the devices with
     /// nothing open and no poll within the listing's minute, so the map
-    /// holds connected devices, not every device ever seen.
-    func flushed(now: Millis) {
+    /// holds connected devices, not every device ever seen. Answers what
+    /// undoes it, for a flush whose transaction rolls back (it runs again).
+    @discardableResult func flushed(now: Millis) -> () -> Void {
+        let before = devices
         devices = devices.compactMapValues { c in
             guard c.transport(now: now) != nil else { return nil }
             var saved = c
             saved.unsaved = false
             return saved
         }
+        return { self.devices = before }
     }
 
     var knownDevices: Int { devices.count }

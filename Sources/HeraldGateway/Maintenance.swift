@@ -162,6 +162,7 @@ final class Maintenance {
                 }
             }
         }
-        e.registry.flushed(now: now)
+        // Undone if the commit fails: run again, the flush must find them unsaved.
+        e.onRollback(e.registry.flushed(now: now))
     }
 }

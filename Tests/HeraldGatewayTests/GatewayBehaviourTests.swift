@@ -689,6 +689,28 @@ extension GatewayBehaviourTests {
         XCTAssertEqual(s.frames.filter { $0["change"]?.objectValue?["reason"] == "expired" }.count, 1, "announced once")
     }
 
+    /// A lastSeen flush that loses a conflict at its COMMIT runs again and
+    /// still saves what it was to save: the first try's bookkeeping (the
+    /// devices it took for saved) is undone with it.
+    func testALastSeenFlushThatLosesAConflictSavesWhenItRunsAgain() throws {
+        let store = FailingStore()
+        let h = Harness(store: store)
+        let tok = h.token("u")
+        _ = h.request("GET", me + "/sync", token: tok, device: "d1")
+        h.settle()
+        h.clock.advance(seconds: 5)
+        let seen = h.clock.now()
+        _ = h.request("GET", me + "/sync", token: tok, device: "d1")
+        h.settle()
+        let stored = { try store.inner.devices(UserKey(app: Harness.app.id, user: "u")).first?.lastSeenAt }
+        XCTAssertLessThan(try stored() ?? 0, seen, "not saved before the flush")
+        h.clock.advance(seconds: 31)
+        store.conflictCommits = 1
+        h.gateway.engine.runMaintenance()
+        XCTAssertEqual(h.gateway.metrics.storeConflictRetries.load(ordering: .relaxed), 1)
+        XCTAssertEqual(try stored(), seen)
+    }
+
     /// A check the reader thread does not answer (its queue long with
     /// catch-ups) gives way to a sweep on the engine after a second, so
     /// expiry stays within SPEC's 2 s.
