@@ -182,6 +182,44 @@ dismiss() { # name nodeA nodeB
     grep -v '^RESULT' "$OUT/cluster-$name.log" | sed "s/^/[$name] /" >&2
 }
 
+# the floor under the PostgreSQL setups: one durable transaction shaped like
+# an update's batch (pipelined BEGIN, the user's feed row locked and its head
+# moved, the notification's row and a change of ~700 bytes written, COMMIT)
+# at DISMISS_RATE on the same PostgreSQL, by pgbench, with no Herald, over as
+# long as the updates take; p50/p99 of its latency
+pg_floor() {
+    local log=$OUT/cluster-dismiss-pg-floor.log secs script
+    secs=$(awk -v u="$DISMISS_USERS" -v r="$DISMISS_RATE" 'BEGIN { s = u / r; print (s < 5 ? 5 : int(s + 0.5)) }')
+    psql -q "$HERALD_TEST_POSTGRES_URL" <<SQL
+DROP TABLE IF EXISTS floor_feeds, floor_notes, floor_changes;
+CREATE TABLE floor_feeds (id int PRIMARY KEY, head bigint NOT NULL);
+CREATE TABLE floor_notes (id int PRIMARY KEY, read_state text NOT NULL, seq bigint NOT NULL);
+CREATE TABLE floor_changes (id int, seq bigint, change text, PRIMARY KEY (id, seq));
+INSERT INTO floor_feeds SELECT g, 0 FROM generate_series(1, $DISMISS_USERS) g;
+INSERT INTO floor_notes SELECT g, 'unread', 0 FROM generate_series(1, $DISMISS_USERS) g;
+SQL
+    script=$WORK/pg-floor.sql
+    cat > "$script" <<SQL
+\\set u random(1, $DISMISS_USERS)
+\\startpipeline
+BEGIN;
+UPDATE floor_feeds SET head = head + 1 WHERE id = :u;
+UPDATE floor_notes SET read_state = 'read', seq = (SELECT head FROM floor_feeds WHERE id = :u) WHERE id = :u;
+INSERT INTO floor_changes SELECT :u, head, repeat('x', 700) FROM floor_feeds WHERE id = :u;
+COMMIT;
+\\endpipeline
+SQL
+    rm -f "$WORK"/pg-floor-log*
+    "$herald_pg_bin/pgbench" -n -M prepared -f "$script" -R "$DISMISS_RATE" -T "$secs" -c 1 -j 1 \
+        -l --log-prefix="$WORK/pg-floor-log" "$HERALD_TEST_POSTGRES_URL" > "$log" 2>&1 || true
+    # per transaction: client, count, latency (us), ...
+    cat "$WORK"/pg-floor-log* 2>/dev/null | awk '{ print $3 }' | sort -n | awk '{ a[NR] = $1 }
+        END { if (NR) printf "RESULT mode=pgfloor samples=%d p50_ms=%.3f p99_ms=%.3f p999_ms=%.3f max_ms=%.3f\n",
+              NR, a[int(NR * .5) + 1] / 1000, a[int(NR * .99) + 1] / 1000, a[int(NR * .999) + 1] / 1000, a[NR] / 1000 }' >> "$log"
+    psql -q "$HERALD_TEST_POSTGRES_URL" -c "DROP TABLE floor_feeds, floor_notes, floor_changes"
+    grep '^RESULT' "$log" | sed "s/^/[pg-floor] /" >&2
+}
+
 # publish-to-delivery: publishes on node P, FANOUT_USERS x FANOUT_DEVICES on
 # node S, one step per rate of FANOUT_RATES
 fanout() { # name nodeP nodeS
@@ -293,6 +331,7 @@ if [ "${TABLE_ONLY:-0}" != 1 ]; then
     if want dismiss; then
         log "=== cross-node dismiss ==="
         three_setups dismiss
+        [[ " $SETUPS " == *" pg-"* ]] && pg_floor
     fi
     if want dismiss-paths; then
         # one two-node cluster, fresh users each time: is it the bus hop, or
@@ -390,6 +429,12 @@ step_row() { # label log step
             "$(na "$(v "dismiss-$k" mode=dismiss p999_ms)")" "$(na "$(v "dismiss-$k" mode=dismiss max_ms)")" \
             "$(na "$(v "dismiss-$k" mode=dismiss missing)")"
     done
+    if [ -f "$OUT/cluster-dismiss-pg-floor.log" ]; then
+        printf '| %s | %s | %s | %s | %s | %s | %s |\n' "PostgreSQL alone: one such transaction per update (pgbench, no Herald)" \
+            "$(na "$(v dismiss-pg-floor mode=pgfloor samples)")" "$(na "$(v dismiss-pg-floor mode=pgfloor p50_ms)")" \
+            "$(na "$(v dismiss-pg-floor mode=pgfloor p99_ms)")" "$(na "$(v dismiss-pg-floor mode=pgfloor p999_ms)")" \
+            "$(na "$(v dismiss-pg-floor mode=pgfloor max_ms)")" "—"
+    fi
     echo
     echo "Where the time goes (each node's own histograms over the updates alone, bucket bounds in ms, p50 / p99): store batch"
     echo "= BEGIN to COMMIT of an engine batch (node 1: the update's commit; node 2: the empty transaction"
