@@ -90,12 +90,12 @@ public final class RedisBus: Bus, @unchecked Sendable {  // mutable state is und
     // MARK: Publishing
 
     /// PUBLISH commands, in RESP, not yet written: held while Redis is away.
-    private var queue: [[UInt8]] = []
+    private var queue = FIFO<[UInt8]>()
     /// Commands written (or being written) on the live connection, whose
     /// replies the publisher has not read yet, in order.
-    private var unconfirmed: [[UInt8]] = []
+    private var unconfirmed = FIFO<[UInt8]>()
     /// The unwritten end of `unconfirmed`'s bytes (the socket took the rest).
-    private var unwritten: [UInt8] = []
+    private var unwritten = FIFO<UInt8>()
     /// The publisher's descriptor while its connection is up and everything
     /// held has been handed to it; -1 otherwise.
     private var publisherFD: Int32 = -1
@@ -141,7 +141,7 @@ public final class RedisBus: Bus, @unchecked Sendable {  // mutable state is und
             return
         }
         unconfirmed.append(command)
-        unwritten += command
+        unwritten.append(contentsOf: command)
         if !flushing { writeAvailable() }
         metrics.queued.store(unconfirmed.count, ordering: .relaxed)
         // The publisher waits for work: a reply to read, or bytes to write.
@@ -151,7 +151,7 @@ public final class RedisBus: Bus, @unchecked Sendable {  // mutable state is und
     /// Writes what the socket takes of `unwritten` now; under `cond`. A
     /// failed write is left for the publisher, whose read then fails.
     private func writeAvailable() {
-        let n = unwritten.withUnsafeBytes { send(publisherFD, $0.baseAddress, $0.count, Int32(MSG_DONTWAIT | MSG_NOSIGNAL)) }
+        let n = unwritten.elements.withUnsafeBytes { send(publisherFD, $0.baseAddress, $0.count, Int32(MSG_DONTWAIT | MSG_NOSIGNAL)) }
         if n > 0 { unwritten.removeFirst(n) }
     }
 
@@ -181,7 +181,7 @@ public final class RedisBus: Bus, @unchecked Sendable {  // mutable state is und
             }
             cond.lock()
             unconfirmed = queue
-            unwritten = Array(queue.joined())
+            unwritten = FIFO(queue.elements.joined())
             queue.removeAll()
             publisherFD = c.pointee.fd
             cond.unlock()
@@ -191,7 +191,8 @@ public final class RedisBus: Bus, @unchecked Sendable {  // mutable state is und
             cond.lock()
             publisherFD = -1
             flushing = false
-            queue.insert(contentsOf: unconfirmed, at: 0)
+            unconfirmed.append(contentsOf: queue.elements)
+            queue = unconfirmed
             unconfirmed.removeAll()
             unwritten.removeAll()
             let over = max(0, queue.count - Self.queueLimit)
@@ -219,7 +220,7 @@ public final class RedisBus: Bus, @unchecked Sendable {  // mutable state is und
                 cond.unlock()
                 return nil
             }
-            let pending = unwritten
+            let pending = unwritten.elements
             unwritten.removeAll()
             flushing = !pending.isEmpty
             cond.unlock()
@@ -244,7 +245,7 @@ public final class RedisBus: Bus, @unchecked Sendable {  // mutable state is und
         }
     }
 
-    private static func writeAll(_ fd: Int32, _ bytes: [UInt8]) -> Bool {
+    private static func writeAll(_ fd: Int32, _ bytes: ArraySlice<UInt8>) -> Bool {
         var at = 0
         while at < bytes.count {
             let n = bytes.withUnsafeBytes { send(fd, $0.baseAddress! + at, $0.count - at, Int32(MSG_NOSIGNAL)) }
