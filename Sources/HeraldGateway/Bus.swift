@@ -8,9 +8,9 @@ public protocol Bus: AnyObject, Sendable {
     /// Starts connecting; from now on `receiver` gets other nodes' records
     /// and each (re)subscription. `metrics`: the `herald_bus_*` it keeps.
     func start(_ receiver: BusReceiver, metrics: BusMetrics)
-    /// Publishes a record after its commit, from the engine thread, in
-    /// commit order. Never blocks: the bus queues it.
-    func publish(_ user: UserKey, _ record: ChangeRecord)
+    /// Publishes a batch's records after its commit, from the engine
+    /// thread, in commit order. Never blocks: the bus queues them.
+    func publish(_ records: [(UserKey, ChangeRecord)])
     /// Says, after its commit, that `deviceId` of `user` was deleted or
     /// took another platform or tags: nodes with connections of it look it
     /// up again (SPEC 4: a deleted device's connections close with 4003).
@@ -107,7 +107,7 @@ public final class MemoryBus: Bus {
         receiver.subscribed()
     }
 
-    public func publish(_ user: UserKey, _ record: ChangeRecord) { toOthers { $0.received([(user, record)]) } }
+    public func publish(_ records: [(UserKey, ChangeRecord)]) { toOthers { $0.received(records) } }
 
     public func publish(device deviceId: String, of user: UserKey) { toOthers { $0.deviceChanged(user, deviceId: deviceId) } }
 

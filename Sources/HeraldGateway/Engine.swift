@@ -482,8 +482,13 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
         // one post per user and shard.
         var pending: [(UserKey, [ChangeRecord])] = []
         var slot: [UserKey: Int] = [:]
+        // The same records in commit order, for the other nodes: handed to
+        // the bus together, so Redis takes them in one write.
+        var toBus: [(UserKey, ChangeRecord)] = []
         let committed = DispatchTime.now().uptimeNanoseconds
         func flush() {
+            if !toBus.isEmpty { bus?.publish(toBus) }
+            toBus.removeAll()
             for (user, records) in pending { fanOut(user, records, committedAt: committed) }
             pending.removeAll()
             slot.removeAll()
@@ -491,7 +496,7 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
         for e in batch.effects {
             switch e {
             case .deliver(let u, let r):
-                bus?.publish(u, r)
+                if bus != nil { toBus.append((u, r)) }
                 if let i = slot[u] {
                     pending[i].1.append(r)
                 } else {

@@ -102,12 +102,12 @@ public final class RedisBus: Bus, @unchecked Sendable {  // mutable state is und
     /// The publisher is writing `unwritten` outside `cond`: nobody else may.
     private var flushing = false
 
-    public func publish(_ user: UserKey, _ record: ChangeRecord) {
-        enqueue(Self.command(channelName(Self.channel(of: user)), BusWire.encode(node: node, user: user, record)))
+    public func publish(_ records: [(UserKey, ChangeRecord)]) {
+        enqueue(records.map { u, r in Self.command(channelName(Self.channel(of: u)), BusWire.encode(node: node, user: u, r)) })
     }
 
     public func publish(device deviceId: String, of user: UserKey) {
-        enqueue(Self.command(channelName(Self.channel(of: user)), BusWire.encode(node: node, user: user, device: deviceId)))
+        enqueue([Self.command(channelName(Self.channel(of: user)), BusWire.encode(node: node, user: user, device: deviceId))])
     }
 
     /// `PUBLISH channel payload` in RESP.
@@ -122,30 +122,37 @@ public final class RedisBus: Bus, @unchecked Sendable {  // mutable state is und
     }
 
     /// Called on the engine's thread after a commit: on a live connection
-    /// the command goes to the socket at once, without waiting (the
-    /// publisher only reads the reply), so a record reaches Redis without a
-    /// hop to another thread. Otherwise it is held in order.
-    private func enqueue(_ command: [UInt8]) {
+    /// the commands go to the socket at once, in one write, without waiting
+    /// (the publisher only reads the replies), so a record reaches Redis
+    /// without a hop to another thread. Otherwise they are held in order.
+    private func enqueue(_ commands: [[UInt8]]) {
         cond.lock()
         defer { cond.unlock() }
         guard publisherFD >= 0 else {
-            queue.append(command)
-            if queue.count > Self.queueLimit {
-                queue.removeFirst()
-                metrics.dropped.add(1, ordering: .relaxed)
-            }
-            metrics.queued.store(queue.count, ordering: .relaxed)
+            let wasEmpty = queue.isEmpty
+            queue.append(contentsOf: commands)
+            trimQueue()
             // Not `signal`: the subscriber may be waiting on `cond` too (its
             // backoff), and the one woken might be it.
-            if queue.count == 1 { cond.broadcast() }
+            if wasEmpty { cond.broadcast() }
             return
         }
-        unconfirmed.append(command)
-        unwritten.append(contentsOf: command)
+        let wasIdle = unconfirmed.isEmpty
+        unconfirmed.append(contentsOf: commands)
+        for c in commands { unwritten.append(contentsOf: c) }
         if !flushing { writeAvailable() }
         metrics.queued.store(unconfirmed.count, ordering: .relaxed)
         // The publisher waits for work: a reply to read, or bytes to write.
-        if unconfirmed.count == 1 || !unwritten.isEmpty { cond.broadcast() }
+        if wasIdle || !unwritten.isEmpty { cond.broadcast() }
+    }
+
+    /// Drops the oldest held commands past `queueLimit` (other nodes see the
+    /// gap at the user's next change, or resubscribe); under `cond`.
+    private func trimQueue() {
+        let over = max(0, queue.count - Self.queueLimit)
+        queue.removeFirst(over)
+        metrics.dropped.add(over, ordering: .relaxed)
+        metrics.queued.store(queue.count, ordering: .relaxed)
     }
 
     /// Writes what the socket takes of `unwritten` now; under `cond`. A
@@ -195,10 +202,7 @@ public final class RedisBus: Bus, @unchecked Sendable {  // mutable state is und
             queue = unconfirmed
             unconfirmed.removeAll()
             unwritten.removeAll()
-            let over = max(0, queue.count - Self.queueLimit)
-            queue.removeFirst(over)
-            metrics.dropped.add(over, ordering: .relaxed)
-            metrics.queued.store(queue.count, ordering: .relaxed)
+            trimQueue()
             let leaving = stopping
             cond.unlock()
             redisFree(c)

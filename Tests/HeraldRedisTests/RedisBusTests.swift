@@ -55,7 +55,9 @@ final class RedisBusTests: XCTestCase {
         let (a, ra) = node(), (b, rb) = node()
         defer { a.stop(); b.stop() }
         let user = UserKey(app: "app", user: "u")
-        for seq: Int64 in 1...50 { a.publish(user, record(seq, tags: seq == 7 ? "lang:it && !muted" : nil)) }
+        // One by one, then a batch's worth in one call (one write).
+        for seq: Int64 in 1...20 { a.publish([(user, record(seq, tags: seq == 7 ? "lang:it && !muted" : nil))]) }
+        a.publish((21...50).map { (user, record($0)) })
         rb.wait("50 records") { $0.records.count == 50 }
         XCTAssertEqual(rb.records.map(\.1.seq), Array(1...50), "in publish order")
         let seven = rb.records[6].1, sent = record(7, tags: "lang:it && !muted")
@@ -80,9 +82,9 @@ final class RedisBusTests: XCTestCase {
                                  createdAt: 1, updatedAt: 1, expiresAt: 2)
             return ChangeRecord(change: Change(seq: seq, op: .upsert(n)), before: nil, after: Presence(n), at: 1)
         }
-        a.publish(user, large(1))
+        a.publish([(user, large(1))])
         rb.wait("the first record") { $0.records.count == 1 }  // the connection is up: later ones go straight out
-        for seq: Int64 in 2...300 { a.publish(user, large(seq)) }
+        for seq: Int64 in 2...300 { a.publish([(user, large(seq))]) }
         rb.wait("300 records") { $0.records.count == 300 }
         XCTAssertEqual(rb.records.map(\.1.seq), Array(1...300))
         XCTAssertEqual(rb.records[299].1.encoded, large(300).encoded)
@@ -96,8 +98,8 @@ final class RedisBusTests: XCTestCase {
         let followed = UserKey(app: "app", user: "u"), other = UserKey(app: "app", user: "elsewhere")
         rb.cond.lock(); rb.unfollowed = [other]; rb.cond.unlock()
         for seq: Int64 in 1...20 {
-            a.publish(other, record(seq))
-            a.publish(followed, record(seq))
+            a.publish([(other, record(seq))])
+            a.publish([(followed, record(seq))])
         }
         rb.wait("the followed user's 20 records") { $0.records.count >= 20 }
         XCTAssertEqual(rb.records.map(\.0), Array(repeating: followed, count: 20))
@@ -113,16 +115,16 @@ final class RedisBusTests: XCTestCase {
         let (a, ra) = node(), (b, rb) = node()
         defer { a.stop(); b.stop() }
         let user = UserKey(app: "app", user: "u")
-        a.publish(user, record(1))
+        a.publish([(user, record(1))])
         rb.wait("the first record") { $0.records.count == 1 }
         try run(ctl, "kill")
         // Held by the publisher until Redis is back and b has resubscribed.
-        a.publish(user, record(2))
+        a.publish([(user, record(2))])
         try run(ctl, "start")
         rb.wait("b's resubscription") { $0.subscriptions == 2 }
         ra.wait("a's resubscription") { $0.subscriptions == 2 }
         XCTAssertEqual(b.state, "connected")
-        a.publish(user, record(3))
+        a.publish([(user, record(3))])
         rb.wait("records after the restart") { $0.records.map(\.1.seq).last == 3 }
         // Record 2 may have gone out before b resubscribed: then b's
         // catch-up from the store covers it. Nothing arrives twice or late.
@@ -167,7 +169,7 @@ final class RedisBusTests: XCTestCase {
         let user = UserKey(app: "app", user: "u")
         let before = try rejectedCalls("publish")
         try redis("ACL SETUSER default -publish")
-        a.publish(user, record(1))
+        a.publish([(user, record(1))])
         try waitForRefusal(of: "publish", after: before)
         try redis("ACL SETUSER default +publish")
         rb.wait("the refused record, published again") { $0.records.map(\.1.seq) == [1] }
