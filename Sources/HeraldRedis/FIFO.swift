@@ -12,11 +12,9 @@ struct FIFO<Element> {
 
     var count: Int { items.count - head }
     var isEmpty: Bool { head == items.count }
-    var first: Element? { isEmpty ? nil : items[head] }
     /// What is in it, oldest first.
     var elements: ArraySlice<Element> { items[head...] }
 
-    mutating func append(_ e: Element) { items.append(e) }
     mutating func append<S: Sequence<Element>>(contentsOf s: S) { items.append(contentsOf: s) }
 
     mutating func removeFirst(_ n: Int = 1) {

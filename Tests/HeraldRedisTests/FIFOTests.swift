@@ -12,12 +12,12 @@ final class FIFOTests: XCTestCase {
         // when it empties and when the taken part is the larger one.
         for round in 0..<50 {
             for _ in 0..<(100 * (round % 7 + 1)) {
-                q.append(next)
+                q.append(contentsOf: [next])
                 expected.append(next)
                 next += 1
             }
             let n = min(q.count, 90 * (round % 5 + 2))
-            XCTAssertEqual(q.first, expected.first)
+            XCTAssertEqual(q.elements.first, expected.first)
             q.removeFirst(n)
             expected.removeFirst(n)
             XCTAssertEqual(q.count, expected.count)
@@ -25,7 +25,7 @@ final class FIFOTests: XCTestCase {
         }
         q.removeFirst(q.count)
         XCTAssertTrue(q.isEmpty)
-        XCTAssertNil(q.first)
+        XCTAssertNil(q.elements.first)
         q.append(contentsOf: [1, 2])
         XCTAssertEqual(Array(q.elements), [1, 2])
         q.removeAll()
