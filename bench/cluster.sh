@@ -333,7 +333,7 @@ if [ "${TABLE_ONLY:-0}" != 1 ]; then
     if want dismiss; then
         log "=== cross-node dismiss ==="
         three_setups dismiss
-        [[ " $SETUPS " == *" pg-"* ]] && pg_floor
+        if [[ " $SETUPS " == *" pg-"* ]]; then pg_floor; fi
     fi
     if want dismiss-paths; then
         # one two-node cluster, fresh users each time: is it the bus hop, or
