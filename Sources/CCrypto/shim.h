@@ -2,3 +2,4 @@
 #include <openssl/evp.h>
 #include <openssl/crypto.h>
 #include <openssl/rand.h>
+#include <openssl/ec.h>

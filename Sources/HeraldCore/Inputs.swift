@@ -181,8 +181,12 @@ public struct StateUpdate: Sendable, Equatable {
 public struct DeviceRegistration: Sendable, Equatable {
     public var platform: Platform?
     public var tags: [String]?
+    /// nil: keep the registered handle.
+    public var push: PushUpdate?
 
-    public init(platform: Platform? = nil, tags: [String]? = nil) { self.platform = platform; self.tags = tags }
+    public init(platform: Platform? = nil, tags: [String]? = nil, push: PushUpdate? = nil) {
+        self.platform = platform; self.tags = tags; self.push = push
+    }
 
     init(reading f: inout Fields) throws(HeraldError) {
         platform = try f.enumValue("platform", Platform.self)
@@ -200,6 +204,13 @@ public struct DeviceRegistration: Sendable, Equatable {
             }
             tags = out
         }
+        // `"push": null` removes the handle, where other fields take null as absent.
+        if f.object["push"]?.isNull == true {
+            _ = f.raw("push")
+            push = .remove
+        } else if let p = try f.object("push") {
+            push = .set(try PushHandle(json: .object(p)))
+        }
     }
 
     public init(bytes: [UInt8]) throws(HeraldError) {
@@ -213,6 +224,11 @@ public struct DeviceRegistration: Sendable, Equatable {
         var out = d ?? Device(deviceId: deviceId, lastSeenAt: now)
         if let platform { out.platform = platform }
         if let tags { out.tags = tags }
+        switch push {
+        case .set(let h): out.push = h
+        case .remove: out.push = nil
+        case nil: break
+        }
         // Tag order carries no meaning: only a different set changes what the device sees.
         if let d, d.platform != out.platform || Set(d.tags) != Set(out.tags) { out.viewGeneration += 1 }
         out.lastSeenAt = now

@@ -116,10 +116,13 @@ public struct Device: Sendable, Equatable {
     /// is given, so a device whose view changed gets a reset, not changes
     /// that never told it of notifications it can now see.
     public var viewGeneration: Int64
+    /// Where the device is woken while it holds no connection (SPEC section 10).
+    public var push: PushHandle?
 
-    public init(deviceId: String, platform: Platform = .other, tags: [String] = [], lastSeenAt: Millis, viewGeneration: Int64 = 0) {
+    public init(deviceId: String, platform: Platform = .other, tags: [String] = [], lastSeenAt: Millis, viewGeneration: Int64 = 0,
+                push: PushHandle? = nil) {
         self.deviceId = deviceId; self.platform = platform; self.tags = tags; self.lastSeenAt = lastSeenAt
-        self.viewGeneration = viewGeneration
+        self.viewGeneration = viewGeneration; self.push = push
     }
 
     public static let reservedTagPrefixes = ["user:", "platform:", "device:"]

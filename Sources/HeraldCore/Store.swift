@@ -162,6 +162,29 @@ public protocol NotificationStore: StoreReading {
     /// Drops registrations not seen since `before`.
     func pruneDevices(lastSeenBefore before: Millis) throws(StoreError) -> Int
 
+    // The push outbox (SPEC section 10): written in the same transactions
+    // as the changes it wakes devices for, taken by whichever node claims it.
+
+    /// Records a push for `deviceId` of `user`, due now. A tap joins the
+    /// device's tap already waiting or in flight, if any (`PushJob`).
+    func enqueuePush(_ user: UserKey, deviceId: String, _ message: PushMessage, at: Millis) throws(StoreError)
+    /// Up to `limit` pushes due by `now` that nobody holds, oldest due
+    /// first, now held until `until`: a node that dies holding them lets
+    /// them go when that passes. PostgreSQL skips rows another node is
+    /// claiming (`FOR UPDATE SKIP LOCKED`), so each push has one sender.
+    func claimPushes(now: Millis, until: Millis, limit: Int) throws(StoreError) -> [PushJob]
+    /// A push sent or given up: removed, unless its tap was replaced since
+    /// it was claimed (`generation` moved), which is then due at once.
+    func finishPush(_ job: PushJob) throws(StoreError)
+    /// A push to send again at `at`, one more attempt counted.
+    func retryPush(_ job: PushJob, at: Millis) throws(StoreError)
+    /// Drops every push waiting for `deviceId`: its handle is dead, removed or moved.
+    func dropPushes(_ user: UserKey, deviceId: String) throws(StoreError)
+    /// The registration holding the handle whose `PushHandle.key` is `key` in `app`.
+    func pushHolder(app: String, key: String) throws(StoreError) -> (user: String, deviceId: String)?
+    /// How many pushes wait or are in flight (`herald_push_pending`).
+    func pendingPushes() throws(StoreError) -> Int
+
     /// A read-only connection for one other thread, or nil when only the
     /// owner's thread may read this store (MemoryStore).
     func makeReader() throws(StoreError) -> StoreReader?

@@ -20,6 +20,15 @@ public final class MemoryStore: NotificationStore {
     private var countsByUser: [UserKey: [TargetingKey: TargetingCounts]] = [:]
     private var devicesByUser: [UserKey: [Device]] = [:]
     private var expiryHeap = Heap<ExpiryEntry>()
+    /// The push outbox by id (ids ascend in the order recorded).
+    private var pushes: [Int64: PushRow] = [:]
+    private var lastPushId: Int64 = 0
+
+    struct PushRow {
+        var job: PushJob
+        var dueAt: Millis
+        var claimedUntil: Millis = 0
+    }
 
     struct ExpiryEntry: Comparable {
         let at: Millis
@@ -220,6 +229,7 @@ public final class MemoryStore: NotificationStore {
 
     public func deleteDevice(_ user: UserKey, id: String) throws(StoreError) -> Bool {
         guard var list = devicesByUser[user], let i = list.firstIndex(where: { $0.deviceId == id }) else { return false }
+        try dropPushes(user, deviceId: id)
         list.remove(at: i)
         setDevices(user, list.isEmpty ? nil : list)
         return true
@@ -239,6 +249,65 @@ public final class MemoryStore: NotificationStore {
         }
         return n
     }
+}
+
+extension MemoryStore {
+    private func setPush(_ id: Int64, _ row: PushRow?) {
+        let old = pushes[id]
+        pushes[id] = row
+        onRollback { s in s.pushes[id] = old }
+    }
+
+    public func enqueuePush(_ user: UserKey, deviceId: String, _ message: PushMessage, at: Millis) throws(StoreError) {
+        if message.kind == .tap, var row = pushes.values.first(where: {
+            $0.job.user == user && $0.job.deviceId == deviceId && $0.job.message.kind == .tap
+        }) {
+            row.job.message = message
+            row.job.generation += 1
+            return setPush(row.job.id, row)
+        }
+        lastPushId += 1
+        setPush(lastPushId, PushRow(job: PushJob(id: lastPushId, user: user, deviceId: deviceId, message: message, committedAt: at), dueAt: at))
+    }
+
+    public func claimPushes(now: Millis, until: Millis, limit: Int) throws(StoreError) -> [PushJob] {
+        let due = pushes.values.filter { $0.dueAt <= now && $0.claimedUntil <= now }
+            .sorted { ($0.dueAt, $0.job.id) < ($1.dueAt, $1.job.id) }.prefix(limit)
+        for var row in due {
+            row.claimedUntil = until
+            setPush(row.job.id, row)
+        }
+        return due.map(\.job)
+    }
+
+    public func finishPush(_ job: PushJob) throws(StoreError) {
+        guard var row = pushes[job.id] else { return }
+        guard row.job.generation != job.generation else { return setPush(job.id, nil) }
+        row.claimedUntil = 0
+        row.dueAt = min(row.dueAt, job.committedAt)
+        setPush(job.id, row)
+    }
+
+    public func retryPush(_ job: PushJob, at: Millis) throws(StoreError) {
+        guard var row = pushes[job.id] else { return }
+        row.job.attempts = job.attempts + 1
+        row.dueAt = at
+        row.claimedUntil = 0
+        setPush(job.id, row)
+    }
+
+    public func dropPushes(_ user: UserKey, deviceId: String) throws(StoreError) {
+        for row in pushes.values where row.job.user == user && row.job.deviceId == deviceId { setPush(row.job.id, nil) }
+    }
+
+    public func pushHolder(app: String, key: String) throws(StoreError) -> (user: String, deviceId: String)? {
+        for (u, list) in devicesByUser where u.app == app {
+            if let d = list.first(where: { $0.push?.key == key }) { return (u.user, d.deviceId) }
+        }
+        return nil
+    }
+
+    public func pendingPushes() throws(StoreError) -> Int { pushes.count }
 }
 
 extension Array where Element: Comparable {

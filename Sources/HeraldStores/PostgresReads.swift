@@ -168,15 +168,16 @@ struct PostgresReads {
     }
 
     /// A device's columns, as `device` decodes them.
-    static let deviceColumns = "device_id, platform, tags, last_seen_at, view_generation"
+    static let deviceColumns = "device_id, platform, tags, last_seen_at, view_generation, push"
 
-    /// Decodes columns `col...col+4`, `deviceColumns`.
+    /// Decodes columns `col...col+5`, `deviceColumns`.
     func device(_ r: PostgresRows, _ i: Int, _ col: Int32) throws(StoreError) -> Device {
         guard let id = r.text(i, col), let platform = r.text(i, col + 1).flatMap(Platform.init(rawValue:)),
               let tags = StoredForm.tags(r.json(i, col + 2))
         else { throw corrupt("device") }
         return Device(deviceId: id, platform: platform, tags: tags, lastSeenAt: r.int64(i, col + 3),
-                      viewGeneration: r.int64(i, col + 4))
+                      viewGeneration: r.int64(i, col + 4),
+                      push: try StoredForm.push(r.json(i, col + 5), isNull: r.isNull(i, col + 5), corrupt))
     }
 
     func devices(_ user: UserKey) throws(StoreError) -> [Device] {

@@ -161,6 +161,31 @@ enum PostgresSchema {
         END
         $$;
         """,
+        // 5: push handles on registrations and the push outbox (SPEC
+        // section 10), as SQLite's version 6. Older nodes never read the
+        // new columns or table, so it may run beside them.
+        """
+        ALTER TABLE devices ADD COLUMN push text;
+        ALTER TABLE devices ADD COLUMN push_key text COLLATE "C";
+        CREATE UNIQUE INDEX devices_by_push_key ON devices (app, push_key) WHERE push_key IS NOT NULL;
+
+        CREATE TABLE push_outbox (
+            id            bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+            app           text COLLATE "C" NOT NULL,
+            user_id       text COLLATE "C" NOT NULL,
+            device_id     text COLLATE "C" NOT NULL,
+            kind          text NOT NULL,
+            message       text NOT NULL,
+            committed_at  bigint NOT NULL,
+            due_at        bigint NOT NULL,
+            claimed_until bigint NOT NULL DEFAULT 0,
+            attempts      integer NOT NULL DEFAULT 0,
+            generation    bigint NOT NULL DEFAULT 0
+        );
+        CREATE UNIQUE INDEX push_outbox_taps ON push_outbox (app, user_id, device_id) WHERE kind = 'tap';
+        CREATE INDEX push_outbox_by_device ON push_outbox (app, user_id, device_id);
+        CREATE INDEX push_outbox_due ON push_outbox (due_at);
+        """,
     ]
 
     /// The versions an older node would misread: since version 3 a

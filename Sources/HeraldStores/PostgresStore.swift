@@ -638,18 +638,20 @@ public final class PostgresStore: NotificationStore {
 
     public func saveDevice(_ user: UserKey, _ device: Device) throws(StoreError) {
         try reading(user).db.send("""
-            INSERT INTO devices (app, user_id, device_id, platform, tags, last_seen_at, view_generation)
-            VALUES ($1, $2, $3, $4, $5, $6, $7)
+            INSERT INTO devices (app, user_id, device_id, platform, tags, last_seen_at, view_generation, push, push_key)
+            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
             ON CONFLICT (app, user_id, device_id) DO UPDATE SET
                 platform = excluded.platform, tags = excluded.tags, last_seen_at = excluded.last_seen_at,
-                view_generation = excluded.view_generation
+                view_generation = excluded.view_generation, push = excluded.push, push_key = excluded.push_key
             """, Self.key(user) + [.text(device.deviceId), .text(device.platform.rawValue), .utf8(StoredForm.tags(device.tags)[...]),
-                                   .int(device.lastSeenAt), .int(device.viewGeneration)])
+                                   .int(device.lastSeenAt), .int(device.viewGeneration),
+                                   device.push.map { .utf8($0.json.encoded[...]) } ?? .null, device.push.map { .text($0.key) } ?? .null])
     }
 
     public func deleteDevice(_ user: UserKey, id: String) throws(StoreError) -> Bool {
-        try reading(user).db.execute("DELETE FROM devices WHERE app = $1 AND user_id = $2 AND device_id = $3",
-                                     Self.key(user) + [.text(id)]) > 0
+        try dropPushes(user, deviceId: id)
+        return try reading(user).db.execute("DELETE FROM devices WHERE app = $1 AND user_id = $2 AND device_id = $3",
+                                            Self.key(user) + [.text(id)]) > 0
     }
 
     public func pruneDevices(lastSeenBefore before: Millis) throws(StoreError) -> Int {
@@ -721,5 +723,69 @@ extension PostgresStore: ClusterDirectory {
         try check()
         try db.execute("DELETE FROM herald_connections WHERE node = $1", [.text(node)])
         try db.execute("DELETE FROM herald_nodes WHERE node = $1", [.text(node)])
+    }
+}
+
+// MARK: The push outbox
+extension PostgresStore {
+    public func enqueuePush(_ user: UserKey, deviceId: String, _ message: PushMessage, at: Millis) throws(StoreError) {
+        try check()
+        try db.send("""
+            INSERT INTO push_outbox (app, user_id, device_id, kind, message, committed_at, due_at) VALUES ($1, $2, $3, $4, $5, $6, $6)
+            ON CONFLICT (app, user_id, device_id) WHERE kind = 'tap' DO UPDATE SET
+                message = excluded.message, generation = push_outbox.generation + 1
+            """, Self.key(user) + [.text(deviceId), .text(message.kind.rawValue), .utf8(message.json.encoded[...]), .int(at)])
+    }
+
+    public func claimPushes(now: Millis, until: Millis, limit: Int) throws(StoreError) -> [PushJob] {
+        try check()
+        // SKIP LOCKED: rows another node is claiming at this moment are
+        // left to it; claimed_until keeps them from everyone once it commits.
+        let r = try db.query("""
+            UPDATE push_outbox SET claimed_until = $1
+            WHERE id IN (SELECT id FROM push_outbox WHERE due_at <= $2 AND claimed_until <= $2
+                         ORDER BY due_at, id LIMIT $3 FOR UPDATE SKIP LOCKED)
+            RETURNING id, app, user_id, device_id, message, committed_at, attempts, generation
+            """, [.int(until), .int(now), .int(Int64(limit))])
+        var out: [PushJob] = []
+        for i in 0..<r.count {
+            guard let app = r.text(i, 1), let u = r.text(i, 2), let d = r.text(i, 3),
+                  let m = r.json(i, 4).flatMap(PushMessage.init(json:)) else { throw reads.corrupt("push") }
+            out.append(PushJob(id: r.int64(i, 0), user: UserKey(app: app, user: u), deviceId: d, message: m,
+                               committedAt: r.int64(i, 5), attempts: Int(r.int64(i, 6)), generation: r.int64(i, 7)))
+        }
+        return out.sorted { $0.id < $1.id }
+    }
+
+    public func finishPush(_ job: PushJob) throws(StoreError) {
+        try check()
+        try db.send("""
+            WITH gone AS (DELETE FROM push_outbox WHERE id = $1 AND generation = $2 RETURNING id)
+            UPDATE push_outbox SET claimed_until = 0, due_at = least(due_at, committed_at)
+            WHERE id = $1 AND NOT EXISTS (SELECT 1 FROM gone)
+            """, [.int(job.id), .int(job.generation)])
+    }
+
+    public func retryPush(_ job: PushJob, at: Millis) throws(StoreError) {
+        try check()
+        try db.send("UPDATE push_outbox SET claimed_until = 0, due_at = $1, attempts = $2 WHERE id = $3",
+                    [.int(at), .int(Int64(job.attempts + 1)), .int(job.id)])
+    }
+
+    public func dropPushes(_ user: UserKey, deviceId: String) throws(StoreError) {
+        try check()
+        try db.send("DELETE FROM push_outbox WHERE app = $1 AND user_id = $2 AND device_id = $3", Self.key(user) + [.text(deviceId)])
+    }
+
+    public func pushHolder(app: String, key: String) throws(StoreError) -> (user: String, deviceId: String)? {
+        try check()
+        let r = try db.query("SELECT user_id, device_id FROM devices WHERE app = $1 AND push_key = $2", [.text(app), .text(key)])
+        guard r.count > 0, let u = r.text(0, 0), let d = r.text(0, 1) else { return nil }
+        return (u, d)
+    }
+
+    public func pendingPushes() throws(StoreError) -> Int {
+        try check()
+        return Int(try db.query("SELECT count(*) FROM push_outbox").int64(0, 0))
     }
 }

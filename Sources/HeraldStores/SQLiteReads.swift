@@ -126,13 +126,13 @@ struct SQLiteReads {
               let tags = StoredForm.tags(r.json(col + 2))
         else { throw corrupt("device") }
         return Device(deviceId: id, platform: platform, tags: tags, lastSeenAt: r.int64(col + 3),
-                      viewGeneration: r.int64(col + 4))
+                      viewGeneration: r.int64(col + 4), push: try StoredForm.push(r.json(col + 5), isNull: r.isNull(col + 5), corrupt))
     }
 
     func devices(_ user: UserKey) throws(StoreError) -> [Device] {
         var out: [Device] = []
         try db.query("""
-            SELECT device_id, platform, tags, last_seen_at, view_generation FROM devices WHERE app = ? AND user = ? ORDER BY rowid
+            SELECT device_id, platform, tags, last_seen_at, view_generation, push FROM devices WHERE app = ? AND user = ? ORDER BY rowid
             """, [.text(user.app), .text(user.user)]) { r throws(StoreError) in
             out.append(try device(r, 0))
             return true
@@ -143,7 +143,7 @@ struct SQLiteReads {
     func usersWithDevices(app: String) throws(StoreError) -> [(user: String, devices: [Device])] {
         var out: [(user: String, devices: [Device])] = []
         try db.query("""
-            SELECT user, device_id, platform, tags, last_seen_at, view_generation FROM devices WHERE app = ? ORDER BY user, rowid
+            SELECT user, device_id, platform, tags, last_seen_at, view_generation, push FROM devices WHERE app = ? ORDER BY user, rowid
             """, [.text(app)]) { r throws(StoreError) in
             guard let u = r.text(0) else { throw corrupt("device") }
             let d = try device(r, 1)

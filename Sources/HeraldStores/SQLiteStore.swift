@@ -44,7 +44,7 @@ public final class SQLiteStore: NotificationStore {
 
     /// The schema version this code writes; `migrations[v - 1]` brings a
     /// database from version `v - 1` to `v`.
-    public static let schemaVersion: Int64 = 5
+    public static let schemaVersion: Int64 = 6
 
     public let epoch: String
     public let path: String
@@ -300,6 +300,34 @@ public final class SQLiteStore: NotificationStore {
         ALTER TABLE notifications ADD COLUMN target_platforms TEXT;
         ALTER TABLE notifications ADD COLUMN target_tags TEXT;
         ALTER TABLE changes ADD COLUMN notification_id TEXT;
+        """,
+        // 6: push handles on registrations and the push outbox (SPEC section 10).
+        """
+        -- The handle's full form (PushHandle.json) and its key, unique in
+        -- the app (PushHandle.key): registering it elsewhere moves it.
+        ALTER TABLE devices ADD COLUMN push TEXT;
+        ALTER TABLE devices ADD COLUMN push_key TEXT;
+        CREATE UNIQUE INDEX devices_by_push_key ON devices (app, push_key) WHERE push_key IS NOT NULL;
+
+        -- Pushes recorded with the changes they wake devices for. A row is
+        -- due at due_at and held by its sender until claimed_until; one tap
+        -- row per device at most (its generation counts replacements).
+        CREATE TABLE push_outbox (
+            id            INTEGER PRIMARY KEY,
+            app           TEXT NOT NULL,
+            user          TEXT NOT NULL,
+            device_id     TEXT NOT NULL,
+            kind          TEXT NOT NULL,
+            message       TEXT NOT NULL,
+            committed_at  INTEGER NOT NULL,
+            due_at        INTEGER NOT NULL,
+            claimed_until INTEGER NOT NULL DEFAULT 0,
+            attempts      INTEGER NOT NULL DEFAULT 0,
+            generation    INTEGER NOT NULL DEFAULT 0
+        );
+        CREATE UNIQUE INDEX push_outbox_taps ON push_outbox (app, user, device_id) WHERE kind = 'tap';
+        CREATE INDEX push_outbox_by_device ON push_outbox (app, user, device_id);
+        CREATE INDEX push_outbox_due ON push_outbox (due_at);
         """,
     ]
 
@@ -767,18 +795,20 @@ public final class SQLiteStore: NotificationStore {
     public func saveDevice(_ user: UserKey, _ device: Device) throws(StoreError) {
         try check()
         try db.execute("""
-            INSERT INTO devices (app, user, device_id, platform, tags, last_seen_at, view_generation)
-            VALUES (?, ?, ?, ?, ?, ?, ?)
+            INSERT INTO devices (app, user, device_id, platform, tags, last_seen_at, view_generation, push, push_key)
+            VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
             ON CONFLICT (app, user, device_id) DO UPDATE SET
                 platform = excluded.platform, tags = excluded.tags, last_seen_at = excluded.last_seen_at,
-                view_generation = excluded.view_generation
+                view_generation = excluded.view_generation, push = excluded.push, push_key = excluded.push_key
             """, [.text(user.app), .text(user.user), .text(device.deviceId), .text(device.platform.rawValue),
                   .utf8(StoredForm.tags(device.tags)[...]), .int(device.lastSeenAt),
-                  .int(device.viewGeneration)])
+                  .int(device.viewGeneration), device.push.map { .utf8($0.json.encoded[...]) } ?? .null,
+                  device.push.map { .text($0.key) } ?? .null])
     }
 
     public func deleteDevice(_ user: UserKey, id: String) throws(StoreError) -> Bool {
         try check()
+        try dropPushes(user, deviceId: id)
         return try db.execute("DELETE FROM devices WHERE app = ? AND user = ? AND device_id = ?",
                               [.text(user.app), .text(user.user), .text(id)]) > 0
     }
@@ -786,5 +816,70 @@ public final class SQLiteStore: NotificationStore {
     public func pruneDevices(lastSeenBefore before: Millis) throws(StoreError) -> Int {
         try check()
         return try db.execute("DELETE FROM devices WHERE last_seen_at < ?", [.int(before)])
+    }
+}
+
+// MARK: The push outbox
+extension SQLiteStore {
+    public func enqueuePush(_ user: UserKey, deviceId: String, _ message: PushMessage, at: Millis) throws(StoreError) {
+        try check()
+        try db.execute("""
+            INSERT INTO push_outbox (app, user, device_id, kind, message, committed_at, due_at) VALUES (?, ?, ?, ?, ?, ?, ?)
+            ON CONFLICT (app, user, device_id) WHERE kind = 'tap' DO UPDATE SET
+                message = excluded.message, generation = generation + 1
+            """, [.text(user.app), .text(user.user), .text(deviceId), .text(message.kind.rawValue),
+                  .utf8(message.json.encoded[...]), .int(at), .int(at)])
+    }
+
+    public func claimPushes(now: Millis, until: Millis, limit: Int) throws(StoreError) -> [PushJob] {
+        try check()
+        var out: [PushJob] = []
+        try db.query("""
+            UPDATE push_outbox SET claimed_until = ?
+            WHERE id IN (SELECT id FROM push_outbox WHERE due_at <= ? AND claimed_until <= ? ORDER BY due_at, id LIMIT ?)
+            RETURNING id, app, user, device_id, message, committed_at, attempts, generation
+            """, [.int(until), .int(now), .int(now), .int(Int64(limit))]) { r throws(StoreError) in
+            guard let app = r.text(1), let u = r.text(2), let d = r.text(3),
+                  let m = r.json(4).flatMap(PushMessage.init(json:)) else { throw reads.corrupt("push") }
+            out.append(PushJob(id: r.int64(0), user: UserKey(app: app, user: u), deviceId: d, message: m,
+                               committedAt: r.int64(5), attempts: Int(r.int64(6)), generation: r.int64(7)))
+            return true
+        }
+        // RETURNING gives rows in no set order.
+        return out.sorted { $0.id < $1.id }
+    }
+
+    public func finishPush(_ job: PushJob) throws(StoreError) {
+        try check()
+        if try db.execute("DELETE FROM push_outbox WHERE id = ? AND generation = ?", [.int(job.id), .int(job.generation)]) == 0 {
+            try db.execute("UPDATE push_outbox SET claimed_until = 0, due_at = min(due_at, committed_at) WHERE id = ?", [.int(job.id)])
+        }
+    }
+
+    public func retryPush(_ job: PushJob, at: Millis) throws(StoreError) {
+        try check()
+        try db.execute("UPDATE push_outbox SET claimed_until = 0, due_at = ?, attempts = ? WHERE id = ?",
+                       [.int(at), .int(Int64(job.attempts + 1)), .int(job.id)])
+    }
+
+    public func dropPushes(_ user: UserKey, deviceId: String) throws(StoreError) {
+        try check()
+        try db.execute("DELETE FROM push_outbox WHERE app = ? AND user = ? AND device_id = ?",
+                       [.text(user.app), .text(user.user), .text(deviceId)])
+    }
+
+    public func pushHolder(app: String, key: String) throws(StoreError) -> (user: String, deviceId: String)? {
+        try check()
+        var out: (String, String)?
+        try db.query("SELECT user, device_id FROM devices WHERE app = ? AND push_key = ?", [.text(app), .text(key)]) { r throws(StoreError) in
+            if let u = r.text(0), let d = r.text(1) { out = (u, d) }
+            return false
+        }
+        return out
+    }
+
+    public func pendingPushes() throws(StoreError) -> Int {
+        try check()
+        return Int(try db.int("SELECT count(*) FROM push_outbox") ?? 0)
     }
 }

@@ -51,6 +51,13 @@ enum StoredForm {
         return Presence(targeting: Targeting(platforms: list, tags: expression), unread: unread)
     }
 
+    /// A device's push handle read back from its stored form (`PushHandle.json`).
+    static func push(_ json: JSON?, isNull: Bool, _ corrupt: (String) -> StoreError) throws(StoreError) -> PushHandle? {
+        guard !isNull else { return nil }
+        guard let json, let h = try? PushHandle(json: json) else { throw corrupt("device push handle") }
+        return h
+    }
+
     /// A device's tags as a JSON array of strings.
     static func tags(_ tags: [String]) -> [UInt8] { JSON.array(tags.map(JSON.string)).encoded }
 

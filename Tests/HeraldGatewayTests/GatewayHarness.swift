@@ -132,6 +132,19 @@ final class FailingStore: NotificationStore {
     func deleteDevice(_ u: UserKey, id: String) throws(StoreError) -> Bool { try inner.deleteDevice(u, id: id) }
     func usersWithDevices(app: String) throws(StoreError) -> [(user: String, devices: [Device])] { try inner.usersWithDevices(app: app) }
     func pruneDevices(lastSeenBefore before: Millis) throws(StoreError) -> Int { try inner.pruneDevices(lastSeenBefore: before) }
+    func enqueuePush(_ u: UserKey, deviceId: String, _ m: PushMessage, at: Millis) throws(StoreError) {
+        try inner.enqueuePush(u, deviceId: deviceId, m, at: at)
+    }
+    func claimPushes(now: Millis, until: Millis, limit: Int) throws(StoreError) -> [PushJob] {
+        try inner.claimPushes(now: now, until: until, limit: limit)
+    }
+    func finishPush(_ job: PushJob) throws(StoreError) { try inner.finishPush(job) }
+    func retryPush(_ job: PushJob, at: Millis) throws(StoreError) { try inner.retryPush(job, at: at) }
+    func dropPushes(_ u: UserKey, deviceId: String) throws(StoreError) { try inner.dropPushes(u, deviceId: deviceId) }
+    func pushHolder(app: String, key: String) throws(StoreError) -> (user: String, deviceId: String)? {
+        try inner.pushHolder(app: app, key: key)
+    }
+    func pendingPushes() throws(StoreError) -> Int { try inner.pendingPushes() }
     func makeReader() throws(StoreError) -> StoreReader? { offersReader ? MemoryReader(self) : nil }
     /// Set to make the engine sync commits on its sync thread.
     var commitSync: CommitSync?

@@ -26,6 +26,10 @@ final class PostgresStoreConformanceTests: StoreConformanceTests {
     func testCountsUndoneByRollback() throws { try checkCountsUndoneByRollback() }
     func testReaderReadsWhatTheStoreReads() throws { try checkReaderReadsWhatTheStoreReads() }
     func testDevices() throws { try checkDevices() }
+    func testPushHandlesAreStoredAndFoundByKey() throws { try checkPushHandlesAreStoredAndFoundByKey() }
+    func testPushOutboxClaimsFinishesAndRetries() throws { try checkPushOutboxClaimsFinishesAndRetries() }
+    func testTapsToOneDeviceShareOneRow() throws { try checkTapsToOneDeviceShareOneRow() }
+    func testDroppedAndRolledBackPushesLeaveNothing() throws { try checkDroppedAndRolledBackPushesLeaveNothing() }
     func testHeadsOfManyFeeds() throws { try checkHeadsOfManyFeeds() }
     func testDevicesOfManyUsers() throws { try checkDevicesOfManyUsers() }
 

@@ -618,6 +618,110 @@ class StoreConformanceTests: XCTestCase {
         XCTAssertEqual(try store.pruneDevices(lastSeenBefore: 1000), 2)
         XCTAssertEqual(try store.usersWithDevices(app: "app1").count, 0)
     }
+
+    // MARK: Push handles and the outbox
+
+    static let apnsToken = String(repeating: "ab", count: 32)
+
+    func checkPushHandlesAreStoredAndFoundByKey() throws {
+        let handle = PushHandle.apns(token: Self.apnsToken, environment: .development)
+        let phone = Device(deviceId: "phone-1", platform: .ios, lastSeenAt: 100, push: handle)
+        try store.saveDevice(alice, phone)
+        try store.saveDevice(bob, Device(deviceId: "tab", lastSeenAt: 100))
+        XCTAssertEqual(try store.devices(alice), [phone])
+        XCTAssertEqual(try store.devices(of: [alice])[alice], [phone])
+        XCTAssertEqual(try store.usersWithDevices(app: "app1").first { $0.user == "alice" }?.devices, [phone])
+        XCTAssertTrue(try store.pushHolder(app: "app1", key: handle.key)! == (user: "alice", deviceId: "phone-1"))
+        XCTAssertNil(try store.pushHolder(app: "app2", key: handle.key), "a handle's key is per app")
+        XCTAssertNil(try store.pushHolder(app: "app1", key: "fcm:x"))
+
+        var cleared = phone
+        cleared.push = nil
+        try store.saveDevice(alice, cleared)
+        XCTAssertEqual(try store.devices(alice), [cleared])
+        XCTAssertNil(try store.pushHolder(app: "app1", key: handle.key))
+    }
+
+    func tap(_ cursor: Int64, id: String? = "n_1") -> PushMessage {
+        PushMessage(kind: .tap, op: .state, cursor: cursor, epoch: "e", notificationId: id, expiresAt: Self.t0 + Self.day)
+    }
+
+    func checkPushOutboxClaimsFinishesAndRetries() throws {
+        let alert = PushMessage(kind: .alert, op: .upsert, cursor: 1, epoch: "e", notificationId: "n_1", title: "T", body: "B",
+                                threadId: "g", high: true, change: ["seq": 1], expiresAt: Self.t0 + Self.day)
+        try store.begin()
+        try store.enqueuePush(alice, deviceId: "phone", alert, at: Self.t0)
+        try store.enqueuePush(bob, deviceId: "tab", tap(5), at: Self.t0 + 1)
+        try store.commit()
+        XCTAssertEqual(try store.pendingPushes(), 2)
+
+        try store.begin()
+        XCTAssertEqual(try store.claimPushes(now: Self.t0 - 1, until: Self.t0 + 1000, limit: 10), [], "nothing is due before it was recorded")
+        let claimed = try store.claimPushes(now: Self.t0 + 1, until: Self.t0 + 1000, limit: 10)
+        try store.commit()
+        XCTAssertEqual(claimed.map(\.message), [alert, tap(5)])
+        XCTAssertEqual(claimed.map(\.user), [alice, bob])
+        XCTAssertEqual(claimed.first?.committedAt, Self.t0)
+        try store.begin()
+        XCTAssertEqual(try store.claimPushes(now: Self.t0 + 2, until: Self.t0 + 1000, limit: 10), [], "held until the claim runs out")
+        try store.finishPush(claimed[0])
+        try store.retryPush(claimed[1], at: Self.t0 + 5000)
+        try store.commit()
+        XCTAssertEqual(try store.pendingPushes(), 1)
+
+        try store.begin()
+        XCTAssertEqual(try store.claimPushes(now: Self.t0 + 4999, until: Self.t0 + 9000, limit: 10), [])
+        let again = try store.claimPushes(now: Self.t0 + 5000, until: Self.t0 + 9000, limit: 10)
+        try store.commit()
+        XCTAssertEqual(again.map(\.attempts), [1])
+
+        // A claim that runs out (its node died) lets the push go to another.
+        try store.begin()
+        XCTAssertEqual(try store.claimPushes(now: Self.t0 + 9000, until: Self.t0 + 20_000, limit: 10).map(\.id), again.map(\.id))
+        try store.commit()
+    }
+
+    func checkTapsToOneDeviceShareOneRow() throws {
+        try store.begin()
+        try store.enqueuePush(alice, deviceId: "phone", tap(1), at: Self.t0)
+        try store.enqueuePush(alice, deviceId: "phone", tap(2), at: Self.t0 + 1)
+        try store.enqueuePush(alice, deviceId: "tablet", tap(2), at: Self.t0 + 1)
+        try store.commit()
+        XCTAssertEqual(try store.pendingPushes(), 2)
+        try store.begin()
+        let claimed = try store.claimPushes(now: Self.t0 + 10, until: Self.t0 + 1000, limit: 10)
+        XCTAssertEqual(claimed.map(\.message.cursor), [2, 2], "the waiting tap took the later cursor")
+        // A tap recorded while the row is in flight: the row is sent again.
+        try store.enqueuePush(alice, deviceId: "phone", tap(3), at: Self.t0 + 20)
+        for job in claimed { try store.finishPush(job) }
+        try store.commit()
+        XCTAssertEqual(try store.pendingPushes(), 1)
+        try store.begin()
+        let resent = try store.claimPushes(now: Self.t0 + 21, until: Self.t0 + 1000, limit: 10)
+        try store.commit()
+        XCTAssertEqual(resent.map(\.message.cursor), [3])
+        XCTAssertEqual(resent.map(\.deviceId), ["phone"])
+    }
+
+    func checkDroppedAndRolledBackPushesLeaveNothing() throws {
+        try store.saveDevice(alice, Device(deviceId: "phone", lastSeenAt: 1))
+        try store.begin()
+        try store.enqueuePush(alice, deviceId: "phone", tap(1), at: Self.t0)
+        try store.enqueuePush(bob, deviceId: "phone", tap(1), at: Self.t0)
+        try store.commit()
+        try store.begin()
+        try store.enqueuePush(alice, deviceId: "other", tap(2), at: Self.t0)
+        store.rollback()
+        XCTAssertEqual(try store.pendingPushes(), 2, "a rolled-back push was never recorded")
+        try store.begin()
+        XCTAssertTrue(try store.deleteDevice(alice, id: "phone"))
+        try store.commit()
+        XCTAssertEqual(try store.pendingPushes(), 1, "a deleted device's pushes go with it")
+        try store.begin()
+        try store.dropPushes(bob, deviceId: "phone")
+        try store.commit()
+        XCTAssertEqual(try store.pendingPushes(), 0)
+    }
 }
 
 final class MemoryStoreConformanceTests: StoreConformanceTests {
@@ -638,6 +742,10 @@ final class MemoryStoreConformanceTests: StoreConformanceTests {
     func testCountsUndoneByRollback() throws { try checkCountsUndoneByRollback() }
     func testReaderReadsWhatTheStoreReads() throws { try checkReaderReadsWhatTheStoreReads() }
     func testDevices() throws { try checkDevices() }
+    func testPushHandlesAreStoredAndFoundByKey() throws { try checkPushHandlesAreStoredAndFoundByKey() }
+    func testPushOutboxClaimsFinishesAndRetries() throws { try checkPushOutboxClaimsFinishesAndRetries() }
+    func testTapsToOneDeviceShareOneRow() throws { try checkTapsToOneDeviceShareOneRow() }
+    func testDroppedAndRolledBackPushesLeaveNothing() throws { try checkDroppedAndRolledBackPushesLeaveNothing() }
     func testHeadsOfManyFeeds() throws { try checkHeadsOfManyFeeds() }
     func testDevicesOfManyUsers() throws { try checkDevicesOfManyUsers() }
 }
@@ -666,6 +774,10 @@ final class SQLiteStoreConformanceTests: StoreConformanceTests {
     func testCountsUndoneByRollback() throws { try checkCountsUndoneByRollback() }
     func testReaderReadsWhatTheStoreReads() throws { try checkReaderReadsWhatTheStoreReads() }
     func testDevices() throws { try checkDevices() }
+    func testPushHandlesAreStoredAndFoundByKey() throws { try checkPushHandlesAreStoredAndFoundByKey() }
+    func testPushOutboxClaimsFinishesAndRetries() throws { try checkPushOutboxClaimsFinishesAndRetries() }
+    func testTapsToOneDeviceShareOneRow() throws { try checkTapsToOneDeviceShareOneRow() }
+    func testDroppedAndRolledBackPushesLeaveNothing() throws { try checkDroppedAndRolledBackPushesLeaveNothing() }
     func testHeadsOfManyFeeds() throws { try checkHeadsOfManyFeeds() }
     func testDevicesOfManyUsers() throws { try checkDevicesOfManyUsers() }
 
