@@ -108,7 +108,7 @@ public enum PushHandle: Sendable, Equatable {
     /// The lower-cased host and the origin of an `https://` URL with no
     /// user info, nil for anything else. Deliberately strict: it decides
     /// where Herald will POST.
-    static func httpsOrigin(_ url: String) -> (host: String, origin: String)? {
+    public static func httpsOrigin(_ url: String) -> (host: String, origin: String)? {
         let lower = url.lowercased()
         guard lower.hasPrefix("https://") else { return nil }
         let rest = url.utf8.dropFirst(8)

@@ -11,18 +11,95 @@ public struct AppConfig: Sendable, Equatable {
     /// Origins (`scheme://host[:port]`, or `*` for any) whose browser pages
     /// may read this app's answers (CORS.swift); none by default.
     public let allowedOrigins: [String]
+    /// The push services this app wakes devices through (SPEC section 10); nil: none.
+    public let push: PushSettings?
 
-    public init(id: String, serverKeys: [String], tokenSecrets: [TokenSecret], allowedOrigins: [String] = []) {
+    public init(id: String, serverKeys: [String], tokenSecrets: [TokenSecret], allowedOrigins: [String] = [], push: PushSettings? = nil) {
         precondition(!serverKeys.isEmpty && !tokenSecrets.isEmpty, "app \(id) needs a server key and a token secret")
         self.id = id; self.serverKeys = serverKeys; self.tokenSecrets = tokenSecrets; self.allowedOrigins = allowedOrigins
+        self.push = push
     }
 
     /// One key and one secret without kid: the form without rotation.
-    public init(id: String, serverKey: String, tokenSecret: String, allowedOrigins: [String] = []) {
-        self.init(id: id, serverKeys: [serverKey], tokenSecrets: [TokenSecret(secret: tokenSecret)], allowedOrigins: allowedOrigins)
+    public init(id: String, serverKey: String, tokenSecret: String, allowedOrigins: [String] = [], push: PushSettings? = nil) {
+        self.init(id: id, serverKeys: [serverKey], tokenSecrets: [TokenSecret(secret: tokenSecret)], allowedOrigins: allowedOrigins,
+                  push: push)
     }
 
     public var signingSecret: TokenSecret { tokenSecrets[0] }
+}
+
+/// An app's push credentials and options (SPEC section 10, docs/OPERATIONS.md
+/// "Push"). Holds paths, not key material: the senders read the files
+/// (HeraldPush), at start and at each reload.
+public struct PushSettings: Sendable, Equatable {
+    public struct APNs: Sendable, Equatable {
+        public var teamId: String
+        public var keyId: String
+        public var keyFile: String
+        /// The app's bundle id (`apns-topic`).
+        public var topic: String
+        public var endpoint = "https://api.push.apple.com"
+        public var developmentEndpoint = "https://api.sandbox.push.apple.com"
+        public var caFile: String?
+        public init(teamId: String, keyId: String, keyFile: String, topic: String) {
+            self.teamId = teamId; self.keyId = keyId; self.keyFile = keyFile; self.topic = topic
+        }
+    }
+
+    public struct FCM: Sendable, Equatable {
+        public var serviceAccountFile: String
+        public var endpoint = "https://fcm.googleapis.com"
+        public var caFile: String?
+        public init(serviceAccountFile: String) { self.serviceAccountFile = serviceAccountFile }
+    }
+
+    public struct WebPush: Sendable, Equatable {
+        public var vapidPrivateKeyFile: String
+        /// `mailto:` or `https:`: whom the push service may contact (RFC 8292 `sub`).
+        public var subject: String
+        public var allowedHosts = PushHandle.defaultWebPushHosts
+        public var caFile: String?
+        /// The VAPID public key, unpadded base64url: what browsers subscribe with.
+        public var publicKey: String
+        public init(vapidPrivateKeyFile: String, subject: String, publicKey: String) {
+            self.vapidPrivateKeyFile = vapidPrivateKeyFile; self.subject = subject; self.publicKey = publicKey
+        }
+    }
+
+    /// Where a notification's payload holds an alert's title and body; nil: taps only.
+    public var alert: AlertPointers?
+    public var apns: APNs?
+    public var fcm: FCM?
+    public var webPush: WebPush?
+
+    public init(alert: AlertPointers? = nil, apns: APNs? = nil, fcm: FCM? = nil, webPush: WebPush? = nil) {
+        self.alert = alert; self.apns = apns; self.fcm = fcm; self.webPush = webPush
+    }
+
+    public var services: [PushService] {
+        PushService.allCases.filter { s in
+            switch s {
+            case .apns: apns != nil
+            case .fcm: fcm != nil
+            case .webpush: webPush != nil
+            }
+        }
+    }
+
+    /// Why this app cannot take `handle`, nil when it can: its service is
+    /// configured, and a Web Push endpoint is on an allowed host (a device
+    /// must never make Herald POST where it likes).
+    public func refusal(_ handle: PushHandle) -> HeraldError? {
+        guard services.contains(handle.service) else {
+            return .badRequest("push service \(handle.service.rawValue) is not configured for this app"
+                               + " (it has \(services.isEmpty ? "none" : services.map(\.rawValue).joined(separator: ", ")))")
+        }
+        if case .webpush(let s) = handle, let w = webPush, !PushHandle.host(s.host, isAllowedBy: w.allowedHosts) {
+            return .badRequest("push.subscription.endpoint's host \(s.host) is not one of this app's allowed push hosts")
+        }
+        return nil
+    }
 }
 
 /// Tunables, each documented in docs/OPERATIONS.md.

@@ -110,10 +110,13 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
     static let conflictAttempts = 3
 
     let health: StoreHealth
+    /// The push outbox's recording and sending (SPEC section 10).
+    let push: PushDispatch
 
     init(store: NotificationStore, reader: ReaderThread?, bus: Bus?, limits: GatewayLimits, metrics: Metrics, clock: Clock) {
         self.store = store; self.reader = reader; self.bus = bus; self.limits = limits; self.metrics = metrics; self.clock = clock
         health = StoreHealth(clock: clock)
+        push = PushDispatch(metrics: metrics.push)
         if let bus, let directory = store as? ClusterDirectory {
             cluster = ClusterConnections(node: bus.node, directory: directory, registry: registry)
         } else {
@@ -192,6 +195,13 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
         enqueue(Command(run: { _ in }, failed: { _ in }, early: f), evenWhenStopping: true)
     }
 
+    /// Queues a write no one waits for (a push's outcome): it runs in the
+    /// next batch, and if that rolls back nothing of it happened. `taken`
+    /// runs once, when the engine takes it, whatever becomes of the batch.
+    func write(taken: @escaping @Sendable (Engine) -> Void, _ body: @escaping @Sendable (Engine) throws(StoreError) -> Void) {
+        enqueue(Command(run: { e in try body(e) }, failed: { _ in }, early: taken), evenWhenStopping: true)
+    }
+
     private func enqueue(_ c: Command, evenWhenStopping: Bool) {
         cond.lock()
         let accepted = !stopping || evenWhenStopping
@@ -212,10 +222,13 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
         effects.append(.run(f))
     }
 
-    /// Delivers `record` to the user's followers after the batch commits.
-    func deliverAfterCommit(_ user: UserKey, _ record: ChangeRecord) {
+    /// Delivers `record` to the user's followers after the batch commits,
+    /// and records the pushes it gives before (`published`: a notification
+    /// created or replaced by its app, which may show an alert).
+    func deliverAfterCommit(_ user: UserKey, _ record: ChangeRecord, published: Bool = false) {
         thread.assertCurrent()
         effects.append(.deliver(user, record))
+        push.note(user, record, published: published)
     }
 
     /// Runs `f` if the current batch rolls back.
@@ -230,6 +243,7 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
         }
         store.rollback()
         effects.removeAll()
+        push.rolledBack()
         publishedInBatch = 0
         for f in undo.reversed() { f() }
         undo.removeAll()
@@ -238,6 +252,7 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
     /// Commits the open transaction; its effects run once it is durable.
     /// A commit that throws left the transaction for `rolledBack`.
     private func commit(began: UInt64?) throws(StoreError) {
+        try push.record(self)
         let generation = syncer?.beginCommit()
         do {
             try store.commit()

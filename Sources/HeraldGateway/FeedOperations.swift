@@ -12,7 +12,7 @@ extension Engine {
         let n: Notification
         do { n = try draft.notification(replacing: existing, userId: user.user, now: now) } catch { return .failure(error) }
         let r = try store.upsert(user, n, previous: existing, at: now)
-        deliverAfterCommit(user, r)
+        deliverAfterCommit(user, r, published: true)
         publishedInBatch += 1
         return .success((WriteAnswer(r), existing == nil))
     }
@@ -92,12 +92,26 @@ extension Engine {
         }
         var device = existing ?? Device(deviceId: deviceId, lastSeenAt: now)
         if let registration { device = registration.applied(to: existing, deviceId: deviceId, now: now) }
+        if existing?.push != device.push { try handOver(push: device.push, to: user, deviceId, from: existing?.push) }
         if existing == nil || existing != device {
             try store.saveDevice(user, device)
             if let existing, existing.viewGeneration != device.viewGeneration { registrationChanged(user, deviceId, to: device) }
         }
         registry.seen(user, device: deviceId, at: now)
         return .success(Viewer(userId: user.user, device: device))
+    }
+
+    /// A device's push handle changes (SPEC section 10): pushes waiting for
+    /// the old one go, and a handle another registration of the app holds
+    /// moves here, taking nothing of that device's outbox with it.
+    private func handOver(push handle: PushHandle?, to user: UserKey, _ deviceId: String, from old: PushHandle?) throws(StoreError) {
+        if old != nil { try store.dropPushes(user, deviceId: deviceId) }
+        guard let handle, let holder = try store.pushHolder(app: user.app, key: handle.key) else { return }
+        let other = UserKey(app: user.app, user: holder.user)
+        guard other != user || holder.deviceId != deviceId, var d = try store.device(other, id: holder.deviceId) else { return }
+        d.push = nil
+        try store.saveDevice(other, d)
+        try store.dropPushes(other, deviceId: holder.deviceId)
     }
 
     /// `body` with the viewer of `deviceId`, unless its registration is refused.
@@ -147,7 +161,8 @@ extension Engine {
         return ["deviceId": .string(d.deviceId), "platform": .string(d.platform.rawValue),
                 "tags": .array(d.allTags(userId: user.user).map(JSON.string)),
                 "connected": .bool(transport != nil), "transport": transport.map { .string($0.rawValue) } ?? .null,
-                "lastSeenAt": .string(RFC3339.format(max(d.lastSeenAt, c?.lastSeenAt ?? 0)))]
+                "lastSeenAt": .string(RFC3339.format(max(d.lastSeenAt, c?.lastSeenAt ?? 0))),
+                "push": d.push?.listing ?? .null]
     }
 
     /// Deletes a registration; its open connections close with 4003.

@@ -34,7 +34,10 @@ public final class Gateway: Sendable {
 
     /// `store`'s reader connection (if it has one) serves reads on a thread
     /// of its own. `bus`: the other nodes on the same store.
-    public init(config: GatewayConfig, store: NotificationStore, bus: Bus? = nil, clock: Clock = SystemClock()) throws(StoreError) {
+    /// `push`: the push services' senders (HeraldPush); without it pushes
+    /// are recorded but not sent.
+    public init(config: GatewayConfig, store: NotificationStore, bus: Bus? = nil, push: PushTransport? = nil,
+                clock: Clock = SystemClock()) throws(StoreError) {
         self.config = config
         self.clock = clock
         appsInForce = Locked(Self.byId(config.allApps))
@@ -42,6 +45,8 @@ public final class Gateway: Sendable {
         let reader = try store.makeReader().map(ReaderThread.init)
         engine = Engine(store: store, reader: reader, bus: bus, limits: config.limits, metrics: metrics, clock: clock)
         if bus != nil { metrics.bus.enabled.store(true, ordering: .relaxed) }
+        engine.push.configure(config.allApps)
+        engine.push.transport = push
         reads = Reads(engine: engine, reader: reader)
     }
 
@@ -64,6 +69,8 @@ public final class Gateway: Sendable {
 
     /// Lets queued commands finish and flushes the store, then the bus.
     public func stop() {
+        // Pushes in flight come back as retries, written before the engine stops.
+        engine.push.transport?.stop()
         engine.stop()
         reads.stop()
         engine.bus?.stop()
@@ -87,6 +94,8 @@ public final class Gateway: Sendable {
         next.apps = apps
         let served = Self.byId(next.allApps)
         appsInForce.withLock { $0 = served }
+        engine.push.configure(next.allApps)
+        engine.push.transport?.reload(next.allApps)
         let shards = engine.shards
         let tally = Locked((shardsLeft: shards.count, ended: 0))
         for shard in shards {
@@ -100,6 +109,15 @@ public final class Gateway: Sendable {
                 if let total { done(total) }
             }
         }
+    }
+
+    /// Why `app` cannot take the push handle `reg` registers (SPEC section
+    /// 10: a service it has not configured, a Web Push host it does not
+    /// allow); nil when it can, or when `reg` names none.
+    func pushRefusal(app: String, _ reg: DeviceRegistration?) -> HeraldError? {
+        guard case .set(let handle) = reg?.push else { return nil }
+        guard let settings = apps[app]?.push else { return .badRequest("push is not configured for this app") }
+        return settings.refusal(handle)
     }
 
     func verify(token: String) -> Result<DeviceToken.Verified, HeraldError> {

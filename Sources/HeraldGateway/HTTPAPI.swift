@@ -32,6 +32,9 @@ extension Gateway {
                 health["uptimeSeconds"] = .int((clock.ticks() - startedAt) / 1000)
                 health["store"] = .string(engine.health.isAvailable ? "ok" : "unavailable")
                 health["bus"] = engine.bus.map { .string($0.state) }
+                if engine.push.settings.withLock({ !$0.isEmpty }) {
+                    health["push"] = .string(engine.push.failing.withLock { $0.isEmpty } ? "ok" : "failing")
+                }
                 responder.respond(.json(200, .object(health)))
             case .metrics:
                 let own = metrics.prometheusText()
@@ -132,19 +135,36 @@ extension Gateway {
                 if let bound = d.claims.device, bound != id {
                     throw HeraldError(.forbidden, "the token is bound to another device")
                 }
-                if case .registerDevice = route {
-                    let reg = try DeviceRegistration(bytes: req.body)
-                    x.write([d.user]) { e throws(StoreError) in
-                        try e.registerDevice(d.user, deviceId: id, reg, now: clock.now()).map { .json(200, ["device": $0]) }
-                    }
-                } else {
-                    x.write([d.user]) { e throws(StoreError) in
-                        try e.deleteDevice(d.user, deviceId: id) ? .success(.noContent) : .failure(HeraldError(.notFound, "no such device"))
-                    }
-                }
+                try device(route, of: d.user, id, req, x)
+            case .serverRegisterDevice(let appId, let userId, let id), .serverDeleteDevice(let appId, let userId, let id):
+                let user = try serverUser(req, appId, userId)
+                guard Identifiers.isUserId(id) else { throw HeraldError.badRequest("bad device id") }
+                try device(route, of: user, id, req, x)
+            case .pushServices:
+                let d = try deviceAuth(req, namesDevice: false)
+                let settings = apps[d.user.app]?.push
+                responder.respond(.json(200, ["services": .array((settings?.services ?? []).map { .string($0.rawValue) }),
+                                              "webPushPublicKey": settings?.webPush.map { .string($0.publicKey) } ?? .null]))
             }
         } catch {
             responder.respond(.error(error))
+        }
+    }
+
+    /// `PUT` or `DELETE` of a device registration, by the device or its app's server.
+    private func device(_ route: Route, of user: UserKey, _ id: String, _ req: HTTPRequest, _ x: Exchange) throws(HeraldError) {
+        let clock = self.clock
+        switch route {
+        case .registerDevice, .serverRegisterDevice:
+            let reg = try DeviceRegistration(bytes: req.body)
+            if let refusal = pushRefusal(app: user.app, reg) { throw refusal }
+            x.write([user]) { e throws(StoreError) in
+                try e.registerDevice(user, deviceId: id, reg, now: clock.now()).map { .json(200, ["device": $0]) }
+            }
+        default:
+            x.write([user]) { e throws(StoreError) in
+                try e.deleteDevice(user, deviceId: id) ? .success(.noContent) : .failure(HeraldError(.notFound, "no such device"))
+            }
         }
     }
 

@@ -19,7 +19,10 @@ enum Route: Equatable {
     case updateNotification(Owner, id: String)
     case deleteNotification(Owner, id: String)
     case listDevices(app: String, user: String)
-    case readAll, counts, sync, events
+    /// An app server registering or deleting a device (SPEC section 10, as Notification Hubs installations).
+    case serverRegisterDevice(app: String, user: String, id: String)
+    case serverDeleteDevice(app: String, user: String, id: String)
+    case readAll, counts, sync, events, pushServices
     case registerDevice(id: String)
     case deleteDevice(id: String)
     case staticFile(name: String)
@@ -63,6 +66,7 @@ enum Route: Equatable {
             case "counts": return ["GET": .counts]
             case "sync": return ["GET": .sync]
             case "events": return ["GET": .events]
+            case "push": return ["GET": .pushServices]
             default: return [:]
             }
         case 4 where s[0] == "v1" && s[1] == "me" && s[2] == "notifications":
@@ -83,6 +87,10 @@ enum Route: Equatable {
         case 7 where s[0] == "v1" && s[1] == "apps" && !s[2].isEmpty && s[3] == "users" && !s[4].isEmpty
             && s[5] == "notifications" && !s[6].isEmpty:
             return notification(.server(app: s[2], user: s[4]), s[6])
+        case 7 where s[0] == "v1" && s[1] == "apps" && !s[2].isEmpty && s[3] == "users" && !s[4].isEmpty
+            && s[5] == "devices" && !s[6].isEmpty:
+            return ["PUT": .serverRegisterDevice(app: s[2], user: s[4], id: s[6]),
+                    "DELETE": .serverDeleteDevice(app: s[2], user: s[4], id: s[6])]
         default:
             if demo, let name = staticName(path) { return ["GET": .staticFile(name: name)] }
             return [:]

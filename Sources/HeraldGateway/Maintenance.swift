@@ -73,6 +73,7 @@ final class Maintenance {
             devices.run(e, tick: tick)
         }
         if e.devicesStale { e.devicesStale = !e.refreshConnectedDevices() }
+        e.push.run(e, now: now, tick: tick)
     }
 
     /// Asks the store, off the engine, whether a notification expired by

@@ -36,6 +36,8 @@ public final class Metrics: Sendable {
     public let deferredBursts = Atomic<Int>(0)
     /// Shown once a bus is configured.
     public let bus = BusMetrics()
+    /// Shown once an app configures push.
+    public let push = PushMetrics()
 
     public init() {}
 
@@ -76,6 +78,7 @@ public final class Metrics: Sendable {
             s += "herald_refused_connections_total{reason=\"\(r.rawValue)\"} \(refused[i])\n"
         }
         if bus.enabled.load(ordering: .relaxed) { s += bus.text() }
+        if push.enabled.load(ordering: .relaxed) { s += push.text() }
         return s
     }
 }

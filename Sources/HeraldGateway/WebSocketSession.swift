@@ -157,6 +157,7 @@ public final class WebSocketSession {
             return fail(.forbiddenDevice, HeraldError(.forbidden, "the token is bound to another device"))
         }
         if let app = gateway.apps[c.app], !app.admits(origin: origin) { return fail(.forbiddenDevice, Gateway.originRefused) }
+        if let e = gateway.pushRefusal(app: c.app, registration) { return fail(.policyViolation, e) }
         tokenExpiresAt = c.expiresAt
         state = .subscribing
         let s = Subscription(Subscription.Request(user: c.userKey, deviceId: deviceId, registration: registration,

@@ -278,8 +278,8 @@ final class Harness {
 
     /// `bus`: another node's harness may share `store` and the bus's hub.
     init(store: NotificationStore = MemoryStore(), bus: Bus? = nil, limits: GatewayLimits = GatewayLimits(),
-         apps: [AppConfig] = [Harness.app]) {
-        gateway = try! Gateway(config: GatewayConfig(apps: apps, limits: limits), store: store, bus: bus, clock: clock)
+         apps: [AppConfig] = [Harness.app], push: PushTransport? = nil) {
+        gateway = try! Gateway(config: GatewayConfig(apps: apps, limits: limits), store: store, bus: bus, push: push, clock: clock)
         shard = gateway.makeShards([loop])[0]
         shard.thread.claim()
         gateway.startBus()

@@ -639,9 +639,19 @@ final class PostgresStoreTests: XCTestCase {
         XCTAssertEqual(try store.history(alice, after: nil, limit: 10).map(\.id).sorted(), ["n_0", "n_2"])
     }
 
+    /// Turns a database of this version into what version 4 wrote: no push handles, no outbox.
+    func downgradeToVersion4(_ store: PostgresStore) throws {
+        try store.db.script("""
+            DROP TABLE push_outbox; DROP INDEX devices_by_push_key;
+            ALTER TABLE devices DROP COLUMN push; ALTER TABLE devices DROP COLUMN push_key;
+            DELETE FROM herald_schema WHERE version >= 5;
+            """)
+    }
+
     /// Turns a database of this version into what version 2 wrote: each
     /// notification's JSON in its row.
     func downgradeToVersion2(_ store: PostgresStore) throws {
+        try downgradeToVersion4(store)
         let prefix = #"length('{"seq":' || c.seq || ',"op":"upsert","notification":')"#
         try store.db.script("""
             UPDATE notifications n SET json = substr(c.change, \(prefix) + 1, length(c.change) - \(prefix) - 1)
@@ -672,11 +682,12 @@ final class PostgresStoreTests: XCTestCase {
         XCTAssertEqual(try store.notification(alice, id: "n_0"), note("n_0"))
     }
 
-    /// Version 4 only adds what older nodes never call: it rolls while
-    /// they run.
+    /// Versions 4 and 5 only add what older nodes never use: they roll
+    /// while those run.
     func testAnUpgradeFromVersion3RollsWhileNodesRun() throws {
         do {
             let store = try PostgresStore(url: database.url)
+            try downgradeToVersion4(store)
             try store.db.script("DROP FUNCTION herald_expect_heads; DELETE FROM herald_schema WHERE version >= 4")
             _ = try store.renewLease(node: "old-node", millis: 60_000)
         }

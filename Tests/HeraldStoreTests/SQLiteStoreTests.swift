@@ -201,6 +201,10 @@ final class SQLiteStoreTests: XCTestCase {
     /// notification's JSON in its row, no targeting columns, changes that do
     /// not name their notification.
     func downgradeToVersion4(_ s: SQLiteStore) throws {
+        try s.db.script("""
+            DROP TABLE push_outbox; DROP INDEX devices_by_push_key;
+            ALTER TABLE devices DROP COLUMN push; ALTER TABLE devices DROP COLUMN push_key;
+            """)
         let prefix = #"length('{"seq":' || c.seq || ',"op":"upsert","notification":')"#
         try s.db.script("""
             UPDATE notifications SET json = (SELECT substr(c.change, \(prefix) + 1, length(c.change) - \(prefix) - 1)

@@ -1,0 +1,214 @@
+import HeraldCore
+
+/// Both ends of the push outbox (SPEC section 10), on the engine thread.
+///
+/// **Recording.** A change that a registered device with a push handle may
+/// see, while that device has no open connection on any node, gets a push
+/// row in the same transaction as the change (`record`, called by
+/// `Engine.commit` before the commit). One acknowledged change is never left
+/// without its push by a crash, and only the node that committed the change
+/// records it: one push per change and device in a cluster.
+///
+/// **Sending.** `run` (each engine loop turn) claims due rows, at most
+/// `maxInFlight` at once, in a transaction of their own: each claim holds a
+/// row for `claimLease`, PostgreSQL skipping rows another node is claiming,
+/// so each push has one sender; a node that dies holding some lets them go
+/// when the lease ends (at least once). After that commit the pushes go to
+/// the `PushTransport`, which never blocks the engine; each outcome comes
+/// back as a write in a later batch (`finished`). The engine never waits for
+/// a push service, and memory holds only what is in flight, whatever the
+/// outbox's length.
+final class PushDispatch {
+    /// Apps' push settings by app id, swapped whole by a reload.
+    let settings = Locked<[String: PushSettings]>([:])
+    /// Set once before the engine starts; nil: pushes are recorded, not sent.
+    var transport: PushTransport?
+    let metrics: PushMetrics
+    /// Apps whose credentials a service refused, until one of their pushes
+    /// is delivered again (`/healthz` `"push": "failing"`).
+    let failing = Locked<Set<String>>([])
+
+    static let maxInFlight = 1_000
+    /// Longer than any request may take (the senders time out within 30 s).
+    static let claimLease: Millis = 120_000
+    /// How often the outbox is asked for due pushes with nothing else
+    /// saying so: another node's lapsed claims, a backlog left at a restart.
+    static let pollEvery: Millis = 1_000
+    static let pendingEvery: Millis = 5_000
+    static let firstRetry: Millis = 1_000
+    static let lastRetry: Millis = 300_000
+
+    // Engine thread only.
+    private var candidates: [(user: UserKey, record: ChangeRecord, published: Bool)] = []
+    private var inFlight = 0
+    private var wake = true
+    private var nextPoll: Millis = 0
+    private var nextPending: Millis = 0
+    private var nextRetry: Millis?
+
+    init(metrics: PushMetrics) { self.metrics = metrics }
+
+    func configure(_ apps: [AppConfig]) {
+        let pushing = apps.compactMap { a in a.push.map { (a.id, $0) } }
+        settings.withLock { $0 = Dictionary(pushing, uniquingKeysWith: { _, last in last }) }
+        if !pushing.isEmpty { metrics.enabled.store(true, ordering: .relaxed) }
+    }
+
+    // MARK: Recording (inside the batch's transaction)
+
+    /// A change of `user` committing in this batch (`Engine.deliverAfterCommit`).
+    func note(_ user: UserKey, _ record: ChangeRecord, published: Bool) {
+        guard settings.withLock({ $0[user.app] != nil }) else { return }
+        candidates.append((user, record, published))
+    }
+
+    func rolledBack() { candidates.removeAll() }
+
+    /// Records the pushes this batch's changes give, before its commit.
+    func record(_ e: Engine) throws(StoreError) {
+        guard !candidates.isEmpty else { return }
+        defer { candidates.removeAll(keepingCapacity: true) }
+        let all = settings.withLock { $0 }
+        let now = e.clock.now()
+        var order: [UserKey] = [], byUser: [UserKey: [(record: ChangeRecord, published: Bool)]] = [:]
+        for c in candidates {
+            if byUser[c.user] == nil { order.append(c.user) }
+            byUser[c.user, default: []].append((c.record, c.published))
+        }
+        var recorded = false
+        for user in order {
+            guard let s = all[user.app] else { continue }
+            for d in try e.store.devices(user) {
+                guard let handle = d.push, s.services.contains(handle.service), try !connected(e, user, d.deviceId) else { continue }
+                let viewer = Viewer(userId: user.user, device: d)
+                let epoch = viewer.epoch(store: e.store.epoch)
+                for (r, published) in byUser[user]! {
+                    guard let m = PushMessage.plan(r, published: published, viewer: viewer, service: handle.service,
+                                                   alert: s.alert, epoch: epoch, now: now) else { continue }
+                    try e.store.enqueuePush(user, deviceId: d.deviceId, m, at: now)
+                    recorded = true
+                }
+            }
+        }
+        // Claimed once durable, with the change.
+        if recorded { e.afterCommit { [self] in wake = true } }
+    }
+
+    /// SPEC section 10: a WebSocket, an event stream or a held poll, here or
+    /// on another node. A poll answered is no connection: a device that
+    /// polls gets its pushes (another node shows only "polled lately").
+    private var elsewhere: (user: UserKey, devices: [String: TransportKind])?
+    private func connected(_ e: Engine, _ user: UserKey, _ deviceId: String) throws(StoreError) -> Bool {
+        if let c = e.registry.connections(user, device: deviceId), c.websocket > 0 || c.sse > 0 || c.heldPolls > 0 { return true }
+        guard let cluster = e.cluster else { return false }
+        if elsewhere?.user != user { elsewhere = (user, try cluster.elsewhere(user)) }
+        guard let t = elsewhere?.devices[deviceId] else { return false }
+        return t != .poll
+    }
+
+    // MARK: Sending
+
+    /// Claims due pushes and hands them to the transport, when something may be due.
+    func run(_ e: Engine, now: Millis, tick: Millis) {
+        e.thread.assertCurrent()
+        elsewhere = nil
+        guard let transport else { return }
+        let room = Self.maxInFlight - inFlight
+        let retryDue = nextRetry.map { now >= $0 } ?? false
+        guard room > 0, wake || retryDue || tick >= nextPoll else { return }
+        wake = false
+        nextPoll = tick + Self.pollEvery
+        if retryDue { nextRetry = nil }
+        let countPending = tick >= nextPending
+        if countPending { nextPending = tick + Self.pendingEvery }
+        var claimed = 0, outgoing: [OutgoingPush] = []
+        let done = e.transaction("push claim") { () throws(StoreError) in
+            outgoing = []
+            let jobs = try e.store.claimPushes(now: now, until: now + Self.claimLease, limit: room)
+            claimed = jobs.count
+            if countPending { metrics.pending.store(try e.store.pendingPushes(), ordering: .relaxed) }
+            guard !jobs.isEmpty else { return }
+            let all = settings.withLock { $0 }
+            let registrations = try e.store.devices(of: Array(Set(jobs.map(\.user))))
+            for job in jobs {
+                // The handle as registered now: one removed or moved since stops its pushes.
+                guard let s = all[job.user.app],
+                      let handle = registrations[job.user]?.first(where: { $0.deviceId == job.deviceId })?.push,
+                      s.services.contains(handle.service) else {
+                    try e.store.finishPush(job)
+                    continue
+                }
+                guard now < job.message.expiresAt else {
+                    try e.store.finishPush(job)
+                    metrics.count(handle.service, .expired)
+                    continue
+                }
+                outgoing.append(OutgoingPush(job: job, handle: handle, settings: s))
+            }
+            let sending = outgoing
+            e.afterCommit { [self] in for o in sending { send(e, transport, o) } }
+        }
+        guard done else { return }
+        inFlight += outgoing.count
+        // A full claim may have left more due.
+        if claimed == room { wake = true }
+    }
+
+    private func send(_ e: Engine, _ transport: PushTransport, _ o: OutgoingPush) {
+        transport.send(o) { outcome in
+            e.write(taken: { e in e.push.inFlight -= 1 }) { e throws(StoreError) in
+                try e.push.finished(e, o, outcome, now: e.clock.now())
+            }
+        }
+    }
+
+    /// What a service's answer does to the outbox and the registration.
+    private func finished(_ e: Engine, _ o: OutgoingPush, _ outcome: PushOutcome, now: Millis) throws(StoreError) {
+        let service = o.handle.service, app = o.job.user.app
+        // A tap recorded while this one was in flight is due now (`PushJob`).
+        if o.job.message.kind == .tap { wake = true }
+        switch outcome {
+        case .delivered:
+            try e.store.finishPush(o.job)
+            metrics.count(service, .delivered)
+            metrics.latency.observe(nanos: UInt64(max(0, now - o.job.committedAt)) * 1_000_000)
+            let recovered = failing.withLock { $0.remove(app) != nil }
+            if recovered { Log.info("push: \(service.rawValue) accepts app \(app)'s credentials again") }
+        case .unregistered(let why):
+            // The device stays registered, without the dead handle.
+            if var d = try e.store.device(o.job.user, id: o.job.deviceId), d.push?.key == o.handle.key {
+                d.push = nil
+                try e.store.saveDevice(o.job.user, d)
+            }
+            try e.store.dropPushes(o.job.user, deviceId: o.job.deviceId)
+            metrics.count(service, .unregistered)
+            Log.info("push: \(service.rawValue) says the handle of device \(o.job.deviceId) of \(o.job.user) is dead (\(why)); removed")
+        case .retry(_, let after):
+            try retry(e, o, afterSeconds: after, now: now)
+        case .credentialsRefused(let why):
+            let first = failing.withLock { $0.insert(app).inserted }
+            if first { Log.error("push: \(service.rawValue) refused app \(app)'s credentials (\(why)); pushes are kept and retried") }
+            try retry(e, o, afterSeconds: nil, now: now)
+        case .rejected(let why):
+            try e.store.finishPush(o.job)
+            metrics.count(service, .rejected)
+            Log.warning("push: \(service.rawValue) refused a push to device \(o.job.deviceId) of \(o.job.user) (\(why)); dropped")
+        }
+    }
+
+    /// Again after 1 s doubling to 5 min, with up to a quarter more at
+    /// random (so devices failed together are not retried together), and no
+    /// sooner than the service asked; dropped once that passes the push's lifetime.
+    private func retry(_ e: Engine, _ o: OutgoingPush, afterSeconds: Int?, now: Millis) throws(StoreError) {
+        let backoff = min(Self.lastRetry, Self.firstRetry << min(o.job.attempts, 20))
+        let jittered = backoff + Millis.random(in: 0...backoff / 4)
+        let at = now + max(jittered, Millis(afterSeconds ?? 0) * 1_000)
+        guard at < o.job.message.expiresAt else {
+            try e.store.finishPush(o.job)
+            return metrics.count(o.handle.service, .expired)
+        }
+        try e.store.retryPush(o.job, at: at)
+        metrics.count(o.handle.service, .retried)
+        nextRetry = min(nextRetry ?? at, at)
+    }
+}

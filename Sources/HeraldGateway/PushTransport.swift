@@ -1,0 +1,72 @@
+import HeraldCore
+import Synchronization
+
+/// A push on its way to a service: the outbox row, and the handle read
+/// from the registration in the transaction that claimed it.
+public struct OutgoingPush: Sendable {
+    public let job: PushJob
+    public let handle: PushHandle
+    /// The app's settings when it was claimed.
+    public let settings: PushSettings
+}
+
+/// What a push service answered (SPEC section 10, "Outcomes").
+public enum PushOutcome: Sendable, Equatable {
+    /// 2xx.
+    case delivered
+    /// The handle is dead (APNs 410, BadDeviceToken; FCM UNREGISTERED; Web Push 404/410).
+    case unregistered(String)
+    /// 429, 5xx, a timeout or a network error: again later, no sooner than `retryAfterSeconds`.
+    case retry(String, retryAfterSeconds: Int?)
+    /// The app's credentials were refused (APNs 403, FCM 401/403): kept and retried.
+    case credentialsRefused(String)
+    /// Any other refusal of this push (a 4xx that names no handle): dropped.
+    case rejected(String)
+}
+
+/// The push services, behind one call (HeraldPush implements it). `send`
+/// never blocks: it hands the push to the sender's own threads, and
+/// `completion` runs on one of them, once.
+public protocol PushTransport: AnyObject, Sendable {
+    func send(_ push: OutgoingPush, completion: @escaping @Sendable (PushOutcome) -> Void)
+    /// Reads every app's credentials again (SIGHUP); an app whose files do
+    /// not read keeps the ones it had.
+    func reload(_ apps: [AppConfig])
+    /// Ends every request in flight (each completes with a retry) and the threads.
+    func stop()
+}
+
+/// `herald_push_*` (SPEC section 10): shown once an app configures push.
+public final class PushMetrics: Sendable {
+    public enum Outcome: String, CaseIterable, Sendable { case delivered, retried, unregistered, rejected, expired }
+
+    let enabled = Atomic<Bool>(false)
+    let sent = Locked([Int](repeating: 0, count: PushService.allCases.count * Outcome.allCases.count))
+    public let pending = Atomic<Int>(0)
+    /// From the change's commit to the service's 2xx.
+    public let latency = Histogram()
+
+    public init() {}
+
+    private static func index(_ service: PushService, _ outcome: Outcome) -> Int {
+        PushService.allCases.firstIndex(of: service)! * Outcome.allCases.count + Outcome.allCases.firstIndex(of: outcome)!
+    }
+
+    func count(_ service: PushService, _ outcome: Outcome) { sent.withLock { $0[Self.index(service, outcome)] += 1 } }
+
+    public func sent(_ service: PushService, _ outcome: Outcome) -> Int { sent.withLock { $0[Self.index(service, outcome)] } }
+
+    func text() -> String {
+        var s = "# HELP herald_push_sent_total Pushes handed to a push service, by service and outcome.\n# TYPE herald_push_sent_total counter\n"
+        let counts = sent.withLock { $0 }
+        for (i, service) in PushService.allCases.enumerated() {
+            for (j, outcome) in Outcome.allCases.enumerated() {
+                s += "herald_push_sent_total{service=\"\(service.rawValue)\",outcome=\"\(outcome.rawValue)\"} \(counts[i * Outcome.allCases.count + j])\n"
+            }
+        }
+        s += "# HELP herald_push_pending Pushes waiting in the outbox or in flight.\n# TYPE herald_push_pending gauge\n"
+        s += "herald_push_pending \(pending.load(ordering: .relaxed))\n"
+        s += latency.text(name: "herald_push_latency_seconds", help: "From the commit of a change to the push service's 2xx for its push.")
+        return s
+    }
+}

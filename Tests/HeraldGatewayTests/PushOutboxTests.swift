@@ -1,0 +1,325 @@
+import XCTest
+import Synchronization
+import HeraldCore
+import HeraldStores
+@testable import HeraldGateway
+
+/// Stands where the push services are: keeps each push the gateway sends
+/// until the test answers it, as a service would.
+final class HeldPushes: PushTransport, @unchecked Sendable {  // test thread only, but the protocol asks Sendable
+    private(set) var waiting: [(push: OutgoingPush, answer: @Sendable (PushOutcome) -> Void)] = []
+    private(set) var sent: [OutgoingPush] = []
+    private(set) var reloads = 0
+
+    func send(_ push: OutgoingPush, completion: @escaping @Sendable (PushOutcome) -> Void) {
+        sent.append(push)
+        waiting.append((push, completion))
+    }
+    func reload(_ apps: [AppConfig]) { reloads += 1 }
+    func stop() {}
+
+    /// Answers every push waiting with `outcome`.
+    func answerAll(_ outcome: PushOutcome) {
+        let w = waiting
+        waiting.removeAll()
+        for (_, answer) in w { answer(outcome) }
+    }
+}
+
+/// The push outbox in-process (SPEC section 10): what is recorded for which
+/// device, when it is sent, and what each service answer does.
+final class PushOutboxTests: XCTestCase {
+    static let apnsToken = String(repeating: "0a", count: 32)
+    static let push = PushSettings(
+        alert: AlertPointers(title: "/title", body: "/body"),
+        apns: PushSettings.APNs(teamId: "TEAM", keyId: "KEY", keyFile: "/dev/null", topic: "com.example.app"),
+        fcm: PushSettings.FCM(serviceAccountFile: "/dev/null"),
+        webPush: {
+            var w = PushSettings.WebPush(vapidPrivateKeyFile: "/dev/null", subject: "mailto:ops@example.com", publicKey: "BPUB")
+            w.allowedHosts = ["push.example.com"]
+            return w
+        }())
+    static let app = AppConfig(id: "app.test", serverKey: "sk", tokenSecret: "ts", push: push)
+    /// A browser's subscription key: a real P-256 point (the generator).
+    static let p256dh = "BGsX0fLhLEJH-Lzm5WOkQPJ3A32BLeszoPShOUXYmMKWT-NC4v4af5uO5-tKfA-eFivOM1drMV7Oy7ZAaDe_UfU"
+
+    let transport = HeldPushes()
+    var h: Harness!
+
+    override func setUp() {
+        h = Harness(apps: [Self.app], push: transport)
+    }
+
+    func register(_ user: String, _ device: String, _ push: JSON, platform: String = "ios") -> RecordingResponder {
+        let r = h.request("PUT", "/v1/me/devices/\(device)", token: h.token(user), body: ["platform": .string(platform), "push": push])
+        h.settle()
+        return r
+    }
+
+    func apns(_ token: String = apnsToken) -> JSON { ["service": "apns", "token": .string(token)] }
+
+    /// Settles, then lets the dispatcher claim what is due and hand it over.
+    func dispatch() {
+        h.settle()
+        h.gateway.engine.runMaintenance()
+        h.settle()
+    }
+
+    func publish(_ user: String, _ anid: String, title: String? = "Hello", priority: String = "normal") -> RecordingResponder {
+        var payload: JSONObject = ["body": "world"]
+        if let title { payload["title"] = .string(title) }
+        return h.request("POST", "/v1/apps/\(Self.app.id)/users/\(user)/notifications",
+                         body: ["appNotificationId": .string(anid), "payload": .object(payload), "priority": .string(priority),
+                                "groupName": "chat"])
+    }
+
+    var pending: Int { (try? h.gateway.engine.store.pendingPushes()) ?? -1 }
+
+    func testADisconnectedDeviceGetsAnAlertAndAConnectedOneNothing() {
+        XCTAssertEqual(register("u", "phone", apns()).response?.status, 200)
+        XCTAssertEqual(register("u", "tablet", apns(String(repeating: "0b", count: 32))).response?.status, 200)
+        let ws = h.webSocket()
+        h.hello(ws, user: "u", device: "tablet")
+        let published = publish("u", "n1", priority: "high")
+        dispatch()
+        XCTAssertEqual(published.response?.status, 201)
+        XCTAssertEqual(transport.sent.map(\.job.deviceId), ["phone"], "the connected tablet gets no push")
+        let m = transport.sent[0].job.message
+        let id = published.json?["notification"]?.objectValue?["id"]?.stringValue
+        XCTAssertEqual(m.kind, .alert)
+        XCTAssertEqual(m.title, "Hello")
+        XCTAssertEqual(m.body, "world")
+        XCTAssertEqual(m.threadId, "chat")
+        XCTAssertTrue(m.high)
+        XCTAssertEqual(m.notificationId, id)
+        XCTAssertEqual(m.op, .upsert)
+        XCTAssertEqual(m.cursor, 1)
+        XCTAssertEqual(transport.sent[0].handle, .apns(token: Self.apnsToken, environment: .production))
+        XCTAssertEqual(pending, 1, "in flight until answered")
+        transport.answerAll(.delivered)
+        h.settle()
+        XCTAssertEqual(pending, 0)
+        XCTAssertEqual(h.gateway.metrics.push.sent(.apns, .delivered), 1)
+    }
+
+    func testAPayloadWithoutTheAlertFieldsGivesATap() {
+        _ = register("u", "phone", apns())
+        _ = publish("u", "n1", title: nil)
+        dispatch()
+        XCTAssertEqual(transport.sent.map(\.job.message.kind), [.tap])
+        XCTAssertEqual(transport.sent.first?.job.message.op, .upsert)
+    }
+
+    func testADismissOnThePhoneTapsTheSleepingTablet() {
+        _ = register("u", "tablet", apns())
+        let ws = h.webSocket()
+        h.hello(ws, user: "u", device: "phone")
+        let published = publish("u", "n1")
+        dispatch()
+        transport.answerAll(.delivered)
+        h.settle()
+        let id = published.json!["notification"]!.objectValue!["id"]!.stringValue!
+        ws.session.receive(.text(JSON.object(["type": "update", "ref": "c1", "id": .string(id), "userActionState": "dismissed"]).encoded))
+        dispatch()
+        XCTAssertEqual(transport.sent.map(\.job.message.kind), [.alert, .tap])
+        let tap = transport.sent[1].job.message
+        XCTAssertEqual(tap.op, .state)
+        XCTAssertEqual(tap.notificationId, id)
+        XCTAssertEqual(tap.cursor, 2)
+    }
+
+    func testTapsToOneDeviceCoalesceAndOneRecordedInFlightIsSentAgain() {
+        _ = register("u", "tablet", apns())
+        for i in 0..<3 { _ = publish("u", "n\(i)", title: nil) }
+        dispatch()
+        XCTAssertEqual(transport.sent.map(\.job.message.cursor), [3], "three taps waiting became one, with the last cursor")
+        _ = publish("u", "late", title: nil)
+        dispatch()
+        XCTAssertEqual(transport.sent.count, 1, "at most one tap in flight")
+        transport.answerAll(.delivered)
+        dispatch()
+        XCTAssertEqual(transport.sent.map(\.job.message.cursor), [3, 4], "the tap recorded in flight goes after it")
+    }
+
+    func testADeadHandleIsRemovedAndGetsNothingMore() {
+        _ = register("u", "phone", apns())
+        _ = publish("u", "n1")
+        _ = publish("u", "n2")
+        dispatch()
+        XCTAssertEqual(transport.sent.count, 2)
+        transport.answerAll(.unregistered("Unregistered"))
+        h.settle()
+        XCTAssertEqual(pending, 0)
+        let listing = h.request("GET", "/v1/apps/\(Self.app.id)/users/u/devices")
+        h.settle()
+        let device = listing.json?["devices"]?.arrayValue?.first?.objectValue
+        XCTAssertEqual(device?["deviceId"], "phone", "the device stays registered")
+        XCTAssertEqual(device?["push"], .null)
+        _ = publish("u", "n3")
+        dispatch()
+        XCTAssertEqual(transport.sent.count, 2)
+        XCTAssertEqual(h.gateway.metrics.push.sent(.apns, .unregistered), 2)
+    }
+
+    func testARetryWaitsForRetryAfterAndTheBackoff() {
+        _ = register("u", "phone", apns())
+        _ = publish("u", "n1")
+        dispatch()
+        transport.answerAll(.retry("503 ServiceUnavailable", retryAfterSeconds: 30))
+        dispatch()
+        h.clock.advance(seconds: 29)
+        dispatch()
+        XCTAssertEqual(transport.sent.count, 1, "not before Retry-After")
+        h.clock.advance(seconds: 2)
+        dispatch()
+        XCTAssertEqual(transport.sent.count, 2)
+        XCTAssertEqual(transport.sent[1].job.attempts, 1)
+        // The next wait is the backoff's: 2 s (up to a quarter more).
+        transport.answerAll(.retry("429", retryAfterSeconds: nil))
+        dispatch()
+        h.clock.advance(millis: 1_999)
+        dispatch()
+        XCTAssertEqual(transport.sent.count, 2)
+        h.clock.advance(millis: 502)
+        dispatch()
+        XCTAssertEqual(transport.sent.count, 3)
+        transport.answerAll(.delivered)
+        h.settle()
+        XCTAssertEqual(h.gateway.metrics.push.sent(.apns, .retried), 2)
+        XCTAssertEqual(pending, 0)
+    }
+
+    func testRefusedCredentialsAreKeptRetriedAndShownInHealth() {
+        _ = register("u", "phone", apns())
+        _ = publish("u", "n1")
+        dispatch()
+        XCTAssertEqual(h.request("GET", "/healthz").json?["push"], "ok")
+        transport.answerAll(.credentialsRefused("403 InvalidProviderToken"))
+        h.settle()
+        XCTAssertEqual(h.request("GET", "/healthz").json?["push"], "failing")
+        XCTAssertEqual(pending, 1, "kept")
+        h.clock.advance(seconds: 2)
+        dispatch()
+        transport.answerAll(.delivered)
+        h.settle()
+        XCTAssertEqual(h.request("GET", "/healthz").json?["push"], "ok")
+    }
+
+    func testAPushPastItsLifetimeIsDropped() {
+        _ = register("u", "phone", apns())
+        _ = h.request("POST", "/v1/apps/\(Self.app.id)/users/u/notifications",
+                      body: ["appNotificationId": "short", "payload": ["title": "t", "body": "b"], "ttlSeconds": 5])
+        dispatch()
+        transport.answerAll(.retry("503", retryAfterSeconds: 10))
+        h.settle()
+        XCTAssertEqual(pending, 0)
+        XCTAssertEqual(h.gateway.metrics.push.sent(.apns, .expired), 1)
+    }
+
+    func testAMovedHandleStopsTheFirstUsersPushes() {
+        _ = register("alice", "phone", apns())
+        XCTAssertEqual(register("bob", "phone2", apns()).response?.status, 200)
+        _ = publish("alice", "n1")
+        _ = publish("bob", "n1")
+        dispatch()
+        XCTAssertEqual(transport.sent.map(\.job.user.user), ["bob"])
+        let listing = h.request("GET", "/v1/apps/\(Self.app.id)/users/alice/devices")
+        h.settle()
+        XCTAssertEqual(listing.json?["devices"]?.arrayValue?.first?.objectValue?["push"], .null)
+    }
+
+    func testAPushWaitingForAHandleRemovedSinceIsNotSent() {
+        _ = register("u", "phone", apns())
+        _ = publish("u", "n1")
+        h.settle()
+        XCTAssertEqual(pending, 1)
+        _ = register("u", "phone", .null)
+        dispatch()
+        XCTAssertEqual(transport.sent.count, 0)
+        XCTAssertEqual(pending, 0)
+    }
+
+    func testWebPushGetsAlertsCarryingTheChangeAndNoTaps() {
+        let sub: JSON = ["service": "webpush", "subscription": ["endpoint": "https://push.example.com/s/1",
+                                                                "keys": ["p256dh": .string(Self.p256dh), "auth": "AAAAAAAAAAAAAAAAAAAAAA"]]]
+        XCTAssertEqual(register("u", "browser", sub, platform: "web").response?.status, 200)
+        let ws = h.webSocket()
+        h.hello(ws, user: "u", device: "phone")
+        let published = publish("u", "n1")
+        _ = publish("u", "quiet", title: nil)
+        dispatch()
+        XCTAssertEqual(transport.sent.map(\.job.message.kind), [.alert])
+        XCTAssertEqual(transport.sent.first?.job.message.change?.objectValue?["seq"], 1)
+        let id = published.json!["notification"]!.objectValue!["id"]!.stringValue!
+        ws.session.receive(.text(JSON.object(["type": "update", "ref": "c1", "id": .string(id), "readState": "read"]).encoded))
+        dispatch()
+        XCTAssertEqual(transport.sent.count, 1, "a state change sends a browser nothing")
+    }
+
+    func testHandlesAreValidatedAgainstTheAppsServicesAndHosts() {
+        func status(_ push: JSON) -> Int? { register("u", "d", push).response?.status }
+        let keys: JSON = ["p256dh": .string(Self.p256dh), "auth": "AAAAAAAAAAAAAAAAAAAAAA"]
+        XCTAssertEqual(status(["service": "apns", "token": "zz"]), 400)
+        XCTAssertEqual(status(["service": "apns", "token": .string(String(repeating: "a", count: 63))]), 400)
+        XCTAssertEqual(status(["service": "apns", "token": .string(Self.apnsToken), "environment": "staging"]), 400)
+        XCTAssertEqual(status(["service": "wns", "token": "x"]), 400)
+        XCTAssertEqual(status(["service": "fcm", "token": ""]), 400)
+        XCTAssertEqual(status(["service": "webpush", "subscription": ["endpoint": "http://push.example.com/s", "keys": keys]]), 400)
+        XCTAssertEqual(status(["service": "webpush", "subscription": ["endpoint": "https://169.254.169.254/latest", "keys": keys]]), 400)
+        XCTAssertEqual(status(["service": "webpush", "subscription": ["endpoint": "https://evil.example.com/s", "keys": keys]]), 400)
+        XCTAssertEqual(status(["service": "webpush", "subscription": ["endpoint": "https://user@push.example.com/s", "keys": keys]]), 400)
+        XCTAssertEqual(status(["service": "webpush", "subscription": ["endpoint": "https://push.example.com/s",
+                                                                     "keys": ["p256dh": .string("B" + String(repeating: "A", count: 86)),
+                                                                              "auth": "AAAAAAAAAAAAAAAAAAAAAA"]]]), 400, "not a P-256 point")
+        XCTAssertEqual(status(["service": "webpush", "subscription": ["endpoint": "https://push.example.com:8443/s", "keys": keys]]), 200)
+        let devices = h.request("GET", "/v1/apps/\(Self.app.id)/users/u/devices")
+        h.settle()
+        XCTAssertEqual(devices.json?["devices"]?.arrayValue?.first?.objectValue?["push"], ["service": "webpush"],
+                       "listings show the service, never the subscription")
+        // An app without push refuses every handle.
+        let bare = Harness(apps: [Harness.app], push: transport)
+        let r = bare.request("PUT", "/v1/me/devices/d", token: bare.token("u"), body: ["push": apns()])
+        bare.settle()
+        XCTAssertEqual(r.response?.status, 400)
+    }
+
+    func testTheServerRegistersAndDeletesDevicesAndDevicesAskWhichServices() {
+        let put = h.request("PUT", "/v1/apps/\(Self.app.id)/users/u/devices/phone", body: ["platform": "android",
+                                                                                         "push": ["service": "fcm", "token": "abc:def"]])
+        h.settle()
+        XCTAssertEqual(put.response?.status, 200)
+        XCTAssertEqual(put.json?["device"]?.objectValue?["push"], ["service": "fcm"])
+        let services = h.request("GET", "/v1/me/push", token: h.token("u"))
+        XCTAssertEqual(services.json?["services"], ["apns", "fcm", "webpush"])
+        XCTAssertEqual(services.json?["webPushPublicKey"], "BPUB")
+        XCTAssertEqual(h.request("PUT", "/v1/apps/\(Self.app.id)/users/u/devices/phone", token: "wrong", body: [:]).response?.status, 401)
+        let del = h.request("DELETE", "/v1/apps/\(Self.app.id)/users/u/devices/phone")
+        h.settle()
+        XCTAssertEqual(del.response?.status, 204)
+        let again = h.request("DELETE", "/v1/apps/\(Self.app.id)/users/u/devices/phone")
+        h.settle()
+        XCTAssertEqual(again.response?.status, 404)
+    }
+
+    func testAHelloWithAHandleTheAppCannotTakeIsRefused() {
+        let ws = h.webSocket()
+        var o: JSONObject = ["type": "hello", "token": .string(h.token("u")), "deviceId": "d1"]
+        o["push"] = ["service": "webpush", "subscription": ["endpoint": "https://evil.example.com/s",
+                                                            "keys": ["p256dh": .string(Self.p256dh), "auth": "AAAAAAAAAAAAAAAAAAAAAA"]]]
+        ws.session.receive(.text(JSON.object(o).encoded))
+        h.settle()
+        ws.read()
+        XCTAssertEqual(ws.frames.first?["code"], "bad_request")
+        XCTAssertFalse(ws.types.contains("welcome"))
+        let ok = h.webSocket()
+        o["push"] = apns()
+        o["deviceId"] = "d2"
+        ok.session.receive(.text(JSON.object(o).encoded))
+        h.settle()
+        ok.read()
+        XCTAssertEqual(ok.frames.last?["type"], "welcome")
+        let listing = h.request("GET", "/v1/apps/\(Self.app.id)/users/u/devices")
+        h.settle()
+        XCTAssertEqual(listing.json?["devices"]?.arrayValue?.first?.objectValue?["push"], ["service": "apns"])
+    }
+}
