@@ -12,6 +12,8 @@ import subprocess
 from pathlib import Path
 
 import requests
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 
 from herald_helpers import CONFIG, LISTEN_RE, REPO_ROOT
 
@@ -45,10 +47,16 @@ def test_systemd_unit_verifies_and_its_command_serves(herald_bin, tmp_path):
     assert (tmp_path / "state" / "herald.db").exists()
 
 
-def test_grafana_panels_query_metrics_that_are_served(gateway, gateway_factory):
-    """Against a gateway as it usually runs and, when scripts/test-servers
-    gave a PostgreSQL and a Redis, one on a bus, whose metrics only it serves."""
-    gateways = [gateway]
+def test_grafana_panels_query_metrics_that_are_served(gateway, gateway_factory, tmp_path):
+    """Against a gateway as it usually runs, one whose app configures push
+    and, when scripts/test-servers gave a PostgreSQL and a Redis, one on a
+    bus: each serves metrics only it has."""
+    vapid = tmp_path / "vapid.pem"
+    vapid.write_bytes(ec.generate_private_key(ec.SECP256R1()).private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    pushing = {"apps": [{**CONFIG["apps"][0], "push": {"webpush": {"vapidPrivateKeyFile": str(vapid),
+                                                                    "subject": "mailto:ops@example.com"}}}]}
+    gateways = [gateway, gateway_factory(config=pushing)]
     pg, redis = os.environ.get("HERALD_TEST_POSTGRES_URL"), os.environ.get("HERALD_TEST_REDIS_URL")
     if pg and redis:
         gateways.append(gateway_factory(store=pg, extra_args=["--bus", redis]))

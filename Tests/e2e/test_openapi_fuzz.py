@@ -129,7 +129,8 @@ def _config(gw, token: str, dictionaries: dict[str, list]) -> str:
     }
     deletes = {"deleteUserNotification": {"path.id": ("doomedByServer", 0.7)},
                "deleteMyNotification": {"path.id": ("doomedByDevice", 0.7)},
-               "deleteDevice": {"path.deviceId": ("doomedDevices", 0.6)}}
+               "deleteDevice": {"path.deviceId": ("doomedDevices", 0.6)},
+               "serverDeleteDevice": {"path.deviceId": ("doomedDevices", 0.6)}}
     lines = [
         f"base-url = {_toml(gw.base)}",
         "workers = 1",  # one request at a time: the same order, the same answers
