@@ -21,6 +21,9 @@ let package = Package(
                        providers: [.apt(["libpq-dev"])]),
         .systemLibrary(name: "CHiredis", pkgConfig: "hiredis",
                        providers: [.apt(["libhiredis-dev"])]),
+        // Debian's libcurl is built with nghttp2: HTTP/2, which APNs requires.
+        .systemLibrary(name: "CCurl", pkgConfig: "libcurl",
+                       providers: [.apt(["libcurl4-openssl-dev"])]),
 
         // Pure domain: model, JSON, change feed, cursors, tag expressions,
         // protocol messages, tokens, store interface. No I/O.
@@ -34,12 +37,17 @@ let package = Package(
         .target(name: "HeraldGateway", dependencies: ["HeraldCore"]),
         // The Redis bus behind HeraldGateway.Bus: the only code that talks to hiredis.
         .target(name: "HeraldRedis", dependencies: ["HeraldCore", "HeraldGateway", "CHiredis"]),
+        // The only code that talks to libcurl: an HTTP/2 client on a thread of its own.
+        .target(name: "HeraldCurl", dependencies: ["CCurl"]),
+        // Push to devices that are not connected (SPEC section 10): the services'
+        // credentials and encodings (APNs, FCM, Web Push), behind HeraldGateway.PushTransport.
+        .target(name: "HeraldPush", dependencies: ["HeraldCore", "HeraldGateway", "HeraldCurl", "CCrypto"]),
         // The only code that talks to libwebsockets.
         .target(name: "HeraldTransport", dependencies: ["HeraldGateway", "CLibWebSockets"]),
         // Parses flags and wires things up.
         .executableTarget(name: "herald",
                           dependencies: ["HeraldCore", "HeraldStores", "HeraldGateway", "HeraldRedis", "HeraldTransport", "CLibWebSockets",
-                                         "HeraldClient"]),
+                                         "HeraldPush", "HeraldClient"]),
 
         // The device-side library: local state kept in step with the gateway
         // over the libwebsockets client API. Shares only HeraldCore's wire types.
@@ -61,6 +69,10 @@ let package = Package(
         // Seeded mutation fuzzing of the parsers, bounded in time; corpus in Tests/HeraldFuzzTests/corpus.
         .testTarget(name: "HeraldFuzzTests", dependencies: ["HeraldCore", "HeraldGateway", "HeraldTestSupport"],
                     resources: [.copy("corpus")]),
+        // The libcurl client against local TLS servers (HTTP/1.1 and HTTP/2).
+        .testTarget(name: "HeraldCurlTests", dependencies: ["HeraldCurl"]),
+        // Push crypto against the RFCs' vectors, and the services' request forms.
+        .testTarget(name: "HeraldPushTests", dependencies: ["HeraldCore", "HeraldPush", "CCrypto"]),
         // HeraldClient against a real `herald` process (built by `swift build`).
         .testTarget(name: "HeraldClientTests", dependencies: ["HeraldClient", "HeraldCore"]),
     ],

@@ -28,7 +28,7 @@ final class PushDispatch {
     /// is delivered again (`/healthz` `"push": "failing"`).
     let failing = Locked<Set<String>>([])
 
-    static let maxInFlight = 1_000
+    static let maxInFlight = PushTransportLimits.inFlight
     /// Longer than any request may take (the senders time out within 30 s).
     static let claimLease: Millis = 120_000
     /// How often the outbox is asked for due pushes with nothing else
@@ -76,9 +76,11 @@ final class PushDispatch {
             byUser[c.user, default: []].append((c.record, c.published))
         }
         var recorded = false
+        // One read for the batch's users (PostgreSQL: one round trip).
+        let registrations = try e.store.devices(of: order)
         for user in order {
             guard let s = all[user.app] else { continue }
-            for d in try e.store.devices(user) {
+            for d in registrations[user] ?? [] {
                 guard let handle = d.push, s.services.contains(handle.service), try !connected(e, user, d.deviceId) else { continue }
                 let viewer = Viewer(userId: user.user, device: d)
                 let epoch = viewer.epoch(store: e.store.epoch)
@@ -92,6 +94,19 @@ final class PushDispatch {
         }
         // Claimed once durable, with the change.
         if recorded { e.afterCommit { [self] in wake = true } }
+    }
+
+    /// A WebSocket of `deviceId` was lost (no close handshake) soon after
+    /// `last` went to it, which may never have arrived (SPEC section 10): a
+    /// tap, unless the device is connected again or has no handle to take it.
+    func tapAfterLoss(_ e: Engine, _ user: UserKey, _ deviceId: String, _ last: LostChange) throws(StoreError) {
+        guard let s = settings.withLock({ $0[user.app] }), let d = try e.store.device(user, id: deviceId), let handle = d.push,
+              handle.service != .webpush, s.services.contains(handle.service), try !connected(e, user, deviceId) else { return }
+        let now = e.clock.now()
+        let m = PushMessage(kind: .tap, op: last.deleted ? .delete : .state, cursor: last.seq, epoch: last.epoch,
+                            notificationId: last.notificationId, expiresAt: now + PushMessage.maxLifetime)
+        try e.store.enqueuePush(user, deviceId: deviceId, m, at: now)
+        e.afterCommit { [self] in wake = true }
     }
 
     /// SPEC section 10: a WebSocket, an event stream or a held poll, here or
@@ -210,5 +225,23 @@ final class PushDispatch {
         try e.store.retryPush(o.job, at: at)
         metrics.count(o.handle.service, .retried)
         nextRetry = min(nextRetry ?? at, at)
+    }
+}
+
+/// The last change a connection was sent, as a tap after its loss tells it
+/// (`PushDispatch.tapAfterLoss`): no payload, so a connection keeps little.
+struct LostChange: Sendable {
+    let seq: Int64
+    let notificationId: String
+    let deleted: Bool
+    let epoch: String
+
+    init(_ r: ChangeRecord, epoch: String) {
+        seq = r.seq
+        self.epoch = epoch
+        switch r.change.op {
+        case .upsert(let n): notificationId = n.id; deleted = false
+        case .delete(let id, _, _): notificationId = id; deleted = true
+        }
     }
 }

@@ -24,6 +24,11 @@ public enum PushOutcome: Sendable, Equatable {
     case rejected(String)
 }
 
+public enum PushTransportLimits {
+    /// Pushes handed to the transport and not yet answered, at most.
+    public static let inFlight = 1_000
+}
+
 /// The push services, behind one call (HeraldPush implements it). `send`
 /// never blocks: it hands the push to the sender's own threads, and
 /// `completion` runs on one of them, once.

@@ -120,6 +120,9 @@ final class Subscription {
     private var queuedSyncs: [(ref: String?, position: FeedPosition)] = []
     /// Registered with the engine and the shard as a follower.
     private var following = false
+    /// The last live change sent, and when (a tick): what a tap says if the
+    /// connection is lost soon after (`cancel(lost:)`). No payload is kept.
+    private var lastSent: (at: Millis, push: LostChange)?
 
     /// The feed position the client has been brought to.
     private(set) var cursor: Int64 = 0
@@ -325,7 +328,12 @@ final class Subscription {
         cursor = reached
         guard !items.isEmpty || delta != 0 else { return }
         unread += delta
-        if !items.isEmpty { gateway.metrics.deliveries.add(items.count, ordering: .relaxed) }
+        if !items.isEmpty {
+            gateway.metrics.deliveries.add(items.count, ordering: .relaxed)
+            if let r = records.last(where: { $0.seq == items.last!.seq }) {
+                lastSent = (gateway.clock.ticks(), LostChange(r, epoch: epoch))
+            }
+        }
         output.live(items, cursor: cursor, unread: delta != 0 ? unread : nil)
     }
 
@@ -344,7 +352,18 @@ final class Subscription {
     }
 
     /// The connection went away, or the output is done (a poll answered).
-    func cancel() { _ = finish() }
+    /// `lost`: it went without a close handshake, just after a change went
+    /// to it maybe (SPEC section 10: the device then gets a tap).
+    func cancel(lost: Bool = false) {
+        if lost, phase != .ended, let sent = lastSent, let device = deviceId, gateway.clock.ticks() - sent.at <= Self.lossWindow {
+            let user = self.user
+            gateway.engine.write(taken: { _ in }) { e throws(StoreError) in try e.push.tapAfterLoss(e, user, device, sent.push) }
+        }
+        _ = finish()
+    }
+
+    /// How recent a change sent to a connection that was lost must be for a tap.
+    static let lossWindow: Millis = 60_000
 
     private func finish() -> SubscriptionOutput? {
         guard phase != .ended else { return nil }

@@ -336,7 +336,9 @@ public final class WebSocketSession {
         outbox.removeAll()
         drainWaiter = nil
         gateway.metrics.connectionClosed(.websocket)
-        subscription?.cancel()
+        // Still subscribed: no close handshake ended it (a network loss, a
+        // ping timeout), so what was sent last may never have arrived.
+        subscription?.cancel(lost: true)
     }
 }
 

@@ -51,7 +51,7 @@ struct Flags {
 }
 
 /// `herald.json`: `{"apps": [...], "host", "port", "store", "bus", "limits", "tlsCert", "tlsKey"}`;
-/// an app is `{"id", "serverKey" or "serverKeys", "tokenSecret" or "tokenSecrets", "allowedOrigins"?}`
+/// an app is `{"id", "serverKey" or "serverKeys", "tokenSecret" or "tokenSecrets", "allowedOrigins"?, "push"?}`
 /// (docs/OPERATIONS.md).
 struct ConfigFile {
     var apps: [AppConfig] = []
@@ -145,7 +145,7 @@ struct ConfigFile {
     /// rotating (`serverKeys`; `tokenSecrets` of `{"kid", "secret"}`).
     static func app(_ json: JSON) throws(UsageError) -> AppConfig {
         guard let o = json.objectValue else { throw UsageError("an app must be an object") }
-        for k in o.keys where !["id", "serverKey", "serverKeys", "tokenSecret", "tokenSecrets", "allowedOrigins"].contains(k) {
+        for k in o.keys where !["id", "serverKey", "serverKeys", "tokenSecret", "tokenSecrets", "allowedOrigins", "push"].contains(k) {
             throw UsageError("unknown key \"\(k)\"")
         }
         guard let id = o["id"]?.stringValue else { throw UsageError("needs an id string") }
@@ -186,11 +186,13 @@ struct ConfigFile {
             }
             origins = list.map { $0.stringValue! }
         }
-        return try app(id: id, serverKeys: keys, tokenSecrets: secrets, origins: origins)
+        let push = try o["push"].map { v throws(UsageError) in try Self.push(v, app: id) }
+        return try app(id: id, serverKeys: keys, tokenSecrets: secrets, origins: origins, push: push)
     }
 
     /// The checks every app passes, from the file or from flags.
-    static func app(id: String, serverKeys: [String], tokenSecrets: [TokenSecret], origins: [String]) throws(UsageError) -> AppConfig {
+    static func app(id: String, serverKeys: [String], tokenSecrets: [TokenSecret], origins: [String],
+                    push: PushSettings? = nil) throws(UsageError) -> AppConfig {
         guard Identifiers.isAppId(id) else { throw UsageError("app id '\(id)' must be 1-64 characters of A-Z a-z 0-9 . _ -") }
         guard !serverKeys.contains(""), !tokenSecrets.contains(where: { $0.secret.isEmpty }) else {
             throw UsageError("app \(id): server keys and token secrets must not be empty")
@@ -205,7 +207,7 @@ struct ConfigFile {
             throw UsageError("app \(id): allowed origin '\(o)' must be * or scheme://host[:port] as browsers send it"
                              + " (lower case, no path or trailing slash, no default port)")
         }
-        return AppConfig(id: id, serverKeys: serverKeys, tokenSecrets: tokenSecrets, allowedOrigins: origins)
+        return AppConfig(id: id, serverKeys: serverKeys, tokenSecrets: tokenSecrets, allowedOrigins: origins, push: push)
     }
 }
 

@@ -322,4 +322,72 @@ final class PushOutboxTests: XCTestCase {
         h.settle()
         XCTAssertEqual(listing.json?["devices"]?.arrayValue?.first?.objectValue?["push"], ["service": "apns"])
     }
+
+    /// SPEC section 10: a connection lost without a close handshake may
+    /// not have received what was sent just before: the device gets a tap.
+    func testAConnectionLostJustAfterAChangeGetsATapAndACleanCloseNone() {
+        _ = register("u", "tablet", apns())
+        let lost = h.webSocket()
+        h.hello(lost, user: "u", device: "tablet")
+        h.settle()
+        let published = publish("u", "n1")
+        dispatch()
+        lost.read()
+        XCTAssertEqual(changeSeqs(lost.frames), [1])
+        XCTAssertEqual(transport.sent.count, 0, "connected: no push")
+        h.clock.advance(seconds: 59)
+        lost.session.transportClosed()
+        dispatch()
+        XCTAssertEqual(transport.sent.map(\.job.message.kind), [.tap])
+        XCTAssertEqual(transport.sent.first?.job.message.cursor, 1)
+        XCTAssertEqual(transport.sent.first?.job.message.notificationId, published.json?["notification"]?.objectValue?["id"]?.stringValue)
+        transport.answerAll(.delivered)
+        h.settle()
+
+        // A clean close after a change, and a loss more than 60 s after one: nothing.
+        let clean = h.webSocket()
+        h.hello(clean, user: "u", device: "tablet")
+        h.settle()
+        _ = publish("u", "n2")
+        h.settle()
+        clean.session.receive(.close)
+        clean.session.transportClosed()
+        let late = h.webSocket()
+        h.hello(late, user: "u", device: "tablet")
+        h.settle()
+        h.clock.advance(seconds: 61)
+        late.session.transportClosed()
+        dispatch()
+        XCTAssertEqual(transport.sent.count, 1)
+    }
+
+    /// Two nodes on one store: the node that commits a change records its
+    /// push, and whichever claims it sends it; never both.
+    func testTwoNodesSendEachPushOnce() {
+        let store = MemoryStore(), hub = MemoryBus.Hub()
+        let otherTransport = HeldPushes()
+        let a = Harness(store: store, bus: MemoryBus(hub: hub), apps: [Self.app], push: transport)
+        let b = Harness(store: store, bus: MemoryBus(hub: hub), apps: [Self.app], push: otherTransport)
+        for (i, node) in [a, b].enumerated() {
+            let r = node.request("PUT", "/v1/me/devices/phone", token: node.token("u\(i)"), body: ["push": apns(String(repeating: "0\(i)", count: 32))])
+            node.settle()
+            XCTAssertEqual(r.response?.status, 200)
+        }
+        for k in 0..<20 {
+            let node = k % 2 == 0 ? a : b
+            node.request("POST", "/v1/apps/\(Self.app.id)/users/u\(k % 2)/notifications",
+                         body: ["appNotificationId": .string("n\(k)"), "payload": ["title": "t", "body": "b"]])
+        }
+        for _ in 0..<3 {
+            for node in [a, b] {
+                node.settle()
+                node.gateway.engine.runMaintenance()
+                node.settle()
+            }
+        }
+        let sent = transport.sent + otherTransport.sent
+        XCTAssertEqual(sent.count, 20)
+        XCTAssertEqual(Set(sent.map(\.job.id)).count, 20, "none twice")
+        XCTAssertEqual(Set(sent.map(\.job.message.cursor)), Set<Int64>(1...10), "each user's ten changes")
+    }
 }

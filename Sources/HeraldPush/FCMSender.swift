@@ -1,0 +1,136 @@
+import Foundation
+import HeraldCore
+import HeraldCurl
+import HeraldGateway
+
+/// Firebase Cloud Messaging, HTTP v1 API: an OAuth 2.0 access token from the
+/// service account's JWT-bearer grant (RS256, sent to its `token_uri`),
+/// reused until a minute before it expires; `messages:send` with a data
+/// message whose values are strings (SPEC section 10).
+final class FCMSender: Sendable {
+    let credentials: LoadedCredentials.FCM
+    private let client: CurlClient
+
+    /// An access token, or what the sends waiting for one are answered.
+    private enum Access { case token(String), failed(PushOutcome) }
+
+    private struct TokenState {
+        var token: String?
+        var expiresAt: Millis = 0
+        /// Sends waiting for a token being fetched.
+        var waiting: [@Sendable (Access) -> Void] = []
+    }
+    private let state = Locked(TokenState())
+
+    static let scope = "https://www.googleapis.com/auth/firebase.messaging"
+
+    init(_ c: LoadedCredentials.FCM, app: String) throws {
+        credentials = c
+        client = try CurlClient(name: "fcm", caFile: c.settings.caFile, http2: true, maxInFlight: PushSenders.maxInFlight)
+    }
+
+    func stop() { client.shutdown() }
+
+    func send(_ o: OutgoingPush, token deviceToken: String, completion: @escaping @Sendable (PushOutcome) -> Void) {
+        withAccessToken { [self] result in
+            switch result {
+            case .failed(let outcome): completion(outcome)
+            case .token(let access):
+                let url = credentials.settings.endpoint + "/v1/projects/\(credentials.account.projectId)/messages:send"
+                let request = CurlRequest(method: "POST", url: url,
+                                          headers: [("authorization", "Bearer " + access), ("content-type", "application/json")],
+                                          body: Self.body(o.job.message, token: deviceToken, now: WallClock.now()),
+                                          timeout: PushSenders.requestTimeout)
+                client.send(request) { [self] r in
+                    let outcome = Self.outcome(r)
+                    // A token the service no longer takes is fetched anew for the next send.
+                    if case .success(let resp) = r, resp.status == 401 { state.withLock { $0.token = nil } }
+                    completion(outcome)
+                }
+            }
+        }
+    }
+
+    /// A data message (all values strings) with the `herald` field's names.
+    static func body(_ m: PushMessage, token: String, now: Millis) -> [UInt8] {
+        var data: JSONObject = ["kind": .string(m.kind.rawValue), "cursor": .string(String(m.cursor)), "epoch": .string(m.epoch),
+                                "op": .string(m.op.rawValue)]
+        if let id = m.notificationId { data["id"] = .string(id) }
+        if let t = m.title { data["title"] = .string(t) }
+        if let b = m.body { data["body"] = .string(b) }
+        if let g = m.threadId { data["groupName"] = .string(g) }
+        // Taps to one device share a collapse key, as they share one outbox row.
+        let collapse = m.kind == .alert ? (m.notificationId ?? "herald") : "herald-sync"
+        let ttl = max(0, (m.expiresAt - now) / 1000)
+        let android: JSON = ["priority": .string(m.high ? "high" : "normal"), "collapse_key": .string(collapse), "ttl": .string("\(ttl)s")]
+        return JSON.object(["message": ["token": .string(token), "data": .object(data), "android": android]]).encoded
+    }
+
+    /// Google's error form: `{"error": {"code", "status", "message", "details": [{"errorCode"}]}}`.
+    static func outcome(_ result: Result<CurlResponse, CurlFailure>) -> PushOutcome {
+        switch result {
+        case .failure(let f): return .retry("FCM: \(f)", retryAfterSeconds: nil)
+        case .success(let r):
+            let error = (try? JSONParser.parse(r.body))?.objectValue?["error"]?.objectValue
+            let code = error?["details"]?.arrayValue?.compactMap { $0.objectValue?["errorCode"]?.stringValue }.first
+                ?? error?["status"]?.stringValue ?? ""
+            let message = error?["message"]?.stringValue ?? ""
+            let why = "FCM \(r.status) \(code)"
+            switch r.status {
+            case 200: return .delivered
+            case 404 where code == "UNREGISTERED" || code == "NOT_FOUND": return .unregistered(why)
+            case 400 where code == "INVALID_ARGUMENT" && message.lowercased().contains("registration token"): return .unregistered(why)
+            case 401, 403: return .credentialsRefused(why)
+            case 429, 500...599: return .retry(why, retryAfterSeconds: r.retryAfterSeconds)
+            default: return .rejected(why + (message.isEmpty ? "" : ": \(message)"))
+            }
+        }
+    }
+
+    // MARK: The access token
+
+    private func withAccessToken(_ use: @escaping @Sendable (Access) -> Void) {
+        let now = WallClock.now()
+        enum Next { case use(String), fetch, wait }
+        let next: Next = state.withLock { s in
+            if let t = s.token, now < s.expiresAt { return .use(t) }
+            s.waiting.append(use)
+            return s.waiting.count == 1 ? .fetch : .wait
+        }
+        switch next {
+        case .use(let t): use(.token(t))
+        case .wait: break
+        case .fetch: fetchToken(now: now)
+        }
+    }
+
+    private func fetchToken(now: Millis) {
+        let a = credentials.account
+        var header: JSONObject = ["alg": "RS256", "typ": "JWT"]
+        if let kid = a.privateKeyId { header["kid"] = .string(kid) }
+        let assertion = JWS.sign(header: header, claims: ["iss": .string(a.clientEmail), "scope": .string(Self.scope),
+                                                         "aud": .string(a.tokenURI), "iat": .int(now / 1000),
+                                                         "exp": .int(now / 1000 + 3600)], rs256: a.key)
+        let form = "grant_type=urn%3Aietf%3Aparams%3Aoauth%3Agrant-type%3Ajwt-bearer&assertion=" + assertion
+        let request = CurlRequest(method: "POST", url: a.tokenURI, headers: [("content-type", "application/x-www-form-urlencoded")],
+                                  body: Array(form.utf8), timeout: PushSenders.requestTimeout)
+        client.send(request) { [self] r in
+            let result: Access
+            switch r {
+            case .failure(let f): result = .failed(.retry("FCM token: \(f)", retryAfterSeconds: nil))
+            case .success(let resp):
+                let o = (try? JSONParser.parse(resp.body))?.objectValue
+                if resp.status == 200, let t = o?["access_token"]?.stringValue, let expiresIn = o?["expires_in"]?.int64Value {
+                    state.withLock { s in s.token = t; s.expiresAt = WallClock.now() + max(0, expiresIn - 60) * 1000 }
+                    result = .token(t)
+                } else if resp.status == 400 || resp.status == 401 || resp.status == 403 {
+                    result = .failed(.credentialsRefused("FCM token \(resp.status) \(o?["error"]?.stringValue ?? "")"))
+                } else {
+                    result = .failed(.retry("FCM token \(resp.status)", retryAfterSeconds: resp.retryAfterSeconds))
+                }
+            }
+            let waiting = state.withLock { s in defer { s.waiting.removeAll() }; return s.waiting }
+            for w in waiting { w(result) }
+        }
+    }
+}

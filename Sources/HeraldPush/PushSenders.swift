@@ -1,0 +1,85 @@
+import HeraldCore
+import HeraldGateway
+
+/// The `PushTransport` of `herald serve`: each app's senders, built from its
+/// settings' credential files, rebuilt at each reload (an app whose files no
+/// longer read keeps the senders it had).
+public final class PushSenders: PushTransport {
+    private final class App: Sendable {
+        let apns: APNsSender?
+        let fcm: FCMSender?
+        let webPush: WebPushSender?
+
+        init(apns: APNsSender?, fcm: FCMSender?, webPush: WebPushSender?) { self.apns = apns; self.fcm = fcm; self.webPush = webPush }
+
+        func stop() {
+            apns?.stop()
+            fcm?.stop()
+            webPush?.stop()
+        }
+    }
+
+    private let apps = Locked<[String: App]>([:])
+
+    /// Requests in flight per client: never more than the gateway hands over.
+    static let maxInFlight = PushTransportLimits.inFlight
+    /// Whole request, connection included: a hung service holds a push no longer.
+    static let requestTimeout: Duration = .seconds(30)
+
+    public init(_ apps: [AppConfig]) throws(PushCredentialError) {
+        var built: [String: App] = [:]
+        for a in apps {
+            guard let s = a.push else { continue }
+            built[a.id] = try Self.build(a.id, s)
+        }
+        self.apps.withLock { $0 = built }
+    }
+
+    private static func build(_ id: String, _ s: PushSettings) throws(PushCredentialError) -> App {
+        let c = try LoadedCredentials(s)
+        do {
+            return App(apns: try c.apns.map { try APNsSender($0, app: id) }, fcm: try c.fcm.map { try FCMSender($0, app: id) },
+                       webPush: try c.webPush.map { try WebPushSender($0, app: id) })
+        } catch {
+            throw PushCredentialError("app \(id): the push client could not start: \(error)")
+        }
+    }
+
+    public func send(_ push: OutgoingPush, completion: @escaping @Sendable (PushOutcome) -> Void) {
+        guard let app = apps.withLock({ $0[push.job.user.app] }) else {
+            return completion(.rejected("the app has no push configured"))
+        }
+        switch push.handle {
+        case .apns(let token, let env):
+            guard let s = app.apns else { return completion(.rejected("APNs is not configured")) }
+            s.send(push, token: token, environment: env, completion: completion)
+        case .fcm(let token):
+            guard let s = app.fcm else { return completion(.rejected("FCM is not configured")) }
+            s.send(push, token: token, completion: completion)
+        case .webpush(let sub):
+            guard let s = app.webPush else { return completion(.rejected("Web Push is not configured")) }
+            s.send(push, subscription: sub, completion: completion)
+        }
+    }
+
+    public func reload(_ next: [AppConfig]) {
+        var built: [String: App] = [:], retired: [App] = []
+        let current = apps.withLock { $0 }
+        for a in next {
+            guard let s = a.push else { continue }
+            do { built[a.id] = try Self.build(a.id, s) } catch {
+                Log.error("push: \(error.description); app \(a.id) keeps the credentials it had")
+                if let old = current[a.id] { built[a.id] = old }
+            }
+        }
+        for (id, old) in current where built[id] !== old { retired.append(old) }
+        apps.withLock { $0 = built }
+        // Requests still in flight on a retired client complete as retries.
+        for r in retired { r.stop() }
+    }
+
+    public func stop() {
+        let all = apps.withLock { a in defer { a.removeAll() }; return a }
+        for a in all.values { a.stop() }
+    }
+}

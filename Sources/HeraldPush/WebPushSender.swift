@@ -1,0 +1,94 @@
+import HeraldCore
+import HeraldCurl
+import HeraldGateway
+
+/// Web Push (RFC 8030 delivery, RFC 8291 `aes128gcm` encryption, RFC 8292
+/// VAPID), only to `https` endpoints on the app's allowed hosts: checked at
+/// registration and again here, against the hosts in force now.
+final class WebPushSender: Sendable {
+    let credentials: LoadedCredentials.WebPush
+    private let client: CurlClient
+    /// VAPID tokens by audience (an endpoint's origin), reused for an hour of their 12.
+    private let tokens = Locked<[String: (header: String, madeAt: Millis)]>([:])
+
+    static let tokenLifetime: Millis = 12 * 3_600_000
+    static let tokenReuse: Millis = 3_600_000
+
+    init(_ c: LoadedCredentials.WebPush, app: String) throws {
+        credentials = c
+        client = try CurlClient(name: "webpush", caFile: c.settings.caFile, http2: true, maxInFlight: PushSenders.maxInFlight,
+                                maxResponseBytes: 16 * 1024)
+    }
+
+    func stop() { client.shutdown() }
+
+    private func authorization(_ audience: String, now: Millis) -> String {
+        tokens.withLock { t in
+            if let made = t[audience], now - made.madeAt < Self.tokenReuse { return made.header }
+            if t.count > 64 { t.removeAll() }
+            let header = credentials.vapid.authorization(audience: audience, subject: credentials.settings.subject,
+                                                         expiresAt: (now + Self.tokenLifetime) / 1000)
+            t[audience] = (header, now)
+            return header
+        }
+    }
+
+    func send(_ o: OutgoingPush, subscription s: WebPushSubscription, completion: @escaping @Sendable (PushOutcome) -> Void) {
+        guard PushHandle.host(s.host, isAllowedBy: credentials.settings.allowedHosts) else {
+            return completion(.rejected("Web Push host \(s.host) is no longer allowed"))
+        }
+        let now = WallClock.now()
+        let m = o.job.message
+        let ciphertext: [UInt8]
+        do { ciphertext = try WebPushEncryption.encrypt(plaintext: Self.plaintext(m), p256dh: s.p256dh, auth: s.auth) } catch {
+            return completion(.rejected("Web Push encryption: \(error)"))
+        }
+        var headers = [("authorization", authorization(s.origin, now: now)),
+                       ("ttl", String(max(0, (m.expiresAt - now) / 1000))),
+                       ("content-encoding", "aes128gcm"),
+                       ("content-type", "application/octet-stream"),
+                       ("urgency", m.high ? "high" : "normal")]
+        // A later push with the same topic replaces one still waiting at the service.
+        if let id = m.notificationId, Self.isTopic(id) { headers.append(("topic", id)) }
+        client.send(CurlRequest(method: "POST", url: s.endpoint, headers: headers, body: ciphertext, timeout: PushSenders.requestTimeout)) { r in
+            completion(Self.outcome(r))
+        }
+    }
+
+    /// The JSON the service worker decrypts: the `herald` field, the alert's
+    /// text and, when it fits, the change itself.
+    static func plaintext(_ m: PushMessage) -> [UInt8] {
+        var o: JSONObject = ["herald": m.herald]
+        if let t = m.title { o["title"] = .string(t) }
+        if let b = m.body { o["body"] = .string(b) }
+        if let g = m.threadId { o["groupName"] = .string(g) }
+        let bare = JSON.object(o).encoded
+        guard let change = m.change else { return bare }
+        o["change"] = change
+        let full = JSON.object(o).encoded
+        return full.count <= WebPushEncryption.maxPlaintext ? full : bare
+    }
+
+    /// RFC 8030 5.4: at most 32 characters of the URL-safe base64 alphabet.
+    static func isTopic(_ s: String) -> Bool {
+        s.utf8.count <= 32 && s.utf8.allSatisfy { c in
+            (UInt8(ascii: "A")...UInt8(ascii: "Z")).contains(c) || (UInt8(ascii: "a")...UInt8(ascii: "z")).contains(c)
+                || (UInt8(ascii: "0")...UInt8(ascii: "9")).contains(c) || c == UInt8(ascii: "-") || c == UInt8(ascii: "_")
+        }
+    }
+
+    static func outcome(_ result: Result<CurlResponse, CurlFailure>) -> PushOutcome {
+        switch result {
+        case .failure(let f): return .retry("Web Push: \(f)", retryAfterSeconds: nil)
+        case .success(let r):
+            let why = "Web Push \(r.status)"
+            switch r.status {
+            case 200...299: return .delivered
+            case 404, 410: return .unregistered(why)
+            case 401, 403: return .credentialsRefused(why)
+            case 429, 500...599: return .retry(why, retryAfterSeconds: r.retryAfterSeconds)
+            default: return .rejected(why)
+            }
+        }
+    }
+}
