@@ -3,3 +3,9 @@
 #include <openssl/crypto.h>
 #include <openssl/rand.h>
 #include <openssl/ec.h>
+#include <openssl/bio.h>
+#include <openssl/bn.h>
+#include <openssl/core_names.h>
+#include <openssl/ecdsa.h>
+#include <openssl/err.h>
+#include <openssl/pem.h>
