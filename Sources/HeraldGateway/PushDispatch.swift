@@ -67,7 +67,10 @@ final class PushDispatch {
     /// Records the pushes this batch's changes give, before its commit.
     func record(_ e: Engine) throws(StoreError) {
         guard !candidates.isEmpty else { return }
-        defer { candidates.removeAll(keepingCapacity: true) }
+        defer {
+            candidates.removeAll(keepingCapacity: true)
+            elsewhere = nil
+        }
         let all = settings.withLock { $0 }
         let now = e.clock.now()
         var order: [UserKey] = [], byUser: [UserKey: [(record: ChangeRecord, published: Bool)]] = [:]
@@ -100,6 +103,7 @@ final class PushDispatch {
     /// `last` went to it, which may never have arrived (SPEC section 10): a
     /// tap, unless the device is connected again or has no handle to take it.
     func tapAfterLoss(_ e: Engine, _ user: UserKey, _ deviceId: String, _ last: LostChange) throws(StoreError) {
+        elsewhere = nil
         guard let s = settings.withLock({ $0[user.app] }), let d = try e.store.device(user, id: deviceId), let handle = d.push,
               handle.service != .webpush, s.services.contains(handle.service), try !connected(e, user, deviceId) else { return }
         let now = e.clock.now()
@@ -112,6 +116,7 @@ final class PushDispatch {
     /// SPEC section 10: a WebSocket, an event stream or a held poll, here or
     /// on another node. A poll answered is no connection: a device that
     /// polls gets its pushes (another node shows only "polled lately").
+    /// `elsewhere` holds one user's other nodes' connections for one `record`.
     private var elsewhere: (user: UserKey, devices: [String: TransportKind])?
     private func connected(_ e: Engine, _ user: UserKey, _ deviceId: String) throws(StoreError) -> Bool {
         if let c = e.registry.connections(user, device: deviceId), c.websocket > 0 || c.sse > 0 || c.heldPolls > 0 { return true }
@@ -126,7 +131,6 @@ final class PushDispatch {
     /// Claims due pushes and hands them to the transport, when something may be due.
     func run(_ e: Engine, now: Millis, tick: Millis) {
         e.thread.assertCurrent()
-        elsewhere = nil
         guard let transport else { return }
         let room = Self.maxInFlight - inFlight
         let retryDue = nextRetry.map { now >= $0 } ?? false
