@@ -30,7 +30,7 @@ final class PushDispatch {
 
     static let maxInFlight = PushTransportLimits.inFlight
     /// Longer than any request may take (the senders time out within 30 s).
-    static let claimLease: Millis = 120_000
+    static let claimLease: Millis = 60_000
     /// How often the outbox is asked for due pushes with nothing else
     /// saying so: another node's lapsed claims, a backlog left at a restart.
     static let pollEvery: Millis = 1_000

@@ -111,6 +111,10 @@ public final class SQLiteStore: NotificationStore {
             // that (a reader held the passes back).
             try db.execute("PRAGMA journal_size_limit = \(Int64(checkpointPages) * 4096 * 4)")
             try Self.migrate(db, path: path)
+            // One process writes a SQLite file: pushes claimed before this
+            // open were in flight when it stopped, and go again at once
+            // rather than when their claim would have run out.
+            try db.execute("UPDATE push_outbox SET claimed_until = 0 WHERE claimed_until > 0")
             guard let e = try db.text("SELECT value FROM meta WHERE key = 'epoch'"), !e.isEmpty else {
                 throw StoreError("sqlite (\(path)): the database has no epoch (damaged?)")
             }

@@ -207,7 +207,10 @@ class TLSServer:
                                   end_stream=not r.body)
                 if r.body:
                     conn.send_data(stream_id, r.body, end_stream=True)
-                sock.sendall(conn.data_to_send())
+                try:
+                    sock.sendall(conn.data_to_send())
+                except (OSError, ssl.SSLError):
+                    pass  # the client went away while this stream was held
 
         while not self.stopped.is_set():
             data = sock.recv(65536)
@@ -276,6 +279,8 @@ class StandIn:
         self.hold = False
         self.changed = threading.Condition(self.lock)
         self.log_file: Path | None = None
+        # Where a scripted 3xx answer points.
+        self.redirect_to = "https://127.0.0.1:1/"
         self.server = TLSServer(self._handle, self.folder, http1=self.http1)
         self.ca_file = self.server.ca_file
 
@@ -569,7 +574,10 @@ class WebPushStandIn(StandIn):
 
     def _handle(self, req: Request):
         def no(status: int, why: str, retry_after: int | None = None) -> Response:
-            return self._refuse(req, status, why.encode(), why, [("retry-after", str(retry_after))] if retry_after else [])
+            headers = [("retry-after", str(retry_after))] if retry_after else []
+            if 300 <= status < 400:
+                headers.append(("location", self.redirect_to))
+            return self._refuse(req, status, why.encode(), why, headers)
         if req.method != "POST" or not req.path.startswith("/push/"):
             return no(404, "no such subscription")
         sid = req.path[len("/push/"):]

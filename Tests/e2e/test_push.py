@@ -1,0 +1,276 @@
+"""Push to devices that are not connected (SPEC section 10), end to end: the
+real `herald` binary against the local stand-ins of APNs, FCM and Web Push
+(push_standins.py, each checked against independent clients in
+test_push_standins.py)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import uuid
+
+import pytest
+
+from herald_helpers import APPS, Gateway, herald_binary, uid, wait_until
+from push_standins import APNsStandIn, FCMStandIn, Outcome, WebPushStandIn
+
+APP = "app.one"
+
+
+@pytest.fixture
+def services(tmp_path):
+    with APNsStandIn(tmp_path / "apns") as apns, FCMStandIn(tmp_path / "fcm") as fcm, WebPushStandIn(tmp_path / "web") as web:
+        yield apns, fcm, web
+
+
+def push_config(apns: APNsStandIn, fcm: FCMStandIn, web: WebPushStandIn, vapid_file) -> dict:
+    a = apns.describe()
+    return {"apps": [{"id": APP, **APPS[APP], "push": {
+        "alert": {"title": "/title", "body": "/body"},
+        "apns": {"teamId": a["teamId"], "keyId": a["keyId"], "keyFile": a["keyFile"], "topic": a["topic"],
+                 "endpoint": apns.url, "developmentEndpoint": apns.url, "caFile": apns.ca_file},
+        "fcm": {"serviceAccountFile": str(fcm.service_account_file), "endpoint": fcm.url, "caFile": fcm.ca_file},
+        "webpush": {"vapidPrivateKeyFile": str(vapid_file), "subject": "mailto:ops@example.com",
+                    "allowedHosts": ["127.0.0.1"], "caFile": web.ca_file}}}]}
+
+
+@pytest.fixture
+def vapid_file(tmp_path):
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    from push_standins import pem_private
+    f = tmp_path / "vapid.pem"
+    f.write_bytes(pem_private(ec.generate_private_key(ec.SECP256R1())))
+    return f
+
+
+@pytest.fixture
+def pushing(gateway_factory, services, vapid_file):
+    """A gateway on SQLite whose app pushes through the three stand-ins."""
+    apns, fcm, web = services
+    gw = gateway_factory(config=push_config(apns, fcm, web, vapid_file), store="sqlite:herald.db")
+    return gw, apns, fcm, web
+
+
+def apns_token(n: int = 0) -> str:
+    """A device token of its own (64 hex digits): handles are unique per app."""
+    return f"{uuid.uuid4().int:032x}{n:032x}"
+
+
+def register(gw, user: str, device: str, push, platform: str = "ios"):
+    r = gw.me("PUT", f"/devices/{device}", gw.token(user), json={"platform": platform, "push": push})
+    assert r.status_code == 200, r.text
+    return r.json()["device"]
+
+
+def apns_handle(token: str) -> dict:
+    return {"service": "apns", "token": token}
+
+
+def test_a_disconnected_device_gets_an_alert_a_connected_one_nothing(pushing):
+    gw, apns, fcm, _ = pushing
+    user = uid("u")
+    phone, tablet = apns_token(1), apns_token(2)
+    register(gw, user, "phone", apns_handle(phone))
+    register(gw, user, "tablet", apns_handle(tablet))
+    register(gw, user, "pixel", {"service": "fcm", "token": "fcm-token-1"}, platform="android")
+    assert gw.devices(user)["phone"]["push"] == {"service": "apns"}
+    ws, _, _ = gw.connect(user, "tablet")
+    with ws:
+        out = gw.publish(user, payload={"title": "Review", "body": "the plan"}, priority="high", groupName="work")
+        ws.expect_changes(1)
+    n = out["notification"]
+    [p] = apns.wait_for(1)
+    fcm.wait_for(1)
+    wait_until(lambda: gw.metric('herald_push_sent_total{service="apns",outcome="delivered"}') == 1, "the APNs push answered")
+    assert [a["token"] for a in apns.accepted] == [phone], "the connected tablet got nothing"
+    h = p["headers"]
+    assert (h["apns-push-type"], h["apns-priority"], h["apns-collapse-id"], h["apns-topic"]) == ("alert", "10", n["id"], apns.topic)
+    # The notification lives 30 days; a push at most 28.
+    assert abs(int(h["apns-expiration"]) - (time.time() + 28 * 86400)) < 120
+    assert p["payload"]["aps"] == {"alert": {"title": "Review", "body": "the plan"}, "thread-id": "work"}
+    herald = p["payload"]["herald"]
+    assert (herald["cursor"], herald["id"], herald["op"]) == (out["seq"], n["id"], "upsert") and herald["epoch"]
+    data = fcm.accepted[0]["message"]
+    assert data["data"] == {"kind": "alert", "cursor": str(out["seq"]), "epoch": herald["epoch"], "op": "upsert", "id": n["id"],
+                            "title": "Review", "body": "the plan", "groupName": "work"}
+    assert data["android"]["priority"] == "high" and data["android"]["collapse_key"] == n["id"]
+    assert fcm.token_requests == 1
+
+
+def test_a_dismiss_on_the_phone_taps_the_sleeping_tablet(pushing):
+    gw, apns, _, _ = pushing
+    user = uid("u")
+    tablet = apns_token(3)
+    register(gw, user, "tablet", apns_handle(tablet))
+    phone, _, _ = gw.connect(user, "phone")
+    with phone:
+        n = gw.publish(user, payload={"title": "t", "body": "b"})["notification"]
+        apns.wait_for(1)
+        ack, _ = phone.request({"type": "update", "id": n["id"], "userActionState": "dismissed"})
+        assert ack["type"] == "ack"
+    [_, tap] = apns.wait_for(2)
+    assert tap["token"] == tablet
+    assert (tap["headers"]["apns-push-type"], tap["headers"]["apns-priority"]) == ("background", "5")
+    assert tap["payload"]["aps"] == {"content-available": 1}
+    assert tap["payload"]["herald"]["id"] == n["id"] and tap["payload"]["herald"]["op"] == "state"
+    assert tap["payload"]["herald"]["cursor"] == ack["seq"]
+
+
+def test_a_dead_handle_is_removed_and_gets_nothing_more(pushing):
+    gw, apns, fcm, _ = pushing
+    user = uid("u")
+    dead = apns_token(4)
+    register(gw, user, "phone", apns_handle(dead))
+    register(gw, user, "pixel", {"service": "fcm", "token": "fcm-dead-test"}, platform="android")
+    apns.script(Outcome(410, "Unregistered"), key=dead)
+    gw.publish(user, payload={"title": "t", "body": "b"})
+    wait_until(lambda: gw.devices(user)["phone"]["push"] is None, "the dead handle removed")
+    assert "phone" in gw.devices(user), "the device stays registered"
+    fcm.wait_for(1)
+    gw.publish(user, payload={"title": "t2", "body": "b"})
+    fcm.wait_for(2)  # the same commit would have recorded the phone's
+    wait_until(lambda: gw.metric('herald_push_sent_total{service="fcm",outcome="delivered"}') == 2, "both FCM pushes answered")
+    assert apns.accepted == [] and len(apns.refused) == 1
+    assert gw.metric('herald_push_sent_total{service="apns",outcome="unregistered"}') == 1
+
+
+def test_429_and_503_are_retried_no_sooner_than_retry_after(pushing):
+    gw, apns, _, _ = pushing
+    user, token = uid("u"), apns_token(5)
+    register(gw, user, "phone", apns_handle(token))
+    apns.script(Outcome(429, "TooManyRequests", 2), Outcome(503, "ServiceUnavailable", 2), key=token)
+    gw.publish(user, payload={"title": "t", "body": "b"})
+    [p] = apns.wait_for(1, timeout=30)
+    first, second = apns.refused
+    assert (first["status"], second["status"]) == (429, 503)
+    assert second["at"] - first["at"] >= 2 and p["at"] - second["at"] >= 2, "Retry-After honoured"
+    wait_until(lambda: gw.metric('herald_push_sent_total{service="apns",outcome="retried"}') == 2, "two retries counted")
+
+
+def test_a_moved_handle_stops_the_first_users_pushes(pushing):
+    gw, apns, _, _ = pushing
+    alice, bob, token = uid("alice"), uid("bob"), apns_token(6)
+    register(gw, alice, "phone", apns_handle(token))
+    r = gw.server("PUT", f"/users/{bob}/devices/ipad", json={"platform": "ios", "push": apns_handle(token)})
+    assert r.status_code == 200 and r.json()["device"]["push"] == {"service": "apns"}, r.text
+    assert gw.devices(alice)["phone"]["push"] is None
+    gw.publish(alice, payload={"title": "for alice", "body": "b"})
+    gw.publish(bob, payload={"title": "for bob", "body": "b"})
+    [p] = apns.wait_for(1)
+    assert p["payload"]["aps"]["alert"]["title"] == "for bob"
+    wait_until(lambda: gw.metric('herald_push_sent_total{service="apns",outcome="delivered"}') == 1, "answered")
+    assert len(apns.accepted) == 1
+
+
+def test_web_push_carries_the_change_encrypted_to_the_browser(pushing):
+    gw, _, _, web = pushing
+    user = uid("u")
+    keys = gw.me("GET", "/push", gw.token(user)).json()
+    assert keys["services"] == ["apns", "fcm", "webpush"] and keys["webPushPublicKey"]
+    sub = web.new_subscription(application_server_key=keys["webPushPublicKey"])
+    register(gw, user, "browser", {"service": "webpush", "subscription": sub}, platform="web")
+    out = gw.publish(user, payload={"title": "Hello", "body": "browser"})
+    [m] = web.wait_for(1)
+    body = m["json"]
+    assert body["title"] == "Hello" and body["herald"]["id"] == out["notification"]["id"]
+    assert body["change"] == {"seq": out["seq"], "op": "upsert", "notification": out["notification"]}
+    assert int(m["headers"]["ttl"]) > 0 and m["headers"]["urgency"] == "normal"
+    assert m["headers"]["topic"] == out["notification"]["id"]
+
+
+def test_device_given_urls_never_make_herald_post_elsewhere(pushing, tmp_path):
+    gw, apns, _, web = pushing
+    user = uid("u")
+    sub = web.new_subscription()
+    keys = sub["keys"]
+    for endpoint in ["http://127.0.0.1:1/x", "https://169.254.169.254/latest/meta-data", "https://internal.example/x",
+                     "https://user@127.0.0.1/x", "https://127.0.0.1\\@evil.example/x"]:
+        r = gw.me("PUT", "/devices/browser", gw.token(user),
+                  json={"platform": "web", "push": {"service": "webpush", "subscription": {"endpoint": endpoint, "keys": keys}}})
+        assert r.status_code == 400, (endpoint, r.text)
+    assert "browser" not in gw.devices(user)
+    # A push service that redirects is not followed.
+    with WebPushStandIn(tmp_path / "elsewhere") as elsewhere:
+        web.script(Outcome(302, "moved"), key=sub["endpoint"].rsplit("/", 1)[1])
+        web.redirect_to = elsewhere.url + "/push/x"
+        register(gw, user, "browser", {"service": "webpush", "subscription": sub}, platform="web")
+        gw.publish(user, payload={"title": "t", "body": "b"})
+        wait_until(lambda: gw.metric('herald_push_sent_total{service="webpush",outcome="rejected"}') == 1, "the redirect refused")
+        assert elsewhere.connections == 0
+
+
+def test_a_hung_service_delays_no_live_delivery(pushing):
+    gw, apns, _, _ = pushing
+    apns.hold = True
+    sleepers = [uid("s") for _ in range(20)]
+    for k, u in enumerate(sleepers):
+        register(gw, u, "phone", apns_handle(apns_token(100 + k)))
+        gw.publish(u, payload={"title": "t", "body": "b"})
+    apns.wait_for(20)
+    assert all(a.get("held") for a in apns.accepted)
+    awake = uid("awake")
+    ws, _, _ = gw.connect(awake, "laptop")
+    with ws:
+        for _ in range(20):
+            gw.publish(awake, payload={"title": "live"})
+            ws.expect_changes(1, timeout=5)
+    apns.release_held()
+
+
+@pytest.mark.skipif(not os.environ.get("HERALD_TEST_POSTGRES_URL") or not os.environ.get("HERALD_TEST_REDIS_URL"),
+                    reason="needs scripts/test-servers (PostgreSQL and Redis)")
+def test_two_nodes_send_each_push_once(gateway_factory, services, vapid_file):
+    apns, fcm, web = services
+    config = push_config(apns, fcm, web, vapid_file)
+    pg, redis = os.environ["HERALD_TEST_POSTGRES_URL"], os.environ["HERALD_TEST_REDIS_URL"]
+    nodes = [gateway_factory(config=config, store=pg, extra_args=["--bus", redis]) for _ in range(2)]
+    prefix = uid("pair")
+    n = 1000
+    for i in range(n):
+        node = nodes[i % 2]
+        r = node.server("PUT", f"/users/{prefix}-{i}/devices/phone", json={"platform": "ios", "push": apns_handle(f"{i:064x}")})
+        assert r.status_code == 200, r.text
+    ids = {nodes[i % 2].publish(f"{prefix}-{i}", payload={"title": f"n{i}", "body": "b"})["notification"]["id"] for i in range(n)}
+    got = apns.wait_for(n, timeout=120)
+    collapse = [g["collapseId"] for g in got]
+    assert set(collapse) == ids and len(collapse) == n, "every push once"
+    delivered = lambda: sum(node.metric('herald_push_sent_total{service="apns",outcome="delivered"}') for node in nodes)
+    wait_until(lambda: delivered() == n, "every push answered")
+    assert len(apns.accepted) == n, "none twice"
+
+
+def test_a_push_acknowledged_before_kill_9_is_sent_after_the_restart(gateway_factory, services, vapid_file, tmp_path):
+    apns, fcm, web = services
+    workdir = tmp_path / "durable"
+    config = push_config(apns, fcm, web, vapid_file)
+    gw = Gateway(herald_binary(), workdir, config, store="sqlite:herald.db").start()
+    user, token = uid("u"), apns_token(7)
+    register(gw, user, "phone", apns_handle(token))
+    apns.hold = True
+    out = gw.publish(user, payload={"title": "kept", "body": "b"})
+    apns.wait_for(1)  # the stand-in holds its answer
+    gw.kill()
+    apns.release_held()
+    again = Gateway(herald_binary(), workdir, config, store="sqlite:herald.db").start()
+    try:
+        pushes = apns.wait_for(2, timeout=30)
+        assert pushes[1]["collapseId"] == out["notification"]["id"] and not pushes[1].get("held")
+    finally:
+        again.terminate()
+
+
+def test_a_connection_lost_without_a_close_handshake_gets_a_tap(pushing):
+    gw, apns, _, _ = pushing
+    user, token = uid("u"), apns_token(8)
+    register(gw, user, "tablet", apns_handle(token))
+    tablet, _, _ = gw.connect(user, "tablet")
+    out = gw.publish(user, payload={"title": "t", "body": "b"})
+    tablet.expect_changes(1)
+    # The connection ends with no close frame, as when the network goes.
+    tablet.conn.socket.shutdown(socket.SHUT_RDWR)
+    tablet.close()
+    [tap] = apns.wait_for(1)
+    assert tap["token"] == token and tap["headers"]["apns-push-type"] == "background"
+    assert tap["payload"]["herald"]["cursor"] == out["seq"]

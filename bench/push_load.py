@@ -1,0 +1,95 @@
+"""The push benchmarks' client side (bench/push.sh): registers devices with
+APNs handles through the server API, publishes one notification to each of
+their users, and reads what the APNs stand-in received.
+
+  push_load.py register BASE COUNT [PREFIX]   COUNT users PREFIX0.., each one ios device with an APNs handle
+  push_load.py publish BASE COUNT RATE [PREFIX] one publish per user at RATE/s; prints one JSON line:
+                                              {"acked": N, "errors": N, "ack_times": {appNotificationId: unix seconds}}
+Every loop is bounded by COUNT and by time (10 minutes at most).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import sys
+import threading
+import time
+from urllib.parse import urlsplit
+
+APP, KEY = "bench", "bench-key"
+DEADLINE = time.monotonic() + 600
+
+
+def token_for(i: int) -> str:
+    return f"{i:064x}"
+
+
+def connection(base: str) -> http.client.HTTPConnection:
+    u = urlsplit(base)
+    return http.client.HTTPConnection(u.hostname, u.port, timeout=30)
+
+
+def request(conn, method: str, path: str, body: dict):
+    conn.request(method, path, body=json.dumps(body), headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+    r = conn.getresponse()
+    data = r.read()
+    return r.status, data
+
+
+def register(base: str, count: int, prefix: str) -> None:
+    def work(lo: int, hi: int):
+        conn = connection(base)
+        for i in range(lo, hi):
+            if time.monotonic() > DEADLINE:
+                raise SystemExit("registration ran out of time")
+            status, data = request(conn, "PUT", f"/v1/apps/{APP}/users/{prefix}{i}/devices/phone",
+                                   {"platform": "ios", "push": {"service": "apns", "token": token_for(i)}})
+            if status != 200:
+                raise SystemExit(f"register {i}: {status} {data[:200]!r}")
+    threads = [threading.Thread(target=work, args=(k * count // 8, (k + 1) * count // 8)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def publish(base: str, count: int, rate: float, prefix: str) -> None:
+    acked, errors, ack_times = 0, 0, {}
+    lock = threading.Lock()
+    workers = 16
+    start = time.monotonic()
+
+    def work(k: int):
+        nonlocal acked, errors
+        conn = connection(base)
+        for i in range(k, count, workers):
+            due = start + i / rate
+            while (now := time.monotonic()) < due:
+                time.sleep(due - now)
+            if now > DEADLINE:
+                return
+            status, _ = request(conn, "POST", f"/v1/apps/{APP}/users/{prefix}{i}/notifications",
+                                {"appNotificationId": f"b{i}", "payload": {"title": f"Bench {i}", "body": "push benchmark"}})
+            with lock:
+                if status in (200, 201):
+                    acked += 1
+                    ack_times[f"b{i}"] = time.time()
+                else:
+                    errors += 1
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    print(json.dumps({"acked": acked, "errors": errors, "seconds": time.monotonic() - start, "ack_times": ack_times}))
+
+
+if __name__ == "__main__":
+    cmd, base, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    if cmd == "register":
+        register(base, count, sys.argv[4] if len(sys.argv) > 4 else "p")
+    elif cmd == "publish":
+        publish(base, count, float(sys.argv[4]), sys.argv[5] if len(sys.argv) > 5 else "p")
+    else:
+        raise SystemExit(__doc__)
