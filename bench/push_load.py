@@ -4,7 +4,7 @@ their users, and reads what the APNs stand-in received.
 
   push_load.py register BASE COUNT [PREFIX]   COUNT users PREFIX0.., each one ios device with an APNs handle
   push_load.py publish BASE COUNT RATE [PREFIX] one publish per user at RATE/s; prints one JSON line:
-                                              {"acked": N, "errors": N, "ack_times": {appNotificationId: unix seconds}}
+                                              {"acked": N, "errors": N, "ack_times": {notification id: unix seconds}}
 Every loop is bounded by COUNT and by time (10 minutes at most).
 """
 
@@ -69,12 +69,12 @@ def publish(base: str, count: int, rate: float, prefix: str) -> None:
                 time.sleep(due - now)
             if now > DEADLINE:
                 return
-            status, _ = request(conn, "POST", f"/v1/apps/{APP}/users/{prefix}{i}/notifications",
+            status, data = request(conn, "POST", f"/v1/apps/{APP}/users/{prefix}{i}/notifications",
                                 {"appNotificationId": f"b{i}", "payload": {"title": f"Bench {i}", "body": "push benchmark"}})
             with lock:
                 if status in (200, 201):
                     acked += 1
-                    ack_times[f"b{i}"] = time.time()
+                    ack_times[json.loads(data)["notification"]["id"]] = time.time()
                 else:
                     errors += 1
     threads = [threading.Thread(target=work, args=(k,)) for k in range(workers)]

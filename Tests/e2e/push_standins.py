@@ -184,12 +184,14 @@ class TLSServer:
         finally:
             raw.close()
 
+    def _released(self) -> Response | None:
+        """A held request's answer: 200 once released, none if the server stopped."""
+        self.released.wait()
+        return None if self.stopped.is_set() else Response(200)
+
     def _answer(self, req: Request):
         answer = self.handler(req)
-        if answer is HOLD:
-            self.released.wait()
-            return None if self.stopped.is_set() else Response(200)
-        return answer
+        return self._released() if answer is HOLD else answer
 
     def _serve_h2(self, sock, number: int) -> None:
         conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False, header_encoding="utf-8"))
@@ -198,8 +200,7 @@ class TLSServer:
         send_lock = threading.Lock()
         streams: dict[int, dict] = {}
 
-        def respond(stream_id: int, req: Request) -> None:
-            r = self._answer(req)
+        def respond(stream_id: int, r: Response | None) -> None:
             if r is None:
                 return
             with send_lock:
@@ -231,8 +232,12 @@ class TLSServer:
                     h = s["headers"]
                     req = Request(h[":method"], h[":path"], {k: v for k, v in h.items() if not k.startswith(":")},
                                   s["body"], "h2", number)
-                    # Each stream answered on its own, so a held one holds no other.
-                    threading.Thread(target=respond, args=(ev.stream_id, req), daemon=True).start()
+                    answer = self.handler(req)
+                    if answer is HOLD:
+                        # Held on its own thread, so it holds no other stream.
+                        threading.Thread(target=lambda sid=ev.stream_id: respond(sid, self._released()), daemon=True).start()
+                    else:
+                        respond(ev.stream_id, answer)
 
     def _serve_http1(self, sock, number: int) -> None:
         f = sock.makefile("rb")
@@ -361,6 +366,7 @@ class APNsStandIn(StandIn):
         self.key_file = self.folder / f"AuthKey_{key_id}.p8"
         self.key_file.write_bytes(pem_private(self.key))
         self.tokens_by_connection: dict[int, tuple[str, float]] = {}
+        self.verified: dict[str, tuple[dict, dict]] = {}
 
     def _error(self, req: Request, status: int, reason: str, retry_after: int | None = None) -> Response:
         body = {"reason": reason}
@@ -381,11 +387,17 @@ class APNsStandIn(StandIn):
         if not auth.startswith("bearer "):
             return self._error(req, 403, "MissingProviderToken")
         provider = auth[len("bearer "):]
-        try:
-            header = jwt.get_unverified_header(provider)
-            claims = jwt.decode(provider, self.key.public_key(), algorithms=["ES256"], options={"require": ["iat", "iss"], "verify_iat": False})
-        except jwt.PyJWTError:
-            return self._error(req, 403, "InvalidProviderToken")
+        # Verified once per token, as APNs does per connection; its age is checked every time.
+        verified = self.verified.get(provider)
+        if verified is None:
+            try:
+                header = jwt.get_unverified_header(provider)
+                claims = jwt.decode(provider, self.key.public_key(), algorithms=["ES256"],
+                                    options={"require": ["iat", "iss"], "verify_iat": False})
+            except jwt.PyJWTError:
+                return self._error(req, 403, "InvalidProviderToken")
+            verified = self.verified[provider] = (header, claims)
+        header, claims = verified
         if header.get("alg") != "ES256" or header.get("kid") != self.key_id or claims.get("iss") != self.team_id:
             return self._error(req, 403, "InvalidProviderToken")
         age = time.time() - claims["iat"]
