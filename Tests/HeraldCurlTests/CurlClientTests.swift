@@ -1,12 +1,13 @@
 import Foundation
+import HeraldCurl
 import XCTest
-@testable import HeraldCurl
 
 /// CurlClient against a real TLS server on loopback (tls_test_server.py:
-/// HTTP/2 by ALPN, or HTTP/1.1), with a CA of its own.
+/// HTTP/2 by ALPN, or HTTP/1.1), with a CA of its own. Each test has its own
+/// server, so its connection count starts at zero.
 final class CurlClientTests: XCTestCase {
     private var server: Process!
-    private var stdin: Pipe!
+    private var serverInput: Pipe!
     private var port = 0
     private var ca = "", otherCa = ""
     private var clients: [CurlClient] = []
@@ -17,13 +18,15 @@ final class CurlClientTests: XCTestCase {
         server.executableURL = URL(fileURLWithPath: "/usr/bin/env")
         server.arguments = ["python3", script.path]
         let out = Pipe()
-        stdin = Pipe()
+        // Its stdin closing ends the server too, should this process die first.
+        serverInput = Pipe()
         server.standardOutput = out
-        server.standardInput = stdin
+        server.standardInput = serverInput
         try server.run()
         var line = Data()
         while let b = try out.fileHandleForReading.read(upToCount: 1), !b.isEmpty, b != Data("\n".utf8) { line.append(b) }
-        let info = try XCTUnwrap(try JSONSerialization.jsonObject(with: line) as? [String: Any], "the server's first line")
+        let info = try XCTUnwrap(try? JSONSerialization.jsonObject(with: line) as? [String: Any],
+                                 "the server's first line (python3 needs h2 and cryptography)")
         port = try XCTUnwrap(info["port"] as? Int)
         ca = try XCTUnwrap(info["ca"] as? String)
         otherCa = try XCTUnwrap(info["otherCa"] as? String)
@@ -31,64 +34,111 @@ final class CurlClientTests: XCTestCase {
 
     override func tearDown() {
         for c in clients { c.shutdown() }
-        try? stdin.fileHandleForWriting.close()
+        clients = []
+        server.terminate()
         server.waitUntilExit()
         super.tearDown()
     }
 
-    func client(http2: Bool = true, caFile: String? = nil, maxResponseBytes: Int = 64 * 1024) throws -> CurlClient {
-        let c = try CurlClient(name: "test", caFile: caFile ?? ca, http2: http2, maxInFlight: 1000, maxResponseBytes: maxResponseBytes)
+    // MARK: Helpers
+
+    func client(name: String = "curl-test", http2: Bool = true, caFile: String? = nil, maxInFlight: Int = 1000,
+                maxResponseBytes: Int = 64 * 1024) throws -> CurlClient {
+        let c = try CurlClient(name: name, caFile: caFile ?? ca, http2: http2, maxInFlight: maxInFlight, maxResponseBytes: maxResponseBytes)
         clients.append(c)
         return c
     }
 
-    func request(_ path: String, timeout: Duration = .seconds(10), scheme: String = "https") -> CurlRequest {
-        CurlRequest(method: "POST", url: "\(scheme)://127.0.0.1:\(port)\(path)", headers: [("x-test", "1"), ("content-type", "application/json")],
-                    body: Array("{\"a\":1}".utf8), timeout: timeout)
+    func request(_ path: String, method: String = "POST", headers: [(String, String)] = [("x-test", "1")],
+                 body: String = #"{"a":1}"#, timeout: Duration = .seconds(10), scheme: String = "https") -> CurlRequest {
+        CurlRequest(method: method, url: "\(scheme)://127.0.0.1:\(port)\(path)", headers: headers, body: Array(body.utf8), timeout: timeout)
     }
 
-    /// Sends and waits for the answer.
-    func send(_ c: CurlClient, _ r: CurlRequest) -> Result<CurlResponse, CurlFailure> {
-        let done = DispatchSemaphore(value: 0)
-        let result = LockedBox<Result<CurlResponse, CurlFailure>?>(nil)
-        c.send(r) { result.set($0); done.signal() }
-        done.wait()
-        return result.get()!
+    struct NoAnswer: Error {}
+
+    /// Sends and waits for the completion.
+    func send(_ c: CurlClient, _ r: CurlRequest) throws -> Result<CurlResponse, CurlFailure> {
+        try sendAll(c, [r])[0]
+    }
+
+    /// Sends all at once and waits for every completion; results in the requests' order.
+    func sendAll(_ c: CurlClient, _ rs: [CurlRequest]) throws -> [Result<CurlResponse, CurlFailure>] {
+        let done = DispatchGroup()
+        let results = LockedBox<[Int: Result<CurlResponse, CurlFailure>]>([:])
+        for (i, r) in rs.enumerated() {
+            done.enter()
+            c.send(r) { result in results.update { $0[i] = result }; done.leave() }
+        }
+        guard done.wait(timeout: .now() + 30) == .success else { throw NoAnswer() }
+        return rs.indices.map { results.get()[$0]! }
     }
 
     func json(_ r: Result<CurlResponse, CurlFailure>) throws -> [String: Any] {
-        let body = try r.get().body
-        return try XCTUnwrap(try JSONSerialization.jsonObject(with: Data(body)) as? [String: Any])
+        try XCTUnwrap(try JSONSerialization.jsonObject(with: Data(r.get().body)) as? [String: Any])
     }
 
-    func testHTTP2WithHeadersAndBodyBothWays() throws {
-        let r = send(try client(), request("/echo"))
+    func connectionsAccepted(_ c: CurlClient) throws -> Int? {
+        try json(send(c, request("/stats")))["connections"] as? Int
+    }
+
+    // MARK: Tests
+
+    func testHTTP2CarriesMethodHeadersAndBodyBothWays() throws {
+        let c = try client(name: "herald-curl-t")
+        let done = DispatchSemaphore(value: 0)
+        let seen = LockedBox<(Result<CurlResponse, CurlFailure>?, String)>((nil, ""))
+        c.send(request("/echo", headers: [("x-test", "1"), ("x-empty", ""), ("content-type", "application/json")])) { r in
+            seen.set((r, currentThreadName()))
+            done.signal()
+        }
+        XCTAssertEqual(done.wait(timeout: .now() + 30), .success)
+        let (result, thread) = seen.get()
+        let r = try XCTUnwrap(result)
         XCTAssertEqual(try r.get().status, 200)
         XCTAssertEqual(try r.get().httpVersion, 2)
         XCTAssertEqual(try r.get().headers["x-echo"], "yes")
         let echo = try json(r)
         XCTAssertEqual(echo["protocol"] as? String, "h2")
         XCTAssertEqual(echo["method"] as? String, "POST")
-        XCTAssertEqual((echo["headers"] as? [String: String])?["x-test"], "1")
-        XCTAssertNil((echo["headers"] as? [String: String])?["expect"])
+        let headers = try XCTUnwrap(echo["headers"] as? [String: String])
+        XCTAssertEqual(headers["x-test"], "1")
+        XCTAssertEqual(headers["x-empty"], "", "an empty value is sent, not dropped")
+        XCTAssertEqual(headers["content-type"], "application/json")
+        XCTAssertNil(headers["expect"])
         XCTAssertEqual(echo["bodyLength"] as? Int, 7)
+        #if os(Linux)
+        XCTAssertEqual(thread, "herald-curl-t", "completions run on the client's thread, which bears its name")
+        #endif
     }
 
-    func testManyRequestsShareOneConnection() throws {
+    func testMethodsWithAndWithoutBodies() throws {
         let c = try client()
-        let done = DispatchGroup()
-        let statuses = LockedBox<[Int]>([])
-        for _ in 0..<100 {
-            done.enter()
-            c.send(request("/echo")) { r in
-                statuses.update { $0.append((try? r.get().status) ?? -1) }
-                done.leave()
-            }
+        let rs = try sendAll(c, [request("/echo", method: "GET", body: ""), request("/echo", method: "POST", body: ""),
+                                 request("/echo", method: "PUT"), request("/echo", method: "DELETE", body: "")])
+        let echoes = try rs.map { try json($0) }
+        XCTAssertEqual(echoes.map { $0["method"] as? String }, ["GET", "POST", "PUT", "DELETE"])
+        XCTAssertEqual(echoes.map { $0["bodyLength"] as? Int }, [0, 0, 7, 0])
+        XCTAssertEqual((echoes[1]["headers"] as? [String: String])?["content-length"], "0", "an empty POST is still a POST")
+    }
+
+    func testManyConcurrentRequestsShareOneConnection() throws {
+        let c = try client()
+        // More than the server's 100 concurrent streams: the rest wait for a stream, not for another connection.
+        let rs = try sendAll(c, Array(repeating: request("/echo"), count: 300))
+        XCTAssertEqual(rs.map { (try? $0.get().status) ?? -1 }, Array(repeating: 200, count: 300))
+        XCTAssertEqual(Set(try rs.map { try json($0)["connection"] as? Int }), [1])
+        XCTAssertEqual(try connectionsAccepted(c), 1, "every stream on one connection")
+    }
+
+    func testTheConnectionIsKeptBetweenRequests() throws {
+        for http2 in [true, false] {
+            let c = try client(http2: http2)
+            let first = try json(send(c, request("/echo")))
+            let second = try json(send(c, request("/echo")))
+            XCTAssertEqual(first["protocol"] as? String, http2 ? "h2" : "http/1.1")
+            XCTAssertNotNil(first["connection"] as? Int)
+            XCTAssertEqual(first["connection"] as? Int, second["connection"] as? Int, "http2: \(http2)")
         }
-        done.wait()
-        XCTAssertEqual(statuses.get(), [Int](repeating: 200, count: 100))
-        let stats = try json(send(c, request("/stats")))
-        XCTAssertEqual(stats["connections"] as? Int, 1, "every stream on one connection")
     }
 
     func testAHungRequestTimesOutWhileOthersComplete() throws {
@@ -97,60 +147,134 @@ final class CurlClientTests: XCTestCase {
         let result = LockedBox<Result<CurlResponse, CurlFailure>?>(nil)
         c.send(request("/hang", timeout: .seconds(2))) { result.set($0); hung.signal() }
         for _ in 0..<5 { XCTAssertEqual(try send(c, request("/echo")).get().status, 200) }
-        hung.wait()
+        XCTAssertEqual(hung.wait(timeout: .now() + 30), .success)
         XCTAssertEqual(result.get()?.failure, .timedOut)
+        XCTAssertEqual(try connectionsAccepted(c), 1, "the stream ended, not the connection")
     }
 
-    func testOnlyHTTPSIsSentAndRedirectsAreNotFollowed() throws {
+    func testRequestsBeyondMaxInFlightWaitTheirTurnWithinTheirTimeout() throws {
+        let c = try client(maxInFlight: 1)
+        let order = LockedBox<[String]>([])
+        let done = DispatchGroup()
+        for (path, timeout) in [("/hang", 2), ("/echo", 1), ("/echo", 10)] {
+            done.enter()
+            c.send(request(path, timeout: .seconds(timeout))) { r in
+                let outcome = switch r {
+                case .success(let answer): "\(answer.status)"
+                case .failure(let failure): "\(failure)"
+                }
+                order.update { $0.append("\(path) \(outcome)") }
+                done.leave()
+            }
+        }
+        XCTAssertEqual(done.wait(timeout: .now() + 30), .success)
+        // The second waited behind the first past its own deadline, so it failed without going out.
+        XCTAssertEqual(order.get(), ["/hang timed out", "/echo timed out", "/echo 200"])
+        XCTAssertEqual(c.inFlight, 0)
+        XCTAssertEqual(c.waiting, 0)
+    }
+
+    func testOnlyWellFormedHTTPSRequestsAreSentAndRedirectsAreNotFollowed() throws {
         let c = try client()
-        XCTAssertEqual(send(c, request("/echo", scheme: "http")).failure, .refused("only https URLs are sent to"))
+        XCTAssertEqual(try send(c, request("/echo", scheme: "http")).failure, .refused("only https URLs are sent to"))
+        XCTAssertEqual(try send(c, request("/echo", scheme: "ftp")).failure, .refused("only https URLs are sent to"))
+        guard case .refused = try send(c, request("/echo", headers: [("x-a", "1\r\nx-b: 2")])).failure else {
+            return XCTFail("a line break in a header value is refused")
+        }
+        guard case .refused = try send(c, request("/echo", method: "GET /other")).failure else {
+            return XCTFail("a method that is not a token is refused")
+        }
         let r = try send(c, request("/redirect")).get()
         XCTAssertEqual(r.status, 302, "the redirect is the answer")
-        let stats = try json(send(c, request("/stats")))
-        XCTAssertEqual(stats["connections"] as? Int, 1, "nothing connected for the http URL")
+        XCTAssertEqual(r.headers["location"], "https://127.0.0.1:\(port)/echo")
+        XCTAssertEqual(try connectionsAccepted(c), 1, "nothing connected for the refused requests")
     }
 
-    func testALongAnswerIsRefused() throws {
-        XCTAssertEqual(send(try client(), request("/big")).failure, .tooLarge)
-        XCTAssertEqual(try send(try client(maxResponseBytes: 1 << 20), request("/big")).get().body.count, 200 * 1024)
+    func testLongAnswersAreRefused() throws {
+        for http2 in [true, false] {
+            let c = try client(http2: http2, maxResponseBytes: 8 * 1024)
+            for path in ["/big", "/big-stream", "/big-headers"] {
+                XCTAssertEqual(try send(c, request(path)).failure, .tooLarge, "\(path), http2: \(http2)")
+            }
+            let roomy = try client(http2: http2, maxResponseBytes: 1 << 20)
+            XCTAssertEqual(try send(roomy, request("/big-stream")).get().body.count, 200 * 1024)
+            XCTAssertEqual(try send(roomy, request("/big-headers")).get().headers["x-filler-11"]?.count, 1024)
+        }
     }
 
     func testACertificateTheCADoesNotVouchForFails() throws {
-        guard case .tls = send(try client(caFile: otherCa), request("/echo")).failure else {
+        guard case .tls = try send(try client(caFile: otherCa), request("/echo")).failure else {
             return XCTFail("expected a TLS failure")
         }
     }
 
     func testStatusAndRetryAfterPassThrough() throws {
-        let r = try send(try client(), request("/status/429")).get()
+        let c = try client()
+        let r = try send(c, request("/status/429")).get()
         XCTAssertEqual(r.status, 429)
         XCTAssertEqual(r.headers["retry-after"], "7")
         XCTAssertEqual(String(decoding: r.body, as: UTF8.self), #"{"reason":"Scripted"}"#)
+        XCTAssertEqual(try send(c, request("/status/503")).get().status, 503)
     }
 
     func testHTTP1WhenAsked() throws {
-        let r = send(try client(http2: false), request("/echo"))
+        let r = try send(try client(http2: false), request("/echo"))
         XCTAssertEqual(try r.get().httpVersion, 1)
+        XCTAssertEqual(try r.get().headers["x-echo"], "yes")
         XCTAssertEqual(try json(r)["protocol"] as? String, "http/1.1")
     }
 
-    func testShutdownEndsWhatIsInFlight() throws {
-        let c = try client()
-        let ended = DispatchSemaphore(value: 0)
-        let result = LockedBox<Result<CurlResponse, CurlFailure>?>(nil)
-        c.send(request("/hang", timeout: .seconds(60))) { result.set($0); ended.signal() }
-        XCTAssertEqual(try send(c, request("/echo")).get().status, 200, "the hung request is in flight beside it")
-        let t0 = Date()
+    func testShutdownEndsWhatIsInFlightOrWaiting() throws {
+        let c = try client(maxInFlight: 3)
+        let results = LockedBox<[Result<CurlResponse, CurlFailure>]>([])
+        let hang = { c.send(self.request("/hang", timeout: .seconds(60))) { r in results.update { $0.append(r) } } }
+        hang()
+        XCTAssertEqual(try send(c, request("/echo")).get().status, 200)
+        XCTAssertEqual(c.inFlight, 1, "the hung request is on the wire")
+        for _ in 0..<4 { hang() }  // two more on the wire, two waiting
+        let t0 = ContinuousClock.now
         c.shutdown()
-        ended.wait()
-        XCTAssertLessThan(Date().timeIntervalSince(t0), 10)
+        XCTAssertLessThan(ContinuousClock.now - t0, .seconds(5))
+        XCTAssertEqual(results.get().map(\.failure), Array(repeating: .stopped, count: 5), "all complete before shutdown returns")
+        XCTAssertEqual(c.inFlight, 0)
+        XCTAssertEqual(c.waiting, 0)
+        XCTAssertEqual(try send(c, request("/echo")).failure, .stopped, "a stopped client sends nothing")
+        c.shutdown()
+    }
+
+    func testAClientCanBeStoppedFromItsOwnCompletion() throws {
+        let c = try client()
+        let hung = DispatchSemaphore(value: 0)
+        let result = LockedBox<Result<CurlResponse, CurlFailure>?>(nil)
+        c.send(request("/hang", timeout: .seconds(60))) { result.set($0); hung.signal() }
+        let stopped = DispatchSemaphore(value: 0)
+        c.send(request("/echo")) { _ in c.shutdown(); stopped.signal() }
+        XCTAssertEqual(stopped.wait(timeout: .now() + 30), .success, "shutdown does not wait for the thread it runs on")
+        XCTAssertEqual(hung.wait(timeout: .now() + 30), .success)
         XCTAssertEqual(result.get()?.failure, .stopped)
-        XCTAssertEqual(send(c, request("/echo")).failure, .stopped, "a stopped client sends nothing")
+    }
+
+    func testAClientLetGoStopsItsThread() throws {
+        let hung = DispatchSemaphore(value: 0)
+        let result = LockedBox<Result<CurlResponse, CurlFailure>?>(nil)
+        do {
+            let c = try CurlClient(name: "let-go", caFile: ca, http2: true, maxInFlight: 10)
+            c.send(request("/hang", timeout: .seconds(60))) { result.set($0); hung.signal() }
+            XCTAssertEqual(try send(c, request("/echo")).get().status, 200)
+        }
+        XCTAssertEqual(hung.wait(timeout: .now() + 30), .success, "the last reference's release stops the client")
+        XCTAssertEqual(result.get()?.failure, .stopped)
     }
 }
 
 extension Result where Failure == CurlFailure {
     var failure: CurlFailure? { if case .failure(let f) = self { return f }; return nil }
+}
+
+/// The calling thread's name, as the OS has it.
+func currentThreadName() -> String {
+    let comm = (try? String(contentsOfFile: "/proc/thread-self/comm", encoding: .utf8)) ?? ""
+    return comm.trimmingCharacters(in: .newlines)
 }
 
 /// A value the test's thread and the client's share.

@@ -1,19 +1,27 @@
 """A TLS server for the CurlClient tests: HTTP/2 (h2, by ALPN) and HTTP/1.1.
 
-Prints one JSON line {"port", "ca", "otherCa"} once listening on 127.0.0.1,
-then serves until stdin closes. Routes:
-  /echo            200, JSON: method, path, headers, body length, protocol, connection number
-  /hang            never answers
-  /redirect        302 to /echo
-  /big             200 with 200 KiB
-  /status/NNN      status NNN with Retry-After: 7
-  /stats           {"connections": N} accepted so far
+Makes a throwaway CA and a certificate for 127.0.0.1 (and one more CA that
+vouches for nothing here), prints one JSON line {"port", "ca", "otherCa"}
+once listening on 127.0.0.1, then serves until stdin closes or SIGTERM.
+Routes:
+  /echo         200, JSON: method, path, headers, bodyLength, protocol, connection (its number)
+  /hang         never answers
+  /redirect     302 to /echo
+  /big          200 with 200 KiB, its Content-Length told
+  /big-stream   200 with 200 KiB, no Content-Length
+  /big-headers  200 with 12 headers of 1 KiB (one HTTP/2 frame: curl 7.88 stalls
+                on a header block larger than its 16 KiB buffer)
+  /status/NNN   status NNN with Retry-After: 7
+  /stats        {"connections": N} accepted so far
 """
 
 from __future__ import annotations
 
 import datetime
+import ipaddress
 import json
+import shutil
+import signal
 import socket
 import ssl
 import sys
@@ -24,109 +32,106 @@ from pathlib import Path
 import h2.config
 import h2.connection
 import h2.events
+import h2.exceptions
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+BIG = b"x" * (200 * 1024)
 connections = 0
 lock = threading.Lock()
 
 
-def make_ca(name: str):
+def make_cert(subject: str, issuer=None, san=None):
+    """(key, cert): self-signed CA when no issuer (key, cert) is given."""
     key = ec.generate_private_key(ec.SECP256R1())
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)])
     now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(days=1))
-            .not_valid_after(now + datetime.timedelta(days=2))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True).sign(key, hashes.SHA256()))
-    return key, cert
+    builder = (x509.CertificateBuilder().subject_name(name).issuer_name(issuer[1].subject if issuer else name)
+               .public_key(key.public_key()).serial_number(x509.random_serial_number())
+               .not_valid_before(now - datetime.timedelta(days=1)).not_valid_after(now + datetime.timedelta(days=2))
+               .add_extension(x509.BasicConstraints(ca=issuer is None, path_length=None), critical=True))
+    if san:
+        builder = builder.add_extension(x509.SubjectAlternativeName(san), critical=False)
+    return key, builder.sign(issuer[0] if issuer else key, hashes.SHA256())
 
 
-def make_server_cert(ca_key, ca_cert):
-    import ipaddress
-    key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")]))
-            .issuer_name(ca_cert.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(days=1)).not_valid_after(now + datetime.timedelta(days=2))
-            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
-                                                        x509.DNSName("localhost")]), critical=False)
-            .sign(ca_key, hashes.SHA256()))
-    return key, cert
-
-
-def pem(obj) -> bytes:
-    if hasattr(obj, "private_bytes"):
-        return obj.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    return obj.public_bytes(serialization.Encoding.PEM)
+def pem(key, cert) -> bytes:
+    out = cert.public_bytes(serialization.Encoding.PEM)
+    if key:
+        out += key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    return out
 
 
 def answer(path: str, method: str, headers: dict, body: bytes, protocol: str, number: int, port: int):
-    """(status, headers, body) or None to hang."""
+    """(status, headers, body, tell the length) or None to hang."""
     if path == "/hang":
         return None
     if path == "/redirect":
-        return 302, [("location", f"https://127.0.0.1:{port}/echo")], b""
+        return 302, [("location", f"https://127.0.0.1:{port}/echo")], b"", True
     if path == "/big":
-        return 200, [], b"x" * (200 * 1024)
+        return 200, [], BIG, True
+    if path == "/big-stream":
+        return 200, [], BIG, False
+    if path == "/big-headers":
+        return 200, [(f"x-filler-{i}", "y" * 1024) for i in range(12)], b"", True
     if path.startswith("/status/"):
-        return int(path.rsplit("/", 1)[1]), [("retry-after", "7")], b'{"reason":"Scripted"}'
+        return int(path.rsplit("/", 1)[1]), [("retry-after", "7")], b'{"reason":"Scripted"}', True
     if path == "/stats":
         with lock:
-            return 200, [], json.dumps({"connections": connections}).encode()
+            return 200, [], json.dumps({"connections": connections}).encode(), True
     return 200, [("x-echo", "yes")], json.dumps({"method": method, "path": path, "headers": headers, "bodyLength": len(body),
-                                                 "protocol": protocol, "connection": number}).encode()
+                                                 "protocol": protocol, "connection": number}).encode(), True
 
 
 def serve_h2(sock, number: int, port: int):
+    # The h2 package's defaults apply: at most 100 concurrent streams.
     conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False, header_encoding="utf-8"))
     conn.initiate_connection()
     sock.sendall(conn.data_to_send())
-    streams: dict[int, dict] = {}
-    while True:
-        data = sock.recv(65536)
-        if not data:
-            return
+    requests: dict[int, dict] = {}
+    unsent: dict[int, bytes] = {}  # bodies waiting for the peer's flow-control window
+    while data := sock.recv(65536):
         for event in conn.receive_data(data):
             if isinstance(event, h2.events.RequestReceived):
-                streams[event.stream_id] = {"headers": dict(event.headers), "body": b""}
+                requests[event.stream_id] = {"headers": dict(event.headers), "body": b""}
             elif isinstance(event, h2.events.DataReceived):
-                streams[event.stream_id]["body"] += event.data
+                if event.stream_id in requests:
+                    requests[event.stream_id]["body"] += event.data
                 conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+            elif isinstance(event, h2.events.StreamReset):
+                requests.pop(event.stream_id, None)
+                unsent.pop(event.stream_id, None)
             elif isinstance(event, h2.events.StreamEnded):
-                s = streams.pop(event.stream_id)
-                h = s["headers"]
+                r = requests.pop(event.stream_id)
+                h = r["headers"]
                 reply = answer(h[":path"], h[":method"], {k: v for k, v in h.items() if not k.startswith(":")},
-                               s["body"], "h2", number, port)
+                               r["body"], "h2", number, port)
                 if reply is None:
                     continue
-                status, extra, body = reply
-                conn.send_headers(event.stream_id, [(":status", str(status)), ("content-length", str(len(body)))] + extra)
-                # Large bodies go out as the peer's flow-control window allows.
-                sent = 0
-                while sent < len(body):
-                    size = min(conn.local_flow_control_window(event.stream_id), conn.max_outbound_frame_size, len(body) - sent)
-                    if size <= 0:
-                        sock.sendall(conn.data_to_send())
-                        more = sock.recv(65536)
-                        if not more:
-                            return
-                        conn.receive_data(more)
-                        continue
-                    conn.send_data(event.stream_id, body[sent:sent + size])
-                    sent += size
-                conn.end_stream(event.stream_id)
+                status, extra, body, tell = reply
+                length = [("content-length", str(len(body)))] if tell else []
+                conn.send_headers(event.stream_id, [(":status", str(status))] + length + extra)
+                unsent[event.stream_id] = body
+        for stream, body in list(unsent.items()):
+            try:
+                while body and (size := min(conn.local_flow_control_window(stream), conn.max_outbound_frame_size, len(body))) > 0:
+                    conn.send_data(stream, body[:size])
+                    body = body[size:]
+                if body:
+                    unsent[stream] = body
+                else:
+                    conn.end_stream(stream)
+                    del unsent[stream]
+            except h2.exceptions.StreamClosedError:
+                del unsent[stream]
         sock.sendall(conn.data_to_send())
 
 
 def serve_http1(sock, number: int, port: int):
     f = sock.makefile("rb")
-    while True:
-        line = f.readline()
-        if not line:
-            return
+    while line := f.readline():
         method, path, _ = line.decode().split(" ", 2)
         headers = {}
         while (h := f.readline().decode()) not in ("\r\n", "\n", ""):
@@ -136,47 +141,52 @@ def serve_http1(sock, number: int, port: int):
         reply = answer(path, method, headers, body, "http/1.1", number, port)
         if reply is None:
             threading.Event().wait()
-        status, extra, out = reply
-        head = f"HTTP/1.1 {status} X\r\ncontent-length: {len(out)}\r\n" + "".join(f"{k}: {v}\r\n" for k, v in extra) + "\r\n"
-        sock.sendall(head.encode() + out)
+        status, extra, out, tell = reply
+        framing = f"content-length: {len(out)}\r\n" if tell else "transfer-encoding: chunked\r\n"
+        head = f"HTTP/1.1 {status} X\r\n{framing}" + "".join(f"{k}: {v}\r\n" for k, v in extra) + "\r\n"
+        sock.sendall(head.encode() + (out if tell else f"{len(out):x}\r\n".encode() + out + b"\r\n0\r\n\r\n"))
 
 
 def main():
     folder = Path(tempfile.mkdtemp(prefix="herald-curl-test-"))
-    ca_key, ca_cert = make_ca("herald test CA")
-    key, cert = make_server_cert(ca_key, ca_cert)
-    _, other_ca = make_ca("another CA")
-    (folder / "ca.pem").write_bytes(pem(ca_cert))
-    (folder / "other-ca.pem").write_bytes(pem(other_ca))
-    (folder / "server.pem").write_bytes(pem(cert) + pem(key))
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.load_cert_chain(folder / "server.pem")
-    ctx.set_alpn_protocols(["h2", "http/1.1"])
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(128)
-    port = listener.getsockname()[1]
+    try:
+        ca = make_cert("herald test CA")
+        server = make_cert("127.0.0.1", issuer=ca, san=[x509.IPAddress(ipaddress.ip_address("127.0.0.1"))])
+        other_ca = make_cert("another CA")
+        (folder / "ca.pem").write_bytes(pem(None, ca[1]))
+        (folder / "other-ca.pem").write_bytes(pem(None, other_ca[1]))
+        (folder / "server.pem").write_bytes(pem(*server))
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(folder / "server.pem")
+        ctx.set_alpn_protocols(["h2", "http/1.1"])
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(512)
+        port = listener.getsockname()[1]
 
-    def accept():
-        global connections
-        while True:
-            raw, _ = listener.accept()
-            with lock:
-                connections += 1
-                number = connections
+        def accept():
+            global connections
+            while True:
+                raw, _ = listener.accept()
+                with lock:
+                    connections += 1
+                    number = connections
 
-            def run(raw=raw, number=number):
-                try:
-                    sock = ctx.wrap_socket(raw, server_side=True)
-                    (serve_h2 if sock.selected_alpn_protocol() == "h2" else serve_http1)(sock, number, port)
-                except (OSError, ssl.SSLError, ValueError):
-                    pass
+                def run(raw=raw, number=number):
+                    try:
+                        sock = ctx.wrap_socket(raw, server_side=True)
+                        (serve_h2 if sock.selected_alpn_protocol() == "h2" else serve_http1)(sock, number, port)
+                    except (OSError, ssl.SSLError, ValueError, h2.exceptions.ProtocolError):
+                        pass
 
-            threading.Thread(target=run, daemon=True).start()
+                threading.Thread(target=run, daemon=True).start()
 
-    threading.Thread(target=accept, daemon=True).start()
-    print(json.dumps({"port": port, "ca": str(folder / "ca.pem"), "otherCa": str(folder / "other-ca.pem")}), flush=True)
-    sys.stdin.read()
+        threading.Thread(target=accept, daemon=True).start()
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+        print(json.dumps({"port": port, "ca": str(folder / "ca.pem"), "otherCa": str(folder / "other-ca.pem")}), flush=True)
+        sys.stdin.read()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 if __name__ == "__main__":

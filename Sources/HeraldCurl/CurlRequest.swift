@@ -1,0 +1,31 @@
+/// One HTTP request to a push service.
+public struct CurlRequest: Sendable {
+    /// An HTTP method token, such as "POST".
+    public var method: String
+    /// Only `https` URLs are sent.
+    public var url: String
+    /// Sent in this order. A name or value holding CR, LF or NUL refuses the request.
+    public var headers: [(String, String)]
+    public var body: [UInt8]
+    /// The whole request, from `send` (waiting for room included) to the
+    /// answer's last byte.
+    public var timeout: Duration
+
+    public init(method: String, url: String, headers: [(String, String)], body: [UInt8], timeout: Duration) {
+        self.method = method; self.url = url; self.headers = headers; self.body = body; self.timeout = timeout
+    }
+}
+
+/// What a server answered, whatever the status.
+public struct CurlResponse: Sendable {
+    public let status: Int
+    /// Lower-cased names; of a repeated header, the last.
+    public let headers: [String: String]
+    public let body: [UInt8]
+    /// 2 when the answer came over HTTP/2, else 1.
+    public let httpVersion: Int
+
+    public init(status: Int, headers: [String: String], body: [UInt8], httpVersion: Int) {
+        self.status = status; self.headers = headers; self.body = body; self.httpVersion = httpVersion
+    }
+}

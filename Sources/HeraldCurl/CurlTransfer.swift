@@ -1,0 +1,138 @@
+import CCurl
+import Foundation
+
+/// One request handed to curl: its easy handle and what has come back so
+/// far. Used on its client's loop thread only.
+final class CurlTransfer {
+    let easy: UnsafeMutableRawPointer
+    let completion: CurlClient.Completion
+    /// Bytes of headers, and of body, taken at most.
+    private let limit: Int
+    private var headerList: UnsafeMutablePointer<curl_slist>?
+    /// curl's account of a failure (CURLOPT_ERRORBUFFER), which must last as long as the handle.
+    private let errorText: UnsafeMutablePointer<CChar>
+    private var headers: [String: String] = [:]
+    private var headerBytes = 0
+    private var body: [UInt8] = []
+    private var overLimit = false
+
+    init?(limit: Int, completion: @escaping CurlClient.Completion) {
+        guard let easy = curl_easy_init() else { return nil }
+        self.easy = easy; self.limit = limit; self.completion = completion
+        errorText = .allocate(capacity: Int(CURL_ERROR_SIZE))
+        errorText.initialize(repeating: 0, count: Int(CURL_ERROR_SIZE))
+    }
+
+    deinit {
+        curl_easy_cleanup(easy)
+        curl_slist_free_all(headerList)
+        errorText.deallocate()
+    }
+
+    /// Sets the handle up for `r` with `timeout` left; nil when it is ready to go.
+    func configure(_ r: CurlRequest, timeout: Duration, caFile: String?, http2: Bool) -> CurlFailure? {
+        if let problem = Self.problem(r) { return .refused(problem) }
+        for (name, value) in r.headers {
+            // "Name;" is how curl sends an empty value: "Name:" would drop the header.
+            headerList = curl_slist_append(headerList, value.isEmpty ? "\(name);" : "\(name): \(value)")
+        }
+        // No "Expect: 100-continue" round trip before a body.
+        headerList = curl_slist_append(headerList, "Expect:")
+        let ms = Int(min(max(1, (timeout / .milliseconds(1)).rounded(.up)), Double(Int32.max)))
+        let me = Unmanaged.passUnretained(self).toOpaque()
+        var codes = [
+            herald_curl_setopt_string(easy, CURLOPT_URL, r.url),
+            // A device can name a Web Push endpoint, so nothing here may reach
+            // further than that: https only, no redirect, no proxy from the environment.
+            herald_curl_setopt_string(easy, CURLOPT_PROTOCOLS_STR, "https"),
+            herald_curl_setopt_string(easy, CURLOPT_REDIR_PROTOCOLS_STR, "https"),
+            herald_curl_setopt_long(easy, CURLOPT_FOLLOWLOCATION, 0),
+            herald_curl_setopt_string(easy, CURLOPT_PROXY, ""),
+            herald_curl_setopt_long(easy, CURLOPT_SSL_VERIFYPEER, 1),
+            herald_curl_setopt_long(easy, CURLOPT_SSL_VERIFYHOST, 2),
+            // No signals: curl would otherwise set SIGALRM for name lookups and
+            // swap the SIGPIPE handler, for the whole process, from this thread.
+            herald_curl_setopt_long(easy, CURLOPT_NOSIGNAL, 1),
+            herald_curl_setopt_long(easy, CURLOPT_TIMEOUT_MS, ms),
+            herald_curl_setopt_long(easy, CURLOPT_CONNECTTIMEOUT_MS, min(ms, 10_000)),
+            // Idle connections are kept for the next request: notice the ones that died.
+            herald_curl_setopt_long(easy, CURLOPT_TCP_KEEPALIVE, 1),
+            herald_curl_setopt_long(easy, CURLOPT_HTTP_VERSION, Int(http2 ? CURL_HTTP_VERSION_2TLS : CURL_HTTP_VERSION_1_1)),
+            // Wait for a connection still being set up and multiplex on it, rather than open another.
+            herald_curl_setopt_long(easy, CURLOPT_PIPEWAIT, http2 ? 1 : 0),
+            // A Content-Length over the limit fails before any of the body is read.
+            herald_curl_setopt_off(easy, CURLOPT_MAXFILESIZE_LARGE, curl_off_t(limit)),
+            herald_curl_setopt_pointer(easy, CURLOPT_ERRORBUFFER, errorText),
+            herald_curl_setopt_write(easy, CURLOPT_HEADERFUNCTION, Self.onHeader),
+            herald_curl_setopt_pointer(easy, CURLOPT_HEADERDATA, me),
+            herald_curl_setopt_write(easy, CURLOPT_WRITEFUNCTION, Self.onBody),
+            herald_curl_setopt_pointer(easy, CURLOPT_WRITEDATA, me),
+            herald_curl_setopt_slist(easy, CURLOPT_HTTPHEADER, headerList),
+        ]
+        if let caFile { codes.append(herald_curl_setopt_string(easy, CURLOPT_CAINFO, caFile)) }
+        switch r.method {
+        case "GET" where r.body.isEmpty: break
+        default:
+            codes.append(herald_curl_setopt_off(easy, CURLOPT_POSTFIELDSIZE_LARGE, curl_off_t(r.body.count)))
+            // curl copies the bytes (an empty body still needs a pointer, or curl would send no body at all).
+            codes.append(r.body.isEmpty ? herald_curl_setopt_string(easy, CURLOPT_COPYPOSTFIELDS, "")
+                : r.body.withUnsafeBytes { herald_curl_setopt_pointer(easy, CURLOPT_COPYPOSTFIELDS, UnsafeMutableRawPointer(mutating: $0.baseAddress)) })
+            if r.method != "POST" { codes.append(herald_curl_setopt_string(easy, CURLOPT_CUSTOMREQUEST, r.method)) }
+        }
+        // An option curl refused could be one of the safety settings: send nothing then.
+        return codes.first { $0 != CURLE_OK }.map { .other("curl_easy_setopt: " + String(cString: curl_easy_strerror($0))) }
+    }
+
+    /// Why `r` must not be sent, if it must not.
+    private static func problem(_ r: CurlRequest) -> String? {
+        guard r.url.prefix(8).lowercased() == "https://" else { return "only https URLs are sent to" }
+        guard !r.method.isEmpty, r.method.allSatisfy({ $0.isASCII && $0.isLetter }) else {
+            return "method \(r.method.debugDescription)"
+        }
+        // A line break in a header would let its value smuggle in other headers.
+        for (name, value) in r.headers where name.isEmpty || name.utf8.contains(where: { $0 <= 0x20 || $0 == UInt8(ascii: ":") })
+            || value.utf8.contains(where: { $0 == 0 || $0 == 0x0A || $0 == 0x0D }) {
+            return "header \(name.debugDescription)"
+        }
+        return nil
+    }
+
+    /// The answer, or the failure that `code` (the transfer's end) stands for.
+    func result(_ code: CURLcode) -> Result<CurlResponse, CurlFailure> {
+        guard code == CURLE_OK else {
+            if overLimit { return .failure(.tooLarge) }
+            let detail = errorText.pointee != 0 ? String(cString: errorText) : String(cString: curl_easy_strerror(code))
+            return .failure(CurlFailure(code, detail: detail))
+        }
+        var status = 0, version = 0
+        _ = herald_curl_getinfo_long(easy, CURLINFO_RESPONSE_CODE, &status)
+        _ = herald_curl_getinfo_long(easy, CURLINFO_HTTP_VERSION, &version)
+        return .success(CurlResponse(status: status, headers: headers, body: body,
+                                     httpVersion: version == Int(CURL_HTTP_VERSION_2_0) ? 2 : 1))
+    }
+
+    // Returning less than they were given ends the transfer (CURLE_WRITE_ERROR).
+
+    private static let onHeader: curl_write_callback = { data, size, count, me in
+        let t = Unmanaged<CurlTransfer>.fromOpaque(me!).takeUnretainedValue()
+        let n = size * count
+        t.headerBytes += n
+        guard t.headerBytes <= t.limit else { t.overLimit = true; return 0 }
+        guard let data else { return n }
+        let line = String(decoding: UnsafeRawBufferPointer(start: data, count: n), as: UTF8.self)
+        if line.hasPrefix("HTTP/") {
+            t.headers = [:]  // the final answer after a 1xx
+        } else if let colon = line.firstIndex(of: ":") {
+            t.headers[line[..<colon].lowercased()] = line[line.index(after: colon)...].trimmingCharacters(in: .whitespacesAndNewlines)
+        }
+        return n
+    }
+
+    private static let onBody: curl_write_callback = { data, size, count, me in
+        let t = Unmanaged<CurlTransfer>.fromOpaque(me!).takeUnretainedValue()
+        let n = size * count
+        guard t.body.count + n <= t.limit else { t.overLimit = true; return 0 }
+        if let data { t.body.append(contentsOf: UnsafeRawBufferPointer(start: data, count: n)) }
+        return n
+    }
+}
