@@ -6,8 +6,10 @@ public enum APNsEnvironment: String, Sendable, CaseIterable { case production, d
 /// A browser's push subscription (the Push API's `PushSubscription.toJSON()`).
 public struct WebPushSubscription: Sendable, Equatable {
     public let endpoint: String
-    /// The endpoint's host, lower-cased: what the app's allowed hosts judge.
+    /// The endpoint's host, lower-cased, and its port (nil: 443): what the
+    /// app's allowed hosts judge.
     public let host: String
+    public let port: Int?
     /// `scheme://host[:port]`: the VAPID `aud` (RFC 8292).
     public let origin: String
     /// The browser's P-256 public key, an uncompressed point (65 bytes).
@@ -35,7 +37,8 @@ public enum PushHandle: Sendable, Equatable {
         switch self {
         case .apns(let token, _): "apns:" + token
         case .fcm(let token): "fcm:" + token
-        case .webpush(let s): "webpush:" + s.endpoint
+        // Scheme and host lower-cased: one endpoint, one key, however it is spelled.
+        case .webpush(let s): "webpush:" + s.origin + s.endpoint.dropFirst(s.origin.count)
         }
     }
 
@@ -86,8 +89,8 @@ public enum PushHandle: Sendable, Equatable {
     private static func subscription(_ o: JSONObject) throws(HeraldError) -> WebPushSubscription {
         var f = try Fields(.object(o), what: "push.subscription")
         let endpoint = try f.requiredString("endpoint", maxBytes: 2048)
-        guard let (host, origin) = httpsOrigin(endpoint) else {
-            throw .badRequest("push.subscription.endpoint must be an https URL")
+        guard let url = httpsOrigin(endpoint) else {
+            throw .badRequest("push.subscription.endpoint must be an https URL with a host name, no user info")
         }
         guard let keys = try f.object("keys") else { throw .badRequest("push.subscription.keys is required") }
         // Browsers add expirationTime (null or a time); it means nothing to the sender.
@@ -102,43 +105,52 @@ public enum PushHandle: Sendable, Equatable {
             throw .badRequest("push.subscription.keys.auth must be 16 bytes, unpadded base64url")
         }
         try k.finish()
-        return WebPushSubscription(endpoint: endpoint, host: host, origin: origin, p256dh: p256dh, auth: auth)
+        return WebPushSubscription(endpoint: endpoint, host: url.host, port: url.port, origin: url.origin, p256dh: p256dh, auth: auth)
     }
 
-    /// The lower-cased host and the origin of an `https://` URL with no
-    /// user info, nil for anything else. Deliberately strict: it decides
-    /// where Herald will POST.
-    public static func httpsOrigin(_ url: String) -> (host: String, origin: String)? {
-        let lower = url.lowercased()
-        guard lower.hasPrefix("https://") else { return nil }
+    /// The lower-cased host, the port (nil when none is given, or 443) and
+    /// the lower-cased origin of an `https://` URL with no user info, nil
+    /// for anything else. Deliberately strict, for it decides where Herald
+    /// will POST: a host is letters, digits, dots and hyphens; an IPv6
+    /// literal only in brackets; a port 1-65535 in digits.
+    public static func httpsOrigin(_ url: String) -> (host: String, port: Int?, origin: String)? {
+        guard url.utf8.count > 8, url.utf8.allSatisfy({ $0 > 0x20 && $0 < 0x7F }), url.prefix(8).lowercased() == "https://" else { return nil }
         let rest = url.utf8.dropFirst(8)
         let authorityEnd = rest.firstIndex { $0 == UInt8(ascii: "/") || $0 == UInt8(ascii: "?") || $0 == UInt8(ascii: "#") } ?? rest.endIndex
         let authority = String(decoding: rest[rest.startIndex..<authorityEnd], as: UTF8.self).lowercased()
-        guard !authority.isEmpty, !authority.contains("@"), !authority.contains("%"), !authority.contains("\\"),
-              url.utf8.allSatisfy({ $0 > 0x20 && $0 < 0x7F }) else { return nil }
-        var host = authority
+        var host = authority, portText: Substring? = nil
         if authority.hasPrefix("[") {
             guard let close = authority.firstIndex(of: "]") else { return nil }
             host = String(authority[...close])
+            let inside = authority.dropFirst().prefix { $0 != "]" }
+            guard inside.contains(":"), inside.utf8.allSatisfy({ isHexDigit($0) || $0 == UInt8(ascii: ":") || $0 == UInt8(ascii: ".") }) else {
+                return nil
+            }
             let after = authority[authority.index(after: close)...]
-            guard after.isEmpty || (after.first == ":" && isPort(after.dropFirst())) else { return nil }
-        } else if let colon = authority.firstIndex(of: ":") {
-            host = String(authority[..<colon])
-            guard isPort(authority[authority.index(after: colon)...]) else { return nil }
+            if !after.isEmpty {
+                guard after.first == ":" else { return nil }
+                portText = after.dropFirst()
+            }
+        } else {
+            if let colon = authority.firstIndex(of: ":") {
+                host = String(authority[..<colon])
+                portText = authority[authority.index(after: colon)...]
+            }
+            guard !host.isEmpty, !host.hasPrefix("."), !host.hasSuffix("."), !host.contains(".."),
+                  host.utf8.allSatisfy({ isHostByte($0) }) else { return nil }
         }
-        guard !host.isEmpty, host.utf8.allSatisfy({ isHostByte($0) }) else { return nil }
-        return (host, "https://" + authority)
-    }
-
-    private static func isPort(_ s: Substring) -> Bool {
-        guard let p = Int(s), (1...65535).contains(p), s.count <= 5 else { return false }
-        return true
+        var port: Int? = nil
+        if let portText {
+            guard !portText.isEmpty, portText.count <= 5, portText.utf8.allSatisfy({ (48...57).contains($0) }),
+                  let p = Int(portText), (1...65535).contains(p) else { return nil }
+            port = p == 443 ? nil : p
+        }
+        return (host, port, "https://" + authority)
     }
 
     private static func isHostByte(_ c: UInt8) -> Bool {
         switch c {
-        case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "0")...UInt8(ascii: "9"),
-             UInt8(ascii: "."), UInt8(ascii: "-"), UInt8(ascii: "["), UInt8(ascii: "]"), UInt8(ascii: ":"): true
+        case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "0")...UInt8(ascii: "9"), UInt8(ascii: "."), UInt8(ascii: "-"): true
         default: false
         }
     }
@@ -147,12 +159,19 @@ public enum PushHandle: Sendable, Equatable {
         (UInt8(ascii: "0")...UInt8(ascii: "9")).contains(c) || (UInt8(ascii: "a")...UInt8(ascii: "f")).contains(c)
     }
 
-    /// Whether `host` is on an allowed-hosts list: an entry is a host name,
-    /// or `*.` and a domain for any host under it (not the domain itself).
-    public static func host(_ host: String, isAllowedBy list: [String]) -> Bool {
+    /// Whether `host` and `port` (nil: 443) are on an allowed-hosts list.
+    /// An entry is a host name, or `*.` and a domain for any host under it
+    /// (not the domain itself), on port 443 unless it names another
+    /// (`host:port`): a device chooses no port the operator did not.
+    public static func allowed(host: String, port: Int?, by list: [String]) -> Bool {
         list.contains { entry in
-            let e = entry.lowercased()
-            if e.hasPrefix("*.") { return host.hasSuffix(String(e.dropFirst(1))) && host.count > e.count - 1 }
+            var e = Substring(entry.lowercased()), want: Int? = nil
+            if let colon = e.lastIndex(of: ":"), !e.hasSuffix("]") {
+                want = Int(e[e.index(after: colon)...]).flatMap { $0 == 443 ? nil : $0 }
+                e = e[..<colon]
+            }
+            guard want == port else { return false }
+            if e.hasPrefix("*.") { return host.hasSuffix(e.dropFirst(1)) && host.count > e.count - 1 }
             return host == e
         }
     }
@@ -161,7 +180,7 @@ public enum PushHandle: Sendable, Equatable {
     /// autopush), Edge (WNS), Safari (Apple).
     public static let defaultWebPushHosts = [
         "fcm.googleapis.com", "updates.push.services.mozilla.com", "*.notify.windows.com",
-        "web.push.apple.com", "*.push.apple.com",
+        "web.push.apple.com",
     ]
 }
 

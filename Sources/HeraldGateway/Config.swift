@@ -95,8 +95,8 @@ public struct PushSettings: Sendable, Equatable {
             return .badRequest("push service \(handle.service.rawValue) is not configured for this app"
                                + " (it has \(services.isEmpty ? "none" : services.map(\.rawValue).joined(separator: ", ")))")
         }
-        if case .webpush(let s) = handle, let w = webPush, !PushHandle.host(s.host, isAllowedBy: w.allowedHosts) {
-            return .badRequest("push.subscription.endpoint's host \(s.host) is not one of this app's allowed push hosts")
+        if case .webpush(let s) = handle, let w = webPush, !PushHandle.allowed(host: s.host, port: s.port, by: w.allowedHosts) {
+            return .badRequest("push.subscription.endpoint's host \(s.host)\(s.port.map { ":\($0)" } ?? "") is not one of this app's allowed push hosts")
         }
         return nil
     }

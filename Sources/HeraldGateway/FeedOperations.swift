@@ -101,11 +101,12 @@ extension Engine {
         return .success(Viewer(userId: user.user, device: device))
     }
 
-    /// A device's push handle changes (SPEC section 10): pushes waiting for
-    /// the old one go, and a handle another registration of the app holds
+    /// A device's push handle changes (SPEC section 10), and a handle another registration of the app holds
     /// moves here, taking nothing of that device's outbox with it.
     private func handOver(push handle: PushHandle?, to user: UserKey, _ deviceId: String, from old: PushHandle?) throws(StoreError) {
-        if old != nil { try store.dropPushes(user, deviceId: deviceId) }
+        // Waiting pushes read the handle when they go: a new token of the
+        // same service takes them, another service (or none) does not.
+        if let old, old.service != handle?.service { try store.dropPushes(user, deviceId: deviceId) }
         guard let handle, let holder = try store.pushHolder(app: user.app, key: handle.key) else { return }
         let other = UserKey(app: user.app, user: holder.user)
         guard other != user || holder.deviceId != deviceId, var d = try store.device(other, id: holder.deviceId) else { return }

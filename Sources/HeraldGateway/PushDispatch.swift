@@ -194,12 +194,15 @@ final class PushDispatch {
             let recovered = failing.withLock { $0.remove(app) != nil }
             if recovered { Log.info("push: \(service.rawValue) accepts app \(app)'s credentials again") }
         case .unregistered(let why):
-            // The device stays registered, without the dead handle.
+            // The device stays registered, without the dead handle. One
+            // registered since (a new token) keeps the device's pushes.
             if var d = try e.store.device(o.job.user, id: o.job.deviceId), d.push?.key == o.handle.key {
                 d.push = nil
                 try e.store.saveDevice(o.job.user, d)
+                try e.store.dropPushes(o.job.user, deviceId: o.job.deviceId)
+            } else {
+                try e.store.finishPush(o.job)
             }
-            try e.store.dropPushes(o.job.user, deviceId: o.job.deviceId)
             metrics.count(service, .unregistered)
             Log.info("push: \(service.rawValue) says the handle of device \(o.job.deviceId) of \(o.job.user) is dead (\(why)); removed")
         case .retry(_, let after):

@@ -355,11 +355,13 @@ final class Subscription {
     /// `lost`: it went without a close handshake, just after a change went
     /// to it maybe (SPEC section 10: the device then gets a tap).
     func cancel(lost: Bool = false) {
-        if lost, phase != .ended, let sent = lastSent, let device = deviceId, gateway.clock.ticks() - sent.at <= Self.lossWindow {
-            let user = self.user
-            gateway.engine.write(taken: { _ in }) { e throws(StoreError) in try e.push.tapAfterLoss(e, user, device, sent.push) }
-        }
+        let tap = lost && phase != .ended ? lastSent.flatMap { gateway.clock.ticks() - $0.at <= Self.lossWindow ? $0.push : nil } : nil
         _ = finish()
+        // After the release `finish` queued: the device counts as gone by then.
+        if let tap, let device = deviceId {
+            let user = self.user
+            gateway.engine.write(taken: { _ in }) { e throws(StoreError) in try e.push.tapAfterLoss(e, user, device, tap) }
+        }
     }
 
     /// How recent a change sent to a connection that was lost must be for a tap.

@@ -69,23 +69,17 @@ final class APNsSender: Sendable {
 
     /// `{"aps": ..., "herald": ...}`, at most 4 KiB: an alert's text is cut to fit.
     static func body(_ m: PushMessage) -> [UInt8] {
-        func encode(title: String?, body: String?) -> [UInt8] {
+        func encode(_ m: PushMessage) -> [UInt8] {
             var aps: JSONObject
             if m.kind == .alert {
-                aps = ["alert": ["title": .string(title ?? ""), "body": .string(body ?? "")]]
+                aps = ["alert": ["title": .string(m.title ?? ""), "body": .string(m.body ?? "")]]
                 if let thread = m.threadId { aps["thread-id"] = .string(thread) }
             } else {
                 aps = ["content-available": 1]
             }
             return JSON.object(["aps": .object(aps), "herald": m.herald]).encoded
         }
-        var out = encode(title: m.title, body: m.body)
-        guard out.count > maxBody else { return out }
-        let excess = out.count - maxBody
-        // JSON escapes can make a cut character cost up to 6 bytes.
-        out = encode(title: m.title.map { PushText.cut($0, removing: excess / 2 + 8) },
-                     body: m.body.map { PushText.cut($0, removing: excess - excess / 2 + 8) })
-        return out.count <= maxBody ? out : encode(title: "", body: "")
+        return encode(PushText.fit(m, within: maxBody) { encode($0).count })
     }
 
     /// Apple's status codes and `reason`s (the same document, "Handling
@@ -108,7 +102,26 @@ final class APNsSender: Sendable {
     }
 }
 
+/// An alert's text against a service's size limit.
 enum PushText {
+    /// `m` with its title and body cut (each ending in an ellipsis), as
+    /// little as will do, so that `size` of it is at most `limit`; emptied
+    /// if even that does not fit. A device is better served by a shorter
+    /// alert than by a push the service refuses.
+    static func fit(_ m: PushMessage, within limit: Int, size: (PushMessage) -> Int) -> PushMessage {
+        var excess = size(m) - limit
+        guard excess > 0 else { return m }
+        var out = m
+        // JSON escapes make a character cost up to 6 bytes: cut more until it fits.
+        while excess < 1 << 20 {
+            out.title = m.title.map { cut($0, removing: excess / 2 + 8) }
+            out.body = m.body.map { cut($0, removing: excess - excess / 2 + 8) }
+            if size(out) <= limit { return out }
+            excess *= 2
+        }
+        return out
+    }
+
     /// `s` shortened by at least `bytes` UTF-8 bytes, at a character
     /// boundary, ending in an ellipsis.
     static func cut(_ s: String, removing bytes: Int) -> String {

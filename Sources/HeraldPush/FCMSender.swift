@@ -51,19 +51,28 @@ final class FCMSender: Sendable {
         }
     }
 
-    /// A data message (all values strings) with the `herald` field's names.
+    /// FCM's limit on a data message's payload.
+    static let maxData = 4_000
+
+    /// A data message (all values strings) with the `herald` field's names,
+    /// an alert's text cut to fit FCM's 4,000 bytes.
     static func body(_ m: PushMessage, token: String, now: Millis) -> [UInt8] {
-        var data: JSONObject = ["kind": .string(m.kind.rawValue), "cursor": .string(String(m.cursor)), "epoch": .string(m.epoch),
-                                "op": .string(m.op.rawValue)]
-        if let id = m.notificationId { data["id"] = .string(id) }
-        if let t = m.title { data["title"] = .string(t) }
-        if let b = m.body { data["body"] = .string(b) }
-        if let g = m.threadId { data["groupName"] = .string(g) }
-        // Taps to one device share a collapse key, as they share one outbox row.
-        let collapse = m.kind == .alert ? (m.notificationId ?? "herald") : "herald-sync"
+        func data(_ m: PushMessage) -> JSONObject {
+            var data: JSONObject = ["kind": .string(m.kind.rawValue), "cursor": .string(String(m.cursor)), "epoch": .string(m.epoch),
+                                    "op": .string(m.op.rawValue)]
+            if let id = m.notificationId { data["id"] = .string(id) }
+            if let t = m.title { data["title"] = .string(t) }
+            if let b = m.body { data["body"] = .string(b) }
+            if let g = m.threadId { data["groupName"] = .string(g) }
+            return data
+        }
+        let fitted = data(PushText.fit(m, within: maxData) { JSON.object(data($0)).encoded.count })
         let ttl = max(0, (m.expiresAt - now) / 1000)
-        let android: JSON = ["priority": .string(m.high ? "high" : "normal"), "collapse_key": .string(collapse), "ttl": .string("\(ttl)s")]
-        return JSON.object(["message": ["token": .string(token), "data": .object(data), "android": android]]).encoded
+        var android: JSONObject = ["priority": .string(m.high ? "high" : "normal"), "ttl": .string("\(ttl)s")]
+        // Taps collapse, as they share one outbox row. Alerts do not: FCM
+        // keeps at most four collapse keys for a device that is away.
+        if m.kind == .tap { android["collapse_key"] = "herald-sync" }
+        return JSON.object(["message": ["token": .string(token), "data": .object(fitted), "android": .object(android)]]).encoded
     }
 
     /// Google's error form: `{"error": {"code", "status", "message", "details": [{"errorCode"}]}}`.
@@ -78,7 +87,8 @@ final class FCMSender: Sendable {
             let why = "FCM \(r.status) \(code)"
             switch r.status {
             case 200: return .delivered
-            case 404 where code == "UNREGISTERED" || code == "NOT_FOUND": return .unregistered(why)
+            // Only FCM's own word: a bare 404 (a wrong project or endpoint) must not remove every handle.
+            case 404 where code == "UNREGISTERED": return .unregistered(why)
             case 400 where code == "INVALID_ARGUMENT" && message.lowercased().contains("registration token"): return .unregistered(why)
             case 401, 403: return .credentialsRefused(why)
             case 429, 500...599: return .retry(why, retryAfterSeconds: r.retryAfterSeconds)

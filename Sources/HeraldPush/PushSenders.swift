@@ -45,19 +45,22 @@ public final class PushSenders: PushTransport {
         }
     }
 
+    /// A push this transport has no sender for (stopping, or an app's
+    /// service added by a reload a moment ago) goes back to the outbox to be
+    /// sent again, never dropped: the gateway claimed it for a configured service.
     public func send(_ push: OutgoingPush, completion: @escaping @Sendable (PushOutcome) -> Void) {
-        guard let app = apps.withLock({ $0[push.job.user.app] }) else {
-            return completion(.rejected("the app has no push configured"))
-        }
+        let app = apps.withLock { $0[push.job.user.app] }
+        let notYet = PushOutcome.retry("no \(push.handle.service.rawValue) sender for app \(push.job.user.app) (stopping or reloading)",
+                                       retryAfterSeconds: nil)
         switch push.handle {
         case .apns(let token, let env):
-            guard let s = app.apns else { return completion(.rejected("APNs is not configured")) }
+            guard let s = app?.apns else { return completion(notYet) }
             s.send(push, token: token, environment: env, completion: completion)
         case .fcm(let token):
-            guard let s = app.fcm else { return completion(.rejected("FCM is not configured")) }
+            guard let s = app?.fcm else { return completion(notYet) }
             s.send(push, token: token, completion: completion)
         case .webpush(let sub):
-            guard let s = app.webPush else { return completion(.rejected("Web Push is not configured")) }
+            guard let s = app?.webPush else { return completion(notYet) }
             s.send(push, subscription: sub, completion: completion)
         }
     }

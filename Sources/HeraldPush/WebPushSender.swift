@@ -34,7 +34,7 @@ final class WebPushSender: Sendable {
     }
 
     func send(_ o: OutgoingPush, subscription s: WebPushSubscription, completion: @escaping @Sendable (PushOutcome) -> Void) {
-        guard PushHandle.host(s.host, isAllowedBy: credentials.settings.allowedHosts) else {
+        guard PushHandle.allowed(host: s.host, port: s.port, by: credentials.settings.allowedHosts) else {
             return completion(.rejected("Web Push host \(s.host) is no longer allowed"))
         }
         let now = WallClock.now()
@@ -56,17 +56,19 @@ final class WebPushSender: Sendable {
     }
 
     /// The JSON the service worker decrypts: the `herald` field, the alert's
-    /// text and, when it fits, the change itself.
+    /// text and, when it fits, the change itself; the text cut to fit.
     static func plaintext(_ m: PushMessage) -> [UInt8] {
-        var o: JSONObject = ["herald": m.herald]
-        if let t = m.title { o["title"] = .string(t) }
-        if let b = m.body { o["body"] = .string(b) }
-        if let g = m.threadId { o["groupName"] = .string(g) }
-        let bare = JSON.object(o).encoded
-        guard let change = m.change else { return bare }
-        o["change"] = change
-        let full = JSON.object(o).encoded
-        return full.count <= WebPushEncryption.maxPlaintext ? full : bare
+        func encode(_ m: PushMessage, change: Bool) -> [UInt8] {
+            var o: JSONObject = ["herald": m.herald]
+            if let t = m.title { o["title"] = .string(t) }
+            if let b = m.body { o["body"] = .string(b) }
+            if let g = m.threadId { o["groupName"] = .string(g) }
+            if change, let c = m.change { o["change"] = c }
+            return JSON.object(o).encoded
+        }
+        let full = encode(m, change: true)
+        if full.count <= WebPushEncryption.maxPlaintext { return full }
+        return encode(PushText.fit(m, within: WebPushEncryption.maxPlaintext) { encode($0, change: false).count }, change: false)
     }
 
     /// RFC 8030 5.4: at most 32 characters of the URL-safe base64 alphabet.
@@ -79,13 +81,18 @@ final class WebPushSender: Sendable {
 
     static func outcome(_ result: Result<CurlResponse, CurlFailure>) -> PushOutcome {
         switch result {
+        // A URL curl will not send to never becomes sendable: give it up.
+        case .failure(.refused(let why)): return .rejected("Web Push: \(why)")
         case .failure(let f): return .retry("Web Push: \(f)", retryAfterSeconds: nil)
         case .success(let r):
             let why = "Web Push \(r.status)"
             switch r.status {
             case 200...299: return .delivered
             case 404, 410: return .unregistered(why)
-            case 401, 403: return .credentialsRefused(why)
+            // 401 and 403 fall to rejected, not refused credentials (SPEC
+            // names APNs' and FCM's only): a subscription made under another
+            // VAPID key, or an endpoint that is no push service, would
+            // otherwise mark the app failing.
             case 429, 500...599: return .retry(why, retryAfterSeconds: r.retryAfterSeconds)
             default: return .rejected(why)
             }

@@ -80,11 +80,10 @@ func serve(_ args: ArraySlice<String>) throws(UsageError) -> Never {
     config.webRoot = f["web-root"] ?? findWebRoot()
     if let worker, let folder = worker.metricsFolder { config.workerMetrics = WorkerMetrics(folder: folder, index: worker.index) }
     if demo { Log.warning("demo mode: app 'demo' is open to anyone (POST /v1/demo/token, server key 'demo-server-key'); never use it in production") }
-    // Key files were read when the config was; a client that cannot start is as fatal.
-    var push: PushSenders?
-    if config.allApps.contains(where: { $0.push != nil }) {
-        do { push = try PushSenders(config.allApps) } catch { throw UsageError(error.description) }
-    }
+    // Key files were read when the config was; a client that cannot start
+    // is as fatal. Made even with no app pushing: a reload may add push.
+    let push: PushSenders
+    do { push = try PushSenders(config.allApps) } catch { throw UsageError(error.description) }
     let gateway: Gateway
     do { gateway = try Gateway(config: config, store: store, bus: bus, push: push) } catch {
         FileHandle.standardError.write("herald: \(error)\n".data(using: .utf8)!)

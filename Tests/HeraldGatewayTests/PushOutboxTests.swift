@@ -271,7 +271,11 @@ final class PushOutboxTests: XCTestCase {
         XCTAssertEqual(status(["service": "webpush", "subscription": ["endpoint": "https://push.example.com/s",
                                                                      "keys": ["p256dh": .string("B" + String(repeating: "A", count: 86)),
                                                                               "auth": "AAAAAAAAAAAAAAAAAAAAAA"]]]), 400, "not a P-256 point")
-        XCTAssertEqual(status(["service": "webpush", "subscription": ["endpoint": "https://push.example.com:8443/s", "keys": keys]]), 200)
+        XCTAssertEqual(status(["service": "webpush", "subscription": ["endpoint": "https://push.example.com:8443/s", "keys": keys]]), 400,
+                       "a port the allowed hosts do not name")
+        XCTAssertEqual(status(["service": "webpush", "subscription": ["endpoint": "https://a[.push.example.com/s", "keys": keys]]), 400)
+        XCTAssertEqual(status(["service": "webpush", "subscription": ["endpoint": "https://push.example.com:+443/s", "keys": keys]]), 400)
+        XCTAssertEqual(status(["service": "webpush", "subscription": ["endpoint": "HTTPS://Push.Example.com:443/s", "keys": keys]]), 200)
         let devices = h.request("GET", "/v1/apps/\(Self.app.id)/users/u/devices")
         h.settle()
         XCTAssertEqual(devices.json?["devices"]?.arrayValue?.first?.objectValue?["push"], ["service": "webpush"],
@@ -389,5 +393,26 @@ final class PushOutboxTests: XCTestCase {
         XCTAssertEqual(sent.count, 20)
         XCTAssertEqual(Set(sent.map(\.job.id)).count, 20, "none twice")
         XCTAssertEqual(Set(sent.map(\.job.message.cursor)), Set<Int64>(1...10), "each user's ten changes")
+    }
+
+    /// Found in review: the old token's death (APNs 410 for a push sent
+    /// before the device registered a new one) must not take the pushes
+    /// waiting for the new token.
+    func testAnOldTokensDeathKeepsThePushesOfTheNewOne() {
+        _ = register("u", "phone", apns())
+        _ = publish("u", "n1")
+        dispatch()
+        XCTAssertEqual(transport.sent.count, 1)
+        let fresh = String(repeating: "0c", count: 32)
+        _ = register("u", "phone", apns(fresh))
+        _ = publish("u", "n2")
+        h.settle()
+        transport.answerAll(.unregistered("410 Unregistered"))
+        dispatch()
+        XCTAssertEqual(transport.sent.map(\.handle), [.apns(token: Self.apnsToken, environment: .production),
+                                                     .apns(token: fresh, environment: .production)])
+        let listing = h.request("GET", "/v1/apps/\(Self.app.id)/users/u/devices")
+        h.settle()
+        XCTAssertEqual(listing.json?["devices"]?.arrayValue?.first?.objectValue?["push"], ["service": "apns"], "the new handle stays")
     }
 }
