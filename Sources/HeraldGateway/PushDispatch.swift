@@ -29,8 +29,10 @@ final class PushDispatch {
     let failing = Locked<Set<String>>([])
 
     static let maxInFlight = PushTransportLimits.inFlight
-    /// Longer than any request may take (the senders time out within 30 s).
-    static let claimLease: Millis = 60_000
+    /// Longer than any push may take: 30 s for an FCM access token, then
+    /// 30 s for the request, then its answer's write. (A SQLite node
+    /// releases its own claims when it starts.)
+    static let claimLease: Millis = 120_000
     /// How often the outbox is asked for due pushes with nothing else
     /// saying so: another node's lapsed claims, a backlog left at a restart.
     static let pollEvery: Millis = 1_000

@@ -1,16 +1,23 @@
+import Foundation
 import HeraldCore
 import HeraldGateway
 
 /// The `PushTransport` of `herald serve`: each app's senders, built from its
-/// settings' credential files, rebuilt at each reload (an app whose files no
-/// longer read keeps the senders it had).
+/// settings' credential files. A reload rebuilds an app's senders only when
+/// its settings or the files' contents changed, so pushes in flight are not
+/// cut off and sent twice; an app whose files no longer read keeps the
+/// senders it had.
 public final class PushSenders: PushTransport {
     private final class App: Sendable {
         let apns: APNsSender?
         let fcm: FCMSender?
         let webPush: WebPushSender?
+        /// What it was built from: the settings and the credential files' bytes.
+        let source: Source
 
-        init(apns: APNsSender?, fcm: FCMSender?, webPush: WebPushSender?) { self.apns = apns; self.fcm = fcm; self.webPush = webPush }
+        init(apns: APNsSender?, fcm: FCMSender?, webPush: WebPushSender?, source: Source) {
+            self.apns = apns; self.fcm = fcm; self.webPush = webPush; self.source = source
+        }
 
         func stop() {
             apns?.stop()
@@ -35,11 +42,23 @@ public final class PushSenders: PushTransport {
         self.apps.withLock { $0 = built }
     }
 
+    private struct Source: Equatable, Sendable {
+        let settings: PushSettings
+        let files: [Data?]
+
+        init(_ s: PushSettings) {
+            settings = s
+            files = [s.apns?.keyFile, s.fcm?.serviceAccountFile, s.webPush?.vapidPrivateKeyFile]
+                .map { $0.flatMap(FileManager.default.contents(atPath:)) }
+        }
+    }
+
     private static func build(_ id: String, _ s: PushSettings) throws(PushCredentialError) -> App {
+        let source = Source(s)
         let c = try LoadedCredentials(s)
         do {
             return App(apns: try c.apns.map { try APNsSender($0, app: id) }, fcm: try c.fcm.map { try FCMSender($0, app: id) },
-                       webPush: try c.webPush.map { try WebPushSender($0, app: id) })
+                       webPush: try c.webPush.map { try WebPushSender($0, app: id) }, source: source)
         } catch {
             throw PushCredentialError("app \(id): the push client could not start: \(error)")
         }
@@ -49,6 +68,13 @@ public final class PushSenders: PushTransport {
     /// service added by a reload a moment ago) goes back to the outbox to be
     /// sent again, never dropped: the gateway claimed it for a configured service.
     public func send(_ push: OutgoingPush, completion: @escaping @Sendable (PushOutcome) -> Void) {
+        // Encoding, signing and Web Push's encryption happen here, off the caller's (the engine's) thread.
+        encoder.async { [self] in encode(push, completion) }
+    }
+
+    private let encoder = DispatchQueue(label: "herald-push-encode")
+
+    private func encode(_ push: OutgoingPush, _ completion: @escaping @Sendable (PushOutcome) -> Void) {
         let app = apps.withLock { $0[push.job.user.app] }
         let notYet = PushOutcome.retry("no \(push.handle.service.rawValue) sender for app \(push.job.user.app) (stopping or reloading)",
                                        retryAfterSeconds: nil)
@@ -70,6 +96,10 @@ public final class PushSenders: PushTransport {
         let current = apps.withLock { $0 }
         for a in next {
             guard let s = a.push else { continue }
+            if let old = current[a.id], old.source == Source(s) {
+                built[a.id] = old
+                continue
+            }
             do { built[a.id] = try Self.build(a.id, s) } catch {
                 Log.error("push: \(error.description); app \(a.id) keeps the credentials it had")
                 if let old = current[a.id] { built[a.id] = old }

@@ -118,8 +118,11 @@ final class PostgresConnection {
 
     /// deadlock_detected, serialization_failure: PostgreSQL rolled the
     /// transaction back for another's sake; it may be run again. Also
-    /// lock_not_available: a lock wait ran out (`lockTimeoutMillis`).
-    static let conflictStates: Set<String> = ["40P01", "40001", lockNotAvailable]
+    /// lock_not_available: a lock wait ran out (`lockTimeoutMillis`); and
+    /// unique_violation: another node inserted the same key first (the
+    /// same push handle registered on two nodes at once), which the run
+    /// again reads and moves.
+    static let conflictStates: Set<String> = ["40P01", "40001", lockNotAvailable, "23505"]
     static let lockNotAvailable = "55P03"
 
     /// The server's `lock_timeout` for the writer's session, where nothing
