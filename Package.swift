@@ -38,7 +38,7 @@ let package = Package(
         // The Redis bus behind HeraldGateway.Bus: the only code that talks to hiredis.
         .target(name: "HeraldRedis", dependencies: ["HeraldCore", "HeraldGateway", "CHiredis"]),
         // The only code that talks to libcurl: an HTTP/2 client on a thread of its own.
-        .target(name: "HeraldCurl", dependencies: ["CCurl"]),
+        .target(name: "HeraldCurl", dependencies: ["HeraldCore", "CCurl"]),
         // Push to devices that are not connected (SPEC section 10): the services'
         // credentials and encodings (APNs, FCM, Web Push), behind HeraldGateway.PushTransport.
         .target(name: "HeraldPush", dependencies: ["HeraldCore", "HeraldGateway", "HeraldCurl", "CCrypto"]),

@@ -1,5 +1,6 @@
 import CCurl
 import Foundation
+import HeraldCore
 import Synchronization
 
 /// The thread behind a `CurlClient`: one curl multi handle, driven by

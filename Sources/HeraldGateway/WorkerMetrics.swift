@@ -1,4 +1,5 @@
 import Foundation
+import HeraldCore
 
 /// `herald serve --workers N`: a scrape through the shared port reaches
 /// whichever worker the kernel hands the connection to. So each worker also

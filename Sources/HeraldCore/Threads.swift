@@ -4,8 +4,8 @@ import Glibc
 import Darwin
 #endif
 
-/// The calling thread's identity, for the loop's ownership check.
-func currentThreadID() -> UInt {
+/// The calling thread's identity, for ownership checks.
+@inlinable public func currentThreadID() -> UInt {
     #if canImport(Glibc)
     UInt(pthread_self())
     #else
@@ -13,10 +13,10 @@ func currentThreadID() -> UInt {
     #endif
 }
 
-/// Names the calling thread as `top -H` and `/proc/PID/task/*/comm` show it
-/// (at most 15 bytes). Foundation's `Thread.name` does not reach the OS
-/// thread on Linux, and Glibc's module hides `pthread_setname_np`.
-func nameCurrentThread(_ name: String) {
+/// Names the calling thread as `top -H`, `perf` and `/proc/PID/task/*/comm`
+/// show it (at most 15 bytes). Foundation's `Thread.name` does not reach the
+/// OS thread on Linux, and Glibc's module hides `pthread_setname_np`.
+public func nameCurrentThread(_ name: String) {
     #if os(Linux)
     let fd = open("/proc/thread-self/comm", O_WRONLY | O_CLOEXEC)
     guard fd >= 0 else { return }
