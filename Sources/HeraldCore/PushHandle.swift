@@ -98,7 +98,7 @@ public enum PushHandle: Sendable, Equatable {
         try f.finish()
         var k = try Fields(.object(keys), what: "push.subscription.keys")
         guard let p256dh = Base64URL.decode(try k.requiredString("p256dh", maxBytes: 128)[...]),
-              p256dh.count == 65, p256dh[0] == 0x04, EllipticCurve.isP256Point(p256dh) else {
+              EllipticCurve.isP256Point(p256dh) else {
             throw .badRequest("push.subscription.keys.p256dh must be an unpadded base64url P-256 public key (65 bytes)")
         }
         guard let auth = Base64URL.decode(try k.requiredString("auth", maxBytes: 64)[...]), auth.count == 16 else {

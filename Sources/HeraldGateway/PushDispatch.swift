@@ -69,10 +69,7 @@ final class PushDispatch {
     /// Records the pushes this batch's changes give, before its commit.
     func record(_ e: Engine) throws(StoreError) {
         guard !candidates.isEmpty else { return }
-        defer {
-            candidates.removeAll(keepingCapacity: true)
-            elsewhere = nil
-        }
+        defer { candidates.removeAll(keepingCapacity: true) }
         let all = settings.withLock { $0 }
         let now = e.clock.now()
         var order: [UserKey] = [], byUser: [UserKey: [(record: ChangeRecord, published: Bool)]] = [:]
@@ -85,8 +82,10 @@ final class PushDispatch {
         let registrations = try e.store.devices(of: order)
         for user in order {
             guard let s = all[user.app] else { continue }
+            var others: [String: TransportKind]? = nil
             for d in registrations[user] ?? [] {
-                guard let handle = d.push, s.services.contains(handle.service), try !connected(e, user, d.deviceId) else { continue }
+                guard let handle = d.push, s.services.contains(handle.service),
+                      try !connected(e, user, d.deviceId, others: &others) else { continue }
                 let viewer = Viewer(userId: user.user, device: d)
                 let epoch = viewer.epoch(store: e.store.epoch)
                 for (r, published) in byUser[user]! {
@@ -105,9 +104,10 @@ final class PushDispatch {
     /// `last` went to it, which may never have arrived (SPEC section 10): a
     /// tap, unless the device is connected again or has no handle to take it.
     func tapAfterLoss(_ e: Engine, _ user: UserKey, _ deviceId: String, _ last: LostChange) throws(StoreError) {
-        elsewhere = nil
+        var others: [String: TransportKind]? = nil
         guard let s = settings.withLock({ $0[user.app] }), let d = try e.store.device(user, id: deviceId), let handle = d.push,
-              handle.service != .webpush, s.services.contains(handle.service), try !connected(e, user, deviceId) else { return }
+              handle.service != .webpush, s.services.contains(handle.service),
+              try !connected(e, user, deviceId, others: &others) else { return }
         let now = e.clock.now()
         let m = PushMessage(kind: .tap, op: last.deleted ? .delete : .state, cursor: last.seq, epoch: last.epoch,
                             notificationId: last.notificationId, expiresAt: now + PushMessage.maxLifetime)
@@ -118,13 +118,14 @@ final class PushDispatch {
     /// SPEC section 10: a WebSocket, an event stream or a held poll, here or
     /// on another node. A poll answered is no connection: a device that
     /// polls gets its pushes (another node shows only "polled lately").
-    /// `elsewhere` holds one user's other nodes' connections for one `record`.
-    private var elsewhere: (user: UserKey, devices: [String: TransportKind])?
-    private func connected(_ e: Engine, _ user: UserKey, _ deviceId: String) throws(StoreError) -> Bool {
+    /// `others`: the user's connections on other nodes, read from the store
+    /// once, when a device of the user is first asked about.
+    private func connected(_ e: Engine, _ user: UserKey, _ deviceId: String,
+                           others: inout [String: TransportKind]?) throws(StoreError) -> Bool {
         if let c = e.registry.connections(user, device: deviceId), c.websocket > 0 || c.sse > 0 || c.heldPolls > 0 { return true }
         guard let cluster = e.cluster else { return false }
-        if elsewhere?.user != user { elsewhere = (user, try cluster.elsewhere(user)) }
-        guard let t = elsewhere?.devices[deviceId] else { return false }
+        if others == nil { others = try cluster.elsewhere(user) }
+        guard let t = others?[deviceId] else { return false }
         return t != .poll
     }
 

@@ -1,5 +1,6 @@
 import Foundation
 import HeraldCore
+import HeraldCurl
 import HeraldGateway
 
 /// The `PushTransport` of `herald serve`: each app's senders, built from its
@@ -115,4 +116,9 @@ public final class PushSenders: PushTransport {
         let all = apps.withLock { a in defer { a.removeAll() }; return a }
         for a in all.values { a.stop() }
     }
+}
+
+extension CurlResponse {
+    /// `Retry-After` in seconds (the delta form; a date is taken as none).
+    var retryAfterSeconds: Int? { headers["retry-after"].flatMap { Int($0.trimmingCharacters(in: .whitespaces)) } }
 }
