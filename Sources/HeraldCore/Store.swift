@@ -167,7 +167,12 @@ public protocol NotificationStore: StoreReading {
 
     /// Records a push for `deviceId` of `user`, due now. A tap joins the
     /// device's tap already waiting or in flight, if any (`PushJob`).
-    func enqueuePush(_ user: UserKey, deviceId: String, _ message: PushMessage, at: Millis) throws(StoreError)
+    /// With `claimUntil`, a new row is also claimed until then, as
+    /// `claimPushes` would, and returned: its sender need not ask again
+    /// (nil when the push joined a row that was there).
+    @discardableResult
+    func enqueuePush(_ user: UserKey, deviceId: String, _ message: PushMessage, at: Millis,
+                     claimUntil: Millis?) throws(StoreError) -> PushJob?
     /// Up to `limit` pushes due by `now` that nobody holds, oldest due
     /// first, now held until `until`: a node that dies holding them lets
     /// them go when that passes. PostgreSQL skips rows another node is

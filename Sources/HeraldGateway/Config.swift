@@ -77,21 +77,21 @@ public struct PushSettings: Sendable, Equatable {
         self.alert = alert; self.apns = apns; self.fcm = fcm; self.webPush = webPush
     }
 
-    public var services: [PushService] {
-        PushService.allCases.filter { s in
-            switch s {
-            case .apns: apns != nil
-            case .fcm: fcm != nil
-            case .webpush: webPush != nil
-            }
+    public func offers(_ service: PushService) -> Bool {
+        switch service {
+        case .apns: apns != nil
+        case .fcm: fcm != nil
+        case .webpush: webPush != nil
         }
     }
+
+    public var services: [PushService] { PushService.allCases.filter(offers) }
 
     /// Why this app cannot take `handle`, nil when it can: its service is
     /// configured, and a Web Push endpoint is on an allowed host (a device
     /// must never make Herald POST where it likes).
     public func refusal(_ handle: PushHandle) -> HeraldError? {
-        guard services.contains(handle.service) else {
+        guard offers(handle.service) else {
             return .badRequest("push service \(handle.service.rawValue) is not configured for this app"
                                + " (it has \(services.isEmpty ? "none" : services.map(\.rawValue).joined(separator: ", ")))")
         }

@@ -457,7 +457,7 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
                 return true
             } catch {
                 rolledBack(after: error)
-                if (error as? StoreError)?.conflict == true, attempt < Self.conflictAttempts {
+                if error.conflict, attempt < Self.conflictAttempts {
                     metrics.storeConflictRetries.add(1, ordering: .relaxed)
                     continue
                 }

@@ -9,15 +9,17 @@ import HeraldCore
 /// without its push by a crash, and only the node that committed the change
 /// records it: one push per change and device in a cluster.
 ///
-/// **Sending.** `run` (each engine loop turn) claims due rows, at most
-/// `maxInFlight` at once, in a transaction of their own: each claim holds a
-/// row for `claimLease`, PostgreSQL skipping rows another node is claiming,
-/// so each push has one sender; a node that dies holding some lets them go
-/// when the lease ends (at least once). After that commit the pushes go to
-/// the `PushTransport`, which never blocks the engine; each outcome comes
-/// back as a write in a later batch (`finished`). The engine never waits for
-/// a push service, and memory holds only what is in flight, whatever the
-/// outbox's length.
+/// **Sending.** A row is claimed, held for `claimLease`, by the node that
+/// sends it, at most the transport's `capacity` at once: as it is recorded, when there is
+/// room (the common case: no second transaction, no second read), or else by
+/// `run` (each engine loop turn), which claims due rows in a transaction of
+/// their own, PostgreSQL skipping rows another node is claiming, so each push
+/// has one sender. A node that dies holding some lets them go when the lease
+/// ends (at least once). Once the claim is durable the pushes go to the
+/// `PushTransport`, which never blocks the engine; each outcome comes back as
+/// a write in a later batch (`finished`). The engine never waits for a push
+/// service, and memory holds only what is in flight, whatever the outbox's
+/// length.
 final class PushDispatch {
     /// Apps' push settings by app id, swapped whole by a reload.
     let settings = Locked<[String: PushSettings]>([:])
@@ -28,7 +30,6 @@ final class PushDispatch {
     /// is delivered again (`/healthz` `"push": "failing"`).
     let failing = Locked<Set<String>>([])
 
-    static let maxInFlight = PushTransportLimits.inFlight
     /// Longer than any push may take: 30 s for an FCM access token, then
     /// 30 s for the request, then its answer's write. (A SQLite node
     /// releases its own claims when it starts.)
@@ -42,6 +43,8 @@ final class PushDispatch {
 
     // Engine thread only.
     private var candidates: [(user: UserKey, record: ChangeRecord, published: Bool)] = []
+    /// Claimed by this node and not yet answered, counting those the open
+    /// batch claimed (given back if it rolls back).
     private var inFlight = 0
     private var wake = true
     private var nextPoll: Millis = 0
@@ -60,7 +63,7 @@ final class PushDispatch {
 
     /// A change of `user` committing in this batch (`Engine.deliverAfterCommit`).
     func note(_ user: UserKey, _ record: ChangeRecord, published: Bool) {
-        guard settings.withLock({ $0[user.app] != nil }) else { return }
+        guard settings.withLock({ $0.keys.contains(user.app) }) else { return }
         candidates.append((user, record, published))
     }
 
@@ -77,27 +80,40 @@ final class PushDispatch {
             if byUser[c.user] == nil { order.append(c.user) }
             byUser[c.user, default: []].append((c.record, c.published))
         }
-        var recorded = false
+        var waiting = false, claimed: [OutgoingPush] = []
         // One read for the batch's users (PostgreSQL: one round trip).
         let registrations = try e.store.devices(of: order)
         for user in order {
-            guard let s = all[user.app] else { continue }
+            // Most users of a busy app have no handle: nothing more to do for them.
+            guard let devices = registrations[user], devices.contains(where: { $0.push != nil }), let s = all[user.app] else { continue }
             var others: [String: TransportKind]? = nil
-            for d in registrations[user] ?? [] {
-                guard let handle = d.push, s.services.contains(handle.service),
+            for d in devices {
+                guard let handle = d.push, s.offers(handle.service),
                       try !connected(e, user, d.deviceId, others: &others) else { continue }
                 let viewer = Viewer(userId: user.user, device: d)
                 let epoch = viewer.epoch(store: e.store.epoch)
                 for (r, published) in byUser[user]! {
                     guard let m = PushMessage.plan(r, published: published, viewer: viewer, service: handle.service,
                                                    alert: s.alert, epoch: epoch, now: now) else { continue }
-                    try e.store.enqueuePush(user, deviceId: d.deviceId, m, at: now)
-                    recorded = true
+                    let room = inFlight + claimed.count < (transport?.capacity ?? 0)
+                    if let job = try e.store.enqueuePush(user, deviceId: d.deviceId, m, at: now,
+                                                         claimUntil: room ? now + Self.claimLease : nil) {
+                        claimed.append(OutgoingPush(job: job, handle: handle, settings: s))
+                    } else {
+                        waiting = true
+                    }
                 }
             }
         }
-        // Claimed once durable, with the change.
-        if recorded { e.afterCommit { [self] in wake = true } }
+        // Sent, or claimed by `run`, once durable with the change.
+        guard waiting || !claimed.isEmpty, let transport else { return }
+        let n = claimed.count
+        inFlight += n
+        e.onRollback { [self] in inFlight -= n }
+        e.afterCommit { [self] in
+            if waiting { wake = true }
+            for o in claimed { send(e, transport, o) }
+        }
     }
 
     /// A WebSocket of `deviceId` was lost (no close handshake) soon after
@@ -106,12 +122,12 @@ final class PushDispatch {
     func tapAfterLoss(_ e: Engine, _ user: UserKey, _ deviceId: String, _ last: LostChange) throws(StoreError) {
         var others: [String: TransportKind]? = nil
         guard let s = settings.withLock({ $0[user.app] }), let d = try e.store.device(user, id: deviceId), let handle = d.push,
-              handle.service != .webpush, s.services.contains(handle.service),
+              handle.service != .webpush, s.offers(handle.service),
               try !connected(e, user, deviceId, others: &others) else { return }
         let now = e.clock.now()
         let m = PushMessage(kind: .tap, op: last.deleted ? .delete : .state, cursor: last.seq, epoch: last.epoch,
                             notificationId: last.notificationId, expiresAt: now + PushMessage.maxLifetime)
-        try e.store.enqueuePush(user, deviceId: deviceId, m, at: now)
+        try e.store.enqueuePush(user, deviceId: deviceId, m, at: now, claimUntil: nil)
         e.afterCommit { [self] in wake = true }
     }
 
@@ -135,7 +151,7 @@ final class PushDispatch {
     func run(_ e: Engine, now: Millis, tick: Millis) {
         e.thread.assertCurrent()
         guard let transport else { return }
-        let room = Self.maxInFlight - inFlight
+        let room = transport.capacity - inFlight
         let retryDue = nextRetry.map { now >= $0 } ?? false
         guard room > 0, wake || retryDue || tick >= nextPoll else { return }
         wake = false
@@ -156,7 +172,7 @@ final class PushDispatch {
                 // The handle as registered now: one removed or moved since stops its pushes.
                 guard let s = all[job.user.app],
                       let handle = registrations[job.user]?.first(where: { $0.deviceId == job.deviceId })?.push,
-                      s.services.contains(handle.service) else {
+                      s.offers(handle.service) else {
                     try e.store.finishPush(job)
                     continue
                 }

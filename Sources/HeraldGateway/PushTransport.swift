@@ -24,15 +24,13 @@ public enum PushOutcome: Sendable, Equatable {
     case rejected(String)
 }
 
-public enum PushTransportLimits {
-    /// Pushes handed to the transport and not yet answered, at most.
-    public static let inFlight = 1_000
-}
-
 /// The push services, behind one call (HeraldPush implements it). `send`
 /// never blocks: it hands the push to the sender's own threads, and
 /// `completion` runs on one of them, once.
 public protocol PushTransport: AnyObject, Sendable {
+    /// Pushes it takes unanswered at once: the outbox hands it no more, and
+    /// keeps the rest in the store.
+    var capacity: Int { get }
     func send(_ push: OutgoingPush, completion: @escaping @Sendable (PushOutcome) -> Void)
     /// Reads every app's credentials again (SIGHUP); an app whose files do
     /// not read keeps the ones it had.

@@ -29,8 +29,9 @@ public final class PushSenders: PushTransport {
 
     private let apps = Locked<[String: App]>([:])
 
-    /// Requests in flight per client: never more than the gateway hands over.
-    static let maxInFlight = PushTransportLimits.inFlight
+    /// Requests in flight, in all and so per client.
+    static let maxInFlight = 1_000
+    public var capacity: Int { Self.maxInFlight }
     /// Whole request, connection included: a hung service holds a push no longer.
     static let requestTimeout: Duration = .seconds(30)
 

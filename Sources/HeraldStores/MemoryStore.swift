@@ -258,16 +258,21 @@ extension MemoryStore {
         onRollback { s in s.pushes[id] = old }
     }
 
-    public func enqueuePush(_ user: UserKey, deviceId: String, _ message: PushMessage, at: Millis) throws(StoreError) {
+    @discardableResult
+    public func enqueuePush(_ user: UserKey, deviceId: String, _ message: PushMessage, at: Millis,
+                            claimUntil: Millis?) throws(StoreError) -> PushJob? {
         if message.kind == .tap, var row = pushes.values.first(where: {
             $0.job.user == user && $0.job.deviceId == deviceId && $0.job.message.kind == .tap
         }) {
             row.job.message = message
             row.job.generation += 1
-            return setPush(row.job.id, row)
+            setPush(row.job.id, row)
+            return nil
         }
         lastPushId += 1
-        setPush(lastPushId, PushRow(job: PushJob(id: lastPushId, user: user, deviceId: deviceId, message: message, committedAt: at), dueAt: at))
+        let job = PushJob(id: lastPushId, user: user, deviceId: deviceId, message: message, committedAt: at)
+        setPush(lastPushId, PushRow(job: job, dueAt: at, claimedUntil: claimUntil ?? 0))
+        return claimUntil == nil ? nil : job
     }
 
     public func claimPushes(now: Millis, until: Millis, limit: Int) throws(StoreError) -> [PushJob] {

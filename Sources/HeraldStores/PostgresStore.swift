@@ -728,13 +728,27 @@ extension PostgresStore: ClusterDirectory {
 
 // MARK: The push outbox
 extension PostgresStore {
-    public func enqueuePush(_ user: UserKey, deviceId: String, _ message: PushMessage, at: Millis) throws(StoreError) {
+    @discardableResult
+    public func enqueuePush(_ user: UserKey, deviceId: String, _ message: PushMessage, at: Millis,
+                            claimUntil: Millis?) throws(StoreError) -> PushJob? {
         try check()
-        try db.send("""
-            INSERT INTO push_outbox (app, user_id, device_id, kind, message, committed_at, due_at) VALUES ($1, $2, $3, $4, $5, $6, $6)
+        let values = Self.key(user) + [.text(deviceId), .text(message.kind.rawValue), .utf8(message.json.encoded[...]), .int(at),
+                                       .int(claimUntil ?? 0)]
+        let sql = """
+            INSERT INTO push_outbox (app, user_id, device_id, kind, message, committed_at, due_at, claimed_until)
+            VALUES ($1, $2, $3, $4, $5, $6, $6, $7)
             ON CONFLICT (app, user_id, device_id) WHERE kind = 'tap' DO UPDATE SET
                 message = excluded.message, generation = push_outbox.generation + 1
-            """, Self.key(user) + [.text(deviceId), .text(message.kind.rawValue), .utf8(message.json.encoded[...]), .int(at)])
+            """
+        // Without a claim nothing is read back: the statement joins the pipeline.
+        guard claimUntil != nil else {
+            try db.send(sql, values)
+            return nil
+        }
+        // A new row has generation 0; a tap joined to one there has more.
+        let r = try db.query(sql + " RETURNING id, generation", values)
+        guard r.count > 0, r.int64(0, 1) == 0 else { return nil }
+        return PushJob(id: r.int64(0, 0), user: user, deviceId: deviceId, message: message, committedAt: at)
     }
 
     public func claimPushes(now: Millis, until: Millis, limit: Int) throws(StoreError) -> [PushJob] {

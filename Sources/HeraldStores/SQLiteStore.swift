@@ -825,14 +825,26 @@ public final class SQLiteStore: NotificationStore {
 
 // MARK: The push outbox
 extension SQLiteStore {
-    public func enqueuePush(_ user: UserKey, deviceId: String, _ message: PushMessage, at: Millis) throws(StoreError) {
+    @discardableResult
+    public func enqueuePush(_ user: UserKey, deviceId: String, _ message: PushMessage, at: Millis,
+                            claimUntil: Millis?) throws(StoreError) -> PushJob? {
         try check()
-        try db.execute("""
-            INSERT INTO push_outbox (app, user, device_id, kind, message, committed_at, due_at) VALUES (?, ?, ?, ?, ?, ?, ?)
+        var job: PushJob?
+        // A new row has generation 0; a tap joined to one there has more.
+        try db.query("""
+            INSERT INTO push_outbox (app, user, device_id, kind, message, committed_at, due_at, claimed_until)
+            VALUES (?, ?, ?, ?, ?, ?, ?, ?)
             ON CONFLICT (app, user, device_id) WHERE kind = 'tap' DO UPDATE SET
                 message = excluded.message, generation = generation + 1
+            RETURNING id, generation
             """, [.text(user.app), .text(user.user), .text(deviceId), .text(message.kind.rawValue),
-                  .utf8(message.json.encoded[...]), .int(at), .int(at)])
+                  .utf8(message.json.encoded[...]), .int(at), .int(at), .int(claimUntil ?? 0)]) { r throws(StoreError) in
+            if claimUntil != nil, r.int64(1) == 0 {
+                job = PushJob(id: r.int64(0), user: user, deviceId: deviceId, message: message, committedAt: at)
+            }
+            return false
+        }
+        return job
     }
 
     public func claimPushes(now: Millis, until: Millis, limit: Int) throws(StoreError) -> [PushJob] {

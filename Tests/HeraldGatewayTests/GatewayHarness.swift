@@ -132,8 +132,8 @@ final class FailingStore: NotificationStore {
     func deleteDevice(_ u: UserKey, id: String) throws(StoreError) -> Bool { try inner.deleteDevice(u, id: id) }
     func usersWithDevices(app: String) throws(StoreError) -> [(user: String, devices: [Device])] { try inner.usersWithDevices(app: app) }
     func pruneDevices(lastSeenBefore before: Millis) throws(StoreError) -> Int { try inner.pruneDevices(lastSeenBefore: before) }
-    func enqueuePush(_ u: UserKey, deviceId: String, _ m: PushMessage, at: Millis) throws(StoreError) {
-        try inner.enqueuePush(u, deviceId: deviceId, m, at: at)
+    func enqueuePush(_ u: UserKey, deviceId: String, _ m: PushMessage, at: Millis, claimUntil: Millis?) throws(StoreError) -> PushJob? {
+        try inner.enqueuePush(u, deviceId: deviceId, m, at: at, claimUntil: claimUntil)
     }
     func claimPushes(now: Millis, until: Millis, limit: Int) throws(StoreError) -> [PushJob] {
         try inner.claimPushes(now: now, until: until, limit: limit)

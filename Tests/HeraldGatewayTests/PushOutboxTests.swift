@@ -7,9 +7,12 @@ import HeraldStores
 /// Stands where the push services are: keeps each push the gateway sends
 /// until the test answers it, as a service would.
 final class HeldPushes: PushTransport, @unchecked Sendable {  // test thread only, but the protocol asks Sendable
+    let capacity: Int
     private(set) var waiting: [(push: OutgoingPush, answer: @Sendable (PushOutcome) -> Void)] = []
     private(set) var sent: [OutgoingPush] = []
     private(set) var reloads = 0
+
+    init(capacity: Int = 1_000) { self.capacity = capacity }
 
     func send(_ push: OutgoingPush, completion: @escaping @Sendable (PushOutcome) -> Void) {
         sent.append(push)
@@ -23,6 +26,11 @@ final class HeldPushes: PushTransport, @unchecked Sendable {  // test thread onl
         let w = waiting
         waiting.removeAll()
         for (_, answer) in w { answer(outcome) }
+    }
+
+    /// Answers the push waiting longest with `outcome`.
+    func answerFirst(_ outcome: PushOutcome) {
+        waiting.removeFirst().answer(outcome)
     }
 }
 
@@ -43,10 +51,17 @@ final class PushOutboxTests: XCTestCase {
     /// A browser's subscription key: a real P-256 point (the generator).
     static let p256dh = "BGsX0fLhLEJH-Lzm5WOkQPJ3A32BLeszoPShOUXYmMKWT-NC4v4af5uO5-tKfA-eFivOM1drMV7Oy7ZAaDe_UfU"
 
-    let transport = HeldPushes()
+    var transport = HeldPushes()
     var h: Harness!
 
     override func setUp() {
+        h = Harness(apps: [Self.app], push: transport)
+    }
+
+    /// A gateway whose transport takes `capacity` pushes at once: the rest
+    /// wait in the outbox, to be claimed by the dispatcher's turn.
+    func narrow(_ capacity: Int) {
+        transport = HeldPushes(capacity: capacity)
         h = Harness(apps: [Self.app], push: transport)
     }
 
@@ -128,17 +143,35 @@ final class PushOutboxTests: XCTestCase {
         XCTAssertEqual(tap.cursor, 2)
     }
 
-    func testTapsToOneDeviceCoalesceAndOneRecordedInFlightIsSentAgain() {
+    func testTapsRecordedWhileOneIsInFlightAreSentAgainAsOne() {
         _ = register("u", "tablet", apns())
         for i in 0..<3 { _ = publish("u", "n\(i)", title: nil) }
         dispatch()
-        XCTAssertEqual(transport.sent.map(\.job.message.cursor), [3], "three taps waiting became one, with the last cursor")
+        XCTAssertEqual(transport.sent.map(\.job.message.cursor), [1], "the first tap goes as it is recorded")
         _ = publish("u", "late", title: nil)
         dispatch()
         XCTAssertEqual(transport.sent.count, 1, "at most one tap in flight")
         transport.answerAll(.delivered)
         dispatch()
-        XCTAssertEqual(transport.sent.map(\.job.message.cursor), [3, 4], "the tap recorded in flight goes after it")
+        XCTAssertEqual(transport.sent.map(\.job.message.cursor), [1, 4], "the taps recorded in flight go after it, as one")
+        transport.answerAll(.delivered)
+        dispatch()
+        XCTAssertEqual(pending, 0)
+    }
+
+    func testTapsWaitingForRoomCoalesceAndAreClaimedWhenThereIsSome() {
+        narrow(1)
+        _ = register("u", "tablet", apns())
+        _ = register("v", "phone", apns(String(repeating: "0b", count: 32)))
+        _ = publish("v", "n1")
+        for i in 0..<3 { _ = publish("u", "n\(i)", title: nil) }
+        dispatch()
+        XCTAssertEqual(transport.sent.map(\.job.user.user), ["v"], "one push at once")
+        XCTAssertEqual(pending, 2, "three taps waiting became one")
+        transport.answerAll(.delivered)
+        dispatch()
+        XCTAssertEqual(transport.sent.map(\.job.user.user), ["v", "u"])
+        XCTAssertEqual(transport.sent.last?.job.message.cursor, 3, "with the last cursor")
     }
 
     func testADeadHandleIsRemovedAndGetsNothingMore() {
@@ -229,13 +262,17 @@ final class PushOutboxTests: XCTestCase {
     }
 
     func testAPushWaitingForAHandleRemovedSinceIsNotSent() {
+        narrow(1)
+        _ = register("v", "phone", apns(String(repeating: "0b", count: 32)))
         _ = register("u", "phone", apns())
+        _ = publish("v", "n1")
         _ = publish("u", "n1")
         h.settle()
-        XCTAssertEqual(pending, 1)
+        XCTAssertEqual(pending, 2)
         _ = register("u", "phone", .null)
+        transport.answerAll(.delivered)
         dispatch()
-        XCTAssertEqual(transport.sent.count, 0)
+        XCTAssertEqual(transport.sent.map(\.job.user.user), ["v"])
         XCTAssertEqual(pending, 0)
     }
 
@@ -407,7 +444,7 @@ final class PushOutboxTests: XCTestCase {
         _ = register("u", "phone", apns(fresh))
         _ = publish("u", "n2")
         h.settle()
-        transport.answerAll(.unregistered("410 Unregistered"))
+        transport.answerFirst(.unregistered("410 Unregistered"))
         dispatch()
         XCTAssertEqual(transport.sent.map(\.handle), [.apns(token: Self.apnsToken, environment: .production),
                                                      .apns(token: fresh, environment: .production)])

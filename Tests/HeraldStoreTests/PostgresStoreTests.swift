@@ -29,6 +29,7 @@ final class PostgresStoreConformanceTests: StoreConformanceTests {
     func testPushHandlesAreStoredAndFoundByKey() throws { try checkPushHandlesAreStoredAndFoundByKey() }
     func testPushOutboxClaimsFinishesAndRetries() throws { try checkPushOutboxClaimsFinishesAndRetries() }
     func testTapsToOneDeviceShareOneRow() throws { try checkTapsToOneDeviceShareOneRow() }
+    func testPushClaimedAsItIsRecorded() throws { try checkPushClaimedAsItIsRecorded() }
     func testDroppedAndRolledBackPushesLeaveNothing() throws { try checkDroppedAndRolledBackPushesLeaveNothing() }
     func testHeadsOfManyFeeds() throws { try checkHeadsOfManyFeeds() }
     func testDevicesOfManyUsers() throws { try checkDevicesOfManyUsers() }

@@ -650,8 +650,8 @@ class StoreConformanceTests: XCTestCase {
         let alert = PushMessage(kind: .alert, op: .upsert, cursor: 1, epoch: "e", notificationId: "n_1", title: "T", body: "B",
                                 threadId: "g", high: true, change: ["seq": 1], expiresAt: Self.t0 + Self.day)
         try store.begin()
-        try store.enqueuePush(alice, deviceId: "phone", alert, at: Self.t0)
-        try store.enqueuePush(bob, deviceId: "tab", tap(5), at: Self.t0 + 1)
+        try store.enqueuePush(alice, deviceId: "phone", alert, at: Self.t0, claimUntil: nil)
+        try store.enqueuePush(bob, deviceId: "tab", tap(5), at: Self.t0 + 1, claimUntil: nil)
         try store.commit()
         XCTAssertEqual(try store.pendingPushes(), 2)
 
@@ -683,16 +683,16 @@ class StoreConformanceTests: XCTestCase {
 
     func checkTapsToOneDeviceShareOneRow() throws {
         try store.begin()
-        try store.enqueuePush(alice, deviceId: "phone", tap(1), at: Self.t0)
-        try store.enqueuePush(alice, deviceId: "phone", tap(2), at: Self.t0 + 1)
-        try store.enqueuePush(alice, deviceId: "tablet", tap(2), at: Self.t0 + 1)
+        try store.enqueuePush(alice, deviceId: "phone", tap(1), at: Self.t0, claimUntil: nil)
+        try store.enqueuePush(alice, deviceId: "phone", tap(2), at: Self.t0 + 1, claimUntil: nil)
+        try store.enqueuePush(alice, deviceId: "tablet", tap(2), at: Self.t0 + 1, claimUntil: nil)
         try store.commit()
         XCTAssertEqual(try store.pendingPushes(), 2)
         try store.begin()
         let claimed = try store.claimPushes(now: Self.t0 + 10, until: Self.t0 + 1000, limit: 10)
         XCTAssertEqual(claimed.map(\.message.cursor), [2, 2], "the waiting tap took the later cursor")
         // A tap recorded while the row is in flight: the row is sent again.
-        try store.enqueuePush(alice, deviceId: "phone", tap(3), at: Self.t0 + 20)
+        try store.enqueuePush(alice, deviceId: "phone", tap(3), at: Self.t0 + 20, claimUntil: nil)
         for job in claimed { try store.finishPush(job) }
         try store.commit()
         XCTAssertEqual(try store.pendingPushes(), 1)
@@ -703,14 +703,45 @@ class StoreConformanceTests: XCTestCase {
         XCTAssertEqual(resent.map(\.deviceId), ["phone"])
     }
 
+    func checkPushClaimedAsItIsRecorded() throws {
+        try store.begin()
+        let held = try store.enqueuePush(alice, deviceId: "phone", tap(1), at: Self.t0, claimUntil: Self.t0 + 1000)
+        let joined = try store.enqueuePush(alice, deviceId: "phone", tap(2), at: Self.t0 + 1, claimUntil: Self.t0 + 1000)
+        let waiting = try store.enqueuePush(bob, deviceId: "phone", tap(1), at: Self.t0, claimUntil: nil)
+        try store.commit()
+        XCTAssertEqual(held?.message, tap(1))
+        XCTAssertEqual(held?.generation, 0)
+        XCTAssertEqual(held?.committedAt, Self.t0)
+        XCTAssertNil(joined, "a tap that joined the row in flight is not claimed again")
+        XCTAssertNil(waiting, "nothing is claimed without claimUntil")
+        try store.begin()
+        XCTAssertEqual(try store.claimPushes(now: Self.t0 + 10, until: Self.t0 + 1000, limit: 10).map(\.user), [bob],
+                       "the claimed row is held")
+        // The row in flight was replaced: finished, it is due again with the later tap.
+        try store.finishPush(held!)
+        try store.commit()
+        try store.begin()
+        let again = try store.claimPushes(now: Self.t0 + 11, until: Self.t0 + 2000, limit: 10)
+        try store.commit()
+        XCTAssertEqual(again.map(\.message), [tap(2)])
+        XCTAssertEqual(again.map(\.id), [held!.id])
+        // A claim taken with the change lapses like any other.
+        try store.begin()
+        let lapsing = try store.enqueuePush(bob, deviceId: "tab", tap(3), at: Self.t0 + 20, claimUntil: Self.t0 + 3000)
+        XCTAssertNotNil(lapsing)
+        XCTAssertEqual(try store.claimPushes(now: Self.t0 + 3000, until: Self.t0 + 9000, limit: 10).map(\.deviceId), ["phone", "phone", "tab"])
+        store.rollback()
+        XCTAssertEqual(try store.pendingPushes(), 2, "a rolled-back claimed push was never recorded")
+    }
+
     func checkDroppedAndRolledBackPushesLeaveNothing() throws {
         try store.saveDevice(alice, Device(deviceId: "phone", lastSeenAt: 1))
         try store.begin()
-        try store.enqueuePush(alice, deviceId: "phone", tap(1), at: Self.t0)
-        try store.enqueuePush(bob, deviceId: "phone", tap(1), at: Self.t0)
+        try store.enqueuePush(alice, deviceId: "phone", tap(1), at: Self.t0, claimUntil: nil)
+        try store.enqueuePush(bob, deviceId: "phone", tap(1), at: Self.t0, claimUntil: nil)
         try store.commit()
         try store.begin()
-        try store.enqueuePush(alice, deviceId: "other", tap(2), at: Self.t0)
+        try store.enqueuePush(alice, deviceId: "other", tap(2), at: Self.t0, claimUntil: nil)
         store.rollback()
         XCTAssertEqual(try store.pendingPushes(), 2, "a rolled-back push was never recorded")
         try store.begin()
@@ -745,6 +776,7 @@ final class MemoryStoreConformanceTests: StoreConformanceTests {
     func testPushHandlesAreStoredAndFoundByKey() throws { try checkPushHandlesAreStoredAndFoundByKey() }
     func testPushOutboxClaimsFinishesAndRetries() throws { try checkPushOutboxClaimsFinishesAndRetries() }
     func testTapsToOneDeviceShareOneRow() throws { try checkTapsToOneDeviceShareOneRow() }
+    func testPushClaimedAsItIsRecorded() throws { try checkPushClaimedAsItIsRecorded() }
     func testDroppedAndRolledBackPushesLeaveNothing() throws { try checkDroppedAndRolledBackPushesLeaveNothing() }
     func testHeadsOfManyFeeds() throws { try checkHeadsOfManyFeeds() }
     func testDevicesOfManyUsers() throws { try checkDevicesOfManyUsers() }
@@ -777,6 +809,7 @@ final class SQLiteStoreConformanceTests: StoreConformanceTests {
     func testPushHandlesAreStoredAndFoundByKey() throws { try checkPushHandlesAreStoredAndFoundByKey() }
     func testPushOutboxClaimsFinishesAndRetries() throws { try checkPushOutboxClaimsFinishesAndRetries() }
     func testTapsToOneDeviceShareOneRow() throws { try checkTapsToOneDeviceShareOneRow() }
+    func testPushClaimedAsItIsRecorded() throws { try checkPushClaimedAsItIsRecorded() }
     func testDroppedAndRolledBackPushesLeaveNothing() throws { try checkDroppedAndRolledBackPushesLeaveNothing() }
     func testHeadsOfManyFeeds() throws { try checkHeadsOfManyFeeds() }
     func testDevicesOfManyUsers() throws { try checkDevicesOfManyUsers() }
