@@ -2,12 +2,16 @@
 # Push benchmarks (SPEC section 10; figures in docs/BENCHMARKS.md, "Push"):
 #
 #   throughput  COUNT (10,000) disconnected devices with APNs handles, one
-#               publish each at RATE (2,000/s), through the APNs stand-in
-#               (Tests/e2e/push_standins.py) on loopback: pushes per second,
-#               and publish-acknowledged to stand-in-received p50/p99.
+#               publish each at RATE (2,000/s), then app-wide sends to COUNT
+#               others at once, through each of RECEIVERS on loopback:
+#               nghttpd (C, accepts anything: Herald's own capacity) and the
+#               APNs stand-in (Tests/e2e/push_standins.py, Python, checks
+#               every push). Commit-to-2xx p50/p99, first ack to last push,
+#               burst pushes per second, CPU of each process.
 #   harm        Herald's CPU per live delivery and saturation with push on
 #               (HANDLES, 10,000, idle handles: none due) against push off,
-#               alternated PAIRS (3) times in one run.
+#               alternated PAIRS (3) times in one run; with perf, the share
+#               of Herald's samples in push code during the fan-out.
 #   memory      WAITING (100,000) pushes for a stand-in that answers 503:
 #               Herald's RSS while they wait and retry.
 #
@@ -32,6 +36,7 @@ RAMP=${RAMP:-ramp:2000:2000:30000}
 RAMP_SECONDS=${RAMP_SECONDS:-4}
 MAX_P99_MS=${MAX_P99_MS:-50}
 PORT=${PORT:-18180}
+RECEIVERS=${RECEIVERS:-"nghttpd standin"}
 HERALD_BIN=${HERALD_BIN:-$ROOT/.build/release/herald}
 STANDINS=$ROOT/Tests/e2e/push_standins.py
 RESULTS=$OUT/push-results.md
@@ -91,39 +96,108 @@ cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
     echo
 } > "$RESULTS"
 
-if [[ " $SCENARIOS " == *" throughput "* ]]; then
-    log "throughput: $COUNT disconnected devices, one publish each at $RATE/s"
-    standin apns "$WORK/apns"
-    herald_start throughput "sqlite:$WORK/throughput.db" "$WORK/apns"
-    python3 "$BENCH/push_load.py" register "http://127.0.0.1:$PORT" "$COUNT"
-    c0=$(cpu_ticks "$HERALD_PID")
-    python3 "$BENCH/push_load.py" publish "http://127.0.0.1:$PORT" "$COUNT" "$RATE" > "$WORK/acks.json"
-    # Wait (bounded) for every push to reach the stand-in.
-    for _ in $(seq 1 600); do
-        got=$(python3 "$STANDINS" count --state "$WORK/apns")
-        [ "$got" -ge "$COUNT" ] && break
-        sleep 0.1
+# Herald's herald_push_* figures: "delivered" for the apns service, or
+# with "latency", p50 and p99 of commit-to-2xx as histogram bucket bounds.
+push_metric() { # delivered | latency
+    curl -s "http://127.0.0.1:$PORT/metrics" | python3 -c '
+import sys
+what, buckets, delivered = sys.argv[1], [], 0
+for line in sys.stdin:
+    if line.startswith("herald_push_sent_total{service=\"apns\",outcome=\"delivered\"}"):
+        delivered = int(float(line.split()[1]))
+    elif line.startswith("herald_push_latency_seconds_bucket"):
+        buckets.append((line.split("le=\"")[1].split("\"")[0], int(float(line.split()[1]))))
+if what == "delivered":
+    print(delivered)
+else:
+    total = buckets[-1][1]
+    q = lambda f: next(le for le, n in buckets if n >= f * total)
+    ms = lambda le: "over 10 s" if le == "+Inf" else f"{float(le) * 1000:g} ms"
+    print(f"{ms(q(0.5))} / {ms(q(0.99))}")
+' "$1"
+}
+
+wait_delivered() { # count: bounded wait until Herald counts that many delivered
+    local n=0
+    for _ in $(seq 1 1200); do
+        n=$(push_metric delivered)
+        [ "$n" -ge "$1" ] && return 0
+        sleep 0.05
     done
-    c1=$(cpu_ticks "$HERALD_PID")
-    python3 - "$WORK/acks.json" "$WORK/apns" "$COUNT" "$RATE" "$((c1 - c0))" >> "$RESULTS" <<'EOF'
-import json, sys
-acks = json.load(open(sys.argv[1]))
-received = [json.loads(l) for l in open(f"{sys.argv[2]}/received.jsonl")]
-count, rate, ticks = int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
-by_id = {}
-for r in received:
-    by_id.setdefault(r["collapseId"], []).append(r["at"])
-lat = sorted((min(v) - acks["ack_times"][k]) * 1000 for k, v in by_id.items() if k in acks["ack_times"])
-dups = sum(len(v) - 1 for v in by_id.values())
-first, last = min(r["at"] for r in received), max(r["at"] for r in received)
-p = lambda q: lat[min(len(lat) - 1, int(q * len(lat)))]
-print("## Throughput through the APNs stand-in\n")
-print(f"| published at | acknowledged | pushes received | duplicates | first to last push | publish ack to push received p50 / p99 | Herald CPU |")
-print("|---|---|---|---|---|---|---|")
-print(f"| {rate}/s | {acks['acked']} | {len(by_id)} of {count} | {dups} | {last - first:.2f} s | {p(0.5):.1f} / {p(0.99):.1f} ms | {ticks / 100:.1f} s |\n")
+    log "only $n of $1 pushes delivered in time"
+}
+
+# One receiver's run: COUNT paced publishes at RATE, then an app-wide
+# burst to COUNT other users. Receiver "standin" checks every push (JWT,
+# headers, payload) and records it; "nghttpd" (Debian's nghttp2 server,
+# in C) accepts anything, so what is measured is Herald's own cost.
+throughput_run() { # receiver
+    local receiver=$1
+    standin apns "$WORK/apns-$receiver"
+    if [ "$receiver" = nghttpd ]; then
+        nghttpd --echo-upload -m 1000 "$((PORT + 1))" "$WORK/apns-$receiver/server.pem" "$WORK/apns-$receiver/server.pem" \
+            > "$OUT/push-nghttpd.log" 2>&1 &
+        RECEIVER_PID=$!
+        STARTED_PIDS+=("$RECEIVER_PID")
+        STANDIN_URL=https://127.0.0.1:$((PORT + 1))
+        for _ in $(seq 1 50); do curl -s --cacert "$WORK/apns-$receiver/ca.pem" -o /dev/null "$STANDIN_URL/" && break; sleep 0.1; done
+    else
+        RECEIVER_PID=$STANDIN_PID
+    fi
+    herald_start "throughput-$receiver" "sqlite:$WORK/throughput-$receiver.db" "$WORK/apns-$receiver"
+    python3 "$BENCH/push_load.py" register "http://127.0.0.1:$PORT" "$COUNT" p
+    python3 "$BENCH/push_load.py" register "http://127.0.0.1:$PORT" "$COUNT" q
+    local c0 r0 c1 r1 done_at latency burst_start burst_done
+    c0=$(cpu_ticks "$HERALD_PID"); r0=$(cpu_ticks "$RECEIVER_PID")
+    python3 "$BENCH/push_load.py" publish "http://127.0.0.1:$PORT" "$COUNT" "$RATE" p > "$WORK/acks-$receiver.json"
+    wait_delivered "$COUNT"
+    done_at=$(date +%s.%N)
+    c1=$(cpu_ticks "$HERALD_PID"); r1=$(cpu_ticks "$RECEIVER_PID")
+    latency=$(push_metric latency)
+    burst_start=$(python3 "$BENCH/push_load.py" burst "http://127.0.0.1:$PORT" "$COUNT" q)
+    wait_delivered "$((COUNT * 2))"
+    burst_done=$(date +%s.%N)
+    python3 - "$receiver" "$WORK/acks-$receiver.json" "$WORK/apns-$receiver" "$COUNT" "$RATE" "$done_at" "$latency" \
+        "$((c1 - c0))" "$((r1 - r0))" "$burst_start" "$burst_done" >> "$WORK/throughput-rows.md" <<'EOF'
+import json, os, sys
+receiver, acks, state = sys.argv[1], json.load(open(sys.argv[2])), sys.argv[3]
+count, rate, done_at, latency = int(sys.argv[4]), sys.argv[5], float(sys.argv[6]), sys.argv[7]
+ticks, receiver_ticks, burst = int(sys.argv[8]), int(sys.argv[9]), float(sys.argv[11]) - float(sys.argv[10])
+first_ack = min(acks["ack_times"].values())
+checked = "none: it accepts anything"
+path = f"{state}/received.jsonl"
+if os.path.exists(path):
+    by_id = {}
+    for line in open(path):
+        r = json.loads(line)
+        by_id.setdefault(r["collapseId"], []).append(r["at"])
+    lat = sorted((min(v) - acks["ack_times"][k]) * 1000 for k, v in by_id.items() if k in acks["ack_times"])
+    p = lambda q: lat[min(len(lat) - 1, int(q * len(lat)))]
+    dups = sum(len(v) - 1 for v in by_id.values())
+    paced = sum(1 for k in by_id if k in acks["ack_times"])
+    checked = f"{paced} of {count} paced, {dups} twice; ack to received p50 / p99 {p(0.5):.1f} / {p(0.99):.1f} ms"
+print(f"| {receiver} | {acks['acked']} at {rate}/s | {done_at - first_ack:.2f} s | {latency} | {checked} "
+      f"| {count / burst:,.0f}/s ({burst:.2f} s) | {ticks / 100:.1f} / {receiver_ticks / 100:.1f} / {acks['cpu']:.1f} s |")
 EOF
     herald_stop "$HERALD_PID"
-    kill "$STANDIN_PID" 2>/dev/null || true
+    kill "$STANDIN_PID" "$RECEIVER_PID" 2>/dev/null || true
+}
+
+if [[ " $SCENARIOS " == *" throughput "* ]]; then
+    command -v nghttpd >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nghttp2-server >/dev/null
+    : > "$WORK/throughput-rows.md"
+    for receiver in $RECEIVERS; do
+        log "throughput through $receiver: $COUNT disconnected devices, one publish each at $RATE/s, then an app-wide burst"
+        throughput_run "$receiver"
+    done
+    {
+        echo "## Throughput: $COUNT disconnected devices with APNs handles"
+        echo
+        echo "| receiver | publishes | first ack to last push 2xx | commit to 2xx p50 / p99 (Herald's histogram bounds) | pushes the receiver checked | burst: app-wide sends to $COUNT others | CPU, paced: Herald / receiver / publisher |"
+        echo "|---|---|---|---|---|---|---|"
+        cat "$WORK/throughput-rows.md"
+        echo
+    } >> "$RESULTS"
 fi
 
 if [[ " $SCENARIOS " == *" harm "* ]]; then
@@ -131,8 +205,8 @@ if [[ " $SCENARIOS " == *" harm "* ]]; then
     standin apns "$WORK/apns-idle"
     echo "## Live delivery with push off and on ($HANDLES idle handles)" >> "$RESULTS"
     echo >> "$RESULTS"
-    echo "| pair | push | fan-out CPU s per million deliveries | fan-out p99 ms | saturation deliveries/s |" >> "$RESULTS"
-    echo "|---|---|---|---|---|" >> "$RESULTS"
+    echo "| pair | push | fan-out CPU s per million deliveries | fan-out p99 ms | saturation deliveries/s | Herald's samples in push code (perf) |" >> "$RESULTS"
+    echo "|---|---|---|---|---|---|" >> "$RESULTS"
     HERALD_ARGS=()
     herald_loadgen_args "" "" "$PORT" "$PORT"
     for pair in $(seq 1 "$PAIRS"); do
@@ -143,14 +217,27 @@ if [[ " $SCENARIOS " == *" harm "* ]]; then
             [ "$mode" = on ] && python3 "$BENCH/push_load.py" register "http://127.0.0.1:$PORT" "$HANDLES" idle
             sleep 2
             log="$OUT/push-harm-$mode-$pair.log"
+            share="-"
+            if [ "$mode" = on ] && command -v perf >/dev/null; then
+                perf record -q -g -p "$HERALD_PID" -o "$WORK/harm-$pair.perf" -- sleep "$FANOUT_SECONDS" >/dev/null 2>&1 &
+                PERF_PID=$!
+            fi
             "${HERALD_ARGS[@]}" --mode fanout --users "$FANOUT_USERS" --devices "$FANOUT_DEVICES" --rate "$FANOUT_RATE" \
                 --duration "$FANOUT_SECONDS" --user-prefix "f${RUN_ID}p$pair" --server-pids "$HERALD_PID" --pub-conns 64 \
                 --setup-timeout 120 > "$log" 2>&1 || true
+            if [ "$mode" = on ] && command -v perf >/dev/null; then
+                wait "$PERF_PID" || true
+                # Samples with a push frame anywhere on their stack, of all of Herald's.
+                share=$(perf script -i "$WORK/harm-$pair.perf" 2>/dev/null | awk '
+                    /^[^ \t]/ { n++; inpush = 0; next }
+                    /Push(Dispatch|Message|Settings|Handle)/ && !inpush { p++; inpush = 1 }
+                    END { if (n) printf "%.1f %% of %d", 100 * p / n, n }')
+            fi
             sat="$OUT/push-harm-$mode-$pair-saturation.log"
             "${HERALD_ARGS[@]}" --mode fanout --users "$FANOUT_USERS" --devices "$FANOUT_DEVICES" --rate "$RAMP" \
                 --duration "$RAMP_SECONDS" --max-p99-ms "$MAX_P99_MS" --user-prefix "s${RUN_ID}p$pair" --server-pids "$HERALD_PID" \
                 --pub-conns 64 > "$sat" 2>&1 || true
-            echo "| $pair | $mode | $(res "$log" step=0 cpu_s_per_m) | $(res "$log" step=0 p99_ms) | $(res "$sat" mode=saturation max_dps) |" >> "$RESULTS"
+            echo "| $pair | $mode | $(res "$log" step=0 cpu_s_per_m) | $(res "$log" step=0 p99_ms) | $(res "$sat" mode=saturation max_dps) | $share |" >> "$RESULTS"
             herald_stop "$HERALD_PID"
         done
     done

@@ -3,8 +3,11 @@ APNs handles through the server API, publishes one notification to each of
 their users, and reads what the APNs stand-in received.
 
   push_load.py register BASE COUNT [PREFIX]   COUNT users PREFIX0.., each one ios device with an APNs handle
+  push_load.py burst BASE COUNT [PREFIX]       app-wide sends of 1,000 users each to all COUNT users, at once;
+                                              prints the unix time of the first send
   push_load.py publish BASE COUNT RATE [PREFIX] one publish per user at RATE/s; prints one JSON line:
-                                              {"acked": N, "errors": N, "ack_times": {notification id: unix seconds}}
+                                              {"acked": N, "errors": N, "seconds": S, "cpu": its own CPU seconds,
+                                               "ack_times": {notification id: unix seconds}}
 Every loop is bounded by COUNT and by time (10 minutes at most).
 """
 
@@ -82,13 +85,28 @@ def publish(base: str, count: int, rate: float, prefix: str) -> None:
         t.start()
     for t in threads:
         t.join()
-    print(json.dumps({"acked": acked, "errors": errors, "seconds": time.monotonic() - start, "ack_times": ack_times}))
+    print(json.dumps({"acked": acked, "errors": errors, "seconds": time.monotonic() - start,
+                      "cpu": time.process_time(), "ack_times": ack_times}))
+
+
+def burst(base: str, count: int, prefix: str) -> None:
+    conn = connection(base)
+    start = time.time()
+    for lo in range(0, count, 1000):
+        users = [f"{prefix}{i}" for i in range(lo, min(count, lo + 1000))]
+        status, data = request(conn, "POST", f"/v1/apps/{APP}/notifications",
+                               {"userIds": users, "appNotificationId": "burst", "payload": {"title": "Burst", "body": "push benchmark"}})
+        if status != 202:
+            raise SystemExit(f"app-wide send: {status} {data[:200]!r}")
+    print(start)
 
 
 if __name__ == "__main__":
     cmd, base, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
     if cmd == "register":
         register(base, count, sys.argv[4] if len(sys.argv) > 4 else "p")
+    elif cmd == "burst":
+        burst(base, count, sys.argv[4] if len(sys.argv) > 4 else "p")
     elif cmd == "publish":
         publish(base, count, float(sys.argv[4]), sys.argv[5] if len(sys.argv) > 5 else "p")
     else:
