@@ -61,9 +61,22 @@ public actor HeraldClient {
     /// expires soon, and after the gateway refused one (close 4001).
     public typealias TokenProvider = @Sendable () async throws -> String
 
-    /// Everything that changed, in order. One consumer.
-    public nonisolated let events: AsyncStream<Event>
-    private let sink: AsyncStream<Event>.Continuation
+    /// What changed, in order. Each access is a stream of its own, so any
+    /// number of readers each see everything. A stream begins with the
+    /// state as it is when it opens (`.connection`, and once the first
+    /// token said whose the local set is, `.reset` with it and `.unread`),
+    /// then every change after: a reader opened late misses nothing it
+    /// needs. A reader more than `eventBuffer` events behind is ended (its
+    /// loop finishes; open `events` again to start over), so an app that
+    /// stops reading does not make the client grow.
+    public nonisolated var events: AsyncStream<Event> {
+        let (stream, c) = AsyncStream.makeStream(of: Event.self, bufferingPolicy: .bufferingOldest(Self.eventBuffer))
+        Task { await addReader(c) }
+        return stream
+    }
+    public static let eventBuffer = 10_000
+    private var readers: [Int: AsyncStream<Event>.Continuation] = [:]
+    private var nextReader = 0
 
     private let options: Options
     private let endpoint: Endpoint
@@ -84,13 +97,18 @@ public actor HeraldClient {
 
     /// The gateway's unread count for this device (the local count until
     /// the first `welcome`).
-    public private(set) var unread: Int
+    public var unread: Int { shown ? unreadCount : 0 }
+    private var unreadCount: Int
     public private(set) var connection: ConnectionState = .offline(nextRetry: nil)
     public var cursor: Int64? { state.cursor }
     public var epoch: String? { state.epoch }
-    /// The local set, newest first, as the gateway orders it.
-    public var notifications: [HeraldNotification] { state.sorted }
-    public func notification(id: String) -> HeraldNotification? { state.notifications[id] }
+    /// The local set, newest first, as the gateway orders it. Empty until
+    /// the first token says whose it is: a state file left by another user
+    /// is cleared before anything of it is shown.
+    public var notifications: [HeraldNotification] { shown ? state.sorted : [] }
+    public func notification(id: String) -> HeraldNotification? { shown ? state.notifications[id] : nil }
+    /// The state file's owner matches the token's (`adoptScope`).
+    private var shown = false
 
     public init(options: Options, transport: any HeraldTransport = LWSTransport(),
                 token: @escaping TokenProvider) throws(HeraldClientError) {
@@ -104,12 +122,11 @@ public actor HeraldClient {
         let saved = try file.load()
         state = saved.state
         scope = saved.scope
-        unread = saved.state.unread
-        (events, sink) = AsyncStream.makeStream(bufferingPolicy: .unbounded)
+        unreadCount = saved.state.unread
     }
 
-    /// Ends the event stream, so a consumer's loop ends with the client.
-    deinit { sink.finish() }
+    /// Ends the event streams, so readers' loops end with the client.
+    deinit { for c in readers.values { c.finish() } }
 
     /// Connects, and keeps reconnecting until `stop()` (or until the gateway
     /// refuses this device for good: `.problem(.refused)`).
@@ -139,6 +156,8 @@ public actor HeraldClient {
         persist(changedIds: [], replaced: true)
         emit(.reset([]))
         setUnread(0)
+        // The next token says whose the (empty) set is.
+        shown = false
     }
 
     // MARK: Actions (answered by the gateway's `ack`)
@@ -179,9 +198,11 @@ public actor HeraldClient {
         try await update(id, userActionState: .activated, ifVersion: ifVersion)
     }
 
+    /// Dismisses it and, unless `markRead` is false, marks it read in the
+    /// same change: a user who dismisses expects the unread count to drop.
     @discardableResult
-    public func dismiss(_ id: String, ifVersion: Int64? = nil) async throws(HeraldClientError) -> HeraldNotification? {
-        try await update(id, userActionState: .dismissed, ifVersion: ifVersion)
+    public func dismiss(_ id: String, markRead: Bool = true, ifVersion: Int64? = nil) async throws(HeraldClientError) -> HeraldNotification? {
+        try await update(id, readState: markRead ? .read : nil, userActionState: .dismissed, ifVersion: ifVersion)
     }
 
     @discardableResult
@@ -257,6 +278,8 @@ public actor HeraldClient {
     private func run() async {
         var attempt = 0
         var refusedUpgrades = 0
+        /// Tokens refused in a row (close 4001).
+        var refusedTokens = 0
         connecting: while !Task.isCancelled {
             // Trying the WebSocket again from a working fallback is no outage.
             if connection != .live(transport: "poll") { setConnection(.connecting) }
@@ -280,8 +303,11 @@ public actor HeraldClient {
                     break  // HTTP fails too: back off as for any failure
                 }
             }
-            // A refused token is retried at once with a fresh one, then with backoff.
-            let delay = authFailed && attempt == 0 ? .zero : options.reconnect.delay(attempt: attempt)
+            // A refused token is retried at once with a fresh one, however long
+            // the gateway was away before (a restarted gateway with a new
+            // secret); a fresh one refused too waits as any failure does.
+            refusedTokens = authFailed ? refusedTokens + 1 : 0
+            let delay = refusedTokens == 1 ? .zero : options.reconnect.delay(attempt: attempt)
             attempt += 1
             setConnection(.offline(nextRetry: .now + delay))
             try? await Task.sleep(for: delay)
@@ -383,7 +409,7 @@ public actor HeraldClient {
             apply(.changes(changes, cursor: cursor))
             // Same epoch as sent (another one comes as a reset): taken for a first sync.
             if state.epoch == nil { apply(.welcome(cursor: cursor, epoch: epoch, unread: state.unread)) }
-            if state.unread != unread { setUnread(state.unread) }
+            if state.unread != unreadCount { setUnread(state.unread) }
             return hasMore
         case .reset(var all, var next, let cursor, let epoch):
             while let before = next {
@@ -414,17 +440,24 @@ public actor HeraldClient {
         return fresh
     }
 
-    /// A state file saved for another gateway, user or device starts over.
-    private func adoptScope(of token: String) {
+    /// A state file saved for another gateway, user or device starts over;
+    /// only then is the local set shown. (Internal: tests that feed frames
+    /// name the owner without a gateway.)
+    func adoptScope(of token: String) {
         let now = "\(endpoint.host):\(endpoint.port)\(endpoint.webSocketPath) \(TokenScope.appAndUser(of: token) ?? "?") \(options.deviceId)"
-        guard now != scope else { return }
-        let hadState = scope != nil
-        scope = now
-        if hadState {
-            state = LocalState()
-            emit(.reset([]))
+        if now != scope {
+            let hadState = scope != nil
+            scope = now
+            if hadState {
+                state = LocalState()
+                unreadCount = 0
+            }
+            persist(changedIds: [], replaced: hadState)
         }
-        persist(changedIds: [], replaced: hadState)
+        guard !shown else { return }
+        shown = true
+        emit(.reset(state.sorted))
+        emit(.unread(unreadCount))
     }
 
     private func hello(token: String) -> String {
@@ -546,10 +579,36 @@ public actor HeraldClient {
         }
     }
 
-    private func emit(_ event: Event) { sink.yield(event) }
+    private func addReader(_ c: AsyncStream<Event>.Continuation) {
+        let id = nextReader
+        nextReader += 1
+        readers[id] = c
+        c.onTermination = { [weak self] _ in Task { await self?.removeReader(id) } }
+        if shown {
+            c.yield(.reset(state.sorted))
+            c.yield(.unread(unreadCount))
+        }
+        c.yield(.connection(connection))
+    }
+
+    private func removeReader(_ id: Int) { readers[id] = nil }
+
+    private func emit(_ event: Event) {
+        // Until the file's owner is known, only what is not its content.
+        switch event {
+        case .upserted, .removed, .reset, .unread: guard shown else { return }
+        case .connection, .problem: break
+        }
+        for (id, c) in readers {
+            if case .dropped = c.yield(event) {
+                c.finish()
+                readers[id] = nil
+            }
+        }
+    }
 
     private func setUnread(_ count: Int) {
-        unread = count
+        unreadCount = count
         emit(.unread(count))
     }
 

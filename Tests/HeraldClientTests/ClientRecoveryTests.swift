@@ -75,6 +75,42 @@ final class ClientRecoveryTests: ClientTestCase {
         await phone.stop()
     }
 
+    /// Found by an app developer: a gateway restarted with its clients'
+    /// tokens refused (4001) left them offline for the backoff they had
+    /// reached while it was away, 8 s. The first refusal asks the provider
+    /// again at once, whatever the backoff.
+    func testARefusedTokenIsReplacedAtOnceHoweverLongTheGatewayWasAway() async throws {
+        let first = try GatewayProcess()
+        let user = "ivan-\(UUID().uuidString.prefix(8))"
+        let good = try await first.token(user: user)
+        first.stop()
+        let expired = GatewayProcess.mintToken(user: user, exp: Int64(Date().timeIntervalSince1970) - 120)
+        let calls = Mutex(0)
+        var options = HeraldClient.Options(url: first.baseURL, deviceId: "phone",
+                                           stateFile: directory.appendingPathComponent("phone.db").path)
+        options.reconnect.initial = .milliseconds(100)
+        options.reconnect.cap = .seconds(5)
+        let phone = try HeraldClient(options: options, token: { calls.withLock { $0 += 1; return $0 } == 1 ? expired : good })
+        let log = EventLog()
+        log.watch(phone, as: "phone")
+        await phone.start()
+        // Nothing listens: failures in a row raise the backoff to 0.4 s or more.
+        try await log.eventually("three attempts failed") {
+            await log.events(of: "phone").filter { if case .connection(.offline(nextRetry: .some)) = $0 { return true }; return false }.count >= 3
+        }
+        let gateway = try GatewayProcess(port: first.port)
+        defer { gateway.stop() }
+        try await log.eventually("live with the provider's next token") { await phone.isLive }
+        let events = await log.timedEvents(of: "phone")
+        let refused = try XCTUnwrap(events.firstIndex { if case .problem(.connectionLost(closeCode: 4001, _)) = $0.event { return true }; return false },
+                                    "the expired token was not refused")
+        let retry = try XCTUnwrap(events[refused...].first { if case .connection(.offline(nextRetry: .some)) = $0.event { return true }; return false })
+        guard case .connection(.offline(nextRetry: let at?)) = retry.event else { return XCTFail() }
+        XCTAssertLessThanOrEqual(at, retry.at, "the client waited \(at - retry.at) before asking for a fresh token")
+        XCTAssertEqual(calls.withLock { $0 }, 2)
+        await phone.stop()
+    }
+
     func testATokenExpiringWhileConnectedIsRefreshedWithoutADroppedChange() async throws {
         let gateway = try GatewayProcess()
         defer { gateway.stop() }

@@ -4,12 +4,24 @@ import HeraldClient
 /// a condition holds: checked again after every event, failing at a deadline
 /// (never a sleep that hopes something happened meanwhile).
 actor EventLog {
-    private(set) var events: [(client: String, event: HeraldClient.Event)] = []
+    private(set) var events: [(client: String, event: HeraldClient.Event, at: ContinuousClock.Instant)] = []
     private var waiters: [Int: CheckedContinuation<Void, Never>] = [:]
     private var nextWaiter = 0
 
+    /// Records what `client` does from now on. Each stream opens with the
+    /// state as it is (the first `.reset` and `.unread` it brings): left
+    /// out, so that what a test reads is what changed.
     nonisolated func watch(_ client: HeraldClient, as name: String) {
-        Task { for await event in client.events { await record(name, event) } }
+        Task {
+            var greeted = (reset: false, unread: false)
+            for await event in client.events {
+                switch event {
+                case .reset where !greeted.reset: greeted.reset = true
+                case .unread where !greeted.unread: greeted.unread = true
+                default: await record(name, event)
+                }
+            }
+        }
     }
 
     /// Watches `client` as `name`, starts it and waits until it is live.
@@ -21,8 +33,13 @@ actor EventLog {
 
     func events(of name: String) -> [HeraldClient.Event] { events.filter { $0.client == name }.map(\.event) }
 
+    /// With when each was recorded.
+    func timedEvents(of name: String) -> [(event: HeraldClient.Event, at: ContinuousClock.Instant)] {
+        events.filter { $0.client == name }.map { ($0.event, $0.at) }
+    }
+
     private func record(_ name: String, _ event: HeraldClient.Event) {
-        events.append((name, event))
+        events.append((name, event, .now))
         let waiting = waiters
         waiters.removeAll()
         for (_, c) in waiting { c.resume() }

@@ -33,7 +33,12 @@ final class HeraldClientTests: ClientTestCase {
 
         let acked = try await phone.dismiss(id, ifVersion: 1)
         XCTAssertEqual(acked?.userActionState, .dismissed)
+        XCTAssertEqual(acked?.readState, .read, "a dismiss also marks it read: the badge drops")
         XCTAssertEqual(acked?.version, 2)
+        try await log.eventually("both count nothing unread") {
+            let (p, l) = (await phone.unread, await laptop.unread)
+            return p == 0 && l == 0
+        }
         try await log.eventually("both see the dismiss") {
             let (p, l) = (await phone.notification(id: id), await laptop.notification(id: id))
             return p?.userActionState == .dismissed && l?.userActionState == .dismissed
@@ -59,6 +64,86 @@ final class HeraldClientTests: ClientTestCase {
         await laptop.stop()
     }
 
+    func testADismissCanLeaveTheNotificationUnread() async throws {
+        let gateway = try GatewayProcess()
+        defer { gateway.stop() }
+        let user = "bea-\(UUID().uuidString.prefix(8))"
+        let phone = try await client(gateway, user: user, device: "phone", file: "phone.db")
+        let id = try await gateway.publish(user: user, appNotificationId: "later", title: "Read it later")
+        // Over HTTP: the client was not started.
+        let acked = try await phone.dismiss(id, markRead: false)
+        XCTAssertEqual(acked?.userActionState, .dismissed)
+        XCTAssertEqual(acked?.readState, .unread)
+        let server = try await gateway.notifications(user: user)
+        XCTAssertEqual(server[id], Snapshot(version: 2, readState: "unread", userActionState: "dismissed"))
+    }
+
+    func testAStateFileOfAnotherUserIsClearedBeforeAnythingOfItIsShown() async throws {
+        let gateway = try GatewayProcess()
+        defer { gateway.stop() }
+        let (alice, bob) = ("alice-\(UUID().uuidString.prefix(8))", "bob-\(UUID().uuidString.prefix(8))")
+        let hers = try await gateway.publish(user: alice, appNotificationId: "private", title: "Alice's")
+        let his = try await gateway.publish(user: bob, appNotificationId: "mine", title: "Bob's")
+        let first = try await client(gateway, user: alice, device: "phone", file: "shared.db")
+        let log = EventLog()
+        try await log.startLive(first, as: "alice")
+        try await log.eventually("alice has hers") { await first.notification(id: hers) != nil }
+        await first.stop()
+
+        // Bob signs in on the same device, on the same file.
+        let second = try await client(gateway, user: bob, device: "phone", file: "shared.db")
+        let shown = await second.notifications
+        let unread = await second.unread
+        let byId = await second.notification(id: hers)
+        XCTAssertEqual(shown, [], "nothing of the file shows before a token says whose it is")
+        XCTAssertEqual(unread, 0)
+        XCTAssertNil(byId)
+        let seen = Mutex<[HeraldClient.Event]>([])
+        let stream = second.events
+        let reader = Task { for await e in stream { seen.withLock { $0.append(e) } } }
+        try await log.startLive(second, as: "bob")
+        try await log.eventually("bob has his") { await second.notification(id: his) != nil }
+        await second.stop()
+        reader.cancel()
+        let ids = seen.withLock { events in
+            events.flatMap { e -> [String] in
+                switch e {
+                case .upserted(let n): [n.id]
+                case .reset(let list): list.map(\.id)
+                default: []
+                }
+            }
+        }
+        XCTAssertFalse(ids.contains(hers), "an event showed alice's notification to bob")
+        let server = try await gateway.notifications(user: bob)
+        let local = await snapshots(second)
+        XCTAssertEqual(local, server)
+    }
+
+    func testEachReaderOfEventsSeesEveryEvent() async throws {
+        let gateway = try GatewayProcess()
+        defer { gateway.stop() }
+        let user = "cleo-\(UUID().uuidString.prefix(8))"
+        let phone = try await client(gateway, user: user, device: "phone", file: "phone.db")
+        let (one, two) = (EventLog(), EventLog())
+        one.watch(phone, as: "phone")
+        try await two.startLive(phone, as: "phone")
+        var ids: [String] = []
+        for i in 0..<5 { ids.append(try await gateway.publish(user: user, appNotificationId: "n\(i)", title: "\(i)")) }
+        for log in [one, two] {
+            try await log.eventually("every reader has all five") { [ids] in
+                Set(await log.events(of: "phone").compactMap { if case .upserted(let n) = $0 { return n.id }; return nil }) == Set(ids)
+            }
+        }
+        try await two.eventually("all five counted") { await phone.unread == 5 }
+        // A reader opened now starts from the state as it is.
+        var late = phone.events.makeAsyncIterator()
+        guard case .reset(let list)? = await late.next() else { return XCTFail("a late reader did not start with the set") }
+        XCTAssertEqual(Set(list.map(\.id)), Set(ids))
+        guard case .unread(5)? = await late.next() else { return XCTFail("a late reader did not get the count") }
+        await phone.stop()
+    }
+
     func testARestartedClientResumesFromItsCursorWithoutAReset() async throws {
         let gateway = try GatewayProcess()
         defer { gateway.stop() }
@@ -77,6 +162,8 @@ final class HeraldClientTests: ClientTestCase {
         try await gateway.publish(user: user, appNotificationId: "kept", title: "one, edited")
 
         let second = try await client(gateway, user: user, device: "phone", file: "phone.db")
+        // As its first token does, offline: the file is the user's, so its list shows.
+        await second.adoptScope(of: try await gateway.token(user: user))
         let resumedCursor = await second.cursor
         let resumedEpoch = await second.epoch
         let resumedIds = Set(await second.notifications.map(\.id))
@@ -109,6 +196,10 @@ final class HeraldClientTests: ClientTestCase {
                                            stateFile: directory.appendingPathComponent("state.db").path)
         let client = try HeraldClient(options: options, token: { "unused" })
         var events = client.events.makeAsyncIterator()
+        // As a first token does, without a gateway: the state file's owner is known.
+        await client.adoptScope(of: "unused")
+        // The stream's opening (the connection, the empty set, its count), in whichever order the two met.
+        for _ in 0..<3 { _ = await events.next() }
 
         await client.receive(#"{"type":"reset","notifications":[\#(Self.notification("n_1"))],"cursor":5,"epoch":"e1","final":true}"#)
         guard case .reset(let list)? = await events.next() else { return XCTFail("no reset event") }
