@@ -10,8 +10,8 @@
 #               burst pushes per second, CPU of each process.
 #   harm        Herald's CPU per live delivery and saturation with push on
 #               (HANDLES, 10,000, idle handles: none due) against push off,
-#               alternated PAIRS (3) times in one run; with perf, the share
-#               of Herald's samples in push code during the fan-out.
+#               alternated PAIRS (3) times in one run; then, with perf, the
+#               share of Herald's samples in push code in one more fan-out.
 #   memory      WAITING (100,000) pushes for a stand-in that answers 503:
 #               Herald's RSS while they wait and retry.
 #
@@ -205,8 +205,8 @@ if [[ " $SCENARIOS " == *" harm "* ]]; then
     standin apns "$WORK/apns-idle"
     echo "## Live delivery with push off and on ($HANDLES idle handles)" >> "$RESULTS"
     echo >> "$RESULTS"
-    echo "| pair | push | fan-out CPU s per million deliveries | fan-out p99 ms | saturation deliveries/s | Herald's samples in push code (perf) |" >> "$RESULTS"
-    echo "|---|---|---|---|---|---|" >> "$RESULTS"
+    echo "| pair | push | fan-out CPU s per million deliveries | fan-out p99 ms | saturation deliveries/s |" >> "$RESULTS"
+    echo "|---|---|---|---|---|" >> "$RESULTS"
     HERALD_ARGS=()
     herald_loadgen_args "" "" "$PORT" "$PORT"
     for pair in $(seq 1 "$PAIRS"); do
@@ -217,31 +217,38 @@ if [[ " $SCENARIOS " == *" harm "* ]]; then
             [ "$mode" = on ] && python3 "$BENCH/push_load.py" register "http://127.0.0.1:$PORT" "$HANDLES" idle
             sleep 2
             log="$OUT/push-harm-$mode-$pair.log"
-            share="-"
-            if [ "$mode" = on ] && command -v perf >/dev/null; then
-                perf record -q -g -p "$HERALD_PID" -o "$WORK/harm-$pair.perf" -- sleep "$FANOUT_SECONDS" >/dev/null 2>&1 &
-                PERF_PID=$!
-            fi
             "${HERALD_ARGS[@]}" --mode fanout --users "$FANOUT_USERS" --devices "$FANOUT_DEVICES" --rate "$FANOUT_RATE" \
                 --duration "$FANOUT_SECONDS" --user-prefix "f${RUN_ID}p$pair" --server-pids "$HERALD_PID" --pub-conns 64 \
                 --setup-timeout 120 > "$log" 2>&1 || true
-            if [ "$mode" = on ] && command -v perf >/dev/null; then
-                wait "$PERF_PID" || true
-                # Samples with a push frame anywhere on their stack, of all of Herald's.
-                share=$(perf script -i "$WORK/harm-$pair.perf" 2>/dev/null | awk '
-                    /^[^ \t]/ { n++; inpush = 0; next }
-                    /Push(Dispatch|Message|Settings|Handle)/ && !inpush { p++; inpush = 1 }
-                    END { if (n) printf "%.1f %% of %d", 100 * p / n, n }')
-            fi
             sat="$OUT/push-harm-$mode-$pair-saturation.log"
             "${HERALD_ARGS[@]}" --mode fanout --users "$FANOUT_USERS" --devices "$FANOUT_DEVICES" --rate "$RAMP" \
                 --duration "$RAMP_SECONDS" --max-p99-ms "$MAX_P99_MS" --user-prefix "s${RUN_ID}p$pair" --server-pids "$HERALD_PID" \
                 --pub-conns 64 > "$sat" 2>&1 || true
-            echo "| $pair | $mode | $(res "$log" step=0 cpu_s_per_m) | $(res "$log" step=0 p99_ms) | $(res "$sat" mode=saturation max_dps) | $share |" >> "$RESULTS"
+            echo "| $pair | $mode | $(res "$log" step=0 cpu_s_per_m) | $(res "$log" step=0 p99_ms) | $(res "$sat" mode=saturation max_dps) |" >> "$RESULTS"
             herald_stop "$HERALD_PID"
         done
     done
     echo >> "$RESULTS"
+    # Apart from the pairs, whose CPU figures perf would inflate: which
+    # share of Herald's samples the push code takes in the same fan-out.
+    if command -v perf >/dev/null; then
+        herald_start harm-profiled memory "$WORK/apns-idle"
+        python3 "$BENCH/push_load.py" register "http://127.0.0.1:$PORT" "$HANDLES" idle
+        perf record -q -g -p "$HERALD_PID" -o "$WORK/harm.perf" -- sleep "$FANOUT_SECONDS" >/dev/null 2>&1 &
+        perf_pid=$!
+        "${HERALD_ARGS[@]}" --mode fanout --users "$FANOUT_USERS" --devices "$FANOUT_DEVICES" --rate "$FANOUT_RATE" \
+            --duration "$FANOUT_SECONDS" --user-prefix "f${RUN_ID}perf" --server-pids "$HERALD_PID" --pub-conns 64 \
+            --setup-timeout 120 > "$OUT/push-harm-profiled.log" 2>&1 || true
+        wait "$perf_pid" || true
+        # Samples with a push frame anywhere on their stack, of all of Herald's.
+        share=$(perf script -i "$WORK/harm.perf" 2>/dev/null | awk '
+            /^[^ \t]/ { n++; inpush = 0; next }
+            /Push(Dispatch|Message|Settings|Handle)/ && !inpush { p++; inpush = 1 }
+            END { if (n) printf "%.1f %% of %d samples", 100 * p / n, n }')
+        echo "Push on, profiled apart (perf record -g): Herald's samples with push code on the stack: $share." >> "$RESULTS"
+        echo >> "$RESULTS"
+        herald_stop "$HERALD_PID"
+    fi
     kill "$STANDIN_PID" 2>/dev/null || true
 fi
 

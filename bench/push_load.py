@@ -13,6 +13,7 @@ Every loop is bounded by COUNT and by time (10 minutes at most).
 
 from __future__ import annotations
 
+import hashlib
 import http.client
 import json
 import sys
@@ -24,8 +25,9 @@ APP, KEY = "bench", "bench-key"
 DEADLINE = time.monotonic() + 600
 
 
-def token_for(i: int) -> str:
-    return f"{i:064x}"
+def token_for(prefix: str, i: int) -> str:
+    # A handle is unique per app: each user's own, or registering moves it.
+    return hashlib.sha256(f"{prefix}{i}".encode()).hexdigest()
 
 
 def connection(base: str) -> http.client.HTTPConnection:
@@ -47,7 +49,7 @@ def register(base: str, count: int, prefix: str) -> None:
             if time.monotonic() > DEADLINE:
                 raise SystemExit("registration ran out of time")
             status, data = request(conn, "PUT", f"/v1/apps/{APP}/users/{prefix}{i}/devices/phone",
-                                   {"platform": "ios", "push": {"service": "apns", "token": token_for(i)}})
+                                   {"platform": "ios", "push": {"service": "apns", "token": token_for(prefix, i)}})
             if status != 200:
                 raise SystemExit(f"register {i}: {status} {data[:200]!r}")
     threads = [threading.Thread(target=work, args=(k * count // 8, (k + 1) * count // 8)) for k in range(8)]
