@@ -28,12 +28,15 @@ struct DeviceAPI: Sendable {
     let transport: any HTTPTransport
     let deviceId: String
 
-    func sync(token: String, cursor: Int64?, epoch: String?, wait: Duration) async throws(HeraldClientError) -> SyncAnswer {
-        // The gateway holds a poll 1–60 s.
-        let seconds = min(60, max(1, wait.components.seconds))
+    /// `wait` 0 answers at once; `timeout` bounds the request, by default
+    /// the wait and 15 s more.
+    func sync(token: String, cursor: Int64?, epoch: String?, wait: Duration,
+              timeout: Duration? = nil) async throws(HeraldClientError) -> SyncAnswer {
+        // The gateway holds a poll up to 60 s.
+        let seconds = min(60, max(0, wait.components.seconds))
         let query: [(String, String?)] = [("cursor", cursor.map(String.init)), ("epoch", cursor == nil ? nil : epoch),
                                           ("wait", String(seconds))]
-        let o = try await call("GET", "/v1/me/sync", query, token: token, timeout: .seconds(seconds + 15))
+        let o = try await call("GET", "/v1/me/sync", query, token: token, timeout: timeout ?? .seconds(seconds + 15))
         if o["reset"]?.boolValue == true {
             guard let list = o["notifications"]?.arrayValue, let cursor = o["cursor"]?.int64Value,
                   let epoch = o["epoch"]?.stringValue else { throw .badFrame("a malformed sync reset") }
@@ -80,6 +83,13 @@ struct DeviceAPI: Sendable {
 
     func delete(token: String, id: String) async throws(HeraldClientError) {
         _ = try await call("DELETE", "/v1/me/notifications/" + Self.escape(id), [], token: token)
+    }
+
+    /// Registers this device's push handle, or removes it (`.null`).
+    func registerPush(token: String, push: JSON) async throws(HeraldClientError) {
+        var body = JSONObject()
+        body["push"] = push
+        _ = try await call("PUT", "/v1/me/devices/" + Self.escape(deviceId), [], token: token, body: .object(body))
     }
 
     // MARK: Requests

@@ -81,10 +81,15 @@ public actor HeraldClient {
     private let options: Options
     private let endpoint: Endpoint
     private let transport: any HeraldTransport
-    private let api: DeviceAPI
+    let api: DeviceAPI
     private let tokenProvider: TokenProvider
-    private let file: StateFile
-    private var state: LocalState
+    let file: StateFile
+    private(set) var state: LocalState
+    /// The push handle registered (as sent), kept with the state file.
+    var registeredPush: String?
+    /// Events collected for the `syncOnce` calls running, by call.
+    var collectors: [Int: [Event]] = [:]
+    var nextCollector = 0
     /// Whose state the file holds: gateway, app, user, device.
     private var scope: String?
     private var token: String?
@@ -108,7 +113,7 @@ public actor HeraldClient {
     public var notifications: [HeraldNotification] { shown ? state.sorted : [] }
     public func notification(id: String) -> HeraldNotification? { shown ? state.notifications[id] : nil }
     /// The state file's owner matches the token's (`adoptScope`).
-    private var shown = false
+    private(set) var shown = false
 
     public init(options: Options, transport: any HeraldTransport = LWSTransport(),
                 token: @escaping TokenProvider) throws(HeraldClientError) {
@@ -122,6 +127,7 @@ public actor HeraldClient {
         let saved = try file.load()
         state = saved.state
         scope = saved.scope
+        registeredPush = saved.push
         unreadCount = saved.state.unread
     }
 
@@ -246,15 +252,10 @@ public actor HeraldClient {
 
     /// Runs an HTTP call with the current token; a token the gateway
     /// refuses is replaced through the provider once.
-    private func withAPI<T: Sendable>(_ call: (DeviceAPI, String) async throws(HeraldClientError) -> T) async throws(HeraldClientError) -> T {
+    func withAPI<T: Sendable>(_ call: (DeviceAPI, String) async throws(HeraldClientError) -> T) async throws(HeraldClientError) -> T {
         var retried = false
         while true {
-            let token: String
-            do {
-                token = try await currentToken()
-            } catch {
-                throw .tokenUnavailable(String(describing: error))
-            }
+            let token = try await validToken()
             do {
                 return try await call(api, token)
             } catch .server(code: "unauthorized", let message) {
@@ -403,7 +404,7 @@ public actor HeraldClient {
     /// Applies a sync answer through the same state rules as frames; a
     /// reset's older pages are read from history first, so the local set
     /// is replaced whole. Answers whether more changes are waiting.
-    private func apply(_ answer: SyncAnswer) async throws(HeraldClientError) -> Bool {
+    func apply(_ answer: SyncAnswer) async throws(HeraldClientError) -> Bool {
         switch answer {
         case .changes(let changes, let cursor, let epoch, let hasMore):
             apply(.changes(changes, cursor: cursor))
@@ -432,6 +433,16 @@ public actor HeraldClient {
         applied.events.forEach(emit)
     }
 
+    /// The token in use, asked of the provider when there is none: the
+    /// first one says whose the state file is (`adoptScope`).
+    func validToken() async throws(HeraldClientError) -> String {
+        do {
+            return try await currentToken()
+        } catch {
+            throw .tokenUnavailable(String(describing: error))
+        }
+    }
+
     private func currentToken() async throws -> String {
         if let token { return token }
         let fresh = try await tokenProvider()
@@ -451,6 +462,9 @@ public actor HeraldClient {
             if hadState {
                 state = LocalState()
                 unreadCount = 0
+                // Registered for the file's former owner, not for this one.
+                registeredPush = nil
+                do { try file.savePush(nil) } catch { emit(.problem(error)) }
             }
             persist(changedIds: [], replaced: hadState)
         }
@@ -596,7 +610,10 @@ public actor HeraldClient {
     private func emit(_ event: Event) {
         // Until the file's owner is known, only what is not its content.
         switch event {
-        case .upserted, .removed, .reset, .unread: guard shown else { return }
+        case .upserted, .removed, .reset:
+            guard shown else { return }
+            for k in collectors.keys { collectors[k]?.append(event) }
+        case .unread: guard shown else { return }
         case .connection, .problem: break
         }
         for (id, c) in readers {

@@ -15,6 +15,8 @@ final class StateFile {
     struct Saved {
         var scope: String?
         var state: LocalState
+        /// The push handle registered for that scope, as sent (`HeraldClient.registerPush`).
+        var push: String?
     }
 
     init(path: String) throws(HeraldClientError) {
@@ -52,7 +54,12 @@ final class StateFile {
         }
         let state = LocalState(notifications: notifications, cursor: meta["cursor"].flatMap { Int64($0) },
                                epoch: meta["epoch"])
-        return Saved(scope: meta["scope"], state: state)
+        return Saved(scope: meta["scope"], state: state, push: meta["push"])
+    }
+
+    /// The push handle last registered, nil when none is.
+    func savePush(_ push: String?) throws(HeraldClientError) {
+        try run("INSERT OR REPLACE INTO meta (key, value) VALUES ('push', ?)", [push])
     }
 
     /// Writes the position and the rows of `changedIds` (all rows when

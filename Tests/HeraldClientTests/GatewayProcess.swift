@@ -29,12 +29,15 @@ final class GatewayProcess: @unchecked Sendable {
     }
 
     /// `port` 0 picks a free one; a restart passes the port it had.
-    init(store: String = "memory", port: Int = 0, arguments: [String] = []) throws {
+    /// `config`: a config file holding the app (with its push settings,
+    /// say) instead of the app's flags.
+    init(store: String = "memory", port: Int = 0, arguments: [String] = [], config: String? = nil) throws {
         log = FileManager.default.temporaryDirectory.appendingPathComponent("herald-\(UUID().uuidString).log")
         _ = FileManager.default.createFile(atPath: log.path, contents: nil)
         process.executableURL = Self.binary
-        process.arguments = ["serve", "--port", String(port), "--store", store, "--app", Self.app,
-                             "--server-key", Self.serverKey, "--token-secret", Self.tokenSecret] + arguments
+        let app = config.map { ["--config", $0] }
+            ?? ["--app", Self.app, "--server-key", Self.serverKey, "--token-secret", Self.tokenSecret]
+        process.arguments = ["serve", "--port", String(port), "--store", store] + app + arguments
         let out = Pipe()
         process.standardOutput = out
         process.standardError = try FileHandle(forWritingTo: log)
@@ -123,6 +126,13 @@ final class GatewayProcess: @unchecked Sendable {
     func dismiss(user: String, id: String) async throws {
         _ = try await call("PATCH", "/v1/apps/\(Self.app)/users/\(user)/notifications/\(id)",
                            ["userActionState": "dismissed"])
+    }
+
+    /// The user's registered devices as the server lists them, by device id.
+    func devices(user: String) async throws -> [String: [String: Any]] {
+        let answer = try await call("GET", "/v1/apps/\(Self.app)/users/\(user)/devices", nil)
+        let list = try XCTUnwrap(answer["devices"] as? [[String: Any]])
+        return Dictionary(uniqueKeysWithValues: list.map { ($0["deviceId"] as! String, $0) })
     }
 
     func delete(user: String, id: String) async throws {

@@ -1014,6 +1014,9 @@ def main() -> None:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
+    # A parent's thread may have had them blocked (Foundation's Process
+    # starts children from such threads): a blocked SIGTERM would never stop us.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
     s.start(a.port)
     info = s.describe()
     if isinstance(s, WebPushStandIn):
