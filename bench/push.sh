@@ -214,7 +214,12 @@ if [[ " $SCENARIOS " == *" harm "* ]]; then
             state=off
             [ "$mode" = on ] && state=$WORK/apns-idle
             herald_start "harm-$mode" memory "$state"
-            [ "$mode" = on ] && python3 "$BENCH/push_load.py" register "http://127.0.0.1:$PORT" "$HANDLES" idle
+            # The same registrations either way (off: without a handle), so only push differs.
+            if [ "$mode" = on ]; then
+                python3 "$BENCH/push_load.py" register "http://127.0.0.1:$PORT" "$HANDLES" idle
+            else
+                python3 "$BENCH/push_load.py" register "http://127.0.0.1:$PORT" "$HANDLES" idle plain
+            fi
             sleep 2
             log="$OUT/push-harm-$mode-$pair.log"
             "${HERALD_ARGS[@]}" --mode fanout --users "$FANOUT_USERS" --devices "$FANOUT_DEVICES" --rate "$FANOUT_RATE" \

@@ -2,7 +2,9 @@
 APNs handles through the server API, publishes one notification to each of
 their users, and reads what the APNs stand-in received.
 
-  push_load.py register BASE COUNT [PREFIX]   COUNT users PREFIX0.., each one ios device with an APNs handle
+  push_load.py register BASE COUNT [PREFIX [plain]]
+                                              COUNT users PREFIX0.., each one ios device with an APNs handle
+                                              (plain: without, for a gateway without push)
   push_load.py burst BASE COUNT [PREFIX]       app-wide sends of 1,000 users each to all COUNT users, at once;
                                               prints the unix time of the first send
   push_load.py publish BASE COUNT RATE [PREFIX] one publish per user at RATE/s; prints one JSON line:
@@ -42,14 +44,16 @@ def request(conn, method: str, path: str, body: dict):
     return r.status, data
 
 
-def register(base: str, count: int, prefix: str) -> None:
+def register(base: str, count: int, prefix: str, handles: bool = True) -> None:
     def work(lo: int, hi: int):
         conn = connection(base)
         for i in range(lo, hi):
             if time.monotonic() > DEADLINE:
                 raise SystemExit("registration ran out of time")
-            status, data = request(conn, "PUT", f"/v1/apps/{APP}/users/{prefix}{i}/devices/phone",
-                                   {"platform": "ios", "push": {"service": "apns", "token": token_for(prefix, i)}})
+            body = {"platform": "ios"}
+            if handles:
+                body["push"] = {"service": "apns", "token": token_for(prefix, i)}
+            status, data = request(conn, "PUT", f"/v1/apps/{APP}/users/{prefix}{i}/devices/phone", body)
             if status != 200:
                 raise SystemExit(f"register {i}: {status} {data[:200]!r}")
     threads = [threading.Thread(target=work, args=(k * count // 8, (k + 1) * count // 8)) for k in range(8)]
@@ -106,7 +110,7 @@ def burst(base: str, count: int, prefix: str) -> None:
 if __name__ == "__main__":
     cmd, base, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
     if cmd == "register":
-        register(base, count, sys.argv[4] if len(sys.argv) > 4 else "p")
+        register(base, count, sys.argv[4] if len(sys.argv) > 4 else "p", handles=sys.argv[5:6] != ["plain"])
     elif cmd == "burst":
         burst(base, count, sys.argv[4] if len(sys.argv) > 4 else "p")
     elif cmd == "publish":
