@@ -67,13 +67,15 @@ extension HeraldClient {
     }
 }
 
-extension Array where Element == HeraldNotification {
-    /// The gateway's order: newest `createdAt` first, ties by higher `id`
-    /// (byte order).
-    func newestFirst() -> [HeraldNotification] {
-        sorted { a, b in
-            a.createdAt != b.createdAt ? a.createdAt > b.createdAt
-                : b.id.utf8.lexicographicallyPrecedes(a.id.utf8)
-        }
+extension HeraldNotification {
+    /// Before `other` in the gateway's order: newest `createdAt` first, ties
+    /// by higher `id` (byte order).
+    func comesBefore(_ other: HeraldNotification) -> Bool {
+        createdAt != other.createdAt ? createdAt > other.createdAt : other.id.utf8.lexicographicallyPrecedes(id.utf8)
     }
+}
+
+extension Array where Element == HeraldNotification {
+    /// The gateway's order (`comesBefore`).
+    func newestFirst() -> [HeraldNotification] { sorted { $0.comesBefore($1) } }
 }

@@ -1,5 +1,6 @@
 import Foundation
 @testable import HeraldClient
+import Observation
 import Synchronization
 import XCTest
 
@@ -343,5 +344,58 @@ final class HeraldClientTests: ClientTestCase {
         #""groupName":null,"displayTimeToLive":null,"targetPlatforms":null,"targetTags":null,"# +
         #""createdAt":"2026-11-22T10:00:00.000Z","updatedAt":"2026-11-22T10:00:00.000Z","# +
         #""expiresAt":"2026-12-22T10:00:00.000Z","readState":"unread","userActionState":"noInteraction","version":1}"#
+    }
+}
+
+/// HeraldModel: the client's state on the main actor, for SwiftUI.
+final class HeraldModelTests: ClientTestCase {
+    func testTheModelMirrorsTheClientAndTellsItsObservers() async throws {
+        let gateway = try GatewayProcess()
+        defer { gateway.stop() }
+        let user = "mia-\(UUID().uuidString.prefix(8))"
+        let early = try await gateway.publish(user: user, appNotificationId: "early", title: "before the model")
+        let phone = try await client(gateway, user: user, device: "phone", file: "phone.db")
+        let log = EventLog()
+        try await log.startLive(phone, as: "phone")
+        // Made after start: its stream opens with the state as it is.
+        let model = await MainActor.run { HeraldModel(client: phone) }
+        var ids = [early]
+        for i in 0..<3 { ids.append(try await gateway.publish(user: user, appNotificationId: "n\(i)", title: "\(i)")) }
+        try await model.until("it has all four, newest first") { [ids] in
+            model.notifications.map(\.id) == ids.reversed() && model.unread == 4
+        }
+
+        let changed = Mutex(false)
+        await MainActor.run {
+            withObservationTracking { _ = model.notifications } onChange: { changed.withLock { $0 = true } }
+        }
+        try await phone.dismiss(ids[1])
+        try await model.until("the dismiss reached it") { [ids] in
+            model.notifications.first { $0.id == ids[1] }?.userActionState == .dismissed && model.unread == 3
+        }
+        XCTAssertTrue(changed.withLock { $0 }, "observers were not told")
+        let (mirrored, connection) = await MainActor.run { (model.notifications, model.connection) }
+        let local = await phone.notifications
+        XCTAssertEqual(mirrored, local)
+        XCTAssertEqual(connection, .live(transport: "websocket"))
+        await MainActor.run { model.stop() }
+        await phone.stop()
+    }
+}
+
+extension HeraldModel {
+    /// Returns once `condition` holds, checked again at each change the
+    /// model's observers are told of; fails at `timeout`.
+    func until(_ what: String, timeout: Duration = .seconds(15), _ condition: @MainActor () -> Bool) async throws {
+        let deadline = ContinuousClock.now + timeout
+        while !condition() {
+            guard ContinuousClock.now < deadline else { throw GatewayFailure("timed out waiting until \(what)") }
+            await withCheckedContinuation { (c: CheckedContinuation<Void, Never>) in
+                let waiting = Mutex<CheckedContinuation<Void, Never>?>(c)
+                let wake: @Sendable () -> Void = { waiting.withLock { w in w?.resume(); w = nil } }
+                withObservationTracking { _ = condition() } onChange: { wake() }
+                Task { try? await Task.sleep(until: deadline); wake() }
+            }
+        }
     }
 }
