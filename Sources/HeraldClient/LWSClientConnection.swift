@@ -80,11 +80,11 @@ class LWSClientConnection: @unchecked Sendable {  // thread-confined loop state;
                                 : "\(endpoint.host):\(endpoint.port)")!
         // The gateway speaks HTTP/1.1 only; so does this client, whatever a TLS front offers.
         let alpn = strdup("http/1.1")!
-        let ca = strdup(caFile)!, method = method.map { strdup($0)! }
+        let method = method.map { strdup($0)! }
         let protocols = UnsafeMutablePointer<lws_protocols>.allocate(capacity: 2)
         let retry = UnsafeMutablePointer<lws_retry_bo_t>.allocate(capacity: 1)
         defer {
-            for s in [name, host, hostHeader, alpn, path, ca, method].compactMap({ $0 }) { free(s) }
+            for s in [name, host, hostHeader, alpn, path, method].compactMap({ $0 }) { free(s) }
             protocols.deallocate()
             retry.deallocate()
         }
@@ -103,8 +103,16 @@ class LWSClientConnection: @unchecked Sendable {  // thread-confined loop state;
         info.protocols = UnsafePointer(protocols)
         info.gid = -1
         info.uid = -1
-        info.options = UInt64(LWS_SERVER_OPTION_DO_SSL_GLOBAL_INIT)
-        info.client_ssl_ca_filepath = UnsafePointer(ca)
+        // TLS only for https/wss, with the trusted CAs loaded once per file:
+        // loading a bundle took about 90 ms of CPU, per request.
+        if endpoint.secure {
+            guard let tls = Self.tlsContext(caFile: caFile) else {
+                failed("the trusted certificates in \(caFile) could not be loaded")
+                return
+            }
+            info.options = UInt64(LWS_SERVER_OPTION_DO_SSL_GLOBAL_INIT)
+            info.provided_client_ssl_ctx = tls
+        }
         // How long connecting, the TLS handshake and waiting for an HTTP answer may take.
         info.timeout_secs = timeoutSeconds
         info.user = Unmanaged.passUnretained(self).toOpaque()
@@ -139,6 +147,25 @@ class LWSClientConnection: @unchecked Sendable {  // thread-confined loop state;
         }
         context.withLock { $0 = 0 }
         lws_context_destroy(ctx)
+    }
+
+    /// One OpenSSL client context per CA file, for the process's life (lws
+    /// does not free a provided one): each connection's TLS verifies the
+    /// chain against it and the host name on its own.
+    private static let tlsContexts = Mutex<[String: UInt]>([:])
+
+    private static func tlsContext(caFile: String) -> OpaquePointer? {
+        tlsContexts.withLock { contexts in
+            if let known = contexts[caFile] { return OpaquePointer(bitPattern: known) }
+            guard let ctx = SSL_CTX_new(TLS_client_method()) else { return nil }
+            guard SSL_CTX_load_verify_locations(ctx, caFile, nil) == 1 else {
+                SSL_CTX_free(ctx)
+                return nil
+            }
+            SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, nil)
+            contexts[caFile] = UInt(bitPattern: Int(bitPattern: UnsafeRawPointer(ctx)))
+            return ctx
+        }
     }
 
     fileprivate func dispatch(_ wsi: OpaquePointer, _ reason: lws_callback_reasons, _ user: UnsafeMutableRawPointer?,

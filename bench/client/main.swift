@@ -2,6 +2,7 @@
 // "HeraldClient"). Run by bench/client.sh against a release gateway:
 //
 //   herald-client-bench --url URL --app APP --server-key KEY [--count 1000] [--rounds 5] [--dir DIR]
+//                       [--tls-url URL --ca PEM]
 //
 // 1. Memory per `count` cached notifications: one client, live on an empty
 //    feed, then `count` notifications published to it (about 1 KB of payload
@@ -12,6 +13,9 @@
 //    started again on its state file: the time from start() to live with all
 //    of them applied, `rounds` times (the first round creates, the others
 //    replace the same notifications).
+// 3. An HTTP call: `counts()` 100 times, this process's CPU and the wall
+//    time per call, over http and (with --tls-url, the same app on a
+//    gateway with a certificate `--ca` trusts) over https.
 import Foundation
 #if canImport(FoundationNetworking)
 import FoundationNetworking
@@ -60,10 +64,28 @@ func publish(user: String, name: String, _ n: Int, large: (Int) -> Bool = { _ in
     }
 }
 
-func client(user: String) async throws -> HeraldClient {
+func client(user: String, at gateway: String = url, caFile: String? = nil) async throws -> HeraldClient {
     let token = try await call("POST", "/tokens", ["userId": user, "ttlSeconds": 3600])["token"] as! String
-    let options = HeraldClient.Options(url: url, deviceId: "bench", stateFile: "\(dir)/herald-client-bench-\(user).db")
-    return try HeraldClient(options: options, token: { token })
+    let options = HeraldClient.Options(url: gateway, deviceId: "bench", stateFile: "\(dir)/herald-client-bench-\(user).db")
+    return try HeraldClient(options: options, transport: LWSTransport(caFile: caFile), token: { token })
+}
+
+/// This process's CPU time so far (user and system).
+func cpuTime() -> Duration {
+    var u = rusage()
+    getrusage(RUSAGE_SELF.rawValue, &u)
+    let micros = (Int64(u.ru_utime.tv_sec) + Int64(u.ru_stime.tv_sec)) * 1_000_000 + Int64(u.ru_utime.tv_usec) + Int64(u.ru_stime.tv_usec)
+    return .microseconds(micros)
+}
+
+/// `counts()` 100 times after one warm-up: CPU and wall time per call.
+func httpCost(_ name: String, at gateway: String, caFile: String? = nil) async throws {
+    let c = try await client(user: "http-\(name)-\(run)", at: gateway, caFile: caFile)
+    _ = try await c.counts()
+    let (cpu0, wall0) = (cpuTime(), ContinuousClock.now)
+    for _ in 0..<100 { _ = try await c.counts() }
+    let (cpu, wall) = (cpuTime() - cpu0, ContinuousClock.now - wall0)
+    print(String(format: "HTTP call (counts) over %@: %.2f ms of CPU, %.2f ms wall, each of 100", name, ms(cpu) / 100, ms(wall) / 100))
 }
 
 /// Reads the client's events (as an app would: an unread stream keeps them
@@ -144,7 +166,12 @@ do {
     let sorted = times.sorted()
     print(String(format: "resume of %d missed changes: median %.1f ms, min %.1f, max %.1f over %d rounds",
                  count, sorted[sorted.count / 2], sorted.first!, sorted.last!, rounds))
-    for f in ["memory", "resume"] {
+
+    // 3. An HTTP call.
+    try await httpCost("http", at: url)
+    if let tls = flag("tls-url") { try await httpCost("https", at: tls, caFile: flag("ca")) }
+
+    for f in ["memory", "resume", "http-http", "http-https"] {
         for suffix in ["", "-wal", "-shm"] { try? FileManager.default.removeItem(atPath: "\(dir)/herald-client-bench-\(f)-\(run).db\(suffix)") }
     }
 } catch {
