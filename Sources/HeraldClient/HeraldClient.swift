@@ -115,7 +115,17 @@ public actor HeraldClient {
     /// The state file's owner matches the token's (`adoptScope`).
     private(set) var shown = false
 
-    public init(options: Options, transport: any HeraldTransport = LWSTransport(),
+    /// URLSession on Apple platforms; libwebsockets elsewhere, where
+    /// URLSession has no WebSockets.
+    public static var platformTransport: any HeraldTransport {
+        #if canImport(Darwin)
+        URLSessionTransport()
+        #else
+        LWSTransport()
+        #endif
+    }
+
+    public init(options: Options, transport: any HeraldTransport = HeraldClient.platformTransport,
                 token: @escaping TokenProvider) throws(HeraldClientError) {
         guard let endpoint = Endpoint(baseURL: options.url) else { throw .badURL(options.url) }
         self.options = options
