@@ -106,14 +106,9 @@ final class PushDispatch {
             }
         }
         // Sent, or claimed by `run`, once durable with the change.
-        guard waiting || !claimed.isEmpty, let transport else { return }
-        let n = claimed.count
-        inFlight += n
-        e.onRollback { [self] in inFlight -= n }
-        e.afterCommit { [self] in
-            if waiting { wake = true }
-            for o in claimed { send(e, transport, o) }
-        }
+        guard let transport else { return }
+        if waiting { e.afterCommit { [self] in wake = true } }
+        hand(e, transport, claimed)
     }
 
     /// A WebSocket of `deviceId` was lost (no close handshake) soon after
@@ -159,9 +154,9 @@ final class PushDispatch {
         if retryDue { nextRetry = nil }
         let countPending = tick >= nextPending
         if countPending { nextPending = tick + Self.pendingEvery }
-        var claimed = 0, outgoing: [OutgoingPush] = []
+        var claimed = 0
         let done = e.transaction("push claim") { () throws(StoreError) in
-            outgoing = []
+            var outgoing: [OutgoingPush] = []
             let jobs = try e.store.claimPushes(now: now, until: now + Self.claimLease, limit: room)
             claimed = jobs.count
             if countPending { metrics.pending.store(try e.store.pendingPushes(), ordering: .relaxed) }
@@ -183,13 +178,19 @@ final class PushDispatch {
                 }
                 outgoing.append(OutgoingPush(job: job, handle: handle, settings: s))
             }
-            let sending = outgoing
-            e.afterCommit { [self] in for o in sending { send(e, transport, o) } }
+            hand(e, transport, outgoing)
         }
-        guard done else { return }
-        inFlight += outgoing.count
         // A full claim may have left more due.
-        if claimed == room { wake = true }
+        if done && claimed == room { wake = true }
+    }
+
+    /// Pushes claimed in the open transaction: counted in flight at once
+    /// (given back if it rolls back), sent once it is durable.
+    private func hand(_ e: Engine, _ transport: PushTransport, _ pushes: [OutgoingPush]) {
+        guard !pushes.isEmpty else { return }
+        inFlight += pushes.count
+        e.onRollback { [self] in inFlight -= pushes.count }
+        e.afterCommit { [self] in for o in pushes { send(e, transport, o) } }
     }
 
     private func send(_ e: Engine, _ transport: PushTransport, _ o: OutgoingPush) {
