@@ -85,8 +85,8 @@ public actor HeraldClient {
     private let tokenProvider: TokenProvider
     let file: StateFile
     private(set) var state: LocalState
-    /// The push handle registered (as sent), kept with the state file.
-    var registeredPush: String?
+    /// The push handle registered (as sent), kept with the state file (`rememberPush`).
+    private(set) var registeredPush: String?
     /// Events collected for the `syncOnce` calls running, by call.
     var collectors: [Int: [Event]] = [:]
     var nextCollector = 0
@@ -473,16 +473,23 @@ public actor HeraldClient {
                 state = LocalState()
                 unreadCount = 0
                 // Registered for the file's former owner, not for this one.
-                registeredPush = nil
-                do { try file.savePush(nil) } catch { emit(.problem(error)) }
+                do { try rememberPush(nil) } catch { emit(.problem(error)) }
             }
             persist(changedIds: [], replaced: hadState)
         }
         guard !shown else { return }
         shown = true
-        emit(.reset(state.sorted))
-        emit(.unread(unreadCount))
+        shownState.forEach(emit)
     }
+
+    /// The push handle now registered, in memory and in the state file.
+    func rememberPush(_ sent: String?) throws(HeraldClientError) {
+        registeredPush = sent
+        try file.savePush(sent)
+    }
+
+    /// What a reader is told the local set is, once it may be shown.
+    private var shownState: [Event] { [.reset(state.sorted), .unread(unreadCount)] }
 
     private func hello(token: String) -> String {
         var o = JSONObject()
@@ -608,10 +615,7 @@ public actor HeraldClient {
         nextReader += 1
         readers[id] = c
         c.onTermination = { [weak self] _ in Task { await self?.removeReader(id) } }
-        if shown {
-            c.yield(.reset(state.sorted))
-            c.yield(.unread(unreadCount))
-        }
+        if shown { for e in shownState { c.yield(e) } }
         c.yield(.connection(connection))
     }
 

@@ -89,16 +89,14 @@ extension HeraldClient {
         _ = try await validToken()
         guard sent != registeredPush else { return }
         try await withAPI { api, token throws(HeraldClientError) in try await api.registerPush(token: token, push: handle.json) }
-        registeredPush = sent
-        try file.savePush(sent)
+        try rememberPush(sent)
     }
 
     /// Takes this device's push handle off its registration (sign-out, or
     /// the user turned notifications off).
     public func removePush() async throws(HeraldClientError) {
         try await withAPI { api, token throws(HeraldClientError) in try await api.registerPush(token: token, push: .null) }
-        registeredPush = nil
-        try file.savePush(nil)
+        try rememberPush(nil)
     }
 
     /// Brings the local set up to date for a push (`ReceivedPush(userInfo:)`),

@@ -22,6 +22,7 @@ class ClientTestCase: XCTestCase {
     /// hour-long token for the user.
     func client(_ gateway: GatewayProcess, url: String? = nil, user: String, device: String,
                 platform: Platform = .other, file: String, token: HeraldClient.TokenProvider? = nil,
+                transport: (any HeraldTransport)? = nil,
                 configure: (inout HeraldClient.Options) -> Void = { _ in }) async throws -> HeraldClient {
         let fixed = try await gateway.token(user: user)
         var options = HeraldClient.Options(url: url ?? gateway.baseURL, deviceId: device, platform: platform,
@@ -30,7 +31,7 @@ class ClientTestCase: XCTestCase {
         options.reconnect.initial = .milliseconds(50)
         options.reconnect.cap = .milliseconds(500)
         configure(&options)
-        return try HeraldClient(options: options, token: token ?? { fixed })
+        return try HeraldClient(options: options, transport: transport ?? HeraldClient.platformTransport, token: token ?? { fixed })
     }
 
     /// A client named "phone" (state in phone.db), watched by a new log and live.

@@ -11,12 +11,8 @@ final class URLSessionTransportTests: ClientTestCase {
         defer { gateway.stop() }
         let user = "uma-\(UUID().uuidString.prefix(8))"
         let early = try await gateway.publish(user: user, appNotificationId: "early", title: "before the client")
-        let token = try await gateway.token(user: user)
-        var options = HeraldClient.Options(url: gateway.baseURL, deviceId: "phone",
-                                           stateFile: directory.appendingPathComponent("phone.db").path)
-        options.reconnect.initial = .milliseconds(50)
-        options.fallback.pollWait = .seconds(1)
-        let phone = try HeraldClient(options: options, transport: URLSessionTransport(), token: { token })
+        let phone = try await client(gateway, user: user, device: "phone", file: "phone.db", transport: URLSessionTransport(),
+                                     configure: { $0.fallback.pollWait = .seconds(1) })
         let log = EventLog()
         log.watch(phone, as: "phone")
         await phone.start()
