@@ -92,6 +92,21 @@ def apns_push(client, s: APNsStandIn, token: str = TOKEN, body: bytes = ALERT, m
                           content=body)
 
 
+def held_then_released(s, send):
+    """Sends with `s` holding its answers: the request is taken and no answer
+    comes until release_held(); answers the one that comes then."""
+    s.hold = True
+    got = {}
+    client = threading.Thread(target=lambda: got.update(r=send()))
+    client.start()
+    [held] = s.wait_for(1)
+    client.join(QUIET)
+    assert held["held"] and "r" not in got, "a held answer was sent"
+    s.release_held()
+    client.join(10)
+    return got["r"]
+
+
 def h2_client(s, **kw) -> httpx.Client:
     return httpx.Client(http2=True, verify=ssl.create_default_context(cafile=s.ca_file), **kw)
 
@@ -426,16 +441,8 @@ def test_fcm_answers_scripted_outcomes_and_holds(fcm, fcm_access):
         (403, "PERMISSION_DENIED", "SENDER_ID_MISMATCH"), (401, "UNAUTHENTICATED", "THIRD_PARTY_AUTH_ERROR")]
     assert "registration token" in answers[1].json()["error"]["message"]
     assert answers[2].headers["retry-after"] == "7"
-    fcm.hold = True
-    got = {}
-    client = threading.Thread(target=lambda: got.update(r=fcm_send(session, fcm, access, MESSAGE)))
-    client.start()
-    [held] = fcm.wait_for(1)
-    client.join(QUIET)
-    assert held["held"] and "r" not in got, "a held answer was sent"
-    fcm.release_held()
-    client.join(10)
-    assert got["r"].status_code == 200 and got["r"].json()["name"]
+    r = held_then_released(fcm, lambda: fcm_send(session, fcm, access, MESSAGE))
+    assert r.status_code == 200 and r.json()["name"]
 
 
 # ---------------------------------------------------------------- Web Push
@@ -557,16 +564,7 @@ def test_web_push_answers_scripted_outcomes_and_holds(web, vapid):
                            headers={"TTL": "0", "Content-Encoding": "aes128gcm",
                                     **Vapid.from_file(str(vapid_file)).sign({"aud": web.url, "sub": "mailto:o@example.com"})})
     assert (r.status_code, r.headers["location"]) == (302, web.redirect_to)
-    web.hold = True
-    got = {}
-    client = threading.Thread(target=lambda: got.update(r=web_post(web, sub, vapid_file)))
-    client.start()
-    [held] = web.wait_for(1)
-    client.join(QUIET)
-    assert held["held"] and "r" not in got, "a held answer was sent"
-    web.release_held()
-    client.join(10)
-    assert got["r"].status_code == 201
+    assert held_then_released(web, lambda: web_post(web, sub, vapid_file)).status_code == 201
 
 
 # ---------------------------------------------------------------- all of them
