@@ -120,13 +120,14 @@ herald_loadgen_args() { # s ca pub-ports sub-port...
 # starts `herald serve --host 127.0.0.1 --port PORT --config <the bench app>
 # ARGS...` in DIR (made fresh), stderr to bench/out/NAME-server.log; sets
 # SPAWNED_PID and waits for its `listening on` line (1 if it never comes).
-# HERALD_LIMITS, when set, is the config's "limits" object.
+# HERALD_LIMITS, when set, is the config's "limits" object; HERALD_APP_EXTRA,
+# more fields of the bench app (`,"push":{...}`).
 herald_spawn() { # name dir port args...
     local name=$1 d=$2 port=$3
     shift 3
     rm -rf "$d"
     mkdir -p "$d"
-    echo "{\"apps\":[{\"id\":\"bench\",\"serverKey\":\"bench-key\",\"tokenSecret\":\"bench-secret\"}]${HERALD_LIMITS:+,\"limits\":$HERALD_LIMITS}}" > "$d/herald.json"
+    echo "{\"apps\":[{\"id\":\"bench\",\"serverKey\":\"bench-key\",\"tokenSecret\":\"bench-secret\"${HERALD_APP_EXTRA:-}}]${HERALD_LIMITS:+,\"limits\":$HERALD_LIMITS}}" > "$d/herald.json"
     "$HERALD_BIN" serve --host 127.0.0.1 --port "$port" --config "$d/herald.json" "$@" \
         > "$d/stdout" 2> "$OUT/$name-server.log" &
     SPAWNED_PID=$!

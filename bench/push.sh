@@ -62,8 +62,7 @@ standin() { # service state-dir args...
 # starts Herald on the bench app, with push through the APNs stand-in in
 # STATE (or, with "off", none); sets HERALD_PID
 herald_start() { # name store push-state|off
-    local name=$1 store=$2 state=$3 d=$WORK/$1
-    rm -rf "$d"; mkdir -p "$d"
+    local name=$1 store=$2 state=$3
     local push=""
     if [ "$state" != off ]; then
         push=$(python3 - "$state" "$STANDIN_URL" <<'EOF'
@@ -77,14 +76,9 @@ EOF
 )
         push=",\"push\":$push"
     fi
-    echo "{\"apps\":[{\"id\":\"bench\",\"serverKey\":\"bench-key\",\"tokenSecret\":\"bench-secret\"$push}]}" > "$d/herald.json"
-    "$HERALD_BIN" serve --host 127.0.0.1 --port "$PORT" --config "$d/herald.json" --store "$store" \
-        > "$d/stdout" 2> "$OUT/push-$name-server.log" &
-    HERALD_PID=$!
-    STARTED_PIDS+=("$HERALD_PID")
-    local i
-    for i in $(seq 1 100); do grep -q '^listening on' "$d/stdout" 2>/dev/null && break; sleep 0.1; done
-    grep -q '^listening on' "$d/stdout" || { log "herald did not start (see $OUT/push-$name-server.log)"; exit 1; }
+    HERALD_APP_EXTRA=$push herald_spawn "push-$name" "$WORK/$name" "$PORT" --store "$store" \
+        || { log "herald did not start (see $OUT/push-$name-server.log)"; exit 1; }
+    HERALD_PID=$SPAWNED_PID
 }
 
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
