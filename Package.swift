@@ -5,10 +5,13 @@ import PackageDescription
 // -dev packages through system library targets.
 let package = Package(
     name: "Herald",
-    platforms: [.macOS(.v15)],
+    // For HeraldClient (Mutex and Observation need these); the gateway runs on Linux.
+    platforms: [.macOS(.v15), .iOS(.v18)],
     products: [
         .executable(name: "herald", targets: ["herald"]),
         .library(name: "HeraldClient", targets: ["HeraldClient"]),
+        // The libwebsockets transport, for Linux apps: HeraldClient's default there.
+        .library(name: "HeraldClientLWS", targets: ["HeraldClientLWS"]),
     ],
     targets: [
         .systemLibrary(name: "CLibWebSockets", pkgConfig: "libwebsockets",
@@ -26,55 +29,70 @@ let package = Package(
                        providers: [.apt(["libcurl4-openssl-dev"])]),
 
         // Pure domain: model, JSON, change feed, cursors, tag expressions,
-        // protocol messages, tokens, store interface. No I/O.
-        .target(name: "HeraldCore", dependencies: ["CCrypto"]),
+        // protocol messages, token claims, store interface. No I/O and no C
+        // library, so that HeraldClient shares it on every platform.
+        .target(name: "HeraldCore"),
+        // The gateway's cryptography through libcrypto: device tokens (HS256),
+        // the WebSocket handshake's SHA-1, P-256 key checks.
+        .target(name: "HeraldCrypto", dependencies: ["HeraldCore", "CCrypto"]),
         // SQLite's default page cache, wrapped so that commits skip a needless scan of it.
         .target(name: "CSQLitePageCache", dependencies: ["CSQLite"]),
         // Store implementations behind HeraldCore.NotificationStore.
         .target(name: "HeraldStores", dependencies: ["HeraldCore", "CSQLite", "CSQLitePageCache", "CPostgres"]),
         // The gateway's logic: engine (store owner, fan-out), HTTP API,
         // WebSocket sessions. Knows nothing of libwebsockets.
-        .target(name: "HeraldGateway", dependencies: ["HeraldCore"]),
+        .target(name: "HeraldGateway", dependencies: ["HeraldCore", "HeraldCrypto"]),
         // The Redis bus behind HeraldGateway.Bus: the only code that talks to hiredis.
         .target(name: "HeraldRedis", dependencies: ["HeraldCore", "HeraldGateway", "CHiredis"]),
         // The only code that talks to libcurl: an HTTP/2 client on a thread of its own.
         .target(name: "HeraldCurl", dependencies: ["HeraldCore", "CCurl"]),
         // Push to devices that are not connected (SPEC section 10): the services'
         // credentials and encodings (APNs, FCM, Web Push), behind HeraldGateway.PushTransport.
-        .target(name: "HeraldPush", dependencies: ["HeraldCore", "HeraldGateway", "HeraldCurl", "CCrypto"]),
+        .target(name: "HeraldPush", dependencies: ["HeraldCore", "HeraldCrypto", "HeraldGateway", "HeraldCurl", "CCrypto"]),
         // The only code that talks to libwebsockets.
         .target(name: "HeraldTransport", dependencies: ["HeraldGateway", "CLibWebSockets"]),
         // Parses flags and wires things up.
         .executableTarget(name: "herald",
-                          dependencies: ["HeraldCore", "HeraldStores", "HeraldGateway", "HeraldRedis", "HeraldTransport", "CLibWebSockets",
-                                         "HeraldPush", "HeraldClient"]),
+                          dependencies: ["HeraldCore", "HeraldCrypto", "HeraldStores", "HeraldGateway", "HeraldRedis", "HeraldTransport",
+                                         "CLibWebSockets", "HeraldPush", "HeraldClient", "HeraldClientLWS"]),
 
-        // The device-side library: local state kept in step with the gateway
-        // over the libwebsockets client API. Shares only HeraldCore's wire types.
-        .target(name: "HeraldClient", dependencies: ["HeraldCore", "CLibWebSockets", "CSQLite", "CSQLitePageCache"]),
+        // The device-side library: local state kept in step with the gateway.
+        // Shares only HeraldCore's wire types. On Apple platforms its graph
+        // holds no system library (SQLite is the SDK's, the transport
+        // URLSession): Tests/e2e/test_package.py checks that.
+        .target(name: "HeraldClient",
+                dependencies: ["HeraldCore", "HeraldClientTransport",
+                               .target(name: "HeraldClientLWS", condition: .when(platforms: [.linux])),
+                               .target(name: "CSQLite", condition: .when(platforms: [.linux])),
+                               .target(name: "CSQLitePageCache", condition: .when(platforms: [.linux]))]),
+        // What a client transport provides (WebSockets, HTTP requests), and the client's errors.
+        .target(name: "HeraldClientTransport"),
+        // The transport over libwebsockets' client API, each connection on a thread of its own.
+        .target(name: "HeraldClientLWS", dependencies: ["HeraldClientTransport", "CLibWebSockets"]),
         // The walk-through of docs/CLIENT-SWIFT.md, compiled so it cannot rot.
         .executableTarget(name: "herald-client-example", dependencies: ["HeraldClient"],
                           path: "Examples/herald-client-example"),
         // What a client costs a device: memory per cached notification, resume time (bench/client.sh).
-        .executableTarget(name: "herald-client-bench", dependencies: ["HeraldClient"], path: "bench/client"),
+        .executableTarget(name: "herald-client-bench", dependencies: ["HeraldClient", "HeraldClientLWS"], path: "bench/client"),
 
         // What several test targets share (a reproducible PRNG).
         .target(name: "HeraldTestSupport", path: "Tests/HeraldTestSupport"),
-        .testTarget(name: "HeraldCoreTests", dependencies: ["HeraldCore"]),
+        // The domain, and the device tokens HeraldCrypto signs from its claims.
+        .testTarget(name: "HeraldCoreTests", dependencies: ["HeraldCore", "HeraldCrypto"]),
         .testTarget(name: "HeraldStoreTests", dependencies: ["HeraldCore", "HeraldStores", "HeraldTestSupport"]),
         // The gateway in-process: inline loop, engine on the test's thread, manual clock.
-        .testTarget(name: "HeraldGatewayTests", dependencies: ["HeraldCore", "HeraldStores", "HeraldGateway", "HeraldTestSupport"]),
+        .testTarget(name: "HeraldGatewayTests", dependencies: ["HeraldCore", "HeraldCrypto", "HeraldStores", "HeraldGateway", "HeraldTestSupport"]),
         // The Redis bus against a real redis-server (HERALD_TEST_REDIS_URL, scripts/test-servers).
         .testTarget(name: "HeraldRedisTests", dependencies: ["HeraldCore", "HeraldGateway", "HeraldRedis"]),
         // Seeded mutation fuzzing of the parsers, bounded in time; corpus in Tests/HeraldFuzzTests/corpus.
-        .testTarget(name: "HeraldFuzzTests", dependencies: ["HeraldCore", "HeraldGateway", "HeraldTestSupport"],
+        .testTarget(name: "HeraldFuzzTests", dependencies: ["HeraldCore", "HeraldCrypto", "HeraldGateway", "HeraldTestSupport"],
                     resources: [.copy("corpus")]),
         // The libcurl client against local TLS servers (HTTP/1.1 and HTTP/2).
         .testTarget(name: "HeraldCurlTests", dependencies: ["HeraldCurl"], exclude: ["tls_test_server.py"]),
         // Push crypto against the RFCs' vectors, and the services' request forms.
-        .testTarget(name: "HeraldPushTests", dependencies: ["HeraldCore", "HeraldPush", "CCrypto"]),
+        .testTarget(name: "HeraldPushTests", dependencies: ["HeraldCore", "HeraldCrypto", "HeraldPush", "CCrypto"]),
         // HeraldClient against a real `herald` process (built by `swift build`).
-        .testTarget(name: "HeraldClientTests", dependencies: ["HeraldClient", "HeraldCore"]),
+        .testTarget(name: "HeraldClientTests", dependencies: ["HeraldClient", "HeraldClientLWS", "HeraldCore", "HeraldCrypto"]),
     ],
     swiftLanguageModes: [.v6]
 )

@@ -1,4 +1,7 @@
 import HeraldCore
+#if canImport(HeraldClientLWS)
+import HeraldClientLWS
+#endif
 
 /// A device's connection to a Herald gateway, and its local copy of the
 /// user's notifications kept equal to the gateway's (PROTOCOL.md 5–6).
@@ -115,13 +118,13 @@ public actor HeraldClient {
     /// The state file's owner matches the token's (`adoptScope`).
     private(set) var shown = false
 
-    /// URLSession on Apple platforms; libwebsockets elsewhere, where
-    /// URLSession has no WebSockets.
+    /// libwebsockets where the package links it (Linux, whose URLSession has
+    /// no WebSockets); URLSession everywhere else.
     public static var platformTransport: any HeraldTransport {
-        #if canImport(Darwin)
-        URLSessionTransport()
-        #else
+        #if canImport(HeraldClientLWS)
         LWSTransport()
+        #else
+        URLSessionTransport()
         #endif
     }
 

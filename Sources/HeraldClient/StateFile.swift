@@ -1,5 +1,11 @@
+#if canImport(CSQLite)
 import CSQLite
+#else
+import SQLite3  // the SDK's, on Apple platforms
+#endif
+#if canImport(CSQLitePageCache)
 import CSQLitePageCache
+#endif
 import HeraldCore
 
 /// The local state on disk: an SQLite file holding the notifications (as
@@ -8,6 +14,8 @@ import HeraldCore
 ///
 /// Used by its client actor only, one call at a time.
 final class StateFile {
+    /// SQLITE_TRANSIENT (a cast macro Swift cannot import): SQLite copies the text.
+    private static let transient = unsafeBitCast(-1, to: sqlite3_destructor_type.self)
     private let db: OpaquePointer
     private let path: String
 
@@ -21,8 +29,12 @@ final class StateFile {
 
     init(path: String) throws(HeraldClientError) {
         self.path = path
+        #if canImport(CSQLitePageCache)
         // Before the process's first connection, whichever of ours opens it.
+        // Not on Apple platforms: there the app's process shares SQLite with
+        // the system's frameworks, which configure it first.
         _ = herald_sqlite_page_cache_install()
+        #endif
         var handle: OpaquePointer?
         let rc = sqlite3_open_v2(path, &handle, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, nil)
         guard rc == SQLITE_OK, let handle else {
@@ -102,7 +114,7 @@ final class StateFile {
         var stmt: OpaquePointer?
         guard sqlite3_prepare_v2(db, sql, -1, &stmt, nil) == SQLITE_OK, let stmt else { throw failure(sql) }
         for (i, arg) in args.enumerated() {
-            if let arg { sqlite3_bind_text(stmt, Int32(i + 1), arg, -1, herald_sqlite_transient) }
+            if let arg { sqlite3_bind_text(stmt, Int32(i + 1), arg, -1, StateFile.transient) }
             else { sqlite3_bind_null(stmt, Int32(i + 1)) }
         }
         return stmt

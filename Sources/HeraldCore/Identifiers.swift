@@ -1,4 +1,3 @@
-import CCrypto
 import Synchronization
 
 /// Character rules for the ids of SPEC section 1 and tags of section 8.
@@ -84,10 +83,17 @@ public enum NotificationID {
 }
 
 public enum Random {
+    /// From the operating system's secure source (getrandom on Linux,
+    /// arc4random on Apple platforms), through the standard library so that
+    /// the domain needs no C library.
     public static func fill(_ bytes: inout [UInt8]) {
-        let n = Int32(bytes.count)
-        let ok = bytes.withUnsafeMutableBufferPointer { RAND_bytes($0.baseAddress, n) }
-        precondition(ok == 1, "the system random source failed")
+        var source = SystemRandomNumberGenerator()
+        var word: UInt64 = 0
+        for i in bytes.indices {
+            if i % 8 == 0 { word = source.next() }
+            bytes[i] = UInt8(truncatingIfNeeded: word)
+            word >>= 8
+        }
     }
 
     /// `count` random bytes as lowercase hex.

@@ -60,9 +60,10 @@ public enum PushHandle: Sendable, Equatable {
     /// What listings show: the service, never the token or subscription.
     public var listing: JSON { ["service": .string(service.rawValue)] }
 
-    /// Reads and validates a handle (SPEC section 10). Which services the
-    /// app configured and which Web Push hosts it allows are the gateway's
-    /// to judge (`PushHandle.check`).
+    /// Reads and validates a handle's form (SPEC section 10). Which services
+    /// the app configured, which Web Push hosts it allows, and whether a
+    /// subscription's key lies on P-256 are the gateway's to judge
+    /// (`PushSettings.refusal`).
     public init(json: JSON) throws(HeraldError) {
         var f = try Fields(json, what: "push")
         guard let service = try f.enumValue("service", PushService.self) else { throw .badRequest("push.service is required") }
@@ -98,7 +99,7 @@ public enum PushHandle: Sendable, Equatable {
         try f.finish()
         var k = try Fields(.object(keys), what: "push.subscription.keys")
         guard let p256dh = Base64URL.decode(try k.requiredString("p256dh", maxBytes: 128)[...]),
-              EllipticCurve.isP256Point(p256dh) else {
+              p256dh.count == 65, p256dh[0] == 0x04 else {
             throw .badRequest("push.subscription.keys.p256dh must be an unpadded base64url P-256 public key (65 bytes)")
         }
         guard let auth = Base64URL.decode(try k.requiredString("auth", maxBytes: 64)[...]), auth.count == 16 else {

@@ -137,7 +137,7 @@ public enum RFC3339 {
 }
 
 extension Int64 {
-    func floorDiv(_ d: Int64) -> Int64 {
+    public func floorDiv(_ d: Int64) -> Int64 {
         let q = self / d
         return (self % d != 0 && (self < 0) != (d < 0)) ? q - 1 : q
     }

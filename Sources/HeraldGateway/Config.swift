@@ -1,4 +1,5 @@
 import HeraldCore
+import HeraldCrypto
 
 /// An app and its credentials. Several keys and secrets live side by side
 /// while they are rotated (docs/OPERATIONS.md, "Rotating keys").
@@ -95,7 +96,12 @@ public struct PushSettings: Sendable, Equatable {
             return .badRequest("push service \(handle.service.rawValue) is not configured for this app"
                                + " (it has \(services.isEmpty ? "none" : services.map(\.rawValue).joined(separator: ", ")))")
         }
-        if case .webpush(let s) = handle, let w = webPush, !PushHandle.allowed(host: s.host, port: s.port, by: w.allowedHosts) {
+        guard case .webpush(let s) = handle, let w = webPush else { return nil }
+        // The domain checks the key's form; whether it lies on the curve takes libcrypto.
+        guard EllipticCurve.isP256Point(s.p256dh) else {
+            return .badRequest("push.subscription.keys.p256dh is not a point on P-256")
+        }
+        if !PushHandle.allowed(host: s.host, port: s.port, by: w.allowedHosts) {
             return .badRequest("push.subscription.endpoint's host \(s.host)\(s.port.map { ":\($0)" } ?? "") is not one of this app's allowed push hosts")
         }
         return nil

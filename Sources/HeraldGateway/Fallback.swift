@@ -1,4 +1,5 @@
 import HeraldCore
+import HeraldCrypto
 
 /// Long-poll sync and Server-Sent Events (SPEC section 4) for devices that
 /// cannot hold a WebSocket: both are outputs of a `Subscription`, so they

@@ -1,4 +1,5 @@
 import HeraldCore
+import HeraldCrypto
 import Synchronization
 
 /// The gateway's wiring: configuration, the engine, the reads and the

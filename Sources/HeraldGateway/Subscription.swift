@@ -1,4 +1,5 @@
 import HeraldCore
+import HeraldCrypto
 
 /// What a subscription writes to: one adapter per transport (WebSocket,
 /// event stream, held poll), as centrifuge's `Transport`. Called on the

@@ -1,4 +1,5 @@
 import HeraldCore
+import HeraldCrypto
 
 /// The opening handshake of `GET /v1/ws` (RFC 6455 section 4.2), which
 /// Herald answers itself like any other request.

@@ -1,4 +1,5 @@
 import HeraldCore
+import HeraldCrypto
 
 /// The transport side of a WebSocket, as a session sees it.
 public protocol WebSocketOutput: AnyObject {

@@ -1,6 +1,7 @@
 import HeraldCore
+import HeraldCrypto
 
-/// HKDF with SHA-256 (RFC 5869), on HeraldCore's HMAC.
+/// HKDF with SHA-256 (RFC 5869), on HeraldCrypto's HMAC.
 enum HKDF {
     static func extract(salt: [UInt8], ikm: [UInt8]) -> [UInt8] {
         HMACSHA256.mac(key: salt, message: ikm)

@@ -81,7 +81,7 @@ final class Supervisor {
         env[Env.bus] = bus
         var folder = Array((NSTemporaryDirectory() as NSString).appendingPathComponent("herald-metrics.XXXXXX").utf8CString)
         if mkdtemp(&folder) != nil {
-            metricsFolder = String(cString: folder)
+            metricsFolder = String(decoding: folder.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
             env[Env.metrics] = metricsFolder
         } else {
             metricsFolder = nil

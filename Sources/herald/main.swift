@@ -1,6 +1,8 @@
 import Foundation
 import HeraldClient
+import HeraldClientLWS
 import HeraldCore
+import HeraldCrypto
 import HeraldGateway
 import HeraldPush
 import HeraldRedis

@@ -1,5 +1,6 @@
 import Foundation
 @testable import HeraldClient
+import HeraldClientLWS
 import XCTest
 
 /// HeraldClient over HTTP: history, counts and actions on demand, and the

@@ -4,6 +4,7 @@ import FoundationNetworking
 #endif
 import HeraldClient
 import HeraldCore
+import HeraldCrypto
 import XCTest
 
 /// A real `herald serve` process on a free port (memory store unless told),

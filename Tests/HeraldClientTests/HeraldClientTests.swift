@@ -1,5 +1,6 @@
 import Foundation
 @testable import HeraldClient
+import HeraldClientLWS
 import Observation
 import Synchronization
 import XCTest

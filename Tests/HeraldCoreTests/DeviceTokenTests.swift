@@ -1,6 +1,7 @@
 import XCTest
 import Foundation
 @testable import HeraldCore
+@testable import HeraldCrypto
 
 final class DeviceTokenTests: XCTestCase {
     let secret = "s3cret-of-the-app"

@@ -2,6 +2,7 @@ import XCTest
 import HeraldTestSupport
 import Synchronization
 import HeraldCore
+import HeraldCrypto
 
 /// `DeviceToken.verify`, `Base64URL.decode` and `PageToken.decode`.
 final class TokenFuzzTests: XCTestCase {

@@ -1,6 +1,7 @@
 import XCTest
 import Synchronization
 import HeraldCore
+import HeraldCrypto
 import HeraldStores
 @testable import HeraldGateway
 

@@ -22,6 +22,7 @@ import FoundationNetworking
 #endif
 import Glibc
 import HeraldClient
+import HeraldClientLWS
 
 struct Failure: Error, CustomStringConvertible { let description: String }
 

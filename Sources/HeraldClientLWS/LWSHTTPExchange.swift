@@ -1,4 +1,5 @@
 import CLibWebSockets
+import HeraldClientTransport
 import Synchronization
 
 /// One HTTP request and its answer over a connection of its own. The

@@ -1,4 +1,5 @@
 import CLibWebSockets
+import HeraldClientTransport
 import Foundation
 import Synchronization
 

@@ -94,6 +94,8 @@ public protocol HTTPTransport: Sendable {
     func send(_ request: HTTPRequest, to endpoint: Endpoint) async throws -> HTTPResponse
 }
 
-/// What the client needs from a platform: `LWSTransport` is the one shipped
-/// (Linux, libwebsockets); another platform's transport conforms to this alone.
+/// What the client needs from a platform. Two are shipped: `URLSessionTransport`
+/// (HeraldClient; the default on Apple platforms) and `LWSTransport`
+/// (HeraldClientLWS, libwebsockets; the default on Linux). Another
+/// platform's transport conforms to this alone.
 public typealias HeraldTransport = WebSocketTransport & HTTPTransport

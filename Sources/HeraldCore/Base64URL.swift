@@ -1,0 +1,49 @@
+public enum Base64URL {
+    static let table: [UInt8] = Array("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_".utf8)
+
+    public static func encode(_ bytes: [UInt8]) -> String {
+        var out: [UInt8] = []
+        out.reserveCapacity((bytes.count + 2) / 3 * 4)
+        var i = 0
+        while i + 3 <= bytes.count {
+            let v = UInt32(bytes[i]) << 16 | UInt32(bytes[i + 1]) << 8 | UInt32(bytes[i + 2])
+            for s in [18, 12, 6, 0] { out.append(table[Int((v >> UInt32(s)) & 63)]) }
+            i += 3
+        }
+        let rest = bytes.count - i
+        if rest == 1 {
+            let v = UInt32(bytes[i]) << 16
+            out.append(table[Int(v >> 18 & 63)]); out.append(table[Int(v >> 12 & 63)])
+        } else if rest == 2 {
+            let v = UInt32(bytes[i]) << 16 | UInt32(bytes[i + 1]) << 8
+            out.append(table[Int(v >> 18 & 63)]); out.append(table[Int(v >> 12 & 63)]); out.append(table[Int(v >> 6 & 63)])
+        }
+        return String(decoding: out, as: UTF8.self)
+    }
+
+    /// Strict: unpadded alphabet only, and no stray bits in the last digit.
+    public static func decode(_ s: Substring) -> [UInt8]? {
+        var out: [UInt8] = []
+        var acc: UInt32 = 0
+        var bits = 0
+        for c in s.utf8 {
+            let d: UInt32
+            switch c {
+            case UInt8(ascii: "A")...UInt8(ascii: "Z"): d = UInt32(c - 65)
+            case UInt8(ascii: "a")...UInt8(ascii: "z"): d = UInt32(c - 97 + 26)
+            case UInt8(ascii: "0")...UInt8(ascii: "9"): d = UInt32(c - 48 + 52)
+            case UInt8(ascii: "-"): d = 62
+            case UInt8(ascii: "_"): d = 63
+            default: return nil
+            }
+            acc = (acc << 6) | d
+            bits += 6
+            if bits >= 8 {
+                bits -= 8
+                out.append(UInt8((acc >> UInt32(bits)) & 0xFF))
+            }
+        }
+        if bits >= 6 || (acc & ((1 << UInt32(bits)) - 1)) != 0 { return nil }
+        return out
+    }
+}
