@@ -284,6 +284,7 @@ static struct {
     double setup_timeout; /* s */
     double hold;          /* idle: s to hold after ready */
     double settle;        /* idle: s to wait before sampling RSS */
+    const char *around_steps; /* fanout: shell command run with "start" before the steps, "stop" after */
     int pub_conns, pub_procs;
     int ts_mode;          /* TS_HYBRID, TS_INTENDED, TS_ACTUAL */
     int server_pids[MAX_PIDS];
@@ -1901,6 +1902,18 @@ static sub_sum_t report_step(int step) {
     return s;
 }
 
+/* --around-steps CMD: `CMD start` before the first step's first publish and
+   `CMD stop` after the last step's drain, each waited for, so that a
+   profiler or counter attached to the server sees the steps alone. */
+static void around_steps(const char *phase) {
+    if (!O.around_steps) return;
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "%s %s", O.around_steps, phase);
+    fflush(stdout);
+    int rc = system(cmd);
+    if (rc != 0) fprintf(stderr, "--around-steps: `%s` exited with %d\n", cmd, rc);
+}
+
 static void usage(void) {
     fputs(
         "usage: loadgen --mode fanout|idle|dismiss|reconnect --sub-url URL [options]\n"
@@ -2021,6 +2034,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--connect-concurrency")) O.connect_conc = atoi(NEXT());
         else if (!strcmp(a, "--setup-timeout")) O.setup_timeout = atof(NEXT());
         else if (!strcmp(a, "--hold")) O.hold = atof(NEXT());
+        else if (!strcmp(a, "--around-steps")) O.around_steps = NEXT();
         else if (!strcmp(a, "--settle")) O.settle = atof(NEXT());
         else if (!strcmp(a, "--pub-conns")) O.pub_conns = atoi(NEXT());
         else if (!strcmp(a, "--pub-procs")) O.pub_procs = atoi(NEXT());
@@ -2183,6 +2197,7 @@ int main(int argc, char **argv) {
 
     if (O.mode == M_FANOUT) {
         double best_dps = 0, best_rate = 0;
+        around_steps("start");
         for (int s = 0; s < nsteps && !g_stop; s++) {
             cmd_t st = {.type = C_STEP, .step = s, .n0 = nstart[s], .count = ncount[s]};
             bcast(SUBS, NSUB, &st);
@@ -2239,6 +2254,7 @@ int main(int argc, char **argv) {
                 }
             }
         }
+        around_steps("stop");
         if (nsteps > 1) {
             printf("saturation: max sustained %.0f deliveries/s (at %.0f publishes/s, p99 <= %.0f ms, no loss)\n", best_dps,
                    best_rate, O.max_p99_ms);

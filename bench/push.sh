@@ -11,7 +11,10 @@
 #   harm        Herald's CPU per live delivery and saturation with push on
 #               (HANDLES, 10,000, idle handles: none due) against push off,
 #               alternated PAIRS (3) times in one run; then, with perf, the
-#               share of Herald's samples in push code in one more fan-out.
+#               share of Herald's samples in push code in one more fan-out;
+#               then, under callgrind, the instructions Herald executes per
+#               live delivery with push off and on, IR_PAIRS (2) times each:
+#               a count, not a time, so the noise of the CPU pairs drops out.
 #   memory      WAITING (100,000) pushes for a stand-in that answers 503:
 #               Herald's RSS while they wait and retry.
 #
@@ -27,6 +30,8 @@ COUNT=${COUNT:-10000}
 RATE=${RATE:-2000}
 HANDLES=${HANDLES:-10000}
 PAIRS=${PAIRS:-3}
+IR_PAIRS=${IR_PAIRS:-2}
+IR_RATE=${IR_RATE:-200}
 WAITING=${WAITING:-100000}
 FANOUT_USERS=${FANOUT_USERS:-1000}
 FANOUT_DEVICES=${FANOUT_DEVICES:-3}
@@ -247,6 +252,43 @@ if [[ " $SCENARIOS " == *" harm "* ]]; then
         echo "Push on, profiled apart (perf record -g): Herald's samples with push code on the stack: $share." >> "$RESULTS"
         echo >> "$RESULTS"
         herald_stop "$HERALD_PID"
+    fi
+    # Instructions per live delivery, counted by callgrind over the fan-out
+    # steps alone (loadgen --around-steps switches counting on and off).
+    if command -v valgrind >/dev/null; then
+        printf '#!/bin/sh\nexec valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$CG_OUT" %s "$@"\n' "$HERALD_BIN" > "$WORK/herald-callgrind"
+        printf '#!/bin/sh\ncallgrind_control -i "$( [ "$2" = start ] && echo on || echo off )" "$1" > /dev/null\n' > "$WORK/callgrind-switch"
+        chmod +x "$WORK/herald-callgrind" "$WORK/callgrind-switch"
+        # Maintenance passes (lastSeen flush every 30 s, pruning every 60 s)
+        # fall into some windows and not others, whatever the deliveries:
+        # their share is shown, and the comparison is made without them.
+        echo "| run | push | deliveries | instructions per delivery (callgrind, fan-out steps only) | of which maintenance passes | per delivery without them | of which recording pushes |" >> "$RESULTS"
+        echo "|---|---|---|---|---|---|---|" >> "$RESULTS"
+        for pair in $(seq 1 "$IR_PAIRS"); do
+            for mode in off on; do
+                state=off plain=plain
+                [ "$mode" = on ] && state=$WORK/apns-idle plain=""
+                CG_OUT=$OUT/push-ir-$mode-$pair.callgrind HERALD_BIN=$WORK/herald-callgrind herald_start "ir-$mode" memory "$state"
+                python3 "$BENCH/push_load.py" register "http://127.0.0.1:$PORT" "$HANDLES" idle $plain
+                log="$OUT/push-ir-$mode-$pair.log"
+                "${HERALD_ARGS[@]}" --mode fanout --users "$FANOUT_USERS" --devices "$FANOUT_DEVICES" --rate "$IR_RATE" \
+                    --duration "$FANOUT_SECONDS" --drain 5 --user-prefix "i${RUN_ID}p$pair" --pub-conns 8 --setup-timeout 300 \
+                    --around-steps "$WORK/callgrind-switch $HERALD_PID" > "$log" 2>&1 || true
+                herald_stop "$HERALD_PID"
+                # Inclusive counts: all, Maintenance.run, PushDispatch.note + record.
+                row=$(callgrind_annotate --inclusive=yes "$OUT/push-ir-$mode-$pair.callgrind" 2>/dev/null | swift demangle --simplified | awk \
+                    -v d="$(res "$log" step=0 delivered)" -v pair="$pair" -v mode="$mode" '
+                    function n(s) { gsub(",", "", s); return s + 0 }
+                    /PROGRAM TOTALS/ { t = n($1) }
+                    /[:.]Maintenance\.run\(/ && !m { m = n($1) }
+                    /[:.]PushDispatch\.record\(/ && !r { r = n($1) }
+                    /[:.]PushDispatch\.note\(/ && !o { o = n($1) }
+                    END { if (d > 0) printf "| %s | %s | %d | %.0f | %.0f | %.0f | %.0f |", pair, mode, d, t / d, m / d, (t - m) / d, (r + o) / d
+                          else printf "| %s | %s | 0 | - | - | - | - |", pair, mode }')
+                echo "$row" >> "$RESULTS"
+            done
+        done
+        echo >> "$RESULTS"
     fi
     kill "$STANDIN_PID" 2>/dev/null || true
 fi

@@ -63,6 +63,10 @@ public protocol StoreReading: AnyObject {
     /// The registrations of `users` (one with none may be left out): for
     /// checking many connected devices at once (`Engine.subscribed`).
     func devices(of users: [UserKey]) throws(StoreError) -> [UserKey: [Device]]
+    /// The registrations of `users` that hold a push handle; a user with
+    /// none is left out. Asked for every batch's users (`PushDispatch`),
+    /// most of whom have none: it costs them a lookup, not a copy.
+    func pushDevices(of users: [UserKey]) throws(StoreError) -> [UserKey: [Device]]
     /// The earliest `expiresAt` of a stored notification, nil when there is
     /// none: whether the expiry sweep has anything to do, asked off the
     /// engine thread (`Maintenance`). It may be earlier than the truth,
@@ -91,6 +95,15 @@ extension StoreReading {
     public func devices(of users: [UserKey]) throws(StoreError) -> [UserKey: [Device]] {
         var out: [UserKey: [Device]] = [:]
         for u in users { out[u] = try devices(u) }
+        return out
+    }
+
+    public func pushDevices(of users: [UserKey]) throws(StoreError) -> [UserKey: [Device]] {
+        var out: [UserKey: [Device]] = [:]
+        for u in users {
+            let all = try devices(u)
+            if all.contains(where: { $0.push != nil }) { out[u] = all.filter { $0.push != nil } }
+        }
         return out
     }
 

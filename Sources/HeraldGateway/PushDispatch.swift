@@ -73,21 +73,24 @@ final class PushDispatch {
     func record(_ e: Engine) throws(StoreError) {
         guard !candidates.isEmpty else { return }
         defer { candidates.removeAll(keepingCapacity: true) }
+        // One read for the batch's users (PostgreSQL: one round trip). Most
+        // users of a busy app have no handle: they cost a lookup here and
+        // nothing more, which is what keeps push off live delivery's bill.
+        var distinct = Set<UserKey>(minimumCapacity: candidates.count)
+        let holders = try e.store.pushDevices(of: candidates.compactMap { distinct.insert($0.user).inserted ? $0.user : nil })
+        guard !holders.isEmpty else { return }
         let all = settings.withLock { $0 }
         let now = e.clock.now()
         var order: [UserKey] = [], byUser: [UserKey: [(record: ChangeRecord, published: Bool)]] = [:]
-        for c in candidates {
+        for c in candidates where holders[c.user] != nil {
             if byUser[c.user] == nil { order.append(c.user) }
             byUser[c.user, default: []].append((c.record, c.published))
         }
         var waiting = false, claimed: [OutgoingPush] = []
-        // One read for the batch's users (PostgreSQL: one round trip).
-        let registrations = try e.store.devices(of: order)
         for user in order {
-            // Most users of a busy app have no handle: nothing more to do for them.
-            guard let devices = registrations[user], devices.contains(where: { $0.push != nil }), let s = all[user.app] else { continue }
+            guard let s = all[user.app] else { continue }
             var others: [String: TransportKind]? = nil
-            for d in devices {
+            for d in holders[user]! {
                 guard let handle = d.push, s.offers(handle.service),
                       try !connected(e, user, d.deviceId, others: &others) else { continue }
                 let viewer = Viewer(userId: user.user, device: d)
@@ -162,7 +165,7 @@ final class PushDispatch {
             if countPending { metrics.pending.store(try e.store.pendingPushes(), ordering: .relaxed) }
             guard !jobs.isEmpty else { return }
             let all = settings.withLock { $0 }
-            let registrations = try e.store.devices(of: Array(Set(jobs.map(\.user))))
+            let registrations = try e.store.pushDevices(of: Array(Set(jobs.map(\.user))))
             for job in jobs {
                 // The handle as registered now: one removed or moved since stops its pushes.
                 guard let s = all[job.user.app],

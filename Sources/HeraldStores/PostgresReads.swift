@@ -31,11 +31,11 @@ struct PostgresReads {
     }
 
     /// `SELECT f.app, f.user_id, <select>` for the users of two text[]
-    /// parameters (`select` names its table `f`).
-    private static func forUsers(_ select: String, _ orderBy: String = "") -> String {
+    /// parameters (`select` names its table `f`; `rest`: a WHERE, an ORDER BY).
+    private static func forUsers(_ select: String, _ rest: String = "") -> String {
         """
         SELECT f.app, f.user_id, \(select) JOIN unnest($1::text[], $2::text[]) AS u(app, user_id)
-        ON f.app = u.app AND f.user_id = u.user_id \(orderBy)
+        ON f.app = u.app AND f.user_id = u.user_id \(rest)
         """
     }
 
@@ -46,6 +46,7 @@ struct PostgresReads {
         return r.count == 0 ? nil : r.optionalInt64(0, 0)
     }
     private static let devicesSQL = forUsers("\(deviceColumns) FROM devices f", "ORDER BY f.registered")
+    private static let pushDevicesSQL = forUsers("\(deviceColumns) FROM devices f", "WHERE f.push IS NOT NULL ORDER BY f.registered")
 
     /// Feed heads, `chunk` users a statement.
     func heads(_ users: [UserKey]) throws(StoreError) -> [UserKey: Int64] {
@@ -60,10 +61,13 @@ struct PostgresReads {
     }
 
     /// Device registrations, `chunk` users a statement, each user's in registration order.
-    func devices(of users: [UserKey]) throws(StoreError) -> [UserKey: [Device]] {
+    func devices(of users: [UserKey]) throws(StoreError) -> [UserKey: [Device]] { try devices(of: users, Self.devicesSQL) }
+    func pushDevices(of users: [UserKey]) throws(StoreError) -> [UserKey: [Device]] { try devices(of: users, Self.pushDevicesSQL) }
+
+    private func devices(of users: [UserKey], _ sql: String) throws(StoreError) -> [UserKey: [Device]] {
         var out: [UserKey: [Device]] = [:]
         for part in Self.chunked(users) {
-            let r = try db.query(Self.devicesSQL, Self.userArrays(part))
+            let r = try db.query(sql, Self.userArrays(part))
             try forEachUser(r, "device") { user, i throws(StoreError) in out[user, default: []].append(try device(r, i, 2)) }
         }
         return out
@@ -274,6 +278,7 @@ final class PostgresStoreReader: StoreReader {
     func feed(_ user: UserKey) throws(StoreError) -> FeedState { try ready().feed(user) }
     func heads(_ users: [UserKey]) throws(StoreError) -> [UserKey: Int64] { try ready().heads(users) }
     func devices(of users: [UserKey]) throws(StoreError) -> [UserKey: [Device]] { try ready().devices(of: users) }
+    func pushDevices(of users: [UserKey]) throws(StoreError) -> [UserKey: [Device]] { try ready().pushDevices(of: users) }
     func notification(_ user: UserKey, id: String) throws(StoreError) -> Notification? { try ready().notification(user, id: id) }
     func changes(_ user: UserKey, after: Int64, limit: Int) throws(StoreError) -> [ChangeRecord] {
         try ready().changes(user, after: after, limit: limit)

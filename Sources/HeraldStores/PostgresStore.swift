@@ -384,6 +384,11 @@ public final class PostgresStore: NotificationStore {
         return try reads.devices(of: users)
     }
 
+    public func pushDevices(of users: [UserKey]) throws(StoreError) -> [UserKey: [Device]] {
+        try check()
+        return try reads.pushDevices(of: users)
+    }
+
     /// The notifications of arrays of (app, user, id), in the arrays' order.
     private static let dueSQL = """
         SELECT n.app, n.user_id, \(PostgresReads.storedNotification) FROM \(PostgresReads.notificationsWithChanges)

@@ -129,11 +129,29 @@ struct SQLiteReads {
                       viewGeneration: r.int64(col + 4), push: try StoredForm.push(r.json(col + 5), isNull: r.isNull(col + 5), corrupt))
     }
 
-    func devices(_ user: UserKey) throws(StoreError) -> [Device] {
+    func devices(_ user: UserKey) throws(StoreError) -> [Device] { try devices(user, Self.devicesSQL) }
+
+    /// One statement a user, each answered from `devices_by_id`.
+    func pushDevices(of users: [UserKey]) throws(StoreError) -> [UserKey: [Device]] {
+        var out: [UserKey: [Device]] = [:]
+        for u in users {
+            let d = try devices(u, Self.pushDevicesSQL)
+            if !d.isEmpty { out[u] = d }
+        }
+        return out
+    }
+
+    private static let devicesSQL = """
+        SELECT device_id, platform, tags, last_seen_at, view_generation, push FROM devices WHERE app = ? AND user = ? ORDER BY rowid
+        """
+    private static let pushDevicesSQL = """
+        SELECT device_id, platform, tags, last_seen_at, view_generation, push FROM devices
+        WHERE app = ? AND user = ? AND push IS NOT NULL ORDER BY rowid
+        """
+
+    private func devices(_ user: UserKey, _ sql: String) throws(StoreError) -> [Device] {
         var out: [Device] = []
-        try db.query("""
-            SELECT device_id, platform, tags, last_seen_at, view_generation, push FROM devices WHERE app = ? AND user = ? ORDER BY rowid
-            """, [.text(user.app), .text(user.user)]) { r throws(StoreError) in
+        try db.query(sql, [.text(user.app), .text(user.user)]) { r throws(StoreError) in
             out.append(try device(r, 0))
             return true
         }
@@ -198,5 +216,6 @@ final class SQLiteStoreReader: StoreReader {
     }
     func counts(_ user: UserKey) throws(StoreError) -> [TargetingCounts] { try reads.counts(user) }
     func devices(_ user: UserKey) throws(StoreError) -> [Device] { try reads.devices(user) }
+    func pushDevices(of users: [UserKey]) throws(StoreError) -> [UserKey: [Device]] { try reads.pushDevices(of: users) }
     func nextExpiry() throws(StoreError) -> Millis? { try reads.nextExpiry() }
 }

@@ -537,6 +537,11 @@ public final class SQLiteStore: NotificationStore {
 
     public func devices(_ user: UserKey) throws(StoreError) -> [Device] { try check(); return try reads.devices(user) }
 
+    public func pushDevices(of users: [UserKey]) throws(StoreError) -> [UserKey: [Device]] {
+        try check()
+        return try reads.pushDevices(of: users)
+    }
+
     public func nextExpiry() throws(StoreError) -> Millis? { try check(); return try reads.nextExpiry() }
 
     public func usersWithDevices(app: String) throws(StoreError) -> [(user: String, devices: [Device])] {

@@ -566,18 +566,23 @@ class StoreConformanceTests: XCTestCase {
     /// a reader; a user with none may be left out.
     func checkDevicesOfManyUsers() throws {
         let many = (0..<600).map { UserKey(app: "app3", user: "u:\($0)@x") }
-        var expected: [UserKey: [Device]] = [:]
+        var expected: [UserKey: [Device]] = [:], withPush: [UserKey: [Device]] = [:]
         for (i, u) in many.enumerated() {
+            // Every third user's second device holds a handle (each its own token).
+            let handle = i % 3 == 0 ? PushHandle.apns(token: String(repeating: "0", count: 60) + String(format: "%04x", i), environment: .production) : nil
             let ds = [Device(deviceId: "z\(i)", platform: .ios, tags: ["t\(i)"], lastSeenAt: Int64(i), viewGeneration: 2),
-                      Device(deviceId: "a\(i)", lastSeenAt: 7)]
+                      Device(deviceId: "a\(i)", lastSeenAt: 7, push: handle)]
             for d in ds { try store.saveDevice(u, d) }
             expected[u] = ds
+            if handle != nil { withPush[u] = [ds[1]] }
         }
         try store.saveDevice(aliceInApp2, Device(deviceId: "other-app", lastSeenAt: 1))
         let asked = many + [alice]
         func known(_ d: [UserKey: [Device]]) -> [UserKey: [Device]] { d.filter { !$0.value.isEmpty } }
         XCTAssertEqual(known(try store.devices(of: asked)), expected)
         XCTAssertEqual(try store.devices(of: []), [:])
+        XCTAssertEqual(try store.pushDevices(of: asked), withPush, "only registrations with a handle, only users with one")
+        XCTAssertEqual(try store.pushDevices(of: []), [:])
         guard let reader = try store.makeReader() else { return }
         XCTAssertEqual(known(try reader.read { r throws(StoreError) in try r.devices(of: asked) }), expected)
     }
