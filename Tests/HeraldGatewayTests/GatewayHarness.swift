@@ -304,6 +304,7 @@ final class Harness {
                                 secret: s.secret, kid: s.kid)
     }
 
+    @discardableResult
     func request(_ method: String, _ path: String, token: String? = nil, device: String? = nil, query: [(String, String)] = [],
                  body: JSON? = nil, headers: [String: String] = [:]) -> RecordingResponder {
         var h: [String: String] = ["authorization": "Bearer " + (token ?? Self.app.serverKeys[0])]

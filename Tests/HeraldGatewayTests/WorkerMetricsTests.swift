@@ -43,7 +43,7 @@ final class WorkerMetricsTests: XCTestCase {
         try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(atPath: folder) }
         func write(_ name: String, _ value: Int) {
-            FileManager.default.createFile(atPath: "\(folder)/\(name)",
+            _ = FileManager.default.createFile(atPath: "\(folder)/\(name)",
                                            contents: Data("# TYPE herald_publishes_total counter\nherald_publishes_total \(value)\n".utf8))
         }
         for i in [2, 3] { write("worker-\(i).prom", 5) }

@@ -286,7 +286,7 @@ final class PostgresStoreTests: XCTestCase {
         let url = database.url, alice = alice, t0 = t0
         let nodes = [try PostgresStore(url: url), try PostgresStore(url: url)]
         for k in 0..<5 { _ = try nodes[0].upsert(alice, note("n_\(k)", expiresAt: t0), previous: nil, at: t0) }
-        try concurrently(2) { [self] i in
+        try concurrently(2) { i in
             let store = nodes[i]
             for k in 1...300 {
                 if i == 1 {
