@@ -32,6 +32,7 @@ HANDLES=${HANDLES:-10000}
 PAIRS=${PAIRS:-3}
 IR_PAIRS=${IR_PAIRS:-2}
 IR_RATE=${IR_RATE:-200}
+HARM_STORE=${HARM_STORE:-memory}  # the callgrind pairs' store: memory or sqlite
 WAITING=${WAITING:-100000}
 FANOUT_USERS=${FANOUT_USERS:-1000}
 FANOUT_DEVICES=${FANOUT_DEVICES:-3}
@@ -268,7 +269,9 @@ if [[ " $SCENARIOS " == *" harm "* ]]; then
             for mode in off on; do
                 state=off plain=plain
                 [ "$mode" = on ] && state=$WORK/apns-idle plain=""
-                CG_OUT=$OUT/push-ir-$mode-$pair.callgrind HERALD_BIN=$WORK/herald-callgrind herald_start "ir-$mode" memory "$state"
+                store=$HARM_STORE
+                [ "$store" = sqlite ] && store=sqlite:$WORK/ir-$mode-$pair.db
+                CG_OUT=$OUT/push-ir-$mode-$pair.callgrind HERALD_BIN=$WORK/herald-callgrind herald_start "ir-$mode" "$store" "$state"
                 python3 "$BENCH/push_load.py" register "http://127.0.0.1:$PORT" "$HANDLES" idle $plain
                 log="$OUT/push-ir-$mode-$pair.log"
                 "${HERALD_ARGS[@]}" --mode fanout --users "$FANOUT_USERS" --devices "$FANOUT_DEVICES" --rate "$IR_RATE" \

@@ -444,6 +444,7 @@ public actor HeraldClient {
         let applied = state.apply(frame)
         if applied.needsSave { persist(changedIds: applied.changedIds, replaced: applied.replaced) }
         applied.events.forEach(emit)
+        if applied.epochReplaced { registerPushAgain() }
     }
 
     /// The token in use, asked of the provider when there is none: the
@@ -489,6 +490,18 @@ public actor HeraldClient {
     func rememberPush(_ sent: String?) throws(HeraldClientError) {
         registeredPush = sent
         try file.savePush(sent)
+    }
+
+    /// The gateway lost its history (another epoch), and perhaps this
+    /// device's registration with it: the handle is sent again at once. It
+    /// is forgotten first, so that if this fails the app's next
+    /// `registerPush` sends it.
+    func registerPushAgain() {
+        guard let sent = registeredPush, let handle = try? JSONParser.parse(Array(sent.utf8)) else { return }
+        do { try rememberPush(nil) } catch { return emit(.problem(error)) }
+        Task {
+            do throws(HeraldClientError) { try await sendPush(handle, as: sent) } catch { emit(.problem(error)) }
+        }
     }
 
     /// What a reader is told the local set is, once it may be shown.

@@ -18,6 +18,9 @@ struct LocalState {
         var changedIds: Set<String> = []
         var replaced = false
         var positionMoved = false
+        /// The gateway's feed has another epoch than the one held: its
+        /// history was lost, and its registrations may have gone with it.
+        var epochReplaced = false
         var needsSave: Bool { replaced || positionMoved || !changedIds.isEmpty }
     }
 
@@ -30,6 +33,7 @@ struct LocalState {
     /// Applies the feed part of a frame; other frames change nothing here.
     mutating func apply(_ frame: ServerFrame) -> Applied {
         var out = Applied()
+        let heldEpoch = epoch
         switch frame {
         case .changes(let changes, let frameCursor):
             for change in changes where cursor.map({ change.seq > $0 }) ?? true {
@@ -63,6 +67,7 @@ struct LocalState {
         case .counts, .answer, .error, .tokenExpiring, .unknown:
             break
         }
+        out.epochReplaced = heldEpoch != nil && epoch != heldEpoch
         return out
     }
 

@@ -88,7 +88,11 @@ extension HeraldClient {
         // The token first: it says whose the state file is, which may forget a former owner's handle.
         _ = try await validToken()
         guard sent != registeredPush else { return }
-        try await withAPI { api, token throws(HeraldClientError) in try await api.registerPush(token: token, push: handle.json) }
+        try await sendPush(handle.json, as: sent)
+    }
+
+    func sendPush(_ handle: JSON, as sent: String) async throws(HeraldClientError) {
+        try await withAPI { api, token throws(HeraldClientError) in try await api.registerPush(token: token, push: handle) }
         try rememberPush(sent)
     }
 

@@ -1,5 +1,5 @@
 import Foundation
-import HeraldClient
+@testable import HeraldClient
 import XCTest
 
 /// The gateway's APNs stand-in (Tests/e2e/push_standins.py) as a process:
@@ -151,6 +151,38 @@ final class ClientPushTests: ClientTestCase {
         try await relaunched.removePush()
         listed = try await back.devices(user: user)
         XCTAssert(listed["phone"]?["push"] is NSNull, "the handle is gone: \(String(describing: listed["phone"]))")
+    }
+
+    func testAGatewayThatLostItsHistoryIsGivenTheHandleAgain() async throws {
+        let standIn = try APNsStandIn(folder: directory.appendingPathComponent("apns"))
+        let config = try standIn.gatewayConfig(in: directory)
+        let gateway = try GatewayProcess(config: config)
+        let user = "sasha-\(UUID().uuidString.prefix(8))"
+        let (phone, log) = try await livePhone(gateway, user: user)
+        try await phone.registerPush(.apns(token: Self.apnsToken, environment: .production))
+        let oldEpoch = await phone.epoch
+        gateway.stop()
+
+        // A memory store restarted: no history, no registrations. The client
+        // reconnects, is reset into the new epoch, and sends its handle unasked.
+        let back = try GatewayProcess(port: gateway.port, config: config)
+        defer { back.stop() }
+        let deadline = ContinuousClock.now + .seconds(15)
+        var listed: [String: [String: Any]] = [:]
+        while ContinuousClock.now < deadline {
+            listed = try await back.devices(user: user)
+            // Listed, and remembered once the gateway's answer came back.
+            if listed["phone"]?["push"] is [String: String], await phone.registeredPush != nil { break }
+            try await Task.sleep(for: .milliseconds(50))
+        }
+        let events = await log.events(of: "phone")
+        XCTAssertEqual(listed["phone"]?["push"] as? [String: String], ["service": "apns"], "\(events)")
+        let epoch = await phone.epoch
+        XCTAssertNotEqual(epoch, oldEpoch)
+        // Registered again, and remembered: the app's next launch sends nothing.
+        back.stop()
+        try await phone.registerPush(.apns(token: Self.apnsToken, environment: .production))
+        await phone.stop()
     }
 
     func testOtherPushesAreNotHerald() {
