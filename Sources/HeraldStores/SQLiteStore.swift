@@ -57,6 +57,12 @@ public final class SQLiteStore: NotificationStore {
     private let busyTimeoutMillis: Int
     /// Inside `begin()` … `commit()`/`rollback()`.
     private var inTransaction = false
+    /// Users that may hold a push handle: read at open, joined by every
+    /// device saved with one, never left (one process writes the file, and a
+    /// superset is safe). Most users of a batch have no handle; this spares
+    /// them the query (`pushDevices`), which every batch of an app with push
+    /// asks.
+    private var mayHoldPush: Set<UserKey> = []
     /// Copies the log into the file off the engine thread; nil for an
     /// in-memory database. Internal for tests.
     private(set) var checkpointer: SQLiteCheckpointer?
@@ -119,6 +125,11 @@ public final class SQLiteStore: NotificationStore {
                 throw StoreError("sqlite (\(path)): the database has no epoch (damaged?)")
             }
             epoch = e
+            try db.query("SELECT DISTINCT app, user FROM devices WHERE push IS NOT NULL") { r throws(StoreError) in
+                guard let app = r.text(0), let user = r.text(1) else { throw StoreError("sqlite (\(path)): unreadable device") }
+                mayHoldPush.insert(UserKey(app: app, user: user))
+                return true
+            }
             if defers {
                 guard let log = db.logPath else { throw StoreError("sqlite (\(path)): no write-ahead log file") }
                 let sync = try SQLiteLogSync(logPath: log)
@@ -539,7 +550,8 @@ public final class SQLiteStore: NotificationStore {
 
     public func pushDevices(of users: [UserKey]) throws(StoreError) -> [UserKey: [Device]] {
         try check()
-        return try reads.pushDevices(of: users)
+        let asked = users.filter(mayHoldPush.contains)
+        return asked.isEmpty ? [:] : try reads.pushDevices(of: asked)
     }
 
     public func nextExpiry() throws(StoreError) -> Millis? { try check(); return try reads.nextExpiry() }
@@ -803,6 +815,7 @@ public final class SQLiteStore: NotificationStore {
 
     public func saveDevice(_ user: UserKey, _ device: Device) throws(StoreError) {
         try check()
+        if device.push != nil { mayHoldPush.insert(user) }
         try db.execute("""
             INSERT INTO devices (app, user, device_id, platform, tags, last_seen_at, view_generation, push, push_key)
             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)

@@ -44,6 +44,7 @@ final class SQLiteStoreTests: XCTestCase {
 
     func testReopenKeepsDataSeqAndEpoch() throws {
         var store: SQLiteStore? = try SQLiteStore(path: path)
+        let bob = UserKey(app: "app1", user: "bob")
         let epoch = try XCTUnwrap(store?.epoch)
         XCTAssertTrue(epoch.hasPrefix("s-"))
         let n1 = note("n_1", "a1"), n2 = note("n_2", "a2")
@@ -53,6 +54,8 @@ final class SQLiteStoreTests: XCTestCase {
         try store!.commit()
         _ = try store!.delete(alice, n1, reason: .deleted, at: t0 + 1)
         try store!.saveDevice(alice, Device(deviceId: "d1", platform: .ios, tags: ["x"], lastSeenAt: 5, viewGeneration: 2))
+        let phone = Device(deviceId: "phone", lastSeenAt: 5, push: .fcm(token: "fcm-token"))
+        try store!.saveDevice(bob, phone)
         let before = try store!.changes(alice, after: 0, limit: 10)
         let head = try store!.feed(alice).head
         store = nil // closes
@@ -65,6 +68,7 @@ final class SQLiteStoreTests: XCTestCase {
         XCTAssertEqual(try again.changes(alice, after: 0, limit: 10).map(\.encoded), before.map(\.encoded))
         XCTAssertEqual(try again.changes(alice, after: 0, limit: 10).map(\.after), before.map(\.after))
         XCTAssertEqual(try again.devices(alice), [Device(deviceId: "d1", platform: .ios, tags: ["x"], lastSeenAt: 5, viewGeneration: 2)])
+        XCTAssertEqual(try again.pushDevices(of: [alice, bob]), [bob: [phone]], "who holds a handle is read again at open")
         let next = try again.upsert(alice, note("n_3", "a3"), previous: nil, at: t0 + 2)
         XCTAssertGreaterThan(next.seq, head, "seq continues, never reused")
         XCTAssertEqual(try again.db.int("PRAGMA user_version"), SQLiteStore.schemaVersion)
