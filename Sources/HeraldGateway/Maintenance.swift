@@ -125,7 +125,7 @@ final class Maintenance {
 
     /// On the reader thread: an ANALYZE of a grown table takes tens of
     /// milliseconds, which every batch would have waited behind
-    /// (docs/BENCHMARKS.md, "Round six"). No success reported: most stores
+    /// (docs/BENCHMARKS-HISTORY.md, "Round six"). No success reported: most stores
     /// have nothing to do here.
     private func refreshStatistics(_ e: Engine) {
         guard !checkingStatistics else { return }

@@ -209,7 +209,7 @@ struct PostgresReads {
     /// still empty database (autovacuum first analyzes a table up to a
     /// minute after it fills, `autovacuum_naptime`), it hash-joined whole
     /// tables for every batch's lookups: PostgreSQL's CPU per publish
-    /// doubled (docs/BENCHMARKS.md, "Round four"). An ANALYZE makes every
+    /// doubled (docs/BENCHMARKS-HISTORY.md, "Round four"). An ANALYZE makes every
     /// node plan its statements again. Afterwards autovacuum, analyzing at
     /// 10 % of changed rows, keeps ahead of this rule.
     func refreshPlannerStatistics() throws(StoreError) -> [String] {
