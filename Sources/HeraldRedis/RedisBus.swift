@@ -57,10 +57,22 @@ public final class RedisBus: Bus, @unchecked Sendable {  // mutable state is und
         cond.lock()
         self.receiver = receiver; self.metrics = metrics; threads = 2
         cond.unlock()
-        let sub = Thread { [self] in nameCurrentThread("herald-bus-sub"); subscribeLoop(); done.signal() }
-        let pub = Thread { [self] in nameCurrentThread("herald-bus-pub"); publishLoop(); done.signal() }
+        let sub = Thread { [self] in Self.ownThread("herald-bus-sub"); subscribeLoop(); done.signal() }
+        let pub = Thread { [self] in Self.ownThread("herald-bus-pub"); publishLoop(); done.signal() }
         sub.start()
         pub.start()
+    }
+
+    /// Names the bus's thread and blocks SIGPIPE on it: hiredis writes with
+    /// plain `send`, and a write to a connection Redis closed must fail
+    /// with EPIPE, not end the process (whatever the host does with the
+    /// signal: `herald` ignores it, a test runner does not).
+    private static func ownThread(_ name: String) {
+        nameCurrentThread(name)
+        var pipe = sigset_t()
+        sigemptyset(&pipe)
+        sigaddset(&pipe, SIGPIPE)
+        pthread_sigmask(SIG_BLOCK, &pipe, nil)
     }
 
     public func stop() {
