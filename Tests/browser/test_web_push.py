@@ -1,0 +1,361 @@
+"""Web Push in headless Chromium: herald.js's enablePush/disablePush and the
+service worker web-demo/herald-sw.js, against the real gateway pushing
+through the Web Push stand-in (Tests/e2e/push_standins.py).
+
+Chromium cannot reach its own push service here, so `pushManager.subscribe`
+never settles: the tests give enablePush a registration whose pushManager
+hands out a subscription of the stand-in (endpoint and keys the stand-in
+made, as a browser's push service would), and check that enablePush asked
+for it with `userVisibleOnly: true` and the gateway's VAPID key. What the
+gateway then sends the stand-in, decrypted there, is delivered to the real
+service worker with the DevTools protocol (`ServiceWorker.deliverPushMessage`),
+and the tray is read back with `registration.getNotifications()`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import time
+import urllib.request
+import uuid
+
+import pytest
+from conftest import REPO_ROOT, SERVER_KEY, Gateway, _stop_checked
+
+sys.path.insert(0, str(REPO_ROOT / "Tests" / "e2e"))
+from push_standins import WebPushStandIn, pem_private  # noqa: E402
+
+WAIT = 20.0
+
+
+@pytest.fixture(scope="module")
+def web_push(browser_paths, tmp_path_factory):
+    with WebPushStandIn(tmp_path_factory.mktemp("webpush")) as web:
+        yield web
+
+
+@pytest.fixture(scope="module")
+def gw(web_push, tmp_path_factory):
+    """A demo gateway whose `demo` app (the config file's) pushes through the stand-in."""
+    from cryptography.hazmat.primitives.asymmetric import ec
+    folder = tmp_path_factory.mktemp("herald")
+    vapid = folder / "vapid.pem"
+    vapid.write_bytes(pem_private(ec.generate_private_key(ec.SECP256R1())))
+    config = folder / "herald.json"
+    config.write_text(json.dumps({"apps": [{"id": "demo", "serverKey": SERVER_KEY, "tokenSecret": uuid.uuid4().hex, "push": {
+        "alert": {"title": "/title", "body": "/body"},
+        "webpush": {"vapidPrivateKeyFile": str(vapid), "subject": "mailto:ops@example.com",
+                    "allowedHosts": [f"127.0.0.1:{web_push.server.port}"], "caFile": web_push.ca_file}}}]}))
+    g = Gateway(folder, ["--config", str(config)]).start()
+    yield g
+    _stop_checked(g)
+
+
+def call(gw: Gateway, method: str, path: str, body: dict | None = None, token: str | None = None,
+         device: str | None = None) -> dict | None:
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {token or SERVER_KEY}"}
+    if device:
+        headers["Herald-Device"] = device
+    req = urllib.request.Request(gw.url + path, method=method, headers=headers,
+                                 data=json.dumps(body).encode() if body is not None else None)
+    with urllib.request.urlopen(req, timeout=30) as r:
+        text = r.read()
+        return json.loads(text) if text else None
+
+
+def device_token(gw: Gateway, user: str, device: str) -> str:
+    return call(gw, "POST", "/v1/demo/token", {"userId": user, "deviceId": device})["token"]
+
+
+def publish(gw: Gateway, user: str, title: str, body: str = "") -> dict:
+    return call(gw, "POST", f"/v1/apps/demo/users/{user}/notifications",
+                {"appNotificationId": uuid.uuid4().hex[:12], "payload": {"title": title, "body": body}})["notification"]
+
+
+def devices(gw: Gateway, user: str) -> dict:
+    return {x["deviceId"]: x for x in call(gw, "GET", f"/v1/apps/demo/users/{user}/devices")["devices"]}
+
+
+def wait_until(what: str, probe, timeout: float = WAIT):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        ok, last = probe()
+        if ok:
+            return last
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
+
+
+class DevTools:
+    """The DevTools protocol of one target (page or service worker), for what
+    Selenium's execute_cdp_cmd cannot do: read events, talk to the worker."""
+
+    def __init__(self, driver, kind: str):
+        from websockets.sync.client import connect
+        addr = driver.capabilities["goog:chromeOptions"]["debuggerAddress"]
+        targets = json.loads(urllib.request.urlopen(f"http://{addr}/json/list", timeout=10).read())
+        [target] = [t for t in targets if t["type"] == kind][:1]
+        self.ws = connect(target["webSocketDebuggerUrl"], max_size=None)
+        self.events: list[dict] = []
+        self.next_id = 0
+
+    def __enter__(self) -> "DevTools":
+        self.ws.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.ws.__exit__(*exc)
+
+    def call(self, method: str, params: dict | None = None) -> dict:
+        self.next_id += 1
+        self.ws.send(json.dumps({"id": self.next_id, "method": method, "params": params or {}}))
+        while True:
+            m = json.loads(self.ws.recv(timeout=WAIT))
+            if m.get("id") == self.next_id:
+                assert "error" not in m, (method, m["error"])
+                return m["result"]
+            self.events.append(m)
+
+    def event(self, method: str) -> dict:
+        """The first event `method` received, waiting for it if need be."""
+        deadline = time.monotonic() + WAIT
+        while not any(e.get("method") == method for e in self.events):
+            assert time.monotonic() < deadline, f"no {method} event"
+            self.events.append(json.loads(self.ws.recv(timeout=WAIT)))
+        return next(e for e in self.events if e.get("method") == method)
+
+    def evaluate(self, expression: str):
+        r = self.call("Runtime.evaluate", {"expression": expression, "awaitPromise": True, "returnByValue": True})
+        assert "exceptionDetails" not in r, r["exceptionDetails"]
+        return r["result"].get("value")
+
+
+# Runs the async function body `arguments[0]` in the page with the rest as `args`: {ok, value} or {ok: false, code, error}.
+RUN_JS = """
+const [body, args, done] = [arguments[0], arguments[1], arguments[arguments.length - 1]];
+(async () => (new Function('args', `return (async () => { ${body} })()`))(args))().then(
+  (value) => done({ ok: true, value: value ?? null }),
+  (e) => done({ ok: false, code: e?.code ?? e?.name ?? null, error: String(e?.message ?? e) }));
+"""
+
+
+def run(d, body: str, *args) -> dict:
+    return d.execute_async_script(RUN_JS, body, list(args))
+
+
+def ok(d, body: str, *args):
+    r = run(d, body, *args)
+    assert r["ok"], r
+    return r["value"]
+
+
+# A HeraldClient for the user's device (not started: enablePush needs none),
+# and a registration of herald-sw.js whose pushManager is the stand-in's.
+SETUP_JS = """
+const [user, deviceId, sub] = args;
+const { HeraldClient } = await import('/herald.js');
+const real = await navigator.serviceWorker.register('/herald-sw.js');
+await navigator.serviceWorker.ready;
+window.client = new HeraldClient({
+  deviceId, platform: 'web', storage: null,
+  getToken: async () => (await (await fetch('/v1/demo/token', {
+    method: 'POST', body: JSON.stringify({ userId: user, deviceId }) })).json()).token,
+});
+window.subscribeCalls = [];
+window.unsubscribed = 0;
+const subscription = sub && {
+  options: { applicationServerKey: null },
+  toJSON: () => sub,
+  unsubscribe: async () => { window.unsubscribed++; return true; },
+};
+let current = null;
+window.reg = {
+  active: real.active,
+  pushManager: {
+    getSubscription: async () => current,
+    subscribe: async (options) => {
+      subscribeCalls.push({ userVisibleOnly: options.userVisibleOnly,
+                            key: btoa(String.fromCharCode(...new Uint8Array(options.applicationServerKey))) });
+      subscription.options.applicationServerKey = options.applicationServerKey;
+      current = subscription;
+      return subscription;
+    },
+  },
+};
+"""
+
+TRAY_JS = """
+const reg = await navigator.serviceWorker.ready;
+return (await reg.getNotifications()).map((n) => ({ tag: n.tag, title: n.title, body: n.body }));
+"""
+
+
+def b64(s: str) -> str:
+    """base64url as the page's btoa gives it."""
+    import base64
+    return base64.b64encode(base64.urlsafe_b64decode(s + "=" * (-len(s) % 4))).decode()
+
+
+class Browser:
+    """A page of the gateway's origin with herald-sw.js registered and notifications allowed;
+    `page` is its DevTools session, with the ServiceWorker domain on (pushes go through it)."""
+
+    def __init__(self, d, gw: Gateway, web: WebPushStandIn, page: DevTools, user: str, device: str = "browser"):
+        self.d, self.gw, self.web, self.user, self.device = d, gw, web, user, device
+        d.get(gw.url + "/herald.js")
+        d.execute_cdp_cmd("Browser.grantPermissions", {"origin": gw.url, "permissions": ["notifications"]})
+        key = call(gw, "GET", "/v1/me/push", token=device_token(gw, user, device))["webPushPublicKey"]
+        self.key = key
+        self.subscription = web.new_subscription(application_server_key=key)
+        ok(d, SETUP_JS, user, device, self.subscription)
+        self.page = page
+        page.call("ServiceWorker.enable")
+        [reg] = page.event("ServiceWorker.workerRegistrationUpdated")["params"]["registrations"]
+        self.registration_id = reg["registrationId"]
+        self.delivered = 0
+
+    def enable(self, **options) -> dict:
+        return ok(self.d, "return await client.enablePush(reg, args[0]);", options)
+
+    def deliver_pushes(self, count: int) -> list[dict]:
+        """Waits for the gateway's next `count` pushes to this browser and hands each to the worker."""
+        mine = lambda: [m for m in self.web.accepted if self.subscription["endpoint"].endswith("/" + m["subscription"])]
+        got = wait_until(f"{count} more pushes at the stand-in",
+                         lambda: (len(mine()) >= self.delivered + count, mine()))[self.delivered:self.delivered + count]
+        for m in got:
+            self.deliver_raw(m["plaintext"].decode())
+        self.delivered += count
+        return got
+
+    def deliver_raw(self, data: str) -> None:
+        self.page.call("ServiceWorker.deliverPushMessage", {
+            "origin": self.gw.url, "registrationId": self.registration_id, "data": data})
+
+    def tray(self) -> list[dict]:
+        return ok(self.d, TRAY_JS)
+
+    def wait_tray(self, what: str, expected) -> None:
+        """Until the tray is `expected` (notifications in any order), or `expected(tray)` holds."""
+        key = lambda xs: sorted(xs, key=lambda x: x["tag"])
+        holds = expected if callable(expected) else lambda tray: key(tray) == key(expected)
+        wait_until(what, lambda: (holds(t := self.tray()), t))
+
+
+def uid(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def browser(gw, web_push, driver):
+    """browser(user): a Browser of that user, on the test's Chromium."""
+    with contextlib.ExitStack() as stack:
+        yield lambda user: Browser(driver, gw, web_push, stack.enter_context(DevTools(driver, "page")), user)
+
+
+def test_enable_push_registers_the_subscription_and_a_publish_shows_one_notification(gw, browser, driver):
+    user = uid("u")
+    b = browser(user)
+    device = b.enable()
+    assert device["push"] == {"service": "webpush"} and device["platform"] == "web", device
+    assert devices(gw, user)["browser"]["push"] == {"service": "webpush"}
+    assert ok(driver, "return subscribeCalls;") == [{"userVisibleOnly": True, "key": b64(b.key)}]
+    n = publish(gw, user, "Build #128 passed", "All 412 tests green")
+    [m] = b.deliver_pushes(1)
+    assert m["json"]["herald"]["id"] == n["id"] and m["headers"]["topic"] == n["id"]
+    b.wait_tray("the notification shown", [{"tag": n["id"], "title": "Build #128 passed", "body": "All 412 tests green"}])
+
+
+def test_a_dismiss_on_another_device_leaves_the_tray_when_the_worker_next_runs(gw, browser, driver):
+    user = uid("u")
+    b = browser(user)
+    b.enable()
+    first, read_one = publish(gw, user, "first"), publish(gw, user, "second")
+    b.deliver_pushes(2)
+    b.wait_tray("both shown", [{"tag": first["id"], "title": "first", "body": ""},
+                               {"tag": read_one["id"], "title": "second", "body": ""}])
+    phone = device_token(gw, user, "phone")
+    call(gw, "PATCH", f"/v1/me/notifications/{first['id']}", {"userActionState": "dismissed"}, token=phone, device="phone")
+    call(gw, "PATCH", f"/v1/me/notifications/{read_one['id']}", {"readState": "read"}, token=phone, device="phone")
+    # Web Push gets no taps: the next visible push runs the worker, which asks the gateway.
+    third = publish(gw, user, "third")
+    [m] = b.deliver_pushes(1)
+    assert m["json"]["herald"]["id"] == third["id"], "the dismiss and the read sent no Web Push"
+    b.wait_tray("only the third left", [{"tag": third["id"], "title": "third", "body": ""}])
+
+
+def test_a_push_whose_change_says_handled_closes_that_notification(gw, browser, driver):
+    user = uid("u")
+    b = browser(user)
+    b.enable()
+    n = publish(gw, user, "to be handled")
+    [m] = b.deliver_pushes(1)
+    b.wait_tray("shown", [{"tag": n["id"], "title": "to be handled", "body": ""}])
+    # A body as the gateway sends it, whose change has the notification dismissed
+    # (a visible push delivered late); the worker closes it without asking.
+    body = m["json"]
+    body["change"]["notification"]["userActionState"] = "dismissed"
+    call(gw, "PATCH", f"/v1/me/notifications/{n['id']}", {"userActionState": "dismissed"},
+         token=device_token(gw, user, "phone"), device="phone")
+    b.deliver_raw(json.dumps(body))
+    b.wait_tray("closed", [])
+
+
+def test_a_click_marks_the_notification_activated_on_the_gateway(gw, browser, driver):
+    user = uid("u")
+    b = browser(user)
+    b.enable()
+    n = publish(gw, user, "open me")
+    b.deliver_pushes(1)
+    b.wait_tray("shown", [{"tag": n["id"], "title": "open me", "body": ""}])
+    # No DevTools command clicks a notification: the click is dispatched in the
+    # worker, on the notification the browser shows, to the worker's own
+    # listener. Such an event is untrusted: its waitUntil throws and it grants
+    # no window focus, so focusing or opening the app is not checked here.
+    with DevTools(driver, "service_worker") as worker:
+        worker.evaluate("""self.registration.getNotifications().then(([n]) =>
+            void self.dispatchEvent(new NotificationEvent('notificationclick', { notification: n })))""")
+    server = lambda: call(gw, "GET", f"/v1/apps/demo/users/{user}/notifications/{n['id']}")["notification"]
+    got = wait_until("activated on the gateway", lambda: ((s := server())["userActionState"] == "activated", s))
+    assert got["readState"] == "read"
+    b.wait_tray("closed by the click", [])
+
+
+def test_a_malformed_push_still_shows_something_and_breaks_nothing(gw, browser, driver):
+    user = uid("u")
+    b = browser(user)
+    b.enable()
+    for data in ["not json", "[]", '{"herald": {"id": 7}}']:
+        b.deliver_raw(data)
+    b.wait_tray("one generic notification", [{"tag": "herald-unknown", "title": "New notification", "body": ""}])
+    n = publish(gw, user, "after the junk")
+    b.deliver_pushes(1)
+    b.wait_tray("the real one shown too", lambda tray: any(x["tag"] == n["id"] for x in tray))
+
+
+def test_disable_push_removes_the_subscription_everywhere(gw, browser, driver):
+    user = uid("u")
+    b = browser(user)
+    b.enable()
+    ok(driver, "await client.disablePush(reg);")
+    assert devices(gw, user)["browser"]["push"] is None
+    assert ok(driver, "return unsubscribed;") == 1
+
+
+def test_enable_push_errors_are_clear(gateway, gw, web_push, driver):
+    # The plain demo gateway's app has no Web Push.
+    driver.get(gateway + "/herald.js")
+    ok(driver, SETUP_JS, uid("u"), "browser", None)
+    r = run(driver, "return await client.enablePush(reg);")
+    assert (r["ok"], r["code"]) == (False, "push_unavailable") and "webPushPublicKey" in r["error"], r
+    r = run(driver, "return await client.enablePush({});")
+    assert (r["ok"], r["code"]) == (False, "push_unsupported"), r
+    # Notifications blocked for the site.
+    driver.get(gw.url + "/herald.js")
+    driver.execute_cdp_cmd("Browser.setPermission", {"origin": gw.url, "permission": {"name": "notifications"},
+                                                     "setting": "denied"})
+    ok(driver, SETUP_JS, uid("u"), "browser", None)
+    r = run(driver, "return await client.enablePush(reg);")
+    assert (r["ok"], r["code"]) == (False, "permission_denied"), r
