@@ -240,6 +240,8 @@ async function onMessage(msg) {
       if (typeof msg.token !== 'string') throw new Error('herald-push-token needs a token');
       await kv('config', (c) => (c ? { ...c, token: msg.token } : c));
       return;
+    case 'herald-push-sync': // a page saw a change: clean the tray now rather than at the next push
+      return;
     case 'herald-push-forget':
       await kv('config', () => undefined);
       await kv('activations', () => undefined);

@@ -69,6 +69,10 @@ def device_token(gw: Gateway, user: str, device: str) -> str:
     return call(gw, "POST", "/v1/demo/token", {"userId": user, "deviceId": device})["token"]
 
 
+def push_key(gw: Gateway, user: str, device: str) -> str:
+    return call(gw, "GET", "/v1/me/push", token=device_token(gw, user, device))["webPushPublicKey"]
+
+
 def publish(gw: Gateway, user: str, title: str, body: str = "") -> dict:
     return call(gw, "POST", f"/v1/apps/demo/users/{user}/notifications",
                 {"appNotificationId": uuid.uuid4().hex[:12], "payload": {"title": title, "body": body}})["notification"]
@@ -200,37 +204,45 @@ def b64(s: str) -> str:
 
 
 class Browser:
-    """A page of the gateway's origin with herald-sw.js registered and notifications allowed;
-    `page` is its DevTools session, with the ServiceWorker domain on (pushes go through it)."""
+    """This browser's tray as the tests see it: pushes handed to its herald-sw.js, notifications
+    read back. `page` is the DevTools session of its page (the ServiceWorker domain must be on
+    to deliver pushes); `subscription` is the stand-in's, which the page subscribes with."""
 
-    def __init__(self, d, gw: Gateway, web: WebPushStandIn, page: DevTools, user: str, device: str = "browser"):
-        self.d, self.gw, self.web, self.user, self.device = d, gw, web, user, device
+    def __init__(self, d, gw: Gateway, web: WebPushStandIn, page: DevTools, subscription: dict):
+        self.d, self.gw, self.web, self.page, self.subscription = d, gw, web, page, subscription
+        self.registration_id = None
+        self.delivered = 0
+
+    @classmethod
+    def herald_js(cls, d, gw: Gateway, web: WebPushStandIn, page: DevTools, user: str, device: str = "browser") -> "Browser":
+        """A page of the gateway's origin running SETUP_JS, notifications allowed."""
         d.get(gw.url + "/herald.js")
         d.execute_cdp_cmd("Browser.grantPermissions", {"origin": gw.url, "permissions": ["notifications"]})
-        key = call(gw, "GET", "/v1/me/push", token=device_token(gw, user, device))["webPushPublicKey"]
-        self.key = key
-        self.subscription = web.new_subscription(application_server_key=key)
-        ok(d, SETUP_JS, user, device, self.subscription)
-        self.page = page
-        page.call("ServiceWorker.enable")
-        [reg] = page.event("ServiceWorker.workerRegistrationUpdated")["params"]["registrations"]
-        self.registration_id = reg["registrationId"]
-        self.delivered = 0
+        b = cls(d, gw, web, page, web.new_subscription(application_server_key=push_key(gw, user, device)))
+        ok(d, SETUP_JS, user, device, b.subscription)
+        return b
 
     def enable(self, **options) -> dict:
         return ok(self.d, "return await client.enablePush(reg, args[0]);", options)
 
     def deliver_pushes(self, count: int) -> list[dict]:
         """Waits for the gateway's next `count` pushes to this browser and hands each to the worker."""
-        mine = lambda: [m for m in self.web.accepted if self.subscription["endpoint"].endswith("/" + m["subscription"])]
         got = wait_until(f"{count} more pushes at the stand-in",
-                         lambda: (len(mine()) >= self.delivered + count, mine()))[self.delivered:self.delivered + count]
+                         lambda: (len(r := self.received()) >= self.delivered + count, r))[self.delivered:self.delivered + count]
         for m in got:
             self.deliver_raw(m["plaintext"].decode())
         self.delivered += count
         return got
 
+    def received(self) -> list[dict]:
+        """What the stand-in took for this browser's subscription, decrypted."""
+        return [m for m in self.web.accepted if self.subscription["endpoint"].endswith("/" + m["subscription"])]
+
     def deliver_raw(self, data: str) -> None:
+        if self.registration_id is None:  # the worker is registered by now
+            self.page.call("ServiceWorker.enable")
+            [reg] = self.page.event("ServiceWorker.workerRegistrationUpdated")["params"]["registrations"]
+            self.registration_id = reg["registrationId"]
         self.page.call("ServiceWorker.deliverPushMessage", {
             "origin": self.gw.url, "registrationId": self.registration_id, "data": data})
 
@@ -252,7 +264,7 @@ def uid(prefix: str) -> str:
 def browser(gw, web_push, driver):
     """browser(user): a Browser of that user, on the test's Chromium."""
     with contextlib.ExitStack() as stack:
-        yield lambda user: Browser(driver, gw, web_push, stack.enter_context(DevTools(driver, "page")), user)
+        yield lambda user: Browser.herald_js(driver, gw, web_push, stack.enter_context(DevTools(driver, "page")), user)
 
 
 def test_enable_push_registers_the_subscription_and_a_publish_shows_one_notification(gw, browser, driver):
@@ -261,7 +273,8 @@ def test_enable_push_registers_the_subscription_and_a_publish_shows_one_notifica
     device = b.enable()
     assert device["push"] == {"service": "webpush"} and device["platform"] == "web", device
     assert devices(gw, user)["browser"]["push"] == {"service": "webpush"}
-    assert ok(driver, "return subscribeCalls;") == [{"userVisibleOnly": True, "key": b64(b.key)}]
+    key = push_key(gw, user, "browser")
+    assert ok(driver, "return subscribeCalls;") == [{"userVisibleOnly": True, "key": b64(key)}]
     n = publish(gw, user, "Build #128 passed", "All 412 tests green")
     [m] = b.deliver_pushes(1)
     assert m["json"]["herald"]["id"] == n["id"] and m["headers"]["topic"] == n["id"]
@@ -282,7 +295,7 @@ def test_a_dismiss_on_another_device_leaves_the_tray_when_the_worker_next_runs(g
     # Web Push gets no taps: the next visible push runs the worker, which asks the gateway.
     third = publish(gw, user, "third")
     [m] = b.deliver_pushes(1)
-    assert m["json"]["herald"]["id"] == third["id"], "the dismiss and the read sent no Web Push"
+    assert m["json"]["herald"]["id"] == third["id"] and len(b.received()) == 3, "the dismiss and the read sent no Web Push"
     b.wait_tray("only the third left", [{"tag": third["id"], "title": "third", "body": ""}])
 
 
@@ -359,3 +372,48 @@ def test_enable_push_errors_are_clear(gateway, gw, web_push, driver):
     ok(driver, SETUP_JS, uid("u"), "browser", None)
     r = run(driver, "return await client.enablePush(reg);")
     assert (r["ok"], r["code"]) == (False, "permission_denied"), r
+
+
+# The browser's push service, out of reach here, replaced in the page by the stand-in's subscription.
+STUB_PUSH_MANAGER_JS = """
+(() => {
+  const sub = %s;
+  let current = null;
+  const subscription = { options: { applicationServerKey: null }, toJSON: () => sub,
+                         unsubscribe: async () => { current = null; return true; } };
+  PushManager.prototype.getSubscription = async function () { return current; };
+  PushManager.prototype.subscribe = async function (options) {
+    subscription.options.applicationServerKey = options.applicationServerKey;
+    return (current = subscription);
+  };
+})();
+"""
+
+
+def test_the_demo_page_enables_push_and_a_dismiss_on_the_phone_card_leaves_the_tray(gw, web_push, driver):
+    from selenium.webdriver.common.by import By
+    d, user = driver, uid("demo")
+    d.execute_cdp_cmd("Browser.grantPermissions", {"origin": gw.url, "permissions": ["notifications"]})
+    subscription = web_push.new_subscription()
+    d.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": STUB_PUSH_MANAGER_JS % json.dumps(subscription)})
+    d.get(f"{gw.url}/?user={user}")
+    find = lambda sel: d.find_element(By.CSS_SELECTOR, sel)  # noqa: E731
+    wait_until("the push control ready", lambda: (find('[data-testid="btn-push"]').is_enabled(), None))
+    find('[data-testid="btn-push"]').click()
+    wait_until("push on", lambda: ("Push is on" in (t := find('[data-testid="push-status"]').text), t))
+    browser_device = next(k for k, v in devices(gw, user).items() if k.startswith("browser-"))
+    assert devices(gw, user)[browser_device]["push"] == {"service": "webpush"}
+    with DevTools(d, "page") as page:
+        b = Browser(d, gw, web_push, page, subscription)
+        find('[data-testid="publish-title"]').clear()
+        find('[data-testid="publish-title"]').send_keys("Deploy finished")
+        find('[data-testid="publish-button"]').click()
+        [m] = b.deliver_pushes(1)
+        nid = m["json"]["herald"]["id"]
+        b.wait_tray("shown in the tray", lambda tray: [x["tag"] for x in tray] == [nid])
+        dismiss = f'[data-testid="device-phone"] [data-testid="notification"][data-id="{nid}"] [data-testid="btn-dismiss"]'
+        wait_until("the phone card shows it", lambda: (bool(d.find_elements(By.CSS_SELECTOR, dismiss)), None))
+        find(dismiss).click()
+        # No push follows a dismiss: the page tells the worker, which asks the gateway.
+        b.wait_tray("gone from the tray", [])
+        assert len(b.received()) == 1
