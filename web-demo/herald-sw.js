@@ -11,7 +11,8 @@
 //   untouched. Web Push has no silent pushes (userVisibleOnly), so a dismiss
 //   on another device leaves this tray when the worker next runs, not at once;
 // - on a click, focuses or opens the app and marks the notification
-//   activated and read.
+//   activated and read;
+// - when the browser replaces the subscription, registers the new one.
 //
 // A classic script (module service workers are not everywhere yet). Its
 // state, in IndexedDB `herald-sw`: the gateway URL, device id, device token,
@@ -223,6 +224,24 @@ async function onClick(notification) {
   await Promise.all([openApp(cfg).catch((e) => console.warn('herald-sw: could not show the app', e)), catchUp()]);
 }
 
+/**
+ * The browser replaced the subscription (it expired, or the push service
+ * rotated it; Firefox does): register the new one, or the gateway would push
+ * into the void. Some browsers hand no new subscription: subscribe again.
+ */
+async function onSubscriptionChange(newSubscription) {
+  const cfg = await readConfig();
+  if (!cfg) return;
+  let sub = newSubscription;
+  if (!sub) {
+    const { webPushPublicKey } = await api(cfg, 'GET', '/v1/me/push');
+    if (!webPushPublicKey) return;
+    sub = await self.registration.pushManager.subscribe({ userVisibleOnly: true, applicationServerKey: webPushPublicKey });
+  }
+  await api(cfg, 'PUT', `/v1/me/devices/${encodeURIComponent(cfg.deviceId)}`,
+    { push: { service: 'webpush', subscription: sub.toJSON() } });
+}
+
 /** Messages from herald.js in the app's pages; answered on the port they bring. */
 async function onMessage(msg) {
   switch (msg?.type) {
@@ -256,6 +275,8 @@ self.addEventListener('install', () => self.skipWaiting());
 self.addEventListener('activate', (event) => event.waitUntil(self.clients.claim()));
 
 self.addEventListener('push', (event) => event.waitUntil(onPush(event.data)));
+
+self.addEventListener('pushsubscriptionchange', (event) => event.waitUntil(onSubscriptionChange(event.newSubscription)));
 
 self.addEventListener('notificationclick', (event) => event.waitUntil(onClick(event.notification)));
 

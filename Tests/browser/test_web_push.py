@@ -14,6 +14,7 @@ and the tray is read back with `registration.getNotifications()`.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import sys
@@ -44,11 +45,13 @@ def gw(web_push, tmp_path_factory):
     vapid = folder / "vapid.pem"
     vapid.write_bytes(pem_private(ec.generate_private_key(ec.SECP256R1())))
     config = folder / "herald.json"
-    config.write_text(json.dumps({"apps": [{"id": "demo", "serverKey": SERVER_KEY, "tokenSecret": uuid.uuid4().hex, "push": {
+    secret = uuid.uuid4().hex
+    config.write_text(json.dumps({"apps": [{"id": "demo", "serverKey": SERVER_KEY, "tokenSecret": secret, "push": {
         "alert": {"title": "/title", "body": "/body"},
         "webpush": {"vapidPrivateKeyFile": str(vapid), "subject": "mailto:ops@example.com",
                     "allowedHosts": [f"127.0.0.1:{web_push.server.port}"], "caFile": web_push.ca_file}}}]}))
     g = Gateway(folder, ["--config", str(config)]).start()
+    g.token_secret = secret
     yield g
     _stop_checked(g)
 
@@ -67,6 +70,25 @@ def call(gw: Gateway, method: str, path: str, body: dict | None = None, token: s
 
 def device_token(gw: Gateway, user: str, device: str) -> str:
     return call(gw, "POST", "/v1/demo/token", {"userId": user, "deviceId": device})["token"]
+
+
+def expired_token(gw: Gateway, user: str, device: str) -> str:
+    """A device token signed as the gateway signs them, expired a minute ago."""
+    import jwt
+    now = int(time.time())
+    return jwt.encode({"app": "demo", "sub": user, "dev": device, "iat": now - 600, "exp": now - 60},
+                      gw.token_secret, algorithm="HS256")
+
+
+# Posts args[0] to the worker, as herald.js does, and waits for its answer.
+TELL_WORKER_JS = """
+const reg = await navigator.serviceWorker.ready;
+return await new Promise((resolve) => {
+  const channel = new MessageChannel();
+  channel.port1.onmessage = (ev) => resolve(ev.data);
+  reg.active.postMessage(args[0], [channel.port2]);
+});
+"""
 
 
 def push_key(gw: Gateway, user: str, device: str) -> str:
@@ -123,13 +145,13 @@ class DevTools:
                 return m["result"]
             self.events.append(m)
 
-    def event(self, method: str) -> dict:
-        """The first event `method` received, waiting for it if need be."""
+    def event(self, method: str, count: int = 1, where=lambda params: True) -> dict:
+        """The `count`th event `method` received whose params hold `where`, waiting for it if need be."""
         deadline = time.monotonic() + WAIT
-        while not any(e.get("method") == method for e in self.events):
-            assert time.monotonic() < deadline, f"no {method} event"
+        while len(got := [e for e in self.events if e.get("method") == method and where(e["params"])]) < count:
+            assert time.monotonic() < deadline, f"fewer than {count} {method} events"
             self.events.append(json.loads(self.ws.recv(timeout=WAIT)))
-        return next(e for e in self.events if e.get("method") == method)
+        return got[count - 1]
 
     def evaluate(self, expression: str):
         r = self.call("Runtime.evaluate", {"expression": expression, "awaitPromise": True, "returnByValue": True})
@@ -199,7 +221,6 @@ return (await reg.getNotifications()).map((n) => ({ tag: n.tag, title: n.title, 
 
 def b64(s: str) -> str:
     """base64url as the page's btoa gives it."""
-    import base64
     return base64.b64encode(base64.urlsafe_b64decode(s + "=" * (-len(s) % 4))).decode()
 
 
@@ -323,13 +344,8 @@ def test_a_click_marks_the_notification_activated_on_the_gateway(gw, browser, dr
     n = publish(gw, user, "open me")
     b.deliver_pushes(1)
     b.wait_tray("shown", [{"tag": n["id"], "title": "open me", "body": ""}])
-    # No DevTools command clicks a notification: the click is dispatched in the
-    # worker, on the notification the browser shows, to the worker's own
-    # listener. Such an event is untrusted: its waitUntil throws and it grants
-    # no window focus, so focusing or opening the app is not checked here.
     with DevTools(driver, "service_worker") as worker:
-        worker.evaluate("""self.registration.getNotifications().then(([n]) =>
-            void self.dispatchEvent(new NotificationEvent('notificationclick', { notification: n })))""")
+        click_in_worker(worker)
     server = lambda: call(gw, "GET", f"/v1/apps/demo/users/{user}/notifications/{n['id']}")["notification"]
     got = wait_until("activated on the gateway", lambda: ((s := server())["userActionState"] == "activated", s))
     assert got["readState"] == "read"
@@ -417,3 +433,57 @@ def test_the_demo_page_enables_push_and_a_dismiss_on_the_phone_card_leaves_the_t
         # No push follows a dismiss: the page tells the worker, which asks the gateway.
         b.wait_tray("gone from the tray", [])
         assert len(b.received()) == 1
+
+
+def click_in_worker(worker: DevTools) -> None:
+    """No DevTools command clicks a notification: the click is dispatched in the worker, on the
+    notification the browser shows, to the worker's own listener. Such an event is untrusted:
+    its waitUntil throws and it grants no window focus, so focusing or opening the app is not
+    checked here."""
+    worker.evaluate("""self.registration.getNotifications().then(([n]) =>
+        void self.dispatchEvent(new NotificationEvent('notificationclick', { notification: n })))""")
+
+
+def test_a_click_with_an_expired_token_is_sent_once_a_page_hands_a_new_one(gw, browser, driver):
+    user = uid("u")
+    b = browser(user)
+    b.enable()
+    n = publish(gw, user, "later")
+    b.deliver_pushes(1)
+    b.wait_tray("shown", [{"tag": n["id"], "title": "later", "body": ""}])
+    with DevTools(driver, "service_worker") as worker:
+        worker.call("Runtime.enable")
+        expired = {"type": "herald-push-token", "token": expired_token(gw, user, "browser")}
+        assert ok(driver, TELL_WORKER_JS, expired) == {"ok": True}
+        click_in_worker(worker)
+        # The worker tried the gateway after the message and after the click, and could not.
+        worker.event("Runtime.consoleAPICalled", 2, lambda p: p["type"] == "warning" and "no tokenUrl" in json.dumps(p["args"]))
+    state = lambda: call(gw, "GET", f"/v1/apps/demo/users/{user}/notifications/{n['id']}")["notification"]
+    assert state()["userActionState"] == "noInteraction"
+    b.wait_tray("closed by the click all the same", [])
+    b.enable()  # a visit: enablePush again hands the worker a fresh token
+    wait_until("activated on the gateway", lambda: ((s := state())["userActionState"] == "activated", s))
+
+
+def test_the_worker_renews_an_expired_token_from_the_token_url(gw, browser, driver):
+    user = uid("u")
+    b = browser(user)
+    b.enable(tokenUrl="/app/herald-token")
+    first = publish(gw, user, "first")
+    b.deliver_pushes(1)
+    b.wait_tray("shown", [{"tag": first["id"], "title": "first", "body": ""}])
+    assert ok(driver, TELL_WORKER_JS, {"type": "herald-push-token", "token": expired_token(gw, user, "browser")}) == {"ok": True}
+    call(gw, "PATCH", f"/v1/me/notifications/{first['id']}", {"userActionState": "dismissed"},
+         token=device_token(gw, user, "phone"), device="phone")
+    second = publish(gw, user, "second")
+    with DevTools(driver, "service_worker") as worker:
+        # The app's token URL, answered through DevTools as the app's server would.
+        worker.call("Fetch.enable", {"patterns": [{"urlPattern": "*/app/herald-token*"}]})
+        b.deliver_pushes(1)
+        paused = worker.event("Fetch.requestPaused")["params"]
+        assert paused["request"]["url"] == f"{gw.url}/app/herald-token?deviceId=browser"
+        fresh = json.dumps({"token": device_token(gw, user, "browser")}).encode()
+        worker.call("Fetch.fulfillRequest", {"requestId": paused["requestId"], "responseCode": 200,
+                                             "responseHeaders": [{"name": "Content-Type", "value": "application/json"}],
+                                             "body": base64.b64encode(fresh).decode()})
+        b.wait_tray("the dismissed one closed with the new token", [{"tag": second["id"], "title": "second", "body": ""}])
