@@ -199,7 +199,7 @@ async function onPush(data) {
     await self.registration.showNotification(typeof push.title === 'string' && push.title ? push.title : FALLBACK_TITLE, {
       body: typeof push.body === 'string' ? push.body : '',
       tag: push.herald.id,
-      data: { heraldId: push.herald.id, groupName: push.groupName ?? null },
+      data: { heraldId: push.herald.id },
     });
   }
   await catchUp();

@@ -5,6 +5,9 @@
 //   client.on('notifications', (list) => render(list));
 //   client.start();
 //
+// client.enablePush(registration) wakes the device through Web Push while no
+// page is open; herald-sw.js, beside this file, is the service worker it needs.
+//
 // Loaded with <script type="module" src="herald.js"> it also sets
 // window.Herald = { HeraldClient, HeraldError, sortNotifications }.
 //
