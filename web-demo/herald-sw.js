@@ -22,6 +22,7 @@
 const DB_NAME = 'herald-sw';
 const TOKEN_MARGIN_MS = 30_000; // a token this close to its exp is renewed first
 const PAGE_LIMIT = 100;
+const REQUEST_TIMEOUT_MS = 10_000; // a hung gateway must not hold the worker (or enablePush) for long
 const FALLBACK_TITLE = 'New notification';
 
 // ------------------------------------------------------------------ IndexedDB
@@ -79,7 +80,7 @@ async function deviceToken(cfg, renew = false) {
   if (!cfg.tokenUrl) throw new Error('the device token has expired and no tokenUrl is set: waiting for a page to hand a new one');
   const url = new URL(cfg.tokenUrl, self.registration.scope);
   url.searchParams.set('deviceId', cfg.deviceId);
-  const res = await fetch(url, { credentials: 'same-origin', cache: 'no-store' });
+  const res = await fetch(url, { credentials: 'same-origin', cache: 'no-store', signal: AbortSignal.timeout(REQUEST_TIMEOUT_MS) });
   if (!res.ok) throw new Error(`tokenUrl answered HTTP ${res.status}`);
   const text = (await res.text()).trim();
   const token = text.startsWith('{') ? JSON.parse(text).token : text;
@@ -102,6 +103,7 @@ async function api(cfg, method, path, body) {
       },
       body: body ? JSON.stringify(body) : undefined,
       cache: 'no-store',
+      signal: AbortSignal.timeout(REQUEST_TIMEOUT_MS),
     });
     if (res.status === 401 && !renew && cfg.tokenUrl) continue;
     if (!res.ok) {
@@ -242,7 +244,10 @@ async function onSubscriptionChange(newSubscription) {
     { push: { service: 'webpush', subscription: sub.toJSON() } });
 }
 
-/** Messages from herald.js in the app's pages; answered on the port they bring. */
+/**
+ * Messages from herald.js in the app's pages; answered on the port they
+ * bring once the worker has also caught up (sent kept clicks, cleaned the tray).
+ */
 async function onMessage(msg) {
   switch (msg?.type) {
     case 'herald-push-config': {
@@ -282,11 +287,8 @@ self.addEventListener('notificationclick', (event) => event.waitUntil(onClick(ev
 
 self.addEventListener('message', (event) => {
   const port = event.ports[0];
-  event.waitUntil(onMessage(event.data).then(
-    () => {
-      port?.postMessage({ ok: true });
-      return catchUp();
-    },
+  event.waitUntil(onMessage(event.data).then(catchUp).then(
+    () => port?.postMessage({ ok: true }),
     (e) => port?.postMessage({ ok: false, error: String(e?.message || e) }),
   ));
 });

@@ -26,6 +26,7 @@ const WS_HANDSHAKE_TIMEOUT_MS = 15_000;
 const WS_PING_INTERVAL_MS = 25_000;
 const WS_PONG_TIMEOUT_MS = 10_000;
 const ACTION_TIMEOUT_MS = 15_000;
+const WORKER_TIMEOUT_MS = 30_000; // herald-sw.js answers after catching up: a few gateway requests
 const STORAGE_VERSION = 1;
 
 /** An error with the gateway's error code (SPEC 6) or a client-side one. */
@@ -98,7 +99,7 @@ function tellWorker(worker, msg) {
   return new Promise((resolve, reject) => {
     const channel = new MessageChannel();
     const timer = setTimeout(() => reject(new HeraldError('timeout',
-      'the service worker did not answer: is it herald-sw.js?')), ACTION_TIMEOUT_MS);
+      'the service worker did not answer within 30 s: is it herald-sw.js, and can it reach the gateway?')), WORKER_TIMEOUT_MS);
     channel.port1.onmessage = (ev) => {
       clearTimeout(timer);
       if (ev.data?.ok) resolve();
