@@ -94,12 +94,13 @@ async function fetchJson(url, init) {
 
 // ---------------------------------------------------------------- tokens
 
-async function demoToken(userId) {
+/** extra: the rest of a token request ({deviceId, ttlSeconds}). */
+async function demoToken(userId, extra = {}) {
   try {
     const { data } = await fetchJson(`${GATEWAY}/v1/demo/token`, {
       method: 'POST',
       headers: { 'Content-Type': 'application/json' },
-      body: JSON.stringify({ userId }),
+      body: JSON.stringify({ userId, ...extra }),
     });
     return data.token;
   } catch (e) {
@@ -153,6 +154,7 @@ class DevicePanel {
     client.on('unread', (n) => this.renderUnread(n));
     client.on('change', (c) => {
       if (c.op === 'upsert' && c.notification.version === 1) this.fresh.add(c.notification.id);
+      else pushControl.changed();
     });
     client.on('error', (e) => {
       // While the gateway is unreachable the status already says 'reconnecting'.
@@ -307,6 +309,100 @@ class DevicePanel {
   }
 }
 
+// ---------------------------------------------------------------- this browser's tray (Web Push)
+
+const WORKER_TOKEN_TTL = 30 * 86400; // the demo has no token URL: the worker gets the longest token
+
+/**
+ * "Enable push on this browser": a fourth device of the user, `browser-<suffix>`,
+ * that holds no connection, so the gateway sends it Web Push. herald-sw.js shows
+ * each push in the OS tray and closes those handled on any device when it runs.
+ */
+class PushControl {
+  constructor() {
+    this.deviceId = `browser-${SUFFIX}`;
+    this.button = $('#push-toggle');
+    this.status = $('#push-status');
+    this.client = null;
+    this.registration = null;
+    this.enabled = false;
+    this.nudge = null;
+    $('#push-device').textContent = this.deviceId;
+    if (!('serviceWorker' in navigator) || typeof PushManager === 'undefined') {
+      this.button.disabled = true;
+      this.say('This browser has no Web Push here (it needs https or localhost).', 'error');
+      return;
+    }
+    this.button.addEventListener('click', () => this.toggle());
+  }
+
+  /** The device belongs to the signed-in user: a switch moves this browser's subscription along. */
+  async setUser(userId) {
+    this.userId = userId;
+    this.client = new HeraldClient({
+      baseUrl: GATEWAY, deviceId: this.deviceId, platform: 'web', storage: null,
+      getToken: () => demoToken(userId, { deviceId: this.deviceId, ttlSeconds: WORKER_TOKEN_TTL }),
+    });
+    if (this.button.disabled && !this.registration) return;
+    await this.run(async () => {
+      this.registration ??= await navigator.serviceWorker.register('herald-sw.js');
+      // Subscribed on an earlier visit: register again (idempotent), which also renews the worker's token.
+      if (this.enabled || await this.registration.pushManager.getSubscription()) await this.enable();
+    });
+  }
+
+  async toggle() {
+    await this.run(async () => {
+      if (this.enabled) {
+        await this.client.disablePush(this.registration);
+        this.enabled = false;
+        this.say('Push is off for this browser.');
+      } else {
+        // Asked here, in the click: some browsers prompt only during a user gesture.
+        if (Notification.permission === 'default') await Notification.requestPermission();
+        await this.enable();
+      }
+    });
+  }
+
+  async enable() {
+    await this.client.enablePush(this.registration);
+    this.enabled = true;
+    this.say(`Push is on: ${this.userId}'s notifications reach this browser's system tray, also with this tab closed.`, 'ok');
+  }
+
+  async run(fn) {
+    this.button.disabled = true;
+    try {
+      await fn();
+    } catch (e) {
+      this.say(e.code === 'push_unavailable'
+        ? 'This gateway\'s demo app has no Web Push: start it with a config that gives it a VAPID key (web-demo/README.md, "Push in the demo").'
+        : `Push: ${e.message}`, 'error');
+    } finally {
+      this.button.disabled = false;
+      this.button.textContent = this.enabled ? 'Disable push on this browser' : 'Enable push on this browser';
+      this.button.dataset.enabled = String(this.enabled);
+    }
+  }
+
+  /** A card saw a change: the worker cleans the tray now instead of at the next push. */
+  changed() {
+    if (!this.enabled || this.nudge) return;
+    this.nudge = setTimeout(() => {
+      this.nudge = null;
+      this.registration.active?.postMessage({ type: 'herald-push-sync' });
+    }, 100);
+  }
+
+  say(text, kind = '') {
+    this.status.textContent = text;
+    this.status.className = `publish-result ${kind}`;
+  }
+}
+
+const pushControl = new PushControl();
+
 // ---------------------------------------------------------------- publisher
 
 let sampleIndex = 1;
@@ -378,7 +474,10 @@ function main() {
     $('#publish-user').textContent = user;
     $('#publish-result').textContent = '';
     try { sessionStorage.setItem('herald-demo-user', user); } catch { /* ignore */ }
-    if (GATEWAY) for (const p of panels) p.connect(user);
+    if (GATEWAY) {
+      for (const p of panels) p.connect(user);
+      pushControl.setUser(user);
+    }
   };
   try {
     const saved = sessionStorage.getItem('herald-demo-user');
@@ -392,7 +491,7 @@ function main() {
 
   $('#publish-form').addEventListener('submit', publish);
   setInterval(() => panels.forEach((p) => p.tick()), 10_000);
-  window.heraldDemo = { panels, GATEWAY }; // handy from the console
+  window.heraldDemo = { panels, pushControl, GATEWAY }; // handy from the console
 }
 
 main();

@@ -5,6 +5,9 @@
 //   client.on('notifications', (list) => render(list));
 //   client.start();
 //
+// client.enablePush(registration) wakes the device through Web Push while no
+// page is open; herald-sw.js, beside this file, is the service worker it needs.
+//
 // Loaded with <script type="module" src="herald.js"> it also sets
 // window.Herald = { HeraldClient, HeraldError, sortNotifications }.
 //
@@ -23,6 +26,7 @@ const WS_HANDSHAKE_TIMEOUT_MS = 15_000;
 const WS_PING_INTERVAL_MS = 25_000;
 const WS_PONG_TIMEOUT_MS = 10_000;
 const ACTION_TIMEOUT_MS = 15_000;
+const WORKER_TIMEOUT_MS = 30_000; // herald-sw.js answers after catching up: a few gateway requests
 const STORAGE_VERSION = 1;
 
 /** An error with the gateway's error code (SPEC 6) or a client-side one. */
@@ -66,6 +70,43 @@ function defaultStorage() {
   } catch {
     return null; // private mode, sandboxed iframe, non-browser: keep state in memory only
   }
+}
+
+function base64UrlBytes(s) {
+  const b64 = String(s).replace(/-/g, '+').replace(/_/g, '/');
+  return Uint8Array.from(atob(b64 + '='.repeat((4 - (b64.length % 4)) % 4)), (c) => c.charCodeAt(0));
+}
+
+function sameBytes(buffer, bytes) {
+  if (!buffer) return false;
+  const a = new Uint8Array(buffer);
+  return a.length === bytes.length && a.every((x, i) => x === bytes[i]);
+}
+
+/** The registration's worker once it is active (a fresh registration is still installing). */
+async function activeWorker(registration) {
+  const w = registration.active || registration.waiting || registration.installing;
+  if (!w) throw new HeraldError('push_unsupported', 'the service worker registration has no worker');
+  while (w.state !== 'activated') {
+    if (w.state === 'redundant') throw new HeraldError('push_unsupported', 'the service worker failed to install');
+    await new Promise((resolve) => w.addEventListener('statechange', resolve, { once: true }));
+  }
+  return w;
+}
+
+/** Posts a message to herald-sw.js and waits for its answer. */
+function tellWorker(worker, msg) {
+  return new Promise((resolve, reject) => {
+    const channel = new MessageChannel();
+    const timer = setTimeout(() => reject(new HeraldError('timeout',
+      'the service worker did not answer within 30 s: is it herald-sw.js, and can it reach the gateway?')), WORKER_TIMEOUT_MS);
+    channel.port1.onmessage = (ev) => {
+      clearTimeout(timer);
+      if (ev.data?.ok) resolve();
+      else reject(new HeraldError('push_worker', `the service worker refused ${msg.type}: ${ev.data?.error}`));
+    };
+    worker.postMessage(msg, [channel.port2]);
+  });
 }
 
 function randomRef() {
@@ -152,6 +193,7 @@ export class HeraldClient {
     this._onOnline = () => this._reconnectNow();
     this._onPageHide = () => this._flush();
     this._persistTimer = null;
+    this._pushRegistration = null; // set by enablePush
 
     this._loadState();
   }
@@ -297,6 +339,74 @@ export class HeraldClient {
   /** Marks every unread notification this device may see read (HTTP). */
   markAllRead() {
     return this._http('POST', '/v1/me/notifications/read-all', { body: {} });
+  }
+
+  // ------------------------------------------------------------------ Web Push
+
+  /**
+   * Wakes this device through Web Push while no page holds a connection
+   * (PROTOCOL 15): subscribes the browser with the app's VAPID key from
+   * GET /v1/me/push, registers the subscription on this device and hands
+   * the service worker (herald-sw.js) the gateway URL, device id and token.
+   * Idempotent: call it on each visit once permission is granted, so the
+   * worker gets fresh tokens. Resolves to the device as the gateway lists it.
+   * @param {ServiceWorkerRegistration} registration  of herald-sw.js
+   * @param {object} [options]
+   * @param {string} [options.tokenUrl]  same-origin URL where the worker gets a new token
+   *        (GET ?deviceId=..., with the page's cookies; answers the token, or JSON with `token`)
+   * @param {string} [options.appUrl]    the page a click opens, default the worker's scope
+   */
+  async enablePush(registration, options = {}) {
+    if (!registration?.pushManager) {
+      throw new HeraldError('push_unsupported', 'enablePush needs a ServiceWorkerRegistration with a pushManager (a browser with Web Push, on https or localhost)');
+    }
+    const worker = await activeWorker(registration);
+    const { webPushPublicKey } = await this._http('GET', '/v1/me/push');
+    if (!webPushPublicKey) {
+      throw new HeraldError('push_unavailable', 'this app has no Web Push on the gateway (GET /v1/me/push gave no webPushPublicKey)');
+    }
+    if (globalThis.Notification?.permission === 'denied') {
+      throw new HeraldError('permission_denied', 'notifications are blocked for this site; the user can allow them in the browser settings');
+    }
+    const key = base64UrlBytes(webPushPublicKey);
+    let sub = await registration.pushManager.getSubscription();
+    if (sub && !sameBytes(sub.options?.applicationServerKey, key)) {
+      await sub.unsubscribe(); // made under another VAPID key: the gateway could not push to it
+      sub = null;
+    }
+    if (!sub) {
+      try {
+        sub = await registration.pushManager.subscribe({ userVisibleOnly: true, applicationServerKey: key });
+      } catch (e) {
+        if (e?.name === 'NotAllowedError') {
+          throw new HeraldError('permission_denied', `the browser refused notifications: ${e.message}`);
+        }
+        throw new HeraldError('push_subscribe_failed', `pushManager.subscribe failed: ${e?.message || e}`);
+      }
+    }
+    const body = { push: { service: 'webpush', subscription: sub.toJSON() } };
+    if (this.platform) body.platform = this.platform;
+    const { device } = await this._http('PUT', `/v1/me/devices/${encodeURIComponent(this.deviceId)}`, { body });
+    await tellWorker(worker, {
+      type: 'herald-push-config', baseUrl: this.baseUrl, deviceId: this.deviceId, token: await this._tokenFor(),
+      tokenUrl: options.tokenUrl ?? null, appUrl: options.appUrl ?? null,
+    });
+    this._pushRegistration = registration; // its worker gets every token this client renews from now on
+    return device;
+  }
+
+  /**
+   * Undoes enablePush: the gateway forgets the subscription first ("push": null),
+   * then the browser drops it and the worker forgets the device.
+   * @param {ServiceWorkerRegistration} [registration] default: enablePush's, or this page's
+   */
+  async disablePush(registration) {
+    const reg = registration ?? this._pushRegistration ?? await globalThis.navigator?.serviceWorker?.getRegistration();
+    await this._http('PUT', `/v1/me/devices/${encodeURIComponent(this.deviceId)}`, { body: { push: null } });
+    this._pushRegistration = null;
+    if (!reg) return;
+    await (await reg.pushManager?.getSubscription())?.unsubscribe();
+    if (reg.active) await tellWorker(reg.active, { type: 'herald-push-forget' });
   }
 
   // ------------------------------------------------------------------ events
@@ -497,6 +607,7 @@ export class HeraldClient {
               const tok = typeof t === 'string' ? t : t?.token;
               if (!tok) throw new HeraldError('unauthorized', 'getToken() returned no token');
               this._token = tok;
+              this._pushRegistration?.active?.postMessage({ type: 'herald-push-token', token: tok });
               return tok;
             })
             .finally(() => { this._tokenPromise = null; });
