@@ -248,6 +248,14 @@ class Browser:
     def enable(self, **options) -> dict:
         return ok(self.d, "return await client.enablePush(reg, args[0]);", options)
 
+    def show_one(self, user: str, title: str) -> tuple[dict, dict]:
+        """Push enabled, a publish of `title` to `user` pushed and shown: the notification and its push."""
+        self.enable()
+        n = publish(self.gw, user, title)
+        [m] = self.deliver_pushes(1)
+        self.wait_tray("shown", [{"tag": n["id"], "title": title, "body": ""}])
+        return n, m
+
     def deliver_pushes(self, count: int, settled: bool = True) -> list[dict]:
         """Waits for the gateway's next `count` pushes to this browser and hands each to the worker."""
         got = wait_until(f"{count} more pushes at the stand-in",
@@ -336,10 +344,7 @@ def test_a_dismiss_on_another_device_leaves_the_tray_when_the_worker_next_runs(g
 def test_a_push_whose_change_says_handled_closes_that_notification(gw, browser, driver):
     user = uid("u")
     b = browser(user)
-    b.enable()
-    n = publish(gw, user, "to be handled")
-    [m] = b.deliver_pushes(1)
-    b.wait_tray("shown", [{"tag": n["id"], "title": "to be handled", "body": ""}])
+    n, m = b.show_one(user, "to be handled")
     # A body as the gateway sends it, whose change has the notification dismissed
     # (a visible push delivered late); the worker closes it without asking.
     body = m["json"]
@@ -353,10 +358,7 @@ def test_a_push_whose_change_says_handled_closes_that_notification(gw, browser, 
 def test_a_click_marks_the_notification_activated_on_the_gateway(gw, browser, driver):
     user = uid("u")
     b = browser(user)
-    b.enable()
-    n = publish(gw, user, "open me")
-    b.deliver_pushes(1)
-    b.wait_tray("shown", [{"tag": n["id"], "title": "open me", "body": ""}])
+    n, _ = b.show_one(user, "open me")
     with DevTools(driver, "service_worker") as worker:
         click_in_worker(worker)
     server = lambda: call(gw, "GET", f"/v1/apps/demo/users/{user}/notifications/{n['id']}")["notification"]
@@ -465,10 +467,7 @@ def click_in_worker(worker: DevTools) -> None:
 def test_a_click_with_an_expired_token_is_sent_once_a_page_hands_a_new_one(gw, browser, driver):
     user = uid("u")
     b = browser(user)
-    b.enable()
-    n = publish(gw, user, "later")
-    b.deliver_pushes(1)
-    b.wait_tray("shown", [{"tag": n["id"], "title": "later", "body": ""}])
+    n, _ = b.show_one(user, "later")
     with DevTools(driver, "service_worker") as worker:
         worker.call("Runtime.enable")
         expired = {"type": "herald-push-token", "token": expired_token(gw, user, "browser")}
