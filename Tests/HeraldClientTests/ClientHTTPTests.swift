@@ -127,9 +127,7 @@ final class ClientHTTPTests: ClientTestCase {
         let later = try await gateway.publish(user: user, appNotificationId: "later", title: "over the WebSocket")
         try await log.eventually("it arrives") { await phone.notification(id: later) != nil }
 
-        let server = try await gateway.notifications(user: user)
-        let local = await snapshots(phone)
-        XCTAssertEqual(local, server)
+        try await assertLocalEqualsServer(phone, gateway, user: user)
         // Every change applied once, across the hand-overs.
         var applied: [String] = []
         for case .upserted(let n) in await log.events(of: "phone") { applied.append("\(n.id) v\(n.version)") }

@@ -144,9 +144,7 @@ final class ClientRecoveryTests: ClientTestCase {
         XCTAssertEqual(connection, [.connecting, .live(transport: "websocket")], "the connection did not stay up")
         let problems = events.filter { if case .problem = $0 { return true }; return false }
         XCTAssertEqual(problems, [])
-        let server = try await gateway.notifications(user: user)
-        let local = await snapshots(phone)
-        XCTAssertEqual(local, server)
+        try await assertLocalEqualsServer(phone, gateway, user: user)
         await phone.stop()
     }
 

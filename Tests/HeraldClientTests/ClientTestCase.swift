@@ -48,6 +48,14 @@ class ClientTestCase: XCTestCase {
         Dictionary(uniqueKeysWithValues: await client.notifications.map { ($0.id, Snapshot($0)) })
     }
 
+    /// Asserts that the client's local set equals the gateway's listing of `user`.
+    func assertLocalEqualsServer(_ client: HeraldClient, _ gateway: GatewayProcess, user: String,
+                                 file: StaticString = #filePath, line: UInt = #line) async throws {
+        let server = try await gateway.notifications(user: user)
+        let local = await snapshots(client)
+        XCTAssertEqual(local, server, file: file, line: line)
+    }
+
     /// A self-signed certificate for `subjectAltName` (and its key), in the test's directory.
     func certificate(_ name: String, altName: String) throws -> (cert: String, key: String) {
         let cert = directory.appendingPathComponent("\(name).crt").path

@@ -117,9 +117,7 @@ final class HeraldClientTests: ClientTestCase {
             }
         }
         XCTAssertFalse(ids.contains(hers), "an event showed alice's notification to bob")
-        let server = try await gateway.notifications(user: bob)
-        let local = await snapshots(second)
-        XCTAssertEqual(local, server)
+        try await assertLocalEqualsServer(second, gateway, user: bob)
     }
 
     func testEachReaderOfEventsSeesEveryEvent() async throws {
@@ -175,9 +173,7 @@ final class HeraldClientTests: ClientTestCase {
 
         let log = EventLog()
         try await log.startLive(second, as: "phone")
-        let server = try await gateway.notifications(user: user)
-        let local = await snapshots(second)
-        XCTAssertEqual(local, server)
+        try await assertLocalEqualsServer(second, gateway, user: user)
 
         // Exactly what it missed, in feed order, and no reset.
         var feed: [String] = []
@@ -263,9 +259,7 @@ final class HeraldClientTests: ClientTestCase {
             let (live, n) = (await phone.isLive, await phone.notification(id: after))
             return live && n != nil
         }
-        let server = try await gateway.notifications(user: user)
-        let local = await snapshots(phone)
-        XCTAssertEqual(local, server)
+        try await assertLocalEqualsServer(phone, gateway, user: user)
         let resets = await log.events(of: "phone").filter { if case .reset = $0 { return true }; return false }
         XCTAssertEqual(resets.count, 1, "only the first connection's reset: the reconnect resumed")
         let polled = await log.events(of: "phone").contains(.connection(.live(transport: "poll")))

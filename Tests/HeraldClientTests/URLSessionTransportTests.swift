@@ -43,9 +43,7 @@ final class URLSessionTransportTests: ClientTestCase {
         } catch {
             guard case .server("not_found", _) = error else { return XCTFail("unexpected \(error)") }
         }
-        let server = try await gateway.notifications(user: user)
-        let local = await snapshots(phone)
-        XCTAssertEqual(local, server)
+        try await assertLocalEqualsServer(phone, gateway, user: user)
         await phone.stop()
     }
 
