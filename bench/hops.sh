@@ -18,6 +18,7 @@ DEVICES=${DEVICES:-3}
 RATE=${RATE:-1000}
 DURATION=${DURATION:-10}
 STORE=${STORE:-memory}
+SERVE_ARGS=${SERVE_ARGS:-}   # more flags for herald serve (e.g. --threads 1)
 PORT=${PORT:-18190}
 HERALD_BIN=${HERALD_BIN:-$ROOT/.build/release/herald}
 RESULTS=$OUT/hops-results.md
@@ -29,7 +30,7 @@ measure_background
 
 store=$STORE
 [ "$store" = sqlite ] && store=sqlite:$WORK/hops.db
-herald_spawn hops "$WORK/herald" "$PORT" --store "$store" || { log "herald did not start (see $OUT/hops-server.log)"; exit 1; }
+herald_spawn hops "$WORK/herald" "$PORT" --store "$store" ${SERVE_ARGS:-} || { log "herald did not start (see $OUT/hops-server.log)"; exit 1; }
 pid=$SPAWNED_PID
 
 # start: perf attached to Herald (given a moment to attach before the first
@@ -37,7 +38,7 @@ pid=$SPAWNED_PID
 cat > "$WORK/perf-around" <<EOF
 #!/bin/sh
 case "\$1" in
-start) perf stat --per-thread -e context-switches,sched:sched_wakeup -p $pid -x, -o "$WORK/perf.csv" &
+start) perf stat --per-thread -e context-switches,sched:sched_wakeup,task-clock -p $pid -x, -o "$WORK/perf.csv" &
        echo \$! > "$WORK/perf.pid"; sleep 0.5 ;;
 stop)  kill -INT "\$(cat "$WORK/perf.pid")"
        while kill -0 "\$(cat "$WORK/perf.pid")" 2>/dev/null; do sleep 0.1; done ;;
@@ -59,18 +60,21 @@ published=$(res "$OUT/hops-loadgen.log" step=0 published)
     echo
     echo "$(date -u +%Y-%m-%dT%H:%MZ), $(git -C "$ROOT" rev-parse --short HEAD), store $STORE, $USERS × $DEVICES at $RATE publishes/s for $DURATION s, background CPU ${BG_BUSY}% before the run: $published publishes, $delivered deliveries."
     echo
-    echo "| thread | context switches per delivery | wake-ups it made per delivery |"
-    echo "|---|---|---|"
+    echo "| thread | context switches per delivery | wake-ups it made per delivery | CPU µs per delivery |"
+    echo "|---|---|---|---|"
     # perf -x, --per-thread: "comm-tid,count,unit,event,..."; threads summed by name.
     awk -F, -v d="${delivered:-0}" '
-        $4 ~ /context-switches/ || $4 ~ /sched_wakeup/ {
+        $4 ~ /context-switches/ || $4 ~ /sched_wakeup/ || $4 ~ /task-clock/ {
             name = $1; sub(/-[0-9]+$/, "", name)
-            if ($4 ~ /context/) cs[name] += $2; else wk[name] += $2
-            seen[name] = 1; tcs += ($4 ~ /context/) ? $2 : 0; twk += ($4 ~ /wakeup/) ? $2 : 0
+            # task-clock is in ms
+            if ($4 ~ /context/) { cs[name] += $2; tcs += $2 }
+            else if ($4 ~ /wakeup/) { wk[name] += $2; twk += $2 }
+            else { cpu[name] += $2; tcpu += $2 }
+            seen[name] = 1
         }
         END {
-            for (n in seen) if (d > 0) printf "| %s | %.3f | %.3f |\n", n, cs[n] / d, wk[n] / d
-            if (d > 0) printf "| all of Herald | %.3f | %.3f |\n", tcs / d, twk / d
+            for (n in seen) if (d > 0) printf "| %s | %.3f | %.3f | %.2f |\n", n, cs[n] / d, wk[n] / d, cpu[n] * 1000 / d
+            if (d > 0) printf "| all of Herald | %.3f | %.3f | %.2f |\n", tcs / d, twk / d, tcpu * 1000 / d
         }' "$WORK/perf.csv" | sort
     echo
 } > "$RESULTS"

@@ -7,8 +7,12 @@ public protocol LoopExecutor: AnyObject, Sendable {
     func post(_ job: @escaping @Sendable () -> Void)
 }
 
-/// The batch executor: runs every store write on its own thread, in the
-/// order submitted, in batches inside one store transaction (group commit).
+/// One partition's batch executor: runs every store write of its users on
+/// its own thread, in the order submitted, in batches inside one store
+/// transaction (group commit). The gateway has one engine per partition
+/// (`Gateway.partitions`); a user belongs to one of them
+/// (`Partitioning.index`), which alone writes its feed, follows it and
+/// fans its changes out.
 ///
 /// Invariants (docs/ARCHITECTURE.md):
 /// - Only the engine thread touches `store`, `registry` and the effects
@@ -70,8 +74,12 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
     public let metrics: Metrics
     let clock: Clock
     let limits: GatewayLimits
-    let thread = ThreadOwner("engine")
+    let thread: ThreadOwner
     public internal(set) var shards: [Shard] = []
+    /// This engine's place among the gateway's partitions, and all of them
+    /// (itself included), set before the engines start.
+    let partition: Int
+    internal(set) var partitions: [Engine] = []
 
     private let cond = MonotonicCondition()
     private var queue: [Command] = []
@@ -113,8 +121,11 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
     /// The push outbox's recording and sending (SPEC section 10).
     let push: PushDispatch
 
-    init(store: NotificationStore, reader: ReaderThread?, bus: Bus?, limits: GatewayLimits, metrics: Metrics, clock: Clock) {
+    init(store: NotificationStore, reader: ReaderThread?, bus: Bus?, limits: GatewayLimits, metrics: Metrics, clock: Clock,
+         partition: Int = 0) {
         self.store = store; self.reader = reader; self.bus = bus; self.limits = limits; self.metrics = metrics; self.clock = clock
+        self.partition = partition
+        thread = ThreadOwner("engine \(partition)")
         health = StoreHealth(clock: clock)
         push = PushDispatch(metrics: metrics.push)
         if let bus, let directory = store as? ClusterDirectory {
@@ -143,7 +154,7 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
     func start() {
         startSyncThread()
         let t = Thread { [self] in
-            nameCurrentThread("herald-engine")
+            nameCurrentThread("herald-engine-\(partition)")
             runLoop()
         }
         runner = t
@@ -547,8 +558,10 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
     }
 }
 
-extension Engine: BusReceiver {
-    public func received(_ records: [(UserKey, ChangeRecord)]) {
+/// The bus's reports, each for this partition's users (`Gateway.BusRouter`
+/// hands them out).
+extension Engine {
+    func received(_ records: [(UserKey, ChangeRecord)]) {
         let at = DispatchTime.now().uptimeNanoseconds
         control { e in
             var order: [UserKey] = [], byUser: [UserKey: [ChangeRecord]] = [:]
@@ -563,11 +576,11 @@ extension Engine: BusReceiver {
         }
     }
 
-    public func follows(_ user: UserKey) -> Bool { registry.followedForBus.withLock { $0.contains(user) } }
+    func follows(_ user: UserKey) -> Bool { registry.followedForBus.withLock { $0.contains(user) } }
 
     /// Another node deleted or re-registered a device: its connections here
     /// (if any) end with 4003, or take its new view, as on that node.
-    public func deviceChanged(_ user: UserKey, deviceId: String) {
+    func deviceChanged(_ user: UserKey, deviceId: String) {
         control { e in
             let shards = e.registry.shards(following: user).map { e.shards[$0] }
             guard !shards.isEmpty else { return }
@@ -590,17 +603,22 @@ extension Engine: BusReceiver {
     /// Device events (`deviceChanged`) missed meanwhile carry no seq: the
     /// devices connected here take their registrations as stored instead,
     /// before the catch-up, which then filters by the new views.
-    public func subscribed() {
+    func subscribed() {
         control { e in
             let heads = (try? e.store.heads(e.registry.followedUsers)) ?? [:]
             for (u, head) in heads { e.registry.caughtUp(u, through: head) }
             e.devicesStale = !e.refreshConnectedDevices()
-            for shard in e.shards { shard.post { shard.recover(nil) } }
+            for shard in e.shards { shard.post { shard.recover(where: e.owns) } }
         }
     }
 }
 
 extension Engine {
+    /// Whether `user` belongs to this partition.
+    @Sendable func owns(_ user: UserKey) -> Bool {
+        partitions.count < 2 || Partitioning.index(of: user, among: partitions.count) == partition
+    }
+
     /// Tells the connections of every device connected here what its
     /// registration is now (closed with 4003 if it is gone); false when the
     /// registrations could not be read (the store away), and they keep

@@ -17,22 +17,23 @@ extension Engine {
         return .success((WriteAnswer(r), existing == nil))
     }
 
-    /// The users an app-wide send reaches: the listed ones, or every user
-    /// with a registered device matching the tag expression.
-    func audience(app: String, _ a: BulkSend.Audience) throws(StoreError) -> [String] {
-        switch a {
-        case .users(let ids): return ids
-        case .tags(let expr):
-            return try store.usersWithDevices(app: app).filter { entry in
-                entry.devices.contains { expr.matches(Set($0.allTags(userId: entry.user))) }
-            }.map(\.user)
-        }
+    /// The users of this partition that an app-wide send by tags reaches:
+    /// every one with a registered device matching the expression.
+    func audience(app: String, matching expr: TagExpression) throws(StoreError) -> [UserKey] {
+        try store.usersWithDevices(app: app).filter { entry in
+            entry.devices.contains { expr.matches(Set($0.allTags(userId: entry.user))) }
+        }.map { UserKey(app: app, user: $0.user) }.filter(owns)
     }
 
-    /// One notification per user of the audience (SPEC section 3, bulk send).
-    func bulkSend(app: String, _ send: BulkSend, now: Millis) throws(StoreError) -> Result<Int, HeraldError> {
-        let users = try audience(app: app, send.audience).map { UserKey(app: app, user: $0) }
-        try store.claim(users)  // those found by tags, in the shared order
+    /// One notification per user of this partition's share of the
+    /// audience (SPEC section 3, bulk send): `named`, or when nil those the
+    /// send's tag expression finds here.
+    func bulkSend(app: String, _ send: BulkSend, to named: [UserKey]?, now: Millis) throws(StoreError) -> Result<Int, HeraldError> {
+        var users = named ?? []
+        if named == nil, case .tags(let expr) = send.audience {
+            users = try audience(app: app, matching: expr)
+            try store.claim(users)  // those found by tags, in the shared order
+        }
         for u in users {
             if case .failure(let err) = try upsertNotification(u, send.draft, now: now) {
                 return .failure(err)
@@ -107,7 +108,23 @@ extension Engine {
         // Waiting pushes read the handle when they go: a new token of the
         // same service takes them, another service (or none) does not.
         if let old, old.service != handle?.service { try store.dropPushes(user, deviceId: deviceId) }
-        guard let handle, let holder = try store.pushHolder(app: user.app, key: handle.key) else { return }
+        guard let handle else { return }
+        let key = handle.key
+        try releaseHandle(key, to: user, deviceId)
+        // The other partitions' registrations are in their own stores: each
+        // gives the handle up in its next batch once this one committed.
+        guard partitions.count > 1 else { return }
+        afterCommit { [self] in
+            for p in partitions where p !== self {
+                p.write(taken: { _ in }) { e throws(StoreError) in try e.releaseHandle(key, to: user, deviceId) }
+            }
+        }
+    }
+
+    /// A registration in this partition's store, other than `deviceId` of
+    /// `user`, that holds the handle `key` gives it up, with its waiting pushes.
+    private func releaseHandle(_ key: String, to user: UserKey, _ deviceId: String) throws(StoreError) {
+        guard let holder = try store.pushHolder(app: user.app, key: key) else { return }
         let other = UserKey(app: user.app, user: holder.user)
         guard other != user || holder.deviceId != deviceId, var d = try store.device(other, id: holder.deviceId) else { return }
         d.push = nil

@@ -2,9 +2,10 @@ import HeraldCore
 import HeraldCrypto
 import Synchronization
 
-/// The gateway's wiring: configuration, the engine, the reads and the
-/// shards. The transport creates one shard per service loop and hands each
-/// request and WebSocket to the gateway on that shard's thread.
+/// The gateway's wiring: configuration, the partitions' engines, the reads
+/// and the shards. The transport creates one shard per service loop and
+/// hands each request and WebSocket to the gateway on that shard's thread;
+/// each user's writes go to its partition's engine (`engine(for:)`).
 public final class Gateway: Sendable {
     public let config: GatewayConfig
     public let metrics = Metrics()
@@ -12,8 +13,12 @@ public final class Gateway: Sendable {
     /// The apps in force by id (with the demo app), replaced whole by a
     /// reload; read on every loop.
     private let appsInForce: Locked<[String: AppConfig]>
-    public let engine: Engine
+    /// One engine per partition of the users (`Partitioning`), each with a
+    /// store of its own: the memory store's partitions hold their users'
+    /// feeds; a SQLite file has one writer, so it is one partition.
+    public let partitions: [Engine]
     public let reads: Reads
+    let bus: Bus?
     /// A tick (`Clock.ticks`), for the uptime.
     let startedAt: Millis
     let publishBuckets = Locked<[String: TokenBucket]>([:])
@@ -37,45 +42,72 @@ public final class Gateway: Sendable {
     /// of its own. `bus`: the other nodes on the same store.
     /// `push`: the push services' senders (HeraldPush); without it pushes
     /// are recorded but not sent.
-    public init(config: GatewayConfig, store: NotificationStore, bus: Bus? = nil, push: PushTransport? = nil,
+    public convenience init(config: GatewayConfig, store: NotificationStore, bus: Bus? = nil, push: PushTransport? = nil,
+                            clock: Clock = SystemClock()) throws(StoreError) {
+        try self.init(config: config, partitions: [store], bus: bus, push: push, clock: clock)
+    }
+
+    /// One partition per store in `partitions`, each holding its own users
+    /// (memory stores, one per service loop by default). Reads run on the
+    /// first one's reader connection, if it offers one.
+    public init(config: GatewayConfig, partitions stores: [NotificationStore], bus: Bus? = nil, push: PushTransport? = nil,
                 clock: Clock = SystemClock()) throws(StoreError) {
+        precondition(!stores.isEmpty, "a gateway needs a store")
         self.config = config
         self.clock = clock
+        self.bus = bus
         appsInForce = Locked(Self.byId(config.allApps))
         startedAt = clock.ticks()
-        let reader = try store.makeReader().map(ReaderThread.init)
-        engine = Engine(store: store, reader: reader, bus: bus, limits: config.limits, metrics: metrics, clock: clock)
+        let reader = try stores[0].makeReader().map(ReaderThread.init)
+        let metrics = self.metrics
+        partitions = stores.enumerated().map { i, store in
+            Engine(store: store, reader: reader, bus: bus, limits: config.limits, metrics: metrics, clock: clock, partition: i)
+        }
         if bus != nil { metrics.bus.enabled.store(true, ordering: .relaxed) }
-        engine.push.configure(config.allApps)
-        engine.push.transport = push
-        reads = Reads(engine: engine, reader: reader)
+        for e in partitions {
+            e.partitions = partitions
+            e.push.configure(config.allApps)
+            e.push.transport = push
+        }
+        reads = Reads(partitions: partitions, reader: reader)
+    }
+
+    /// The engine of `user`'s partition: the only one that writes its feed.
+    public func engine(for user: UserKey) -> Engine {
+        partitions[Partitioning.index(of: user, among: partitions.count)]
     }
 
     /// Creates the shards, one per service loop, before `start()`.
     public func makeShards(_ executors: [LoopExecutor]) -> [Shard] {
-        engine.shards = executors.enumerated().map { Shard(index: $0.offset, gateway: self, executor: $0.element) }
-        return engine.shards
+        let shards = executors.enumerated().map { Shard(index: $0.offset, gateway: self, executor: $0.element) }
+        for e in partitions { e.shards = shards }
+        return shards
     }
 
+    var shards: [Shard] { partitions[0].shards }
+
     /// Starts the engine and reader threads, and the bus. (In-process tests
-    /// drive the engine with `engine.runQueued()` instead, and start the bus
+    /// drive the engines with `runQueued()` instead, and start the bus
     /// with `startBus()`.)
     public func start() {
-        engine.start()
+        for e in partitions { e.start() }
         reads.start()
         startBus()
     }
 
-    public func startBus() { engine.bus?.start(engine, metrics: metrics.bus) }
+    public func startBus() { bus?.start(BusRouter(partitions), metrics: metrics.bus) }
 
-    /// Lets queued commands finish and flushes the store, then the bus.
+    /// Lets queued commands finish and flushes the stores, then the bus.
     public func stop() {
-        // Pushes in flight come back as retries, written before the engine stops.
-        engine.push.transport?.stop()
-        engine.stop()
+        // Pushes in flight come back as retries, written before the engines stop.
+        partitions[0].push.transport?.stop()
+        for e in partitions { e.stop() }
         reads.stop()
-        engine.bus?.stop()
+        bus?.stop()
     }
+
+    /// Whether every partition's store answers.
+    var storeAvailable: Bool { partitions.allSatisfy { $0.health.isAvailable } }
 
     /// A snapshot of the apps in force.
     var apps: [String: AppConfig] { appsInForce.withLock { $0 } }
@@ -95,9 +127,8 @@ public final class Gateway: Sendable {
         next.apps = apps
         let served = Self.byId(next.allApps)
         appsInForce.withLock { $0 = served }
-        engine.push.configure(next.allApps)
-        engine.push.transport?.reload(next.allApps)
-        let shards = engine.shards
+        for e in partitions { e.push.configure(next.allApps) }
+        partitions[0].push.transport?.reload(next.allApps)
         let tally = Locked((shardsLeft: shards.count, ended: 0))
         for shard in shards {
             shard.post {
@@ -127,6 +158,24 @@ public final class Gateway: Sendable {
             .mapError { f in
                 switch f { case .invalid(let m): HeraldError(.unauthorized, m) }
             }
+    }
+
+    /// Hands the bus's reports to the partitions their users belong to.
+    final class BusRouter: BusReceiver {
+        let partitions: [Engine]
+        init(_ partitions: [Engine]) { self.partitions = partitions }
+
+        private func engine(for user: UserKey) -> Engine { partitions[Partitioning.index(of: user, among: partitions.count)] }
+
+        func received(_ records: [(UserKey, ChangeRecord)]) {
+            guard partitions.count > 1 else { return partitions[0].received(records) }
+            let byPartition = Dictionary(grouping: records) { Partitioning.index(of: $0.0, among: partitions.count) }
+            for (i, rs) in byPartition { partitions[i].received(rs) }
+        }
+
+        func follows(_ user: UserKey) -> Bool { engine(for: user).follows(user) }
+        func deviceChanged(_ user: UserKey, deviceId: String) { engine(for: user).deviceChanged(user, deviceId: deviceId) }
+        func subscribed() { for e in partitions { e.subscribed() } }
     }
 
     /// `origin`: the upgrade's `Origin` header, checked at `hello` (`AppConfig.admits`).

@@ -31,10 +31,10 @@ extension Gateway {
                 var health = JSONObject()
                 health["status"] = "ok"
                 health["uptimeSeconds"] = .int((clock.ticks() - startedAt) / 1000)
-                health["store"] = .string(engine.health.isAvailable ? "ok" : "unavailable")
-                health["bus"] = engine.bus.map { .string($0.state) }
-                if engine.push.settings.withLock({ !$0.isEmpty }) {
-                    health["push"] = .string(engine.push.failing.withLock { $0.isEmpty } ? "ok" : "failing")
+                health["store"] = .string(storeAvailable ? "ok" : "unavailable")
+                health["bus"] = bus.map { .string($0.state) }
+                if partitions[0].push.settings.withLock({ !$0.isEmpty }) {
+                    health["push"] = .string(partitions.allSatisfy { $0.push.failing.withLock { $0.isEmpty } } ? "ok" : "failing")
                 }
                 responder.respond(.json(200, .object(health)))
             case .metrics:
@@ -60,16 +60,14 @@ extension Gateway {
                 var named: [UserKey]? = nil
                 if case .users(let ids) = send.audience { named = ids.map { UserKey(app: app.id, user: $0) } }
                 try admitPublishes(app.id, max(named?.count ?? 0, 1))
-                x.write(named, (named ?? []).map { .appNotificationId($0, send.draft.appNotificationId) }) { e throws(StoreError) in
-                    try e.bulkSend(app: app.id, send, now: clock.now()).map { .json(202, ["users": .int($0)]) }
-                }
+                x.sendAppWide(app.id, send, to: named)
             case .publish(let appId, let userId):
                 let user = try serverUser(req, appId, userId)
                 var f = try Fields(bytes: req.body)
                 let draft = try NotificationDraft(reading: &f)
                 try f.finish()
                 try admitPublishes(user.app, 1)
-                x.write([user], [.appNotificationId(user, draft.appNotificationId)]) { e throws(StoreError) in
+                x.write(user, [.appNotificationId(user, draft.appNotificationId)]) { e throws(StoreError) in
                     try e.upsertNotification(user, draft, now: clock.now()).map { (answer, created) in
                         HTTPResponse(status: created ? 201 : 200, body: answer.httpBody)
                     }
@@ -95,7 +93,7 @@ extension Gateway {
             case .updateNotification(let owner, let id):
                 let (user, device) = try self.owner(owner, req, notification: id)
                 let u = try StateUpdate(bytes: req.body, ifMatch: req.headers["if-match"])
-                x.write([user], [.id(user, id)]) { e throws(StoreError) in
+                x.write(user, [.id(user, id)]) { e throws(StoreError) in
                     let now = clock.now()
                     return try e.withViewer(user, deviceId: device, now: now) { v throws(StoreError) in
                         try e.updateState(user, id: id, u, viewer: v, now: now).map { HTTPResponse(status: 200, body: $0.httpBody) }
@@ -103,7 +101,7 @@ extension Gateway {
                 }
             case .deleteNotification(let owner, let id):
                 let (user, device) = try self.owner(owner, req, notification: id)
-                x.write([user], [.id(user, id)]) { e throws(StoreError) in
+                x.write(user, [.id(user, id)]) { e throws(StoreError) in
                     let now = clock.now()
                     return try e.withViewer(user, deviceId: device, now: now) { v throws(StoreError) in
                         try e.deleteNotification(user, id: id, viewer: v, now: now).map { _ in .noContent }
@@ -111,10 +109,10 @@ extension Gateway {
                 }
             case .listDevices(let appId, let userId):
                 let user = try serverUser(req, appId, userId)
-                x.write([user]) { e throws(StoreError) in .success(.json(200, ["devices": try e.deviceListing(user, now: clock.now())])) }
+                x.write(user) { e throws(StoreError) in .success(.json(200, ["devices": try e.deviceListing(user, now: clock.now())])) }
             case .readAll:
                 let d = try deviceAuth(req)
-                x.write([d.user]) { e throws(StoreError) in
+                x.write(d.user) { e throws(StoreError) in
                     let now = clock.now()
                     return try e.withViewer(d.user, deviceId: d.deviceId, now: now) { v throws(StoreError) in
                         let (n, seq) = try e.markAllRead(d.user, viewer: v, now: now)
@@ -159,11 +157,11 @@ extension Gateway {
         case .registerDevice, .serverRegisterDevice:
             let reg = try DeviceRegistration(bytes: req.body)
             if let refusal = pushRefusal(app: user.app, reg) { throw refusal }
-            x.write([user]) { e throws(StoreError) in
+            x.write(user) { e throws(StoreError) in
                 try e.registerDevice(user, deviceId: id, reg, now: clock.now()).map { .json(200, ["device": $0]) }
             }
         default:
-            x.write([user]) { e throws(StoreError) in
+            x.write(user) { e throws(StoreError) in
                 try e.deleteDevice(user, deviceId: id) ? .success(.noContent) : .failure(HeraldError(.notFound, "no such device"))
             }
         }
@@ -178,9 +176,38 @@ extension Gateway {
 
         /// `users`: those `body` writes, as far as known before it runs;
         /// `lookups`: the notifications it reads.
-        func write(_ users: [UserKey]?, _ lookups: [NotificationLookup] = [],
+        func write(_ user: UserKey, _ lookups: [NotificationLookup] = [],
                    _ body: @escaping @Sendable (Engine) throws(StoreError) -> Result<HTTPResponse, HeraldError>) {
-            gateway.engine.perform(on: shard, users: users, lookups: lookups, body) { [responder] r in responder.respond(Self.response(r.flatMap { $0 })) }
+            gateway.engine(for: user).perform(on: shard, users: [user], lookups: lookups, body) { [responder] r in
+                responder.respond(Self.response(r.flatMap { $0 }))
+            }
+        }
+
+        /// An app-wide send (SPEC section 3): each partition writes its share
+        /// of `named` (by tags, nil: the users it finds) in one batch; `202`
+        /// with the users reached once every partition committed, or the
+        /// first error once all answered.
+        func sendAppWide(_ app: String, _ send: BulkSend, to named: [UserKey]?) {
+            let partitions = gateway.partitions, clock = gateway.clock, responder = self.responder
+            let shares: [(Engine, [UserKey]?)] = named.map { users in
+                Partitioning.split(users, among: partitions.count).map { (partitions[$0.key], $0.value) }
+            } ?? partitions.map { ($0, nil) }
+            var waiting = shares.count, reached = 0
+            var failure: HeraldError?
+            for (engine, users) in shares {
+                let lookups = (users ?? []).map { NotificationLookup.appNotificationId($0, send.draft.appNotificationId) }
+                engine.perform(on: shard, users: users, lookups: lookups, { e throws(StoreError) in
+                    try e.bulkSend(app: app, send, to: users, now: clock.now())
+                }) { r in
+                    switch r.flatMap({ $0 }) {
+                    case .success(let n): reached += n
+                    case .failure(let err): failure = failure ?? err
+                    }
+                    waiting -= 1
+                    guard waiting == 0 else { return }
+                    responder.respond(failure.map(HTTPResponse.error) ?? .json(202, ["users": .int(reached)]))
+                }
+            }
         }
 
         /// Resolves the viewer (a named device unknown so far is registered,
@@ -192,7 +219,7 @@ extension Gateway {
                 switch v {
                 case .failure(let err): responder.respond(.error(err))
                 case .success(let viewer):
-                    g.reads.read(on: shard, { s throws(StoreError) in try body(s, viewer) }) { r in
+                    g.reads.read(on: shard, of: user, { s throws(StoreError) in try body(s, viewer) }) { r in
                         responder.respond(Self.response(r.flatMap { $0 }))
                     }
                 }
@@ -213,7 +240,8 @@ extension Gateway {
     func viewer(_ user: UserKey, deviceId: String?, on shard: Shard, _ then: @escaping (Result<Viewer, HeraldError>) -> Void) {
         guard let deviceId else { return then(.success(.unnamed)) }
         let now = clock.now()
-        reads.read(on: shard, { s throws(StoreError) in try s.device(user, id: deviceId) }) { [engine] r in
+        let engine = engine(for: user)
+        reads.read(on: shard, of: user, { s throws(StoreError) in try s.device(user, id: deviceId) }) { r in
             switch r {
             case .failure(let err): then(.failure(err))
             case .success(let device?):

@@ -50,6 +50,8 @@ final class PushDispatch {
     private var nextPoll: Millis = 0
     private var nextPending: Millis = 0
     private var nextRetry: Millis?
+    /// This partition's outbox length, as last added to `herald_push_pending`.
+    private var countedPending = 0
 
     init(metrics: PushMetrics) { self.metrics = metrics }
 
@@ -98,7 +100,7 @@ final class PushDispatch {
                 for (r, published) in byUser[user]! {
                     guard let m = PushMessage.plan(r, published: published, viewer: viewer, service: handle.service,
                                                    alert: s.alert, epoch: epoch, now: now) else { continue }
-                    let room = inFlight + claimed.count < (transport?.capacity ?? 0)
+                    let room = inFlight + claimed.count < capacity(e)
                     if let job = try e.store.enqueuePush(user, deviceId: d.deviceId, m, at: now,
                                                          claimUntil: room ? now + Self.claimLease : nil) {
                         claimed.append(OutgoingPush(job: job, handle: handle, settings: s))
@@ -145,11 +147,17 @@ final class PushDispatch {
 
     // MARK: Sending
 
+    /// This partition's share of the pushes the transport takes at once.
+    private func capacity(_ e: Engine) -> Int {
+        guard let transport else { return 0 }
+        return max(1, transport.capacity / max(1, e.partitions.count))
+    }
+
     /// Claims due pushes and hands them to the transport, when something may be due.
     func run(_ e: Engine, now: Millis, tick: Millis) {
         e.thread.assertCurrent()
         guard let transport else { return }
-        let room = transport.capacity - inFlight
+        let room = capacity(e) - inFlight
         let retryDue = nextRetry.map { now >= $0 } ?? false
         guard room > 0, wake || retryDue || tick >= nextPoll else { return }
         wake = false
@@ -162,7 +170,12 @@ final class PushDispatch {
             var outgoing: [OutgoingPush] = []
             let jobs = try e.store.claimPushes(now: now, until: now + Self.claimLease, limit: room)
             claimed = jobs.count
-            if countPending { metrics.pending.store(try e.store.pendingPushes(), ordering: .relaxed) }
+            if countPending {
+                // The gauge sums the partitions' outboxes: each adds how its own moved.
+                let pending = try e.store.pendingPushes()
+                metrics.pending.add(pending - countedPending, ordering: .relaxed)
+                countedPending = pending
+            }
             guard !jobs.isEmpty else { return }
             let all = settings.withLock { $0 }
             let registrations = try e.store.pushDevices(of: Array(Set(jobs.map(\.user))))

@@ -4,13 +4,15 @@ import HeraldCore
 /// Where reads that write nothing run (catch-up pages, history, counts): on
 /// a reader thread with its own store connection when the store offers one
 /// (SQLite in WAL mode serves readers beside its writer), so long reads
-/// never hold up the engine's writes and deliveries; else on the engine.
+/// never hold up the engine's writes and deliveries; else on the engine
+/// of the user's partition (the memory store, whose partitions hold their
+/// users' feeds).
 public final class Reads: Sendable {
-    private let engine: Engine
+    private let partitions: [Engine]
     private let reader: ReaderThread?
 
-    init(engine: Engine, reader: ReaderThread?) {
-        self.engine = engine
+    init(partitions: [Engine], reader: ReaderThread?) {
+        self.partitions = partitions
         self.reader = reader
     }
 
@@ -21,14 +23,17 @@ public final class Reads: Sendable {
     /// never starts the reader thread).
     public func runQueued() { reader?.runQueued() }
 
-    /// Runs `body` on one snapshot of the store, then `reply` on `shard`'s loop.
-    func read<T: Sendable>(on shard: Shard, _ body: @escaping @Sendable (StoreReading) throws(StoreError) -> T,
+    /// Runs `body` (which reads `user`'s data) on one snapshot of the
+    /// store, then `reply` on `shard`'s loop.
+    func read<T: Sendable>(on shard: Shard, of user: UserKey, _ body: @escaping @Sendable (StoreReading) throws(StoreError) -> T,
                            reply: @escaping (Result<T, HeraldError>) -> Void) {
         guard let reader else {
+            let engine = partitions[Partitioning.index(of: user, among: partitions.count)]
             return engine.perform(on: shard, users: [], { e throws(StoreError) in try body(e.store) }, reply: reply)
         }
         let reply = LoopBound(reply, owner: shard.thread)
-        let health = engine.health, syncer = engine.syncer
+        // With a reader there is one partition (a SQL store): its health and sync.
+        let health = partitions[0].health, syncer = partitions[0].syncer
         reader.submit { r in
             let result: Result<T, HeraldError>
             do {

@@ -49,15 +49,18 @@ public final class Shard: @unchecked Sendable {  // loop-thread state, checked b
         gateway.metrics.deliveryLatency.observe(nanos: DispatchTime.now().uptimeNanoseconds &- committedAt)
     }
 
-    /// Changes of `user` (of every user when nil) may have been missed on
-    /// their way here: its subscriptions catch up from the store.
-    func recover(_ user: UserKey?) {
+    /// Changes of `user` may have been missed on their way here: its
+    /// subscriptions catch up from the store.
+    func recover(_ user: UserKey) {
         thread.assertCurrent()
-        if let user {
-            subscriptions[user]?.forEach { $0.recover() }
-        } else {
-            for m in subscriptions.values { m.forEach { $0.recover() } }
-        }
+        subscriptions[user]?.forEach { $0.recover() }
+    }
+
+    /// The same for every user here that `included` says (one partition's,
+    /// after its bus was away).
+    func recover(where included: (UserKey) -> Bool) {
+        thread.assertCurrent()
+        for (user, m) in subscriptions where included(user) { m.forEach { $0.recover() } }
     }
 
     func viewerChanged(_ user: UserKey, deviceId: String, viewer: Viewer) {
@@ -74,7 +77,7 @@ public final class Shard: @unchecked Sendable {  // loop-thread state, checked b
         thread.assertCurrent()
         var differs = false
         subscriptions[user]?.forEach { s in if s.deviceId == deviceId && s.viewer != viewer { differs = true } }
-        if differs { gateway.engine.deviceChanged(user, deviceId: deviceId) }
+        if differs { gateway.engine(for: user).deviceChanged(user, deviceId: deviceId) }
     }
 
     func deviceDeleted(_ user: UserKey, deviceId: String) {

@@ -141,7 +141,7 @@ final class Subscription {
     func start() {
         shard.thread.assertCurrent()
         let r = request, index = shard.index, now = gateway.clock.now()
-        gateway.engine.perform(on: shard, users: [r.user], { e throws(StoreError) in try e.admit(r, shard: index, now: now) }) { [self] result in
+        gateway.engine(for: r.user).perform(on: shard, users: [r.user], { e throws(StoreError) in try e.admit(r, shard: index, now: now) }) { [self] result in
             switch result {
             case .failure(let err): end(.failed(err))
             case .success(.refused(let err)): end(.refused(err))
@@ -217,7 +217,7 @@ final class Subscription {
         reading = true
         readSerial += 1
         let serial = readSerial, user = self.user, v = viewer, e = epoch, s = step, b = request.bounds
-        gateway.reads.read(on: shard, { st throws(StoreError) in
+        gateway.reads.read(on: shard, of: user, { st throws(StoreError) in
             try st.catchUpPage(user, viewer: v, epoch: e, step: s, bounds: b)
         }) { [self] result in
             reading = false
@@ -361,7 +361,7 @@ final class Subscription {
         // After the release `finish` queued: the device counts as gone by then.
         if let tap, let device = deviceId {
             let user = self.user
-            gateway.engine.write(taken: { _ in }) { e throws(StoreError) in try e.push.tapAfterLoss(e, user, device, tap) }
+            gateway.engine(for: user).write(taken: { _ in }) { e throws(StoreError) in try e.push.tapAfterLoss(e, user, device, tap) }
         }
     }
 
@@ -385,7 +385,7 @@ final class Subscription {
         following = false
         shard.remove(self)
         let user = self.user, device = deviceId, index = shard.index, transport = request.transport
-        gateway.engine.release { e in
+        gateway.engine(for: user).release { e in
             e.registry.unfollow(user, shard: index)
             e.registry.closed(user, device: device, transport, now: e.clock.now())
         }

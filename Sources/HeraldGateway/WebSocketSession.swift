@@ -199,7 +199,7 @@ public final class WebSocketSession {
                          _ body: @escaping @Sendable (Engine) throws(StoreError) -> Result<WriteAnswer, HeraldError>) {
         // An id of no form the gateway gives names nothing (see NotificationID.isWellFormed).
         guard NotificationID.isWellFormed(id) else { return send(ServerFrame.error(ref: ref, .notFound)) }
-        gateway.engine.perform(on: shard, users: [user], lookups: [.id(user, id)], body) { [self] r in
+        gateway.engine(for: user).perform(on: shard, users: [user], lookups: [.id(user, id)], body) { [self] r in
             switch r.flatMap({ $0 }) {
             case .success(let answer): send(ServerFrame.ack(ref: ref, answer))
             case .failure(let err): send(ServerFrame.error(ref: ref, err))

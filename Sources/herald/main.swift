@@ -17,7 +17,7 @@ usage: herald serve [--host 127.0.0.1] [--port 8080] [--config herald.json]
                     [--store sqlite:herald.db | memory | postgres://USER@HOST:PORT/DATABASE]
                     [--bus redis://[:PASSWORD@]HOST[:PORT][/DB]]
                     [--app ID --server-key KEY --token-secret SECRET [--allowed-origins ORIGIN,...]]
-                    [--demo] [--threads N] [--workers N] [--web-root DIR]
+                    [--demo] [--threads N] [--partitions N] [--workers N] [--web-root DIR]
                     [--durability full|normal|off] [--event-loop libev|poll] [--log-format text|json]
                     [--tls-cert FILE --tls-key FILE]
        herald token --app ID --user USER [--ttl 3600] [--device ID] [--config herald.json | --token-secret SECRET]
@@ -33,7 +33,7 @@ func fail(_ m: String) -> Never {
 
 func serve(_ args: ArraySlice<String>) throws(UsageError) -> Never {
     let f = try Flags(args, valued: ["host", "port", "config", "store", "bus", "app", "server-key", "token-secret", "allowed-origins",
-                                     "threads", "workers", "web-root", "durability", "event-loop", "log-format", "tls-cert", "tls-key"],
+                                     "threads", "partitions", "workers", "web-root", "durability", "event-loop", "log-format", "tls-cert", "tls-key"],
                       switches: ["demo"])
     if let l = f["log-format"] {
         guard let format = Log.Format(rawValue: l) else { throw UsageError("--log-format must be text or json") }
@@ -76,7 +76,7 @@ func serve(_ args: ArraySlice<String>) throws(UsageError) -> Never {
         supervise(workers: workers, args: args, settings: settings, threads: f["threads"] == nil ? threads : nil, tls: tls != nil)
     }
     let bus = try settings.bus.map { url throws(UsageError) in try openBus(url, store: settings.store) }
-    let store = try openStore(settings.store, durability: f["durability"])
+    let stores = try openStores(settings.store, durability: f["durability"], partitions: try f.int("partitions", in: 1...64), threads: threads)
 
     var config = GatewayConfig(apps: settings.apps, demo: demo, limits: settings.limits)
     config.webRoot = f["web-root"] ?? findWebRoot()
@@ -87,7 +87,7 @@ func serve(_ args: ArraySlice<String>) throws(UsageError) -> Never {
     let push: PushSenders
     do { push = try PushSenders(config.allApps) } catch { throw UsageError(error.description) }
     let gateway: Gateway
-    do { gateway = try Gateway(config: config, store: store, bus: bus, push: push) } catch {
+    do { gateway = try Gateway(config: config, partitions: stores, bus: bus, push: push) } catch {
         FileHandle.standardError.write("herald: \(error)\n".data(using: .utf8)!)
         exit(1)
     }
@@ -98,7 +98,7 @@ func serve(_ args: ArraySlice<String>) throws(UsageError) -> Never {
         FileHandle.standardError.write("herald: \(error)\n".data(using: .utf8)!)
         exit((error as? ServerError)?.addressInUse == true ? 2 : 1)
     }
-    Log.info("herald \(threads) \(eventLoop.rawValue) loop(s), store \(storeName(store))\(bus.map { ", bus \($0.endpoint)" } ?? ""), apps: \(config.allApps.map(\.id).joined(separator: ", "))")
+    Log.info("herald \(threads) \(eventLoop.rawValue) loop(s), store \(storeName(stores[0]))\(stores.count > 1 ? " × \(stores.count) partitions" : "")\(bus.map { ", bus \($0.endpoint)" } ?? ""), apps: \(config.allApps.map(\.id).joined(separator: ", "))")
     FileHandle.standardOutput.write("listening on \(tls == nil ? "http" : "https")://\(settings.host):\(server.port)\n".data(using: .utf8)!)
     var running = settings
     var received: Int32 = 0
@@ -162,11 +162,19 @@ func describe(from old: [AppConfig], to new: [AppConfig]) -> String {
     return "apps " + (ids.isEmpty ? "none" : ids.joined(separator: ", ")) + (changes.isEmpty ? "" : " (\(changes.joined(separator: "; ")))")
 }
 
-func openStore(_ spec: String, durability: String?) throws(UsageError) -> NotificationStore {
+/// The stores of the gateway's partitions: `partitions` memory stores,
+/// each holding its users' feeds, or the one SQLite or PostgreSQL store.
+func openStores(_ spec: String, durability: String?, partitions: Int?, threads: Int) throws(UsageError) -> [NotificationStore] {
     if spec == "memory" {
         guard durability == nil else { throw UsageError("--durability applies to the sqlite store only") }
-        return MemoryStore()
+        return (0..<(partitions ?? threads)).map { _ in MemoryStore() }
     }
+    // SQLite has one writer per file; PostgreSQL is one partition per node for now.
+    guard partitions ?? 1 == 1 else { throw UsageError("--partitions applies to the memory store only") }
+    return [try openStore(spec, durability: durability)]
+}
+
+func openStore(_ spec: String, durability: String?) throws(UsageError) -> NotificationStore {
     if spec.hasPrefix("sqlite:") {
         let path = String(spec.dropFirst("sqlite:".count))
         guard !path.isEmpty else { throw UsageError("--store sqlite: needs a file path") }

@@ -81,7 +81,7 @@ final class BusTests: XCTestCase {
 
     /// Runs `node`'s maintenance, feed audit included, and what it queued.
     func audit(_ node: Harness) {
-        node.gateway.engine.runMaintenance()
+        node.gateway.soleEngine.runMaintenance()
         settle()
     }
 
@@ -113,9 +113,9 @@ final class BusTests: XCTestCase {
         let s = deviceOnB()
         a.publish("u", "in-flight")
         a.settle()  // committed on A; its record waits in B's engine queue
-        b.gateway.engine.runMaintenance()
+        b.gateway.soleEngine.runMaintenance()
         b.clock.advance(millis: FeedAudit.every)
-        b.gateway.engine.runMaintenance()
+        b.gateway.soleEngine.runMaintenance()
         XCTAssertEqual(b.gateway.metrics.engineQueue.load(ordering: .relaxed), 1, "still on its way after two rounds")
         settle()
         b.clock.advance(millis: FeedAudit.grace)

@@ -19,12 +19,12 @@ final class CommitSyncTests: XCTestCase {
         store.commitSync = disk
         store.offersReader = reader
         h = Harness(store: store)
-        syncer = try XCTUnwrap(h.gateway.engine.syncer)
+        syncer = try XCTUnwrap(h.gateway.soleEngine.syncer)
     }
 
     override func tearDown() {
         disk.open()
-        if engineStarted { h?.gateway.engine.stop() } else { syncer?.stop() }
+        if engineStarted { h?.gateway.soleEngine.stop() } else { syncer?.stop() }
         super.tearDown()
     }
 
@@ -33,11 +33,11 @@ final class CommitSyncTests: XCTestCase {
     /// The engine on its own thread, as in the gateway; the test drains the loop.
     func startEngine() {
         engineStarted = true
-        h.gateway.engine.start()
+        h.gateway.soleEngine.start()
     }
 
     /// The engine on the test's thread (`Harness.settle`), the syncs on the sync thread.
-    func startSyncsOnly() { h.gateway.engine.startSyncThread() }
+    func startSyncsOnly() { h.gateway.soleEngine.startSyncThread() }
 
     /// Runs the loop until `done` holds (the engine works on its thread).
     func drain(until done: () -> Bool, _ what: String) {
@@ -52,9 +52,9 @@ final class CommitSyncTests: XCTestCase {
     /// every commit's sync before running its effects.
     func settle() {
         repeat {
-            h.gateway.engine.runQueued()
+            h.gateway.soleEngine.runQueued()
             syncer.awaitVisibleCommits()
-            h.gateway.engine.runQueued()
+            h.gateway.soleEngine.runQueued()
             h.gateway.reads.runQueued()
         } while h.loop.drain() > 0
     }

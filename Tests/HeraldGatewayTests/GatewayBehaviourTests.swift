@@ -77,7 +77,7 @@ final class GatewayBehaviourTests: XCTestCase {
         h.settle(); s.read()
         XCTAssertEqual(s.session.closeRequest?.code, .goingAway)
         XCTAssertEqual(s.frames.last?["code"], "unavailable")
-        XCTAssertEqual(h.gateway.engine.registry.followers(of: UserKey(app: Harness.app.id, user: "u")), 0)
+        XCTAssertEqual(h.gateway.soleEngine.registry.followers(of: UserKey(app: Harness.app.id, user: "u")), 0)
     }
 
     // MARK: Slow consumers
@@ -464,7 +464,7 @@ final class GatewayBehaviourTests: XCTestCase {
         let last = h.publish("u3", "b")
         // Stopping before the engine's thread starts: it finds `stopping` set
         // with the three queued, and must not leave after the first batch.
-        let engine = h.gateway.engine
+        let engine = h.gateway.soleEngine
         engine.stop()
         engine.start()
         engine.stop()
@@ -491,7 +491,7 @@ final class GatewayBehaviourTests: XCTestCase {
         let after = h.request("GET", "/v1/apps/\(Harness.app.id)/users/u/devices")
         h.settle()
         XCTAssertEqual(after.json?["devices"]?.arrayValue?.first?.objectValue?["connected"], false)
-        XCTAssertEqual(h.gateway.engine.registry.followers(of: UserKey(app: Harness.app.id, user: "u")), 0)
+        XCTAssertEqual(h.gateway.soleEngine.registry.followers(of: UserKey(app: Harness.app.id, user: "u")), 0)
     }
 
     /// Counts come from the stores' per-targeting counts, viewer by viewer.
@@ -529,7 +529,7 @@ extension GatewayBehaviourTests {
         XCTAssertEqual(poll.response?.status, 503)
         XCTAssertEqual(sse.response?.status, 503)
         XCTAssertFalse(sse.streamStarted)
-        XCTAssertEqual(h.gateway.engine.registry.followers(of: UserKey(app: Harness.app.id, user: "u")), 0)
+        XCTAssertEqual(h.gateway.soleEngine.registry.followers(of: UserKey(app: Harness.app.id, user: "u")), 0)
     }
 }
 
@@ -580,7 +580,7 @@ extension GatewayBehaviourTests {
             n.version += 1
         }
         h.clock.advance(seconds: 8 * 86_400)  // past the 7 days' retention
-        let engine = h.gateway.engine
+        let engine = h.gateway.soleEngine
         let calls = { store.pruneCalls.load(ordering: .relaxed) }
         let before = calls()
 
@@ -626,7 +626,7 @@ extension GatewayBehaviourTests {
         store.offersReader = true
         let (h, s) = expiringNotification(store)
         let sweeps = { store.expiringCalls.load(ordering: .relaxed) }
-        let engine = h.gateway.engine
+        let engine = h.gateway.soleEngine
         for _ in 0..<3 {
             engine.runMaintenance()
             h.settle()
@@ -654,7 +654,7 @@ extension GatewayBehaviourTests {
         store.offersReader = true
         let h = Harness(store: store)
         let checks = { store.statisticsChecks.load(ordering: .relaxed) }
-        let engine = h.gateway.engine
+        let engine = h.gateway.soleEngine
         h.settle()
         let before = checks()
         h.clock.advance(millis: Maintenance.statisticsEvery)
@@ -678,11 +678,11 @@ extension GatewayBehaviourTests {
         let (h, s) = expiringNotification(store)
         h.clock.advance(seconds: 2)
         store.conflictCommits = 1
-        h.gateway.engine.runMaintenance()
+        h.gateway.soleEngine.runMaintenance()
         h.settle()
         XCTAssertEqual(store.expiringCalls.load(ordering: .relaxed), 2, "swept, then swept again")
         XCTAssertEqual(h.gateway.metrics.storeConflictRetries.load(ordering: .relaxed), 1)
-        XCTAssertTrue(h.gateway.engine.health.isAvailable)
+        XCTAssertTrue(h.gateway.soleEngine.health.isAvailable)
         s.read()
         let change = s.frames.last { $0["type"] == "change" }?["change"]?.objectValue
         XCTAssertEqual(change?["reason"], "expired", "announced once it committed")
@@ -706,7 +706,7 @@ extension GatewayBehaviourTests {
         XCTAssertLessThan(try stored() ?? 0, seen, "not saved before the flush")
         h.clock.advance(seconds: 31)
         store.conflictCommits = 1
-        h.gateway.engine.runMaintenance()
+        h.gateway.soleEngine.runMaintenance()
         XCTAssertEqual(h.gateway.metrics.storeConflictRetries.load(ordering: .relaxed), 1)
         XCTAssertEqual(try stored(), seen)
     }
@@ -722,7 +722,7 @@ extension GatewayBehaviourTests {
                   body: ["appNotificationId": "a1", "payload": [:], "ttlSeconds": 1])
         h.settle()
         h.clock.advance(seconds: 2)
-        let engine = h.gateway.engine
+        let engine = h.gateway.soleEngine
         let sweeps = { store.expiringCalls.load(ordering: .relaxed) }
         engine.runMaintenance()  // asks the reader, which is not run
         var waited: Millis = 0
@@ -750,13 +750,13 @@ extension GatewayBehaviourTests {
         store.offersReader = true
         let h = Harness(store: store)
         store.failExpiryChecks = 1
-        h.gateway.engine.runMaintenance()
+        h.gateway.soleEngine.runMaintenance()
         h.settle()
-        XCTAssertFalse(h.gateway.engine.health.isAvailable)
+        XCTAssertFalse(h.gateway.soleEngine.health.isAvailable)
         h.clock.advance(millis: Maintenance.sweepEvery)
-        h.gateway.engine.runMaintenance()
+        h.gateway.soleEngine.runMaintenance()
         h.settle()
-        XCTAssertTrue(h.gateway.engine.health.isAvailable, "the next check was answered")
+        XCTAssertTrue(h.gateway.soleEngine.health.isAvailable, "the next check was answered")
     }
 
     /// A registration read before a newer change of the device (the device
@@ -787,10 +787,10 @@ extension GatewayBehaviourTests {
         let tok = h.token("u")
         for i in 0..<20 { _ = h.request("GET", me + "/sync", token: tok, device: "d\(i)") }
         h.settle()
-        XCTAssertEqual(h.gateway.engine.registry.knownDevices, 20)
+        XCTAssertEqual(h.gateway.soleEngine.registry.knownDevices, 20)
         h.clock.advance(seconds: 61)
-        h.gateway.engine.runMaintenance(force: true)
-        XCTAssertEqual(h.gateway.engine.registry.knownDevices, 0)
+        h.gateway.soleEngine.runMaintenance(force: true)
+        XCTAssertEqual(h.gateway.soleEngine.registry.knownDevices, 0)
         let listing = h.request("GET", "/v1/apps/\(Harness.app.id)/users/u/devices")
         h.settle()
         let devices = listing.json?["devices"]?.arrayValue ?? []

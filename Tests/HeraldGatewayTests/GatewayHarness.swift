@@ -268,6 +268,14 @@ final class RecordingSocket: WebSocketOutput {
     var types: [String] { frames.map { $0["type"]!.stringValue! } }
 }
 
+extension Gateway {
+    /// The engine of a gateway with one partition (most tests').
+    var soleEngine: Engine {
+        precondition(partitions.count == 1, "this gateway has \(partitions.count) partitions")
+        return partitions[0]
+    }
+}
+
 /// One gateway in-process: one shard on an inline loop, the engine run on
 /// the test's thread, a manual clock. Nothing runs until `settle()`.
 final class Harness {
@@ -278,9 +286,11 @@ final class Harness {
     let shard: Shard
 
     /// `bus`: another node's harness may share `store` and the bus's hub.
-    init(store: NotificationStore = MemoryStore(), bus: Bus? = nil, limits: GatewayLimits = GatewayLimits(),
+    /// `partitions`: more memory stores, each a partition of its own beside `store`'s.
+    init(store: NotificationStore = MemoryStore(), partitions: Int = 1, bus: Bus? = nil, limits: GatewayLimits = GatewayLimits(),
          apps: [AppConfig] = [Harness.app], push: PushTransport? = nil) {
-        gateway = try! Gateway(config: GatewayConfig(apps: apps, limits: limits), store: store, bus: bus, push: push, clock: clock)
+        let stores = [store] + (1..<partitions).map { _ in MemoryStore() }
+        gateway = try! Gateway(config: GatewayConfig(apps: apps, limits: limits), partitions: stores, bus: bus, push: push, clock: clock)
         shard = gateway.makeShards([loop])[0]
         shard.thread.claim()
         gateway.startBus()
@@ -289,13 +299,13 @@ final class Harness {
     /// Runs engine batches, reads and loop jobs until none has anything left.
     func settle() {
         repeat {
-            gateway.engine.runQueued()
+            for e in gateway.partitions { e.runQueued() }
             gateway.reads.runQueued()
         } while loop.drain() > 0 || gateway.metrics.engineQueue.load(ordering: .relaxed) > 0
     }
 
-    /// The engine's queue runs once, the loop not at all.
-    func runEngine() { gateway.engine.runQueued() }
+    /// The engines' queues run once, the loop not at all.
+    func runEngine() { for e in gateway.partitions { e.runQueued() } }
 
     func token(_ user: String, ttl: Int64 = 3600, app: AppConfig = Harness.app, signedWith s: TokenSecret? = nil) -> String {
         let now = clock.now() / 1000

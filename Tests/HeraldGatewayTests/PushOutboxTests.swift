@@ -76,7 +76,7 @@ final class PushOutboxTests: XCTestCase {
     /// Settles, then lets the dispatcher claim what is due and hand it over.
     func dispatch() {
         h.settle()
-        h.gateway.engine.runMaintenance()
+        h.gateway.soleEngine.runMaintenance()
         h.settle()
     }
 
@@ -88,7 +88,7 @@ final class PushOutboxTests: XCTestCase {
                                 "groupName": "chat"])
     }
 
-    var pending: Int { (try? h.gateway.engine.store.pendingPushes()) ?? -1 }
+    var pending: Int { (try? h.gateway.soleEngine.store.pendingPushes()) ?? -1 }
 
     func testADisconnectedDeviceGetsAnAlertAndAConnectedOneNothing() {
         XCTAssertEqual(register("u", "phone", apns()).response?.status, 200)
@@ -422,7 +422,7 @@ final class PushOutboxTests: XCTestCase {
         for _ in 0..<3 {
             for node in [a, b] {
                 node.settle()
-                node.gateway.engine.runMaintenance()
+                node.gateway.soleEngine.runMaintenance()
                 node.settle()
             }
         }

@@ -123,6 +123,6 @@ final class ReloadTests: XCTestCase {
         XCTAssertEqual(poll.response?.status, 401)
         XCTAssertEqual(stream.response?.status, 401)
         XCTAssertFalse(stream.streamStarted)
-        XCTAssertEqual(h.gateway.engine.registry.followers(of: UserKey(app: id, user: "u")), 0)
+        XCTAssertEqual(h.gateway.soleEngine.registry.followers(of: UserKey(app: id, user: "u")), 0)
     }
 }

@@ -39,10 +39,15 @@ def test_healthz(gateway):
     assert r.json()["status"] == "ok"
 
 
-def test_threads_carry_their_role_in_their_names(gateway):
-    """`top -H` and `perf` tell the engine from the loops by name."""
-    names = _thread_names(gateway)
-    assert {"herald-engine", "herald-loop-0"} <= names, names
+def test_threads_carry_their_role_in_their_names(gateway_factory):
+    """`top -H` and `perf` tell the engines from the loops by name; the memory
+    store has one partition, with its engine, per loop."""
+    gw = gateway_factory(extra_args=["--threads", "3"])
+    names = _thread_names(gw)
+    assert {f"herald-{role}-{i}" for role in ("engine", "loop") for i in range(3)} <= names, names
+    assert "herald-engine-3" not in names
+    two = gateway_factory(extra_args=["--threads", "3", "--partitions", "2"])
+    assert {n for n in _thread_names(two) if n.startswith("herald-engine")} == {"herald-engine-0", "herald-engine-1"}
 
 
 def _thread_names(gw) -> set[str]:
@@ -59,7 +64,7 @@ def test_sqlite_at_full_durability_syncs_on_a_thread_of_its_own(gateway_factory,
     """The log's fsync runs on `herald-sync` beside the engine, and copying the
     log into the file on `herald-checkpt` (docs/OPERATIONS.md)."""
     full = gateway_factory(store=f"sqlite:{tmp_path}/full.db")
-    assert {"herald-engine", "herald-sync", "herald-reader", "herald-checkpt"} <= _thread_names(full)
+    assert {"herald-engine-0", "herald-sync", "herald-reader", "herald-checkpt"} <= _thread_names(full)
     assert full.publish(user, "a1", expect=201)["seq"] == 1
     assert [n["appNotificationId"] for n in full.server("GET", f"/users/{user}/notifications").json()["notifications"]] == ["a1"]
     normal = gateway_factory(store=f"sqlite:{tmp_path}/normal.db", extra_args=["--durability", "normal"])
