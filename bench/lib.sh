@@ -121,14 +121,15 @@ herald_loadgen_args() { # s ca pub-ports sub-port...
 # ARGS...` in DIR (made fresh), stderr to bench/out/NAME-server.log; sets
 # SPAWNED_PID and waits for its `listening on` line (1 if it never comes).
 # HERALD_LIMITS, when set, is the config's "limits" object; HERALD_APP_EXTRA,
-# more fields of the bench app (`,"push":{...}`).
+# more fields of the bench app (`,"push":{...}`); HERALD_PIN, a command it runs
+# under (`taskset -c 0`).
 herald_spawn() { # name dir port args...
     local name=$1 d=$2 port=$3
     shift 3
     rm -rf "$d"
     mkdir -p "$d"
     echo "{\"apps\":[{\"id\":\"bench\",\"serverKey\":\"bench-key\",\"tokenSecret\":\"bench-secret\"${HERALD_APP_EXTRA:-}}]${HERALD_LIMITS:+,\"limits\":$HERALD_LIMITS}}" > "$d/herald.json"
-    "$HERALD_BIN" serve --host 127.0.0.1 --port "$port" --config "$d/herald.json" "$@" \
+    ${HERALD_PIN:-} "$HERALD_BIN" serve --host 127.0.0.1 --port "$port" --config "$d/herald.json" "$@" \
         > "$d/stdout" 2> "$OUT/$name-server.log" &
     SPAWNED_PID=$!
     STARTED_PIDS+=("$SPAWNED_PID")
@@ -154,4 +155,59 @@ herald_stop() { # pid
     kill -0 "$1" 2>/dev/null && kill -9 "$1" 2>/dev/null || true
     wait "$1" 2>/dev/null || true
     forget_pid "$1"
+}
+
+# ---------------------------------------------------------------- nchan
+NCHAN_PORT=${NCHAN_PORT:-18090}
+NCHAN_PIDS=""
+# starts nginx + Nchan on NCHAN_PORT (installed from Debian when missing);
+# NCHAN_WORKERS [2] worker processes, the whole under `$NCHAN_PIN` (e.g.
+# `taskset -c 0`) when set. Sets NCHAN_PIDS (master, then workers).
+start_nchan() {
+    if [ ! -f /usr/lib/nginx/modules/ngx_nchan_module.so ] || ! command -v nginx >/dev/null; then
+        log "installing nginx and libnginx-mod-nchan (Debian)"
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx libnginx-mod-nchan >/dev/null
+    fi
+    local d=$WORK/nchan
+    rm -rf "$d"
+    mkdir -p "$d/tmp"
+    sed -e "s/127\.0\.0\.1:18090/127.0.0.1:$NCHAN_PORT/" -e "s/^worker_processes 2;/worker_processes ${NCHAN_WORKERS:-2};/" \
+        "$BENCH/nchan/nginx.conf" > "$d/nginx.conf"
+    ${NCHAN_PIN:-} nginx -c "$d/nginx.conf" -p "$d/"
+    local i master=""
+    for i in $(seq 1 50); do
+        [ -s "$d/nginx.pid" ] && master=$(cat "$d/nginx.pid") && break
+        sleep 0.1
+    done
+    [ -n "$master" ] || { log "nginx did not start"; cat "$d/error.log" >&2; return 1; }
+    STARTED_PIDS+=("$master")
+    for i in $(seq 1 50); do
+        curl -sf "http://127.0.0.1:$NCHAN_PORT/healthz" >/dev/null && break
+        sleep 0.1
+    done
+    NCHAN_PIDS=$(echo "$master" $(pgrep -P "$master") | tr ' ' ',')
+    log "nginx+nchan on 127.0.0.1:$NCHAN_PORT, pids $NCHAN_PIDS"
+}
+stop_nchan() {
+    local master=${NCHAN_PIDS%%,*}
+    [ -n "$master" ] || return 0
+    kill -QUIT "$master" 2>/dev/null || true
+    local i
+    for i in $(seq 1 50); do kill -0 "$master" 2>/dev/null || break; sleep 0.1; done
+    kill -0 "$master" 2>/dev/null && kill -9 "$master" 2>/dev/null || true
+    forget_pid "$master"
+    NCHAN_PIDS=""
+}
+
+# the loadgen command lines for Nchan (set once NCHAN_PORT is)
+nchan_loadgen_args() {
+    NCHAN_ARGS=("$LOADGEN"
+        --sub-url "ws://127.0.0.1:$NCHAN_PORT/sub/{user}"
+        --pub-url "http://127.0.0.1:$NCHAN_PORT/pub/{user}"
+        --pub-body '{"t":{ts},"n":{n}}')
+    # The same work in bytes: Nchan relays a body shaped and sized like the
+    # change frame Herald delivers for its publish (same fields, same lengths;
+    # Herald's ids and times are of fixed length), instead of 30 bytes.
+    NCHAN_SAME_BYTES_ARGS=("${NCHAN_ARGS[@]:0:5}"
+        --pub-body '{"type":"change","change":{"seq":{n},"op":"upsert","notification":{"id":"n_01KAVQ3ZP5B8M2R6W9X0YB7CEH","appNotificationId":"m{n}","userId":"{user}","payload":{"t":{ts},"n":{n}},"priority":"normal","groupName":null,"displayTimeToLive":null,"targetPlatforms":null,"targetTags":null,"createdAt":"2026-11-24T10:00:00.000Z","updatedAt":"2026-11-24T10:00:00.000Z","expiresAt":"2026-12-24T10:00:00.000Z","readState":"unread","userActionState":"noInteraction","version":1}}}')
 }

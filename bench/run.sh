@@ -75,43 +75,6 @@ TLS_KEY=$WORK/tls/key.pem
 measure_background
 if [ "$HERALD_TLS" = 0 ]; then build_loadgen; else build_loadgen openssl; fi
 
-# ---------------------------------------------------------------- nchan
-NCHAN_PIDS=""
-start_nchan() {
-    if [ ! -f /usr/lib/nginx/modules/ngx_nchan_module.so ] || ! command -v nginx >/dev/null; then
-        log "installing nginx and libnginx-mod-nchan (Debian)"
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx libnginx-mod-nchan >/dev/null
-    fi
-    local d=$WORK/nchan
-    rm -rf "$d"
-    mkdir -p "$d/tmp"
-    sed "s/127\.0\.0\.1:18090/127.0.0.1:$NCHAN_PORT/" "$BENCH/nchan/nginx.conf" > "$d/nginx.conf"
-    nginx -c "$d/nginx.conf" -p "$d/"
-    local i master=""
-    for i in $(seq 1 50); do
-        [ -s "$d/nginx.pid" ] && master=$(cat "$d/nginx.pid") && break
-        sleep 0.1
-    done
-    [ -n "$master" ] || { log "nginx did not start"; cat "$d/error.log" >&2; return 1; }
-    STARTED_PIDS+=("$master")
-    for i in $(seq 1 50); do
-        curl -sf "http://127.0.0.1:$NCHAN_PORT/healthz" >/dev/null && break
-        sleep 0.1
-    done
-    NCHAN_PIDS=$(echo "$master" $(pgrep -P "$master") | tr ' ' ',')
-    log "nginx+nchan on 127.0.0.1:$NCHAN_PORT, pids $NCHAN_PIDS"
-}
-stop_nchan() {
-    local master=${NCHAN_PIDS%%,*}
-    [ -n "$master" ] || return 0
-    kill -QUIT "$master" 2>/dev/null || true
-    local i
-    for i in $(seq 1 50); do kill -0 "$master" 2>/dev/null || break; sleep 0.1; done
-    kill -0 "$master" 2>/dev/null && kill -9 "$master" 2>/dev/null || true
-    forget_pid "$master"
-    NCHAN_PIDS=""
-}
-
 # ---------------------------------------------------------------- herald
 HERALD_PID=""
 HERALD_OK=0
@@ -159,16 +122,7 @@ stop_herald() {
 }
 
 # ---------------------------------------------------------------- targets
-NCHAN_ARGS=("$LOADGEN"
-    --sub-url "ws://127.0.0.1:$NCHAN_PORT/sub/{user}"
-    --pub-url "http://127.0.0.1:$NCHAN_PORT/pub/{user}"
-    --pub-body '{"t":{ts},"n":{n}}')
-# The same work in bytes: Nchan relays a body shaped and sized like the
-# change frame Herald delivers for its publish (same fields, same lengths;
-# Herald's ids and times are of fixed length), instead of 30 bytes.
-NCHAN_SAME_BYTES_ARGS=("${NCHAN_ARGS[@]:0:5}"
-    --pub-body '{"type":"change","change":{"seq":{n},"op":"upsert","notification":{"id":"n_01KAVQ3ZP5B8M2R6W9X0YB7CEH","appNotificationId":"m{n}","userId":"{user}","payload":{"t":{ts},"n":{n}},"priority":"normal","groupName":null,"displayTimeToLive":null,"targetPlatforms":null,"targetTags":null,"createdAt":"2026-11-24T10:00:00.000Z","updatedAt":"2026-11-24T10:00:00.000Z","expiresAt":"2026-12-24T10:00:00.000Z","readState":"unread","userActionState":"noInteraction","version":1}}}')
-
+nchan_loadgen_args
 # idle: RSS before/after opening IDLE_CONNS connections, measured here while
 # the loadgen holds them
 scenario_idle() { # name pids connections args...

@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# Durable publishes on SQLite (issue 32), and what this disk allows.
+#
+#   bench/durable.sh        # about 2 minutes
+#
+# 1. The disk: `dd` writing 8 KiB blocks with O_DSYNC (one sync per write)
+#    and 1 GiB in 1 MiB blocks (then one fdatasync), and PostgreSQL's
+#    `pg_test_fsync` (8 KiB writes, each followed by fdatasync), in the
+#    folder the database lives in.
+# 2. Herald on `--store sqlite:` at full durability (every answer waits for
+#    the log's fsync), one device per user, 512 publisher connections:
+#    - run.sh's durable ramp (DURABLE_RAMP [ramp:2000:2000:30000], 5 s a
+#      step): the most acknowledged publishes/s with p99 ≤ 100 ms;
+#    - a steady RATE [4000] publishes/s for 10 s under `perf stat`: the
+#      log syncs (fdatasync), the bytes the process wrote (/proc/PID/io
+#      write_bytes) and the engine thread's CPU, per publish. Each bounds
+#      the rate: syncs by pg_test_fsync's, bytes by dd's MB/s, the engine
+#      by one core.
+# Writes bench/out/durable-results.md and the logs beside it.
+set -euo pipefail
+LOG_TAG=durable
+source "$(dirname "$0")/lib.sh"
+[[ -x /opt/swift/usr/bin/swift ]] && export PATH="/opt/swift/usr/bin:$PATH"
+
+DURABLE_RAMP=${DURABLE_RAMP:-ramp:2000:2000:30000}
+RATE=${RATE:-4000}
+PORT=${PORT:-18196}
+HERALD_BIN=${HERALD_BIN:-$ROOT/.build/release/herald}
+RESULTS=$OUT/durable-results.md
+PG_TEST_FSYNC=$(ls /usr/lib/postgresql/*/bin/pg_test_fsync 2>/dev/null | tail -1 || true)
+command -v perf >/dev/null || { log "perf is needed (Debian: linux-perf)"; exit 1; }
+
+build_loadgen
+build_herald
+measure_background
+
+# ---- the disk
+dd_out=$(dd if=/dev/zero of="$WORK/dd.bin" bs=8k count=2000 oflag=dsync 2>&1 | tail -1)
+dd_secs=$(echo "$dd_out" | awk -F', ' '{print $3}' | awk '{print $1}')
+dd_syncs=$(awk -v s="$dd_secs" 'BEGIN { printf "%.0f", 2000 / s }')
+dd_mbs=$(dd if=/dev/zero of="$WORK/dd.bin" bs=1M count=1024 conv=fdatasync 2>&1 | tail -1 | awk -F', ' '{print $4}')
+rm -f "$WORK/dd.bin"
+pgtf=""
+if [ -n "$PG_TEST_FSYNC" ]; then
+    "$PG_TEST_FSYNC" -s 3 -f "$WORK/pgtf.bin" > "$OUT/durable-pg_test_fsync.log" 2>&1 || true
+    # "fdatasync   NNNN.NNN ops/sec" under "one 8kB write"
+    pgtf=$(awk '/Compare file sync methods using one 8kB write/ {on=1} on && $1 == "fdatasync" {print int($2); exit}' "$OUT/durable-pg_test_fsync.log")
+fi
+log "disk: dd 8 KiB O_DSYNC writes $dd_syncs/s, 1 MiB blocks $dd_mbs; pg_test_fsync fdatasync ${pgtf:-n/a} ops/s"
+
+HERALD_ARGS=()
+herald_loadgen_args "" "" "$PORT" "$PORT"
+
+# ---- the ramp
+herald_spawn durable-ramp "$WORK/herald" "$PORT" --store "sqlite:$WORK/herald/herald.db" || { log "herald did not start"; exit 1; }
+pid=$SPAWNED_PID
+"${HERALD_ARGS[@]}" --mode fanout --users 1000 --devices 1 --rate "$DURABLE_RAMP" --duration 5 --max-p99-ms 100 \
+    --user-prefix "r${RUN_ID}u" --server-pids "$pid" --pub-conns 512 > "$OUT/durable-ramp.log" 2>&1 || true
+herald_stop "$pid"
+ramp_max=$(res "$OUT/durable-ramp.log" mode=saturation at_rate)
+
+# ---- the steady step, counted
+herald_spawn durable-steady "$WORK/herald" "$PORT" --store "sqlite:$WORK/herald/herald.db" || { log "herald did not start"; exit 1; }
+pid=$SPAWNED_PID
+cat > "$WORK/count-around" <<EOF2
+#!/bin/sh
+case "\$1" in
+start) awk '/^write_bytes/ {print \$2}' /proc/$pid/io > "$WORK/io.start"
+       perf stat --per-thread -e 'syscalls:sys_enter_fdatasync,syscalls:sys_enter_fsync,task-clock' -p $pid -x, -o "$WORK/perf.csv" &
+       echo \$! > "$WORK/perf.pid"; sleep 0.5 ;;
+stop)  kill -INT "\$(cat "$WORK/perf.pid")"
+       while kill -0 "\$(cat "$WORK/perf.pid")" 2>/dev/null; do sleep 0.1; done
+       awk '/^write_bytes/ {print \$2}' /proc/$pid/io > "$WORK/io.stop" ;;
+esac
+EOF2
+chmod +x "$WORK/count-around"
+"${HERALD_ARGS[@]}" --mode fanout --users 1000 --devices 1 --rate "$RATE" --duration 10 \
+    --user-prefix "s${RUN_ID}u" --server-pids "$pid" --pub-conns 512 --around-steps "$WORK/count-around" > "$OUT/durable-steady.log" 2>&1 || true
+herald_stop "$pid"
+published=$(res "$OUT/durable-steady.log" step=0 published)
+p99=$(res "$OUT/durable-steady.log" step=0 p99_ms)
+# --per-thread -x,: "comm-tid,count,unit,event,..."; task-clock in ms
+syncs=$(awk -F, '$4 ~ /fdatasync|fsync/ {s += $2} END {print s + 0}' "$WORK/perf.csv")
+engine_ms=$(awk -F, '$1 ~ /^herald-engine/ && $4 ~ /task-clock/ {s += $2} END {print s + 0}' "$WORK/perf.csv")
+bytes=$(( $(cat "$WORK/io.stop") - $(cat "$WORK/io.start") ))
+
+per() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.1f", a / b; else print "n/a" }'; }
+{
+    echo "# Durable publishes on SQLite"
+    echo
+    echo "$(date -u +%Y-%m-%dT%H:%MZ), $(git -C "$ROOT" rev-parse --short HEAD), background CPU ${BG_BUSY}% before the run, database in $WORK."
+    echo
+    echo "| figure | value |"
+    echo "|---|---|"
+    echo "| disk: 8 KiB writes with O_DSYNC (\`dd\`) | $dd_syncs/s |"
+    echo "| disk: 8 KiB write + fdatasync (\`pg_test_fsync\`) | ${pgtf:-n/a}/s |"
+    echo "| disk: 1 GiB in 1 MiB blocks, then fdatasync (\`dd\`) | $dd_mbs |"
+    echo "| acknowledged publishes/s with p99 ≤ 100 ms ($DURABLE_RAMP, 5 s steps) | ${ramp_max:-n/a} |"
+    echo "| steady step: publishes in 10 s at $RATE/s, publish-to-delivery p99 | ${published:-n/a}, ${p99:-n/a} ms |"
+    echo "| log syncs per second, publishes per sync | $(per "$syncs" 10) , $(per "${published:-0}" "$syncs") |"
+    echo "| bytes written per publish | $(per "$bytes" "${published:-0}") |"
+    echo "| engine thread CPU per publish (µs) | $(per "$(awk -v m="$engine_ms" 'BEGIN { print m * 1000 }')" "${published:-0}") |"
+    echo
+} > "$RESULTS"
+log "results: $RESULTS"
+cat "$RESULTS"
