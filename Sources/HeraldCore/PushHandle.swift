@@ -23,7 +23,10 @@ public struct WebPushSubscription: Sendable, Equatable {
 public enum PushHandle: Sendable, Equatable {
     case apns(token: String, environment: APNsEnvironment)
     case fcm(token: String)
-    case webpush(WebPushSubscription)
+    /// Boxed: a handle is held inline by every registration and connection
+    /// (`Device`, a hello's registration), and the subscription's 80 bytes
+    /// would weigh on each of them, with or without push.
+    indirect case webpush(WebPushSubscription)
 
     public var service: PushService {
         switch self {

@@ -103,7 +103,7 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
     /// Notifications the open batch published: `herald_publishes_total` once it commits.
     var publishedInBatch = 0
     /// Who follows which user, and which devices are connected.
-    let registry = FollowerRegistry()
+    let registry: FollowerRegistry
     /// In a cluster: this node's devices as the other nodes see them.
     let cluster: ClusterConnections?
     let maintenance = Maintenance()
@@ -125,6 +125,7 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
          partition: Int = 0) {
         self.store = store; self.reader = reader; self.bus = bus; self.limits = limits; self.metrics = metrics; self.clock = clock
         self.partition = partition
+        registry = FollowerRegistry(bus: bus != nil)
         thread = ThreadOwner("engine \(partition)")
         health = StoreHealth(clock: clock)
         push = PushDispatch(metrics: metrics.push)
@@ -576,7 +577,7 @@ extension Engine {
         }
     }
 
-    func follows(_ user: UserKey) -> Bool { registry.followedForBus.withLock { $0.contains(user) } }
+    func follows(_ user: UserKey) -> Bool { registry.followedForBus?.withLock { $0.contains(user) } ?? false }
 
     /// Another node deleted or re-registered a device: its connections here
     /// (if any) end with 4003, or take its new view, as on that node.

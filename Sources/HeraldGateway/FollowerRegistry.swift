@@ -26,12 +26,15 @@ final class FollowerRegistry {
     /// With a bus: per followed user, the last seq handed to its shards,
     /// when known (docs/ARCHITECTURE.md, "Changes across nodes").
     private var delivered: [UserKey: Int64] = [:]
-    /// The followed users, for the bus's thread (any thread): it decodes
-    /// only their records. Changed with `following`, before the admitting
-    /// batch commits, so a record of a user it leaves out committed before
-    /// the user's first follower came, and that follower's catch-up (or, at
-    /// worst, the gap check) has it.
-    let followedForBus = Locked<Set<UserKey>>([])
+    /// With a bus: the followed users, for the bus's thread (any thread): it
+    /// decodes only their records. Changed with `following`, before the
+    /// admitting batch commits, so a record of a user it leaves out committed
+    /// before the user's first follower came, and that follower's catch-up
+    /// (or, at worst, the gap check) has it. Without a bus nil: its entry
+    /// would cost every idle connection about 80 bytes for nothing.
+    let followedForBus: Locked<Set<UserKey>>?
+
+    init(bus: Bool) { followedForBus = bus ? Locked([]) : nil }
 
     /// Live followers of `user` on every shard.
     func followers(of user: UserKey) -> Int { following[user]?.total ?? 0 }
@@ -46,7 +49,7 @@ final class FollowerRegistry {
         guard var f = following[user] else {
             if let head { delivered[user] = head }
             following[user] = Following(total: 1, shards: ShardSet(shard))
-            _ = followedForBus.withLock { $0.insert(user) }
+            _ = followedForBus?.withLock { $0.insert(user) }
             return
         }
         if let only = f.onlyShard, only != shard {
@@ -64,7 +67,7 @@ final class FollowerRegistry {
         guard f.total > 0 else {
             following[user] = nil
             delivered[user] = nil
-            _ = followedForBus.withLock { $0.remove(user) }
+            _ = followedForBus?.withLock { $0.remove(user) }
             return
         }
         if f.onlyShard == nil {

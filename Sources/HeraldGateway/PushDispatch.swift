@@ -119,13 +119,13 @@ final class PushDispatch {
     /// A WebSocket of `deviceId` was lost (no close handshake) soon after
     /// `last` went to it, which may never have arrived (SPEC section 10): a
     /// tap, unless the device is connected again or has no handle to take it.
-    func tapAfterLoss(_ e: Engine, _ user: UserKey, _ deviceId: String, _ last: LostChange) throws(StoreError) {
+    func tapAfterLoss(_ e: Engine, _ user: UserKey, _ deviceId: String, _ last: LostChange, epoch: String) throws(StoreError) {
         var others: [String: TransportKind]? = nil
         guard let s = settings.withLock({ $0[user.app] }), let d = try e.store.device(user, id: deviceId), let handle = d.push,
               handle.service != .webpush, s.offers(handle.service),
               try !connected(e, user, deviceId, others: &others) else { return }
         let now = e.clock.now()
-        let m = PushMessage(kind: .tap, op: last.deleted ? .delete : .state, cursor: last.seq, epoch: last.epoch,
+        let m = PushMessage(kind: .tap, op: last.deleted ? .delete : .state, cursor: last.seq, epoch: epoch,
                             notificationId: last.notificationId, expiresAt: now + PushMessage.maxLifetime)
         try e.store.enqueuePush(user, deviceId: deviceId, m, at: now, claimUntil: nil)
         e.afterCommit { [self] in wake = true }
@@ -271,17 +271,18 @@ final class PushDispatch {
     }
 }
 
-/// The last change a connection was sent, as a tap after its loss tells it
-/// (`PushDispatch.tapAfterLoss`): no payload, so a connection keeps little.
+/// The last change a connection was sent, and when (a tick), as a tap
+/// after its loss tells it (`PushDispatch.tapAfterLoss`): no payload and
+/// no epoch (the subscription has it), so a connection keeps little.
 struct LostChange: Sendable {
     let seq: Int64
     let notificationId: String
     let deleted: Bool
-    let epoch: String
+    let at: Millis
 
-    init(_ r: ChangeRecord, epoch: String) {
+    init(_ r: ChangeRecord, at: Millis) {
         seq = r.seq
-        self.epoch = epoch
+        self.at = at
         switch r.change.op {
         case .upsert(let n): notificationId = n.id; deleted = false
         case .delete(let id, _, _): notificationId = id; deleted = true

@@ -148,7 +148,7 @@ public final class Shard: @unchecked Sendable {  // loop-thread state, checked b
 
     func cancel(_ id: TimerID?) {
         thread.assertCurrent()
-        guard let id, id.serial <= timerSerial else { return }
+        guard let id, id.serial > 0, id.serial <= timerSerial else { return }
         cancelled.insert(id.serial)
         if cancelled.count > 64, cancelled.count * 2 > timers.count + wallTimers.count {
             timers.removeAll { cancelled.contains($0.serial) }
@@ -157,7 +157,12 @@ public final class Shard: @unchecked Sendable {  // loop-thread state, checked b
         }
     }
 
-    struct TimerID { fileprivate let serial: UInt64 }
+    /// Serials start at 1: `none` (0) names no timer, so a connection holds
+    /// a timer in 8 bytes, not an optional's 16.
+    struct TimerID {
+        fileprivate let serial: UInt64
+        static let none = TimerID(serial: 0)
+    }
 
     var pendingTimers: Int { timers.count + wallTimers.count - cancelled.count }
 

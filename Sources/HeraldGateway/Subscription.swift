@@ -79,7 +79,7 @@ final class Subscription {
     struct Request: Sendable {
         let user: UserKey
         let deviceId: String?
-        var registration: DeviceRegistration? = nil
+        /// Where the catch-up begins: read once, when the subscription is made.
         let position: FeedPosition
         let transport: TransportKind
         /// Follows live changes, counted against the per-user connection
@@ -91,12 +91,37 @@ final class Subscription {
         var wholeReset = true
     }
 
+    /// What a subscription keeps of its request for its whole life (every
+    /// idle connection carries it: SPEC's scale is memory per connection).
+    /// (Fields ordered widest first: Swift lays them out in this order, so
+    /// the flags fill what would be padding, here and after it.)
+    struct Terms {
+        let user: UserKey
+        let bounds: PageBounds
+        let deviceId: String?
+        let transport: TransportKind
+        let follows: Bool
+        let wholeReset: Bool
+
+        init(_ r: Request) {
+            user = r.user; bounds = r.bounds; deviceId = r.deviceId
+            transport = r.transport; follows = r.follows; wholeReset = r.wholeReset
+        }
+    }
+
     /// The next page is read once less than this is left unread.
     static let drainedBelow = 256 * 1024
     /// Live changes buffered during a catch-up, at most.
     static let bufferLimit = 1 << 20
 
-    let request: Request
+    let request: Terms
+    // One-byte state next, in the padding after `request`.
+    private enum Phase: UInt8 { case admitting, catchingUp, live, ended }
+    private var phase = Phase.admitting
+    private var reading = false
+    private var awaitingDrain = false
+    /// Registered with the engine and the shard as a follower.
+    private var following = false
     var user: UserKey { request.user }
     var deviceId: String? { request.deviceId }
     private let gateway: Gateway
@@ -106,12 +131,8 @@ final class Subscription {
     /// in its place.
     var signature: TokenSignature
 
-    private enum Phase { case admitting, catchingUp, live, ended }
-    private var phase = Phase.admitting
     private var purpose = CatchUpPurpose.subscribe
     private var step: CatchUpStep
-    private var reading = false
-    private var awaitingDrain = false
     private var readSerial = 0
     /// Pages read up to this serial may not complete the catch-up (the
     /// buffer was dropped while they were on their way).
@@ -119,11 +140,9 @@ final class Subscription {
     private var buffered: [ChangeRecord] = []
     private var bufferedBytes = 0
     private var queuedSyncs: [(ref: String?, position: FeedPosition)] = []
-    /// Registered with the engine and the shard as a follower.
-    private var following = false
     /// The last live change sent, and when (a tick): what a tap says if the
     /// connection is lost soon after (`cancel(lost:)`). No payload is kept.
-    private var lastSent: (at: Millis, push: LostChange)?
+    private var lastSent: LostChange?
 
     /// The feed position the client has been brought to.
     private(set) var cursor: Int64 = 0
@@ -132,16 +151,19 @@ final class Subscription {
     private var unread = 0
 
     init(_ request: Request, signature: TokenSignature, gateway: Gateway, shard: Shard, output: SubscriptionOutput) {
-        self.request = request; self.signature = signature; self.gateway = gateway; self.shard = shard; self.output = output
+        self.request = Terms(request); self.signature = signature; self.gateway = gateway; self.shard = shard; self.output = output
         step = .begin(request.position)
     }
 
     // MARK: Admission
 
-    func start() {
+    /// `registration`: what a WebSocket's `hello` registers for its device.
+    func start(registering registration: DeviceRegistration? = nil) {
         shard.thread.assertCurrent()
         let r = request, index = shard.index, now = gateway.clock.now()
-        gateway.engine(for: r.user).perform(on: shard, users: [r.user], { e throws(StoreError) in try e.admit(r, shard: index, now: now) }) { [self] result in
+        gateway.engine(for: r.user).perform(on: shard, users: [r.user], { e throws(StoreError) in
+            try e.admit(r, registering: registration, shard: index, now: now)
+        }) { [self] result in
             switch result {
             case .failure(let err): end(.failed(err))
             case .success(.refused(let err)): end(.refused(err))
@@ -332,7 +354,7 @@ final class Subscription {
         if !items.isEmpty {
             gateway.metrics.deliveries.add(items.count, ordering: .relaxed)
             if let r = records.last(where: { $0.seq == items.last!.seq }) {
-                lastSent = (gateway.clock.ticks(), LostChange(r, epoch: epoch))
+                lastSent = LostChange(r, at: gateway.clock.ticks())
             }
         }
         output.live(items, cursor: cursor, unread: delta != 0 ? unread : nil)
@@ -356,12 +378,12 @@ final class Subscription {
     /// `lost`: it went without a close handshake, just after a change went
     /// to it maybe (SPEC section 10: the device then gets a tap).
     func cancel(lost: Bool = false) {
-        let tap = lost && phase != .ended ? lastSent.flatMap { gateway.clock.ticks() - $0.at <= Self.lossWindow ? $0.push : nil } : nil
+        let tap = lost && phase != .ended ? lastSent.flatMap { gateway.clock.ticks() - $0.at <= Self.lossWindow ? $0 : nil } : nil
         _ = finish()
         // After the release `finish` queued: the device counts as gone by then.
         if let tap, let device = deviceId {
-            let user = self.user
-            gateway.engine(for: user).write(taken: { _ in }) { e throws(StoreError) in try e.push.tapAfterLoss(e, user, device, tap) }
+            let user = self.user, epoch = self.epoch
+            gateway.engine(for: user).write(taken: { _ in }) { e throws(StoreError) in try e.push.tapAfterLoss(e, user, device, tap, epoch: epoch) }
         }
     }
 
@@ -401,13 +423,13 @@ extension Engine {
     /// Admits a subscription: the per-user limit, the device's viewer and,
     /// for a follower, the follow. The follow counts from this batch on:
     /// changes committed after it are delivered to the shard.
-    func admit(_ r: Subscription.Request, shard: Int, now: Millis) throws(StoreError) -> Admission {
+    func admit(_ r: Subscription.Terms, registering registration: DeviceRegistration?, shard: Int, now: Millis) throws(StoreError) -> Admission {
         if r.follows, registry.followers(of: r.user) >= limits.maxConnectionsPerUser {
             return .refused(HeraldError(.rateLimited, "this user has reached its limit of \(limits.maxConnectionsPerUser) open connections",
                                         retryAfterSeconds: 5))
         }
         let v: Viewer
-        switch try registerViewer(r.user, deviceId: r.deviceId, registration: r.registration, now: now) {
+        switch try registerViewer(r.user, deviceId: r.deviceId, registration: registration, now: now) {
         case .failure(let e): return .refused(e)
         case .success(let viewer): v = viewer
         }

@@ -27,24 +27,24 @@ public final class WebSocketSession {
     unowned let transport: WebSocketOutput
     /// The upgrade's `Origin`, checked at hello: only the token names the app.
     let origin: String?
-    public let connectionId: String
     private var state = State.awaitingHello
     private var subscription: Subscription?
-    /// The current token's `exp` (seconds), once a hello was accepted: all
-    /// the session keeps of its claims (the subscription has user and device).
-    private var tokenExpiresAt: Int64?
+    /// The current token's `exp` (seconds), once a hello was accepted (0
+    /// before): all the session keeps of its claims (the subscription has
+    /// user and device).
+    private var tokenExpiresAt: Int64 = 0
     private var outbox = WebSocketOutbox()
     private var drainWaiter: (below: Int, run: () -> Void)?
     /// Requests that came before `welcome`, answered after it.
     private var waitingForLive: [[UInt8]] = []
     /// The hello deadline, then the token's warning or expiry: one pending
     /// timer at a time, cancelled when the connection closes.
-    private var timer: Shard.TimerID?
+    private var timer = Shard.TimerID.none
     /// When the client last sent anything (a tick), and the timer that pings it
     /// after `pingIntervalSeconds` of silence and hangs up after
     /// `idleHangupSeconds`.
     private var lastHeard: Millis
-    private var keepalive: Shard.TimerID?
+    private var keepalive = Shard.TimerID.none
     /// While output waits: the tick the socket last took some (or the
     /// keep-alive first saw it waiting). A client that sends but never reads
     /// is never silent; this is how it is told from one that reads slowly.
@@ -62,16 +62,17 @@ public final class WebSocketSession {
     init(gateway: Gateway, shard: Shard, transport: WebSocketOutput, origin: String?) {
         shard.thread.assertCurrent()
         self.gateway = gateway; self.shard = shard; self.transport = transport; self.origin = origin
-        // 14 characters: a Swift small string, no allocation per connection.
-        connectionId = "c_" + Random.hex(6)
         let now = gateway.clock.ticks(), limits = gateway.config.limits
         let rate = Double(limits.messagesPerSecondPerConnection)
         messageBudget = TokenBucket(rate: rate, burst: 2 * rate, now: now)
         lastHeard = now
         gateway.metrics.connectionOpened(.websocket)
-        timer = shard.schedule(at: now + limits.helloTimeoutSeconds * 1000) { [weak self] in
+        // The closure takes the one limit it says, not all of them: its
+        // context lives in the shard's timers for as long as the deadline.
+        let helloSeconds = limits.helloTimeoutSeconds
+        timer = shard.schedule(at: now + helloSeconds * 1000) { [weak self] in
             guard let self, self.state == .awaitingHello else { return }
-            self.fail(.unauthenticated, HeraldError(.unauthorized, "no hello within \(limits.helloTimeoutSeconds) s"))
+            self.fail(.unauthenticated, HeraldError(.unauthorized, "no hello within \(helloSeconds) s"))
         }
         scheduleKeepalive(at: now + Millis(limits.pingIntervalSeconds) * 1000)
     }
@@ -161,11 +162,10 @@ public final class WebSocketSession {
         if let e = gateway.pushRefusal(app: c.app, registration) { return fail(.policyViolation, e) }
         tokenExpiresAt = c.expiresAt
         state = .subscribing
-        let s = Subscription(Subscription.Request(user: c.userKey, deviceId: deviceId, registration: registration,
-                                                  position: position, transport: .websocket),
+        let s = Subscription(Subscription.Request(user: c.userKey, deviceId: deviceId, position: position, transport: .websocket),
                              signature: v.signature, gateway: gateway, shard: shard, output: self)
         subscription = s
-        s.start()
+        s.start(registering: registration)
     }
 
     private func live(_ m: ClientMessage) {
@@ -226,7 +226,7 @@ public final class WebSocketSession {
     /// The token's warning, which arms its expiry: one pending timer per
     /// connection, replaced by a refresh.
     private func scheduleTokenTimers() {
-        guard let tokenExpiresAt else { return }
+        guard tokenExpiresAt > 0 else { return }
         let exp = tokenExpiresAt * 1000
         shard.cancel(timer)
         timer = shard.schedule(atWall: exp - 60_000) { [weak self] in
@@ -357,7 +357,9 @@ extension WebSocketSession: SubscriptionOutput {
     func caughtUp(_ purpose: CatchUpPurpose, cursor: Int64, epoch: String, unread: Int) {
         switch purpose {
         case .subscribe:
-            send(ServerFrame.welcome(cursor: cursor, epoch: epoch, connectionId: connectionId, unread: unread))
+            // Made when sent (once per connection): it names the connection
+            // to its client only, so no connection keeps it.
+            send(ServerFrame.welcome(cursor: cursor, epoch: epoch, connectionId: "c_" + Random.hex(6), unread: unread))
             state = .live
             scheduleTokenTimers()
             let early = waitingForLive
