@@ -20,7 +20,6 @@
 set -euo pipefail
 LOG_TAG=cores
 source "$(dirname "$0")/lib.sh"
-[[ -x /opt/swift/usr/bin/swift ]] && export PATH="/opt/swift/usr/bin:$PATH"
 
 RAMP=${RAMP:-ramp:2500:2500:40000}
 RAMP_SECONDS=${RAMP_SECONDS:-5}

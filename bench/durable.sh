@@ -20,7 +20,6 @@
 set -euo pipefail
 LOG_TAG=durable
 source "$(dirname "$0")/lib.sh"
-[[ -x /opt/swift/usr/bin/swift ]] && export PATH="/opt/swift/usr/bin:$PATH"
 
 DURABLE_RAMP=${DURABLE_RAMP:-ramp:2000:2000:30000}
 RATE=${RATE:-4000}

@@ -11,7 +11,6 @@
 set -euo pipefail
 LOG_TAG=hops
 source "$(dirname "$0")/lib.sh"
-[[ -x /opt/swift/usr/bin/swift ]] && export PATH="/opt/swift/usr/bin:$PATH"
 
 USERS=${USERS:-1000}
 DEVICES=${DEVICES:-3}

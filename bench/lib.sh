@@ -67,6 +67,8 @@ build_loadgen() { # [more tools to install if missing]
     make -s -C "$BENCH" loadgen
 }
 
+# the toolchain where this project's machines keep it, when it is not on PATH
+[[ -x /opt/swift/usr/bin/swift ]] && ! command -v swift >/dev/null && export PATH="/opt/swift/usr/bin:$PATH"
 build_herald() { # unless SKIP_HERALD_BUILD=1; log in bench/out/herald-build.log
     if [ "${SKIP_HERALD_BUILD:-0}" != 1 ] && [ -f "$ROOT/Package.swift" ] && command -v swift >/dev/null; then
         log "building Herald: swift build -c release (log: bench/out/herald-build.log)"

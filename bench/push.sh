@@ -23,7 +23,6 @@
 set -euo pipefail
 LOG_TAG=push
 source "$(dirname "$0")/lib.sh"
-[[ -x /opt/swift/usr/bin/swift ]] && export PATH="/opt/swift/usr/bin:$PATH"
 
 SCENARIOS=${SCENARIOS:-"throughput harm memory"}
 COUNT=${COUNT:-10000}
