@@ -79,7 +79,7 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
     /// This engine's place among the gateway's partitions, and all of them
     /// (itself included), set before the engines start.
     let partition: Int
-    internal(set) var partitions: [Engine] = []
+    var partitions: [Engine] = []
 
     private let cond = MonotonicCondition()
     private var queue: [Command] = []

@@ -73,9 +73,7 @@ public final class Gateway: Sendable {
     }
 
     /// The engine of `user`'s partition: the only one that writes its feed.
-    public func engine(for user: UserKey) -> Engine {
-        partitions[Partitioning.index(of: user, among: partitions.count)]
-    }
+    public func engine(for user: UserKey) -> Engine { partitions.owner(of: user) }
 
     /// Creates the shards, one per service loop, before `start()`.
     public func makeShards(_ executors: [LoopExecutor]) -> [Shard] {
@@ -165,16 +163,14 @@ public final class Gateway: Sendable {
         let partitions: [Engine]
         init(_ partitions: [Engine]) { self.partitions = partitions }
 
-        private func engine(for user: UserKey) -> Engine { partitions[Partitioning.index(of: user, among: partitions.count)] }
-
         func received(_ records: [(UserKey, ChangeRecord)]) {
             guard partitions.count > 1 else { return partitions[0].received(records) }
             let byPartition = Dictionary(grouping: records) { Partitioning.index(of: $0.0, among: partitions.count) }
             for (i, rs) in byPartition { partitions[i].received(rs) }
         }
 
-        func follows(_ user: UserKey) -> Bool { engine(for: user).follows(user) }
-        func deviceChanged(_ user: UserKey, deviceId: String) { engine(for: user).deviceChanged(user, deviceId: deviceId) }
+        func follows(_ user: UserKey) -> Bool { partitions.owner(of: user).follows(user) }
+        func deviceChanged(_ user: UserKey, deviceId: String) { partitions.owner(of: user).deviceChanged(user, deviceId: deviceId) }
         func subscribed() { for e in partitions { e.subscribed() } }
     }
 

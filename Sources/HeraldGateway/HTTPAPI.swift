@@ -174,7 +174,7 @@ extension Gateway {
         let shard: Shard
         let responder: HTTPResponder
 
-        /// `users`: those `body` writes, as far as known before it runs;
+        /// `body` writes `user`'s data, on its partition's engine;
         /// `lookups`: the notifications it reads.
         func write(_ user: UserKey, _ lookups: [NotificationLookup] = [],
                    _ body: @escaping @Sendable (Engine) throws(StoreError) -> Result<HTTPResponse, HeraldError>) {

@@ -22,3 +22,8 @@ enum Partitioning {
         Dictionary(grouping: users) { index(of: $0, among: count) }
     }
 }
+
+extension Array where Element == Engine {
+    /// The engine of `user`'s partition, among all the gateway's.
+    func owner(of user: UserKey) -> Engine { self[Partitioning.index(of: user, among: count)] }
+}

@@ -28,8 +28,7 @@ public final class Reads: Sendable {
     func read<T: Sendable>(on shard: Shard, of user: UserKey, _ body: @escaping @Sendable (StoreReading) throws(StoreError) -> T,
                            reply: @escaping (Result<T, HeraldError>) -> Void) {
         guard let reader else {
-            let engine = partitions[Partitioning.index(of: user, among: partitions.count)]
-            return engine.perform(on: shard, users: [], { e throws(StoreError) in try body(e.store) }, reply: reply)
+            return partitions.owner(of: user).perform(on: shard, users: [], { e throws(StoreError) in try body(e.store) }, reply: reply)
         }
         let reply = LoopBound(reply, owner: shard.thread)
         // With a reader there is one partition (a SQL store): its health and sync.

@@ -114,16 +114,16 @@ final class Subscription {
     /// Live changes buffered during a catch-up, at most.
     static let bufferLimit = 1 << 20
 
-    let request: Terms
-    // One-byte state next, in the padding after `request`.
+    let terms: Terms
+    // One-byte state next, in the padding after `terms`.
     private enum Phase: UInt8 { case admitting, catchingUp, live, ended }
     private var phase = Phase.admitting
     private var reading = false
     private var awaitingDrain = false
     /// Registered with the engine and the shard as a follower.
     private var following = false
-    var user: UserKey { request.user }
-    var deviceId: String? { request.deviceId }
+    var user: UserKey { terms.user }
+    var deviceId: String? { terms.deviceId }
     private let gateway: Gateway
     private let shard: Shard
     private var output: SubscriptionOutput?
@@ -151,7 +151,7 @@ final class Subscription {
     private var unread = 0
 
     init(_ request: Request, signature: TokenSignature, gateway: Gateway, shard: Shard, output: SubscriptionOutput) {
-        self.request = Terms(request); self.signature = signature; self.gateway = gateway; self.shard = shard; self.output = output
+        terms = Terms(request); self.signature = signature; self.gateway = gateway; self.shard = shard; self.output = output
         step = .begin(request.position)
     }
 
@@ -160,7 +160,7 @@ final class Subscription {
     /// `registration`: what a WebSocket's `hello` registers for its device.
     func start(registering registration: DeviceRegistration? = nil) {
         shard.thread.assertCurrent()
-        let r = request, index = shard.index, now = gateway.clock.now()
+        let r = terms, index = shard.index, now = gateway.clock.now()
         gateway.engine(for: r.user).perform(on: shard, users: [r.user], { e throws(StoreError) in
             try e.admit(r, registering: registration, shard: index, now: now)
         }) { [self] result in
@@ -173,7 +173,7 @@ final class Subscription {
     }
 
     private func admitted(viewer v: Viewer, epoch e: String) {
-        following = request.follows
+        following = terms.follows
         guard phase == .admitting else { return release() }
         // Admitted after shutdown began: nothing may start now.
         guard !shard.isShuttingDown else { return end(.shutdown) }
@@ -238,7 +238,7 @@ final class Subscription {
         }
         reading = true
         readSerial += 1
-        let serial = readSerial, user = self.user, v = viewer, e = epoch, s = step, b = request.bounds
+        let serial = readSerial, user = self.user, v = viewer, e = epoch, s = step, b = terms.bounds
         gateway.reads.read(on: shard, of: user, { st throws(StoreError) in
             try st.catchUpPage(user, viewer: v, epoch: e, step: s, bounds: b)
         }) { [self] result in
@@ -254,7 +254,7 @@ final class Subscription {
     private func apply(_ page: CatchUpPage, serial: Int) {
         switch page {
         case .reset(let p):
-            let final = p.next == nil || !request.wholeReset
+            let final = p.next == nil || !terms.wholeReset
             cursor = p.cursor
             dropBuffered()
             step = final ? .changes(after: p.cursor) : .reset(after: p.next!, cursor: p.cursor)
@@ -406,7 +406,7 @@ final class Subscription {
         guard following else { return }
         following = false
         shard.remove(self)
-        let user = self.user, device = deviceId, index = shard.index, transport = request.transport
+        let user = self.user, device = deviceId, index = shard.index, transport = terms.transport
         gateway.engine(for: user).release { e in
             e.registry.unfollow(user, shard: index)
             e.registry.closed(user, device: device, transport, now: e.clock.now())
