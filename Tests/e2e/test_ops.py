@@ -6,7 +6,7 @@ import threading
 import time
 from pathlib import Path
 
-from herald_helpers import (APPS, check_error, check_raw_error, mint_token, raw_http, reset_notifications, uid)
+from herald_helpers import (APPS, check_error, check_raw_error, mint_token, raw_http, reset_notifications, uid, wait_until)
 
 
 def test_every_reachable_error_code_has_the_error_shape(gateway, user):
@@ -43,11 +43,17 @@ def test_threads_carry_their_role_in_their_names(gateway_factory):
     """`top -H` and `perf` tell the engines from the loops by name; the memory
     store has one partition, with its engine, per loop."""
     gw = gateway_factory(extra_args=["--threads", "3"])
-    names = _thread_names(gw)
-    assert {f"herald-{role}-{i}" for role in ("engine", "loop") for i in range(3)} <= names, names
+    names = _named(gw, {f"herald-{role}-{i}" for role in ("engine", "loop") for i in range(3)})
     assert "herald-engine-3" not in names
     two = gateway_factory(extra_args=["--threads", "3", "--partitions", "2"])
-    assert {n for n in _thread_names(two) if n.startswith("herald-engine")} == {"herald-engine-0", "herald-engine-1"}
+    engines = {n for n in _named(two, {"herald-engine-0", "herald-engine-1"}) if n.startswith("herald-engine")}
+    assert engines == {"herald-engine-0", "herald-engine-1"}
+
+
+def _named(gw, expected: set[str]) -> set[str]:
+    """The thread names once every `expected` one is there: a thread names
+    itself when it first runs, which may come just after `listening on`."""
+    return wait_until(lambda: (n := _thread_names(gw)) >= expected and n, f"threads named {sorted(expected)}")
 
 
 def _thread_names(gw) -> set[str]:
@@ -64,7 +70,7 @@ def test_sqlite_at_full_durability_syncs_on_a_thread_of_its_own(gateway_factory,
     """The log's fsync runs on `herald-sync` beside the engine, and copying the
     log into the file on `herald-checkpt` (docs/OPERATIONS.md)."""
     full = gateway_factory(store=f"sqlite:{tmp_path}/full.db")
-    assert {"herald-engine-0", "herald-sync", "herald-reader", "herald-checkpt"} <= _thread_names(full)
+    _named(full, {"herald-engine-0", "herald-sync", "herald-reader", "herald-checkpt"})
     assert full.publish(user, "a1", expect=201)["seq"] == 1
     assert [n["appNotificationId"] for n in full.server("GET", f"/users/{user}/notifications").json()["notifications"]] == ["a1"]
     normal = gateway_factory(store=f"sqlite:{tmp_path}/normal.db", extra_args=["--durability", "normal"])
