@@ -18,6 +18,7 @@
 #   SETUPS [sqlite-1node pg-1node pg-2nodes]  which setups dismiss and fanout run
 #   FANOUT_USERS [1000] FANOUT_DEVICES [3] FANOUT_RATES [1000,5000] FANOUT_SECONDS [10]
 #   DURABLE_RAMP [ramp:1000:1000:12000] DURABLE_CONNS [64 512] RAMP_SECONDS [5]
+#     (durable: SQLite; PostgreSQL with its default partitions, one per loop; and with --partitions 1, "pg1p")
 #   MAX_P99_MS [100]  (durable: the best step with p99 under it and nothing lost)
 #   BIG_NODES [4] BIG_USERS [15000] BIG_DEVICES [4] BIG_RATE [1500,5000] (one step each, all run: the first, 15,000 publishes, gives
 #     every user its first change, which each node follows with a catch-up read) BIG_SECONDS [10]
@@ -85,8 +86,9 @@ start_servers() {
 
 # N nodes on ports BASE_PORT+1.. sharing the store (postgres or a fresh sqlite
 # file for N=1) and, for postgres, the bus on a Redis channel set of their own
-start_nodes() { # name n store(postgres|sqlite)
+start_nodes() { # name n store(postgres|sqlite) [herald args...]
     local name=$1 n=$2 store=$3 i args
+    shift 3
     stop_nodes
     BUS_DB=$((BUS_DB + 1))
     for i in $(seq 1 "$n"); do
@@ -95,6 +97,7 @@ start_nodes() { # name n store(postgres|sqlite)
         else
             args=(--store "$HERALD_TEST_POSTGRES_URL" --bus "$HERALD_TEST_REDIS_URL/$BUS_DB")
         fi
+        args+=("$@")
         herald_spawn "$name-n$i" "$WORK/$name-$i" $((BASE_PORT + i)) "${args[@]}" || {
             log "$name: node $i did not start (bench/out/$name-n$i-server.log)"
             return 1
@@ -357,6 +360,9 @@ if [ "${TABLE_ONLY:-0}" != 1 ]; then
             sleep "$SETTLE"
             start_nodes pg1 1 postgres && durable "durable-pg-$c" "$c"
             sleep "$SETTLE"
+            # one partition, one writing session: what the partitions' sessions add
+            start_nodes pg1p 1 postgres --partitions 1 && durable "durable-pg1p-$c" "$c"
+            sleep "$SETTLE"
         done
     fi
     if want spread; then
@@ -465,7 +471,7 @@ step_row() { # label log step
     echo
     echo "Node 1's store time per publish (BEGIN to COMMIT summed over its batches, divided by its publishes, ms):"
     echo "fan-out $(for k in sqlite-1node pg-1node pg-2nodes; do printf '%s %s; ' "$k" "$(na "$(store_ms_per_publish "fanout-$k")")"; done)"
-    echo "durable $(for c in $DURABLE_CONNS; do for st in sqlite pg; do printf '%s-%s %s; ' "$st" "$c" "$(na "$(store_ms_per_publish "durable-$st-$c")")"; done; done)"
+    echo "durable $(for c in $DURABLE_CONNS; do for st in sqlite pg pg1p; do printf '%s-%s %s; ' "$st" "$c" "$(na "$(store_ms_per_publish "durable-$st-$c")")"; done; done)"
     echo
     echo "CPU seconds over each whole run (setup, steps, drains), nodes / PostgreSQL / Redis:"
     echo "$(for k in fanout-sqlite-1node fanout-pg-1node fanout-pg-2nodes; do printf '%s %s / %s / %s (%s s); ' "$k" "$(na "$(v "$k" mode=cpu nodes_s)")" "$(na "$(v "$k" mode=cpu pg_s)")" "$(na "$(v "$k" mode=cpu redis_s)")" "$(na "$(v "$k" mode=cpu wall_s)")"; done)"
@@ -475,7 +481,7 @@ step_row() { # label log step
     echo "| store | publisher connections | acknowledged publishes/s | p99 ms at that step |"
     echo "|---|---|---|---|"
     for c in $DURABLE_CONNS; do
-        for st in sqlite pg; do
+        for st in sqlite pg pg1p; do
             f=$OUT/cluster-durable-$st-$c.log
             at=$(res "$f" mode=saturation at_rate)
             printf '| %s | %s | %s | %s |\n' "$st" "$c" "$(na "$at")" "$(na "$( [ -n "$at" ] && grep "^RESULT mode=fanout .*target_rate=$at " "$f" | tail -1 | tr ' ' '\n' | awk -F= '$1=="p99_ms" {print $2}')")"

@@ -160,8 +160,11 @@ public protocol NotificationStore: StoreReading {
     /// Removes `n` and appends a delete change with the user's next seq.
     func delete(_ user: UserKey, _ n: Notification, reason: DeleteReason, at: Millis) throws(StoreError) -> ChangeRecord
 
-    /// Notifications with `expiresAt <= until`, oldest expiry first.
-    func expiring(until: Millis, limit: Int) throws(StoreError) -> [(UserKey, Notification)]
+    /// Notifications of `partition`'s users with `expiresAt <= until`,
+    /// oldest expiry first: each partition sweeps its own users, whose
+    /// feeds only its engine writes (a store several partitions share,
+    /// PostgreSQL, selects them in SQL).
+    func expiring(until: Millis, limit: Int, in partition: Partition) throws(StoreError) -> [(UserKey, Notification)]
     /// Drops changes recorded before `before`, raising each feed's floor: at
     /// most about `limit` of them per call (changes recorded at one instant
     /// may go together), so that one call never holds the store for long.
@@ -203,6 +206,12 @@ public protocol NotificationStore: StoreReading {
     /// How many pushes wait or are in flight (`herald_push_pending`).
     func pendingPushes() throws(StoreError) -> Int
 
+    /// Whether the store's data is one database that other partitions and
+    /// nodes write too (PostgreSQL), rather than this partition's alone:
+    /// what is counted store-wide is then counted by one partition, and
+    /// what another partition holds is found here.
+    var isShared: Bool { get }
+
     /// A read-only connection for one other thread, or nil when only the
     /// owner's thread may read this store (MemoryStore).
     func makeReader() throws(StoreError) -> StoreReader?
@@ -226,9 +235,15 @@ public protocol CommitSync: AnyObject, Sendable {
 
 extension NotificationStore {
     public var commitSync: CommitSync? { nil }
+    public var isShared: Bool { false }
     public func claim(_ users: [UserKey], lookups: [NotificationLookup]) throws(StoreError) {}
     public func claim(_ users: [UserKey]) throws(StoreError) { try claim(users, lookups: []) }
     public func noteCommitted(_ user: UserKey, _ records: [ChangeRecord]) {}
+
+    /// Every user's expired notifications.
+    public func expiring(until: Millis, limit: Int) throws(StoreError) -> [(UserKey, Notification)] {
+        try expiring(until: until, limit: limit, in: .whole)
+    }
 
     /// Drops every change recorded before `before` in one call; how many.
     public func pruneChanges(before: Millis) throws(StoreError) -> Int {

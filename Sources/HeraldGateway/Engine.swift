@@ -11,7 +11,7 @@ public protocol LoopExecutor: AnyObject, Sendable {
 /// its own thread, in the order submitted, in batches inside one store
 /// transaction (group commit). The gateway has one engine per partition
 /// (`Gateway.partitions`); a user belongs to one of them
-/// (`Partitioning.index`), which alone writes its feed, follows it and
+/// (`Partition.index`), which alone writes its feed, follows it and
 /// fans its changes out.
 ///
 /// Invariants (docs/ARCHITECTURE.md):
@@ -130,7 +130,9 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
         health = StoreHealth(clock: clock)
         push = PushDispatch(metrics: metrics.push)
         if let bus, let directory = store as? ClusterDirectory {
-            cluster = ClusterConnections(node: bus.node, directory: directory, registry: registry)
+            // A partition records its users' devices as a node of its own:
+            // its lease, its records, and its database session to fence.
+            cluster = ClusterConnections(node: "\(bus.node)-\(partition)", directory: directory, registry: registry)
         } else {
             cluster = nil
         }
@@ -615,10 +617,11 @@ extension Engine {
 }
 
 extension Engine {
+    /// This engine's partition of the users.
+    var share: Partition { Partition(index: partition, count: max(1, partitions.count)) }
+
     /// Whether `user` belongs to this partition.
-    @Sendable func owns(_ user: UserKey) -> Bool {
-        partitions.count < 2 || Partitioning.index(of: user, among: partitions.count) == partition
-    }
+    @Sendable func owns(_ user: UserKey) -> Bool { share.owns(user) }
 
     /// Tells the connections of every device connected here what its
     /// registration is now (closed with 4003 if it is gone); false when the

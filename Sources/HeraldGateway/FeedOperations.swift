@@ -111,9 +111,10 @@ extension Engine {
         guard let handle else { return }
         let key = handle.key
         try releaseHandle(key, to: user, deviceId)
-        // The other partitions' registrations are in their own stores: each
-        // gives the handle up in its next batch once this one committed.
-        guard partitions.count > 1 else { return }
+        // The other partitions' registrations are in their own stores
+        // (memory): each gives the handle up in its next batch once this one
+        // committed. In a store they share, the release above found it.
+        guard partitions.count > 1, !store.isShared else { return }
         afterCommit { [self] in
             for p in partitions where p !== self {
                 p.write(taken: { _ in }) { e throws(StoreError) in try e.releaseHandle(key, to: user, deviceId) }

@@ -13,9 +13,11 @@ public final class Gateway: Sendable {
     /// The apps in force by id (with the demo app), replaced whole by a
     /// reload; read on every loop.
     private let appsInForce: Locked<[String: AppConfig]>
-    /// One engine per partition of the users (`Partitioning`), each with a
+    /// One engine per partition of the users (`Partition`), each with a
     /// store of its own: the memory store's partitions hold their users'
-    /// feeds; a SQLite file has one writer, so it is one partition.
+    /// feeds; PostgreSQL's are connections to one database, where each
+    /// partition writes its own users; a SQLite file has one writer, so it
+    /// is one partition.
     public let partitions: [Engine]
     public let reads: Reads
     let bus: Bus?
@@ -47,9 +49,9 @@ public final class Gateway: Sendable {
         try self.init(config: config, partitions: [store], bus: bus, push: push, clock: clock)
     }
 
-    /// One partition per store in `partitions`, each holding its own users
-    /// (memory stores, one per service loop by default). Reads run on the
-    /// first one's reader connection, if it offers one.
+    /// One partition per store in `partitions`, each writing its own users
+    /// (memory stores, or connections to one PostgreSQL database). Reads
+    /// run on the first one's reader connection, if it offers one.
     public init(config: GatewayConfig, partitions stores: [NotificationStore], bus: Bus? = nil, push: PushTransport? = nil,
                 clock: Clock = SystemClock()) throws(StoreError) {
         precondition(!stores.isEmpty, "a gateway needs a store")
@@ -165,7 +167,7 @@ public final class Gateway: Sendable {
 
         func received(_ records: [(UserKey, ChangeRecord)]) {
             guard partitions.count > 1 else { return partitions[0].received(records) }
-            let byPartition = Dictionary(grouping: records) { Partitioning.index(of: $0.0, among: partitions.count) }
+            let byPartition = Dictionary(grouping: records) { Partition.index(of: $0.0, among: partitions.count) }
             for (i, rs) in byPartition { partitions[i].received(rs) }
         }
 
@@ -178,4 +180,9 @@ public final class Gateway: Sendable {
     public func openWebSocket(shard: Shard, transport: WebSocketOutput, origin: String? = nil) -> WebSocketSession {
         WebSocketSession(gateway: self, shard: shard, transport: transport, origin: origin)
     }
+}
+
+extension Array where Element == Engine {
+    /// The engine of `user`'s partition (`Partition`), among all the gateway's.
+    func owner(of user: UserKey) -> Engine { self[Partition.index(of: user, among: count)] }
 }

@@ -190,7 +190,7 @@ extension Gateway {
         func sendAppWide(_ app: String, _ send: BulkSend, to named: [UserKey]?) {
             let partitions = gateway.partitions, clock = gateway.clock, responder = self.responder
             let shares: [(Engine, [UserKey]?)] = named.map { users in
-                Partitioning.split(users, among: partitions.count).map { (partitions[$0.key], $0.value) }
+                Partition.split(users, among: partitions.count).map { (partitions[$0.key], $0.value) }
             } ?? partitions.map { ($0, nil) }
             var waiting = shares.count, reached = 0
             var failure: HeraldError?

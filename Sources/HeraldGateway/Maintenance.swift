@@ -142,7 +142,7 @@ final class Maintenance {
 
     private static func sweepExpired(_ e: Engine, now: Millis) throws(StoreError) {
         while true {
-            let due = try e.store.expiring(until: now, limit: 500)
+            let due = try e.store.expiring(until: now, limit: 500, in: e.share)
             for (user, n) in due {
                 e.deliverAfterCommit(user, try e.store.delete(user, n, reason: .expired, at: now))
             }

@@ -4,9 +4,10 @@ import HeraldCore
 /// Where reads that write nothing run (catch-up pages, history, counts): on
 /// a reader thread with its own store connection when the store offers one
 /// (SQLite in WAL mode serves readers beside its writer), so long reads
-/// never hold up the engine's writes and deliveries; else on the engine
-/// of the user's partition (the memory store, whose partitions hold their
-/// users' feeds).
+/// never hold up the engine's writes and deliveries (SQLite, and
+/// PostgreSQL, whose partitions share one database and one reader); else
+/// on the engine of the user's partition (the memory store, whose
+/// partitions hold their users' feeds).
 public final class Reads: Sendable {
     private let partitions: [Engine]
     private let reader: ReaderThread?
@@ -31,8 +32,8 @@ public final class Reads: Sendable {
             return partitions.owner(of: user).perform(on: shard, users: [], { e throws(StoreError) in try body(e.store) }, reply: reply)
         }
         let reply = LoopBound(reply, owner: shard.thread)
-        // With a reader there is one partition (a SQL store): its health and sync.
-        let health = partitions[0].health, syncer = partitions[0].syncer
+        // A SQL store's reads: the user's partition's health, and its sync.
+        let owner = partitions.owner(of: user), health = owner.health, syncer = owner.syncer
         reader.submit { r in
             let result: Result<T, HeraldError>
             do {

@@ -172,18 +172,17 @@ public final class MemoryStore: NotificationStore {
     /// The heap's top, which may be stale (replaced or deleted since): early, as allowed.
     public func nextExpiry() throws(StoreError) -> Millis? { expiryHeap.peek?.at }
 
-    public func expiring(until: Millis, limit: Int) throws(StoreError) -> [(UserKey, Notification)] {
+    public func expiring(until: Millis, limit: Int, in partition: Partition) throws(StoreError) -> [(UserKey, Notification)] {
         var out: [(UserKey, Notification)] = []
         var keep: [ExpiryEntry] = []
         while out.count < limit, let top = expiryHeap.peek, top.at <= until {
             let e = expiryHeap.pop()!
             // Skip entries made stale by a replace or delete.
-            if let n = users[e.user]?.byId[e.id], n.expiresAt == e.at, !out.contains(where: { $0.1.id == n.id }) {
-                out.append((e.user, n))
-                keep.append(e)
-            }
+            guard let n = users[e.user]?.byId[e.id], n.expiresAt == e.at, !keep.contains(where: { $0.user == e.user && $0.id == e.id }) else { continue }
+            keep.append(e)
+            if partition.owns(e.user) { out.append((e.user, n)) }
         }
-        // The caller deletes them; until then they stay due.
+        // The caller deletes them; until then they stay due (and other partitions' stay for them).
         for e in keep { expiryHeap.push(e) }
         return out
     }

@@ -186,12 +186,31 @@ enum PostgresSchema {
         CREATE INDEX push_outbox_by_device ON push_outbox (app, user_id, device_id);
         CREATE INDEX push_outbox_due ON push_outbox (due_at);
         """,
+        // 6: which of a node's partitions a user belongs to, as
+        // `Partition.index` computes it (32-bit FNV-1a of app id, a zero
+        // byte and user id): each partition's engine sweeps only its own
+        // users' expired notifications. Older nodes never call it, so it
+        // may run beside them.
+        """
+        CREATE FUNCTION herald_partition(app text, user_id text, partitions integer) RETURNS integer
+        LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE AS $$
+        DECLARE
+            bytes bytea := convert_to(app, 'UTF8') || decode('00', 'hex') || convert_to(user_id, 'UTF8');
+            h bigint := 2166136261;
+        BEGIN
+            FOR i IN 0 .. length(bytes) - 1 LOOP
+                h := ((h # get_byte(bytes, i)) * 16777619) & 4294967295;
+            END LOOP;
+            RETURN h % partitions;
+        END
+        $$;
+        """,
     ]
 
     /// The versions an older node would misread: since version 3 a
     /// notification's JSON is in its change, and an older node's pruning
     /// would drop changes notifications point at. Version 4 only adds a
-    /// function older nodes never call.
+    /// function older nodes never call, as does version 6.
     static let misreadByOlderNodes: Set<Int64> = [3]
 
     /// Migrates through a version of `misreadByOlderNodes` only once every

@@ -403,15 +403,19 @@ public final class PostgresStore: NotificationStore {
     /// node changed while this waited is locked in its new version, but a
     /// join in the same statement would still see the change it pointed at
     /// before; a second statement sees what is locked as it is.
-    public func expiring(until: Millis, limit: Int) throws(StoreError) -> [(UserKey, Notification)] {
+    /// A node's partitions share the database: each takes its own users'
+    /// (`herald_partition`, computed only for the rows already due).
+    public func expiring(until: Millis, limit: Int, in partition: Partition) throws(StoreError) -> [(UserKey, Notification)] {
         try check()
         guard limit > 0 else { return [] }
+        let shared = partition.count > 1
         let due = try db.query("""
             SELECT n.app, n.user_id, n.id, f.head FROM notifications n
             JOIN feeds f ON f.app = n.app AND f.user_id = n.user_id
-            WHERE n.expires_at <= $1 ORDER BY n.expires_at, n.app, n.user_id, n.id LIMIT $2
+            WHERE n.expires_at <= $1 \(shared ? "AND herald_partition(n.app, n.user_id, $3) = $4" : "")
+            ORDER BY n.expires_at, n.app, n.user_id, n.id LIMIT $2
             FOR UPDATE OF n, f SKIP LOCKED
-            """, [.int(until), .int(Int64(limit))])
+            """, [.int(until), .int(Int64(limit))] + (shared ? [.int(Int64(partition.count)), .int(Int64(partition.index))] : []))
         guard due.count > 0 else { return [] }
         var keys: [[String]] = [[], [], []]
         for i in 0..<due.count {
@@ -802,6 +806,8 @@ extension PostgresStore {
         guard r.count > 0, let u = r.text(0, 0), let d = r.text(0, 1) else { return nil }
         return (u, d)
     }
+
+    public var isShared: Bool { true }
 
     public func pendingPushes() throws(StoreError) -> Int {
         try check()

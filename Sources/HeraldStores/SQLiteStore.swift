@@ -541,7 +541,9 @@ public final class SQLiteStore: NotificationStore {
 
     public func counts(_ user: UserKey) throws(StoreError) -> [TargetingCounts] { try check(); return try reads.counts(user) }
 
-    public func expiring(until: Millis, limit: Int) throws(StoreError) -> [(UserKey, Notification)] {
+    /// A file has one writer, so it is one partition (`--partitions` is refused for it).
+    public func expiring(until: Millis, limit: Int, in partition: Partition) throws(StoreError) -> [(UserKey, Notification)] {
+        guard partition.count == 1 else { throw StoreError("a SQLite file is one partition, not \(partition.count)") }
         try check()
         return try reads.expiring(until: until, limit: limit)
     }

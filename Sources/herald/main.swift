@@ -162,15 +162,21 @@ func describe(from old: [AppConfig], to new: [AppConfig]) -> String {
     return "apps " + (ids.isEmpty ? "none" : ids.joined(separator: ", ")) + (changes.isEmpty ? "" : " (\(changes.joined(separator: "; ")))")
 }
 
-/// The stores of the gateway's partitions: `partitions` memory stores,
-/// each holding its users' feeds, or the one SQLite or PostgreSQL store.
+/// The stores of the gateway's partitions (one per service loop unless
+/// `partitions` says): memory stores, each holding its users' feeds, or
+/// connections to one PostgreSQL database; or the one SQLite store, whose
+/// file has one writer.
 func openStores(_ spec: String, durability: String?, partitions: Int?, threads: Int) throws(UsageError) -> [NotificationStore] {
     if spec == "memory" {
         guard durability == nil else { throw UsageError("--durability applies to the sqlite store only") }
         return (0..<(partitions ?? threads)).map { _ in MemoryStore() }
     }
-    // SQLite has one writer per file; PostgreSQL is one partition per node for now.
-    guard partitions ?? 1 == 1 else { throw UsageError("--partitions applies to the memory store only") }
+    if isPostgres(spec) {
+        var stores: [NotificationStore] = []
+        for _ in 0..<(partitions ?? threads) { stores.append(try openPostgres(url: spec, durability: durability)) }
+        return stores
+    }
+    guard partitions ?? 1 == 1 else { throw UsageError("--partitions: a SQLite file has one writer, so one partition") }
     return [try openStore(spec, durability: durability)]
 }
 

@@ -107,9 +107,9 @@ final class FailingStore: NotificationStore {
     func delete(_ u: UserKey, _ n: HeraldCore.Notification, reason: DeleteReason, at: Millis) throws(StoreError) -> ChangeRecord {
         try inner.delete(u, n, reason: reason, at: at)
     }
-    func expiring(until: Millis, limit: Int) throws(StoreError) -> [(UserKey, HeraldCore.Notification)] {
+    func expiring(until: Millis, limit: Int, in partition: Partition) throws(StoreError) -> [(UserKey, HeraldCore.Notification)] {
         expiringCalls.add(1, ordering: .relaxed)
-        return try inner.expiring(until: until, limit: limit)
+        return try inner.expiring(until: until, limit: limit, in: partition)
     }
     func nextExpiry() throws(StoreError) -> Millis? {
         try failIfDue(&failExpiryChecks)

@@ -13,7 +13,7 @@ final class PartitionTests: XCTestCase {
 
     /// The first `n` user ids (u0, u1, …) that belong to partition `p` of 2.
     func users(in p: Int, _ n: Int) -> [String] {
-        Array((0..<1000).lazy.map { "u\($0)" }.filter { Partitioning.index(of: UserKey(app: Harness.app.id, user: $0), among: 2) == p }.prefix(n))
+        Array((0..<1000).lazy.map { "u\($0)" }.filter { Partition.index(of: UserKey(app: Harness.app.id, user: $0), among: 2) == p }.prefix(n))
     }
 
     func key(_ user: String) -> UserKey { UserKey(app: app, user: user) }
@@ -24,9 +24,9 @@ final class PartitionTests: XCTestCase {
 
     func testUsersAreSharedOutOverThePartitions() {
         let n = 10_000
-        let counts = (0..<n).reduce(into: [0, 0, 0]) { c, i in c[Partitioning.index(of: UserKey(app: app, user: "user-\(i)"), among: 3)] += 1 }
+        let counts = (0..<n).reduce(into: [0, 0, 0]) { c, i in c[Partition.index(of: UserKey(app: app, user: "user-\(i)"), among: 3)] += 1 }
         for c in counts { XCTAssertEqual(Double(c), Double(n) / 3, accuracy: Double(n) / 30, "\(counts)") }
-        XCTAssertEqual(Partitioning.index(of: key("anyone"), among: 1), 0)
+        XCTAssertEqual(Partition.index(of: key("anyone"), among: 1), 0)
     }
 
     func testEachPartitionWritesAndDeliversItsOwnUsersInOrder() throws {

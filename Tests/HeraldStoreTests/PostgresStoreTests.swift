@@ -2,6 +2,7 @@ import Foundation
 import XCTest
 import HeraldCore
 @testable import HeraldStores
+import HeraldTestSupport
 
 final class PostgresStoreConformanceTests: StoreConformanceTests {
     var database: PostgresTestDatabase?
@@ -233,6 +234,44 @@ final class PostgresStoreTests: XCTestCase {
         }
         XCTAssertEqual(tombstones, 200)
         XCTAssertEqual(try nodes[1].expiring(until: now, limit: 10).count, 0)
+    }
+
+    /// The database computes a user's partition as the gateway does
+    /// (`Partition.index`), for any count of partitions and any ids.
+    func testTheDatabaseFindsEachUsersPartitionAsTheGatewayDoes() throws {
+        let store = try PostgresStore(url: database.url)
+        var rng = SplitMix64(seed: 32)
+        let alphabet = Array("ABCXYZabcxyz0189._@:-")
+        func id(_ max: Int) -> String { String((0..<rng.range(1, max)).map { _ in alphabet[rng.below(alphabet.count)] }) }
+        for k in 0..<300 {
+            let app = k % 3 == 0 ? "com.example.todo" : id(64)
+            let user = id(128)
+            let count = 2 + k % 15
+            let r = try store.db.query("SELECT herald_partition($1, $2, $3)", [.text(app), .text(user), .int(Int64(count))])
+            XCTAssertEqual(Int(r.int64(0, 0)), Partition.index(of: UserKey(app: app, user: user), among: count), "\(app) \(user) of \(count)")
+        }
+    }
+
+    /// Partitions of one node share the database: each sweeps only its own
+    /// users' expired notifications, and together they sweep them all.
+    func testEachPartitionSweepsItsOwnUsersExpiry() throws {
+        let partitions = [try PostgresStore(url: database.url), try PostgresStore(url: database.url)]
+        let users = (0..<20).map { UserKey(app: "app1", user: "u\($0)") }
+        try partitions[0].begin()
+        for (k, u) in users.enumerated() {
+            _ = try partitions[0].upsert(u, note("n_\(k)", user: u, expiresAt: t0 + Millis(k)), previous: nil, at: t0)
+        }
+        try partitions[0].commit()
+        var swept: [String] = []
+        for (p, store) in partitions.enumerated() {
+            let share = Partition(index: p, count: 2)
+            let due = try store.expiring(until: t0 + 1000, limit: 100, in: share)
+            XCTAssertFalse(due.isEmpty, "20 users over 2 partitions")
+            for (u, _) in due { XCTAssertTrue(share.owns(u), "\(u) is not partition \(p)'s") }
+            swept += due.map(\.1.id)
+        }
+        XCTAssertEqual(Set(swept), Set((0..<20).map { "n_\($0)" }), "each once, by its partition")
+        XCTAssertEqual(swept.count, 20)
     }
 
     /// One node prunes over and over while another changes, deletes and
@@ -643,6 +682,7 @@ final class PostgresStoreTests: XCTestCase {
     /// Turns a database of this version into what version 4 wrote: no push handles, no outbox.
     func downgradeToVersion4(_ store: PostgresStore) throws {
         try store.db.script("""
+            DROP FUNCTION herald_partition;
             DROP TABLE push_outbox; DROP INDEX devices_by_push_key;
             ALTER TABLE devices DROP COLUMN push; ALTER TABLE devices DROP COLUMN push_key;
             DELETE FROM herald_schema WHERE version >= 5;
@@ -683,7 +723,7 @@ final class PostgresStoreTests: XCTestCase {
         XCTAssertEqual(try store.notification(alice, id: "n_0"), note("n_0"))
     }
 
-    /// Versions 4 and 5 only add what older nodes never use: they roll
+    /// Versions 4, 5 and 6 only add what older nodes never use: they roll
     /// while those run.
     func testAnUpgradeFromVersion3RollsWhileNodesRun() throws {
         do {

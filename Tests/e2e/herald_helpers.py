@@ -84,6 +84,22 @@ def uid(prefix: str = "u") -> str:
     return f"{prefix}-{uuid.uuid4().hex[:16]}"
 
 
+def partition_of(app: str, user: str, count: int) -> int:
+    """The gateway's partition of a user (32-bit FNV-1a of app id, a zero
+    byte and user id, modulo the count: `Partition.index`)."""
+    h = 2166136261
+    for b in app.encode() + b"\0" + user.encode():
+        h = ((h ^ b) * 16777619) & 0xFFFFFFFF
+    return h % count
+
+
+def uid_in(partition: int, count: int, prefix: str = "u", app: str = "app.one") -> str:
+    """A fresh id of a user of `app` in `partition` of `count`."""
+    while partition_of(app, u := uid(prefix), count) != partition:
+        pass
+    return u
+
+
 # --------------------------------------------------------------------------
 # Time
 

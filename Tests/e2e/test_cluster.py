@@ -278,10 +278,10 @@ def node_id(g: Gateway) -> str:
 
 
 def node_sessions(g: Gateway, where: str) -> int:
-    """How many of node `g`'s PostgreSQL sessions (its engine's is named
-    `herald/NODE`) match `where`."""
+    """How many of node `g`'s PostgreSQL sessions (each partition's engine's
+    is named `herald/NODE-PARTITION`) match `where`."""
     r = subprocess.run(["psql", os.environ["HERALD_TEST_POSTGRES_URL"], "-tAX", "-c",
-                        f"SELECT count(*) FROM pg_stat_activity WHERE application_name = 'herald/{node_id(g)}' AND {where}"],
+                        f"SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'herald/{node_id(g)}-%' AND {where}"],
                        check=True, capture_output=True, text=True)
     return int(r.stdout.strip())
 

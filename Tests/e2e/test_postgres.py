@@ -16,7 +16,7 @@ from typing import Callable
 
 import pytest
 
-from herald_helpers import CONFIG, Gateway, assert_ids_of_no_form_are_unknown, uid, wait_until
+from herald_helpers import CONFIG, Gateway, assert_ids_of_no_form_are_unknown, uid, uid_in, wait_until
 
 URL = os.environ.get("HERALD_TEST_POSTGRES_URL")
 pytestmark = pytest.mark.skipif(not URL, reason="no test PostgreSQL: set HERALD_TEST_POSTGRES_URL "
@@ -114,9 +114,19 @@ def gateway_waiting() -> bool:
     return r.stdout.strip() == "1"
 
 
+def two_partitions(herald_bin, tmp_path, store_url) -> Gateway:
+    """A gateway of two partitions: the lock tests' users are all of the
+    first (`in_first`), so their writes share one engine and its batches."""
+    return Gateway(herald_bin, tmp_path / "a", CONFIG, store=store_url, extra_args=["--partitions", "2"]).start()
+
+
+def in_first(*prefixes: str) -> list[str]:
+    return [uid_in(0, 2, p) for p in prefixes]
+
+
 def test_a_deadlock_with_another_transaction_is_run_again_not_answered_503(herald_bin, tmp_path, store_url):
-    gw = Gateway(herald_bin, tmp_path / "a", CONFIG, store=store_url).start()
-    alice, bob = uid("alice"), uid("bob")
+    gw = two_partitions(herald_bin, tmp_path, store_url)
+    alice, bob = in_first("alice", "bob")
     other = PsqlSession(store_url)
     try:
         for u in (alice, bob):
@@ -187,8 +197,8 @@ def test_a_send_by_tags_runs_in_a_batch_of_its_own_so_it_never_deadlocks(herald_
     batch holding alice and then taking zed deadlocked with it (a conflict
     retry and a 1 s stall). In a batch of its own it waits for alice holding
     nothing."""
-    gw = Gateway(herald_bin, tmp_path / "a", CONFIG, store=store_url).start()
-    alice, zed, hold, tag = uid("alice"), uid("zed"), uid("hold"), uid("vip")
+    gw = two_partitions(herald_bin, tmp_path, store_url)
+    (alice, zed, hold), tag = in_first("alice", "zed", "hold"), uid("vip")
     other = PsqlSession(store_url)
     try:
         for u in (alice, zed, hold):
@@ -214,8 +224,8 @@ def test_a_batch_locks_its_users_in_one_order_so_it_never_deadlocks_with_one_tha
     would hold bob and wait for alice, a deadlock (the old behaviour: one
     conflict retry and a 1 s stall); claiming both up front in order it
     waits for alice holding nothing, and both go through."""
-    gw = Gateway(herald_bin, tmp_path / "a", CONFIG, store=store_url).start()
-    alice, bob, zed = uid("alice"), uid("bob"), uid("zed")
+    gw = two_partitions(herald_bin, tmp_path, store_url)
+    alice, bob, zed = in_first("alice", "bob", "zed")
     other = PsqlSession(store_url)
     try:
         for u in (alice, bob, zed):
@@ -228,4 +238,29 @@ def test_a_batch_locks_its_users_in_one_order_so_it_never_deadlocks_with_one_tha
         assert gw.metric("herald_engine_queue") == 0
     finally:
         other.close()
+        assert gw.terminate(10) == 0, gw.stderr_tail()
+
+
+def test_two_partitions_on_one_database_each_write_and_expire_their_own_users(herald_bin, tmp_path, store_url):
+    """A node's partitions are connections to one database. Each writes
+    and follows its own users; each sweeps only its own users' expired
+    notifications (`herald_partition` in SQL), so every expiry reaches its
+    user's devices once, within SPEC's 2 s, whichever partition the user is in."""
+    gw = two_partitions(herald_bin, tmp_path, store_url)
+    try:
+        users = [uid_in(p, 2, f"p{p}") for p in (0, 1)]
+        clients = [gw.connect(u, "phone")[0] for u in users]
+        for u in users:
+            assert gw.publish(u, "lasting")["seq"] == 1
+            assert gw.publish(u, "short", ttlSeconds=1)["seq"] == 2
+        for c in clients:
+            with c:
+                changes, _ = c.expect_changes(3, timeout=5)
+                assert [(ch["seq"], ch["op"]) for ch in changes] == [(1, "upsert"), (2, "upsert"), (3, "delete")], changes
+                assert changes[2]["reason"] == "expired"
+        for u in users:
+            # Deleted once: the feed moved by one change, and the next publish follows it.
+            assert [n["appNotificationId"] for n in gw.list_all(u)] == ["lasting"]
+            assert gw.publish(u, "after")["seq"] == 4
+    finally:
         assert gw.terminate(10) == 0, gw.stderr_tail()
