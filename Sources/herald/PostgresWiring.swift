@@ -6,7 +6,8 @@ import HeraldStores
 /// `--store postgres://...`: a URL libpq cannot parse is a usage error
 /// (exit 2); a server that cannot be reached or refuses us is not, and
 /// exits 1 with one line, like any other failure to start.
-func openPostgres(url: String, durability: String?) throws(UsageError) -> NotificationStore {
+/// `share`: the part of the feed cache's budget this store takes (one of a node's partitions).
+func openPostgres(url: String, durability: String?, share: Int) throws(UsageError) -> NotificationStore {
     guard durability == nil else {
         throw UsageError("--durability applies to the sqlite store only (PostgreSQL's own settings decide durability)")
     }
@@ -14,7 +15,7 @@ func openPostgres(url: String, durability: String?) throws(UsageError) -> Notifi
         throw UsageError("--store: not a valid PostgreSQL URL (postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE[?PARAM=VALUE...])")
     }
     do {
-        let store = try PostgresStore(url: url)
+        let store = try PostgresStore(url: url, cacheBytes: PostgresStore.defaultCacheBytes / share)
         store.warn = { Log.warning("store: \($0)") }
         return store
     } catch {

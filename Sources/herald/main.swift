@@ -167,29 +167,22 @@ func describe(from old: [AppConfig], to new: [AppConfig]) -> String {
 /// connections to one PostgreSQL database; or the one SQLite store, whose
 /// file has one writer.
 func openStores(_ spec: String, durability: String?, partitions: Int?, threads: Int) throws(UsageError) -> [NotificationStore] {
+    let count = partitions ?? threads
     if spec == "memory" {
         guard durability == nil else { throw UsageError("--durability applies to the sqlite store only") }
-        return (0..<(partitions ?? threads)).map { _ in MemoryStore() }
+        return (0..<count).map { _ in MemoryStore() }
     }
     if isPostgres(spec) {
+        // Each caches its own users' feeds: the node's budget shared out.
         var stores: [NotificationStore] = []
-        for _ in 0..<(partitions ?? threads) { stores.append(try openPostgres(url: spec, durability: durability)) }
+        for _ in 0..<count { stores.append(try openPostgres(url: spec, durability: durability, share: count)) }
         return stores
     }
+    guard spec.hasPrefix("sqlite:") else { throw UsageError("--store must be memory, sqlite:PATH or postgres://...") }
     guard partitions ?? 1 == 1 else { throw UsageError("--partitions: a SQLite file has one writer, so one partition") }
-    return [try openStore(spec, durability: durability)]
-}
-
-func openStore(_ spec: String, durability: String?) throws(UsageError) -> NotificationStore {
-    if spec.hasPrefix("sqlite:") {
-        let path = String(spec.dropFirst("sqlite:".count))
-        guard !path.isEmpty else { throw UsageError("--store sqlite: needs a file path") }
-        return try openSQLite(path: path, durability: durability)
-    }
-    if spec.hasPrefix("postgres://") || spec.hasPrefix("postgresql://") {
-        return try openPostgres(url: spec, durability: durability)
-    }
-    throw UsageError("--store must be memory, sqlite:PATH or postgres://...")
+    let path = String(spec.dropFirst("sqlite:".count))
+    guard !path.isEmpty else { throw UsageError("--store sqlite: needs a file path") }
+    return [try openSQLite(path: path, durability: durability)]
 }
 
 /// `--workers N`, N ≥ 2: binds the port here (a port in use: exit 2 at
