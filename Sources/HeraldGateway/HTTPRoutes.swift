@@ -42,17 +42,18 @@ enum Route: Equatable {
         }
         let methods = table(s, path: path, demo: demo)
         guard !methods.isEmpty else { return .failure(notFound) }
-        guard let route = methods[method] else {
-            let allowed = methods.keys.sorted()
+        guard let route = methods.first(where: { $0.key == method })?.value else {
+            let allowed = methods.map(\.key).sorted()
             return .failure(HeraldError(.methodNotAllowed, "\(method) is not allowed here; use \(allowed.joined(separator: ", "))",
                                         allowedMethods: allowed))
         }
         return .success(route)
     }
 
-    /// The routes of one path, by method (empty: no such path).
-    private static func table(_ s: [String], path: String, demo: Bool) -> [String: Route] {
-        func notification(_ o: Owner, _ id: String) -> [String: Route] {
+    /// The routes of one path, by method (empty: no such path). Pairs, not
+    /// a dictionary: at most three, built for every request.
+    private static func table(_ s: [String], path: String, demo: Bool) -> KeyValuePairs<String, Route> {
+        func notification(_ o: Owner, _ id: String) -> KeyValuePairs<String, Route> {
             ["GET": .getNotification(o, id: id), "PATCH": .updateNotification(o, id: id), "DELETE": .deleteNotification(o, id: id)]
         }
         switch s.count {

@@ -114,10 +114,12 @@ public enum HTTPWire {
             guard !v.contains(where: { $0 == cr || $0 == 0 }) else { return .failure(.badRequest("bare CR or NUL in a header field")) }
             while let c = v.first, c == space || c == tab { v = v.dropFirst() }
             while let c = v.last, c == space || c == tab { v = v.dropLast() }
-            let value = String(decoding: v, as: UTF8.self)
+            // Made only for the fields kept: most of a request's are not.
+            let trimmed = v
+            var value: String { String(decoding: trimmed, as: UTF8.self) }
             switch name {
             case "content-length":
-                guard !value.isEmpty, value.count <= 18, value.utf8.allSatisfy({ $0 >= 0x30 && $0 <= 0x39 }), let n = Int(value),
+                guard !trimmed.isEmpty, trimmed.count <= 18, trimmed.allSatisfy({ $0 >= 0x30 && $0 <= 0x39 }), let n = Int(value),
                       length == nil || length == n
                 else { return .failure(.badRequest("bad Content-Length")) }
                 length = n
@@ -152,6 +154,8 @@ public enum HTTPWire {
     /// `s` with its %XX escapes decoded (and `+` as a space if asked), or
     /// nil if an escape is malformed or the result is not UTF-8.
     public static func percentDecoded(_ s: Substring, plusIsSpace: Bool = false) -> String? {
+        // Most paths and queries escape nothing: a Substring is valid as it is.
+        if !s.utf8.contains(where: { $0 == UInt8(ascii: "%") || (plusIsSpace && $0 == UInt8(ascii: "+")) }) { return String(s) }
         var out: [UInt8] = []
         var it = s.utf8.makeIterator()
         while let c = it.next() {
