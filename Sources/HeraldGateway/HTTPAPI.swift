@@ -34,7 +34,7 @@ extension Gateway {
                 health["store"] = .string(storeAvailable ? "ok" : "unavailable")
                 health["bus"] = bus.map { .string($0.state) }
                 if partitions[0].push.settings.withLock({ !$0.isEmpty }) {
-                    health["push"] = .string(partitions.allSatisfy { $0.push.failing.withLock { $0.isEmpty } } ? "ok" : "failing")
+                    health["push"] = .string(metrics.push.failing.withLock { $0.isEmpty } ? "ok" : "failing")
                 }
                 responder.respond(.json(200, .object(health)))
             case .metrics:

@@ -26,9 +26,6 @@ final class PushDispatch {
     /// Set once before the engine starts; nil: pushes are recorded, not sent.
     var transport: PushTransport?
     let metrics: PushMetrics
-    /// Apps whose credentials a service refused, until one of their pushes
-    /// is delivered again (`/healthz` `"push": "failing"`).
-    let failing = Locked<Set<String>>([])
 
     /// Longer than any push may take: 30 s for an FCM access token, then
     /// 30 s for the request, then its answer's write. (A SQLite node
@@ -228,7 +225,7 @@ final class PushDispatch {
             try e.store.finishPush(o.job)
             metrics.count(service, .delivered)
             metrics.latency.observe(nanos: UInt64(max(0, now - o.job.committedAt)) * 1_000_000)
-            let recovered = failing.withLock { $0.remove(app) != nil }
+            let recovered = metrics.failing.withLock { $0.remove(app) != nil }
             if recovered { Log.info("push: \(service.rawValue) accepts app \(app)'s credentials again") }
         case .unregistered(let why):
             // The device stays registered, without the dead handle. One
@@ -245,7 +242,7 @@ final class PushDispatch {
         case .retry(_, let after):
             try retry(e, o, afterSeconds: after, now: now)
         case .credentialsRefused(let why):
-            let first = failing.withLock { $0.insert(app).inserted }
+            let first = metrics.failing.withLock { $0.insert(app).inserted }
             if first { Log.error("push: \(service.rawValue) refused app \(app)'s credentials (\(why)); pushes are kept and retried") }
             try retry(e, o, afterSeconds: nil, now: now)
         case .rejected(let why):

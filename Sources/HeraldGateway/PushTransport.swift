@@ -48,6 +48,11 @@ public final class PushMetrics: Sendable {
     public let pending = Atomic<Int>(0)
     /// From the change's commit to the service's 2xx.
     public let latency = Histogram()
+    /// Apps whose credentials a service refused, until one of their pushes
+    /// is delivered again (`/healthz` `"push": "failing"`): one set for the
+    /// gateway, since a push refused on one partition may be sent again by
+    /// another (a shared outbox).
+    let failing = Locked<Set<String>>([])
 
     public init() {}
 

@@ -219,7 +219,7 @@ enum PostgresSchema {
         guard current >= 2, ((current + 1)...version).contains(where: misreadByOlderNodes.contains) else { return }
         let running = try db.query("SELECT count(*) FROM herald_nodes WHERE lease_until > now()").int64(0, 0)
         guard running == 0 else {
-            throw db.error("schema", "\(running) gateway node(s) are running on this database at schema version \(current); stop every node before upgrading it to \(version) (an older node would misread what this version writes). A stopped or crashed node's lease ends within 10 s. Nothing was changed.")
+            throw db.error("schema", "\(running) gateway node(s) or partitions of one are running on this database at schema version \(current); stop every node before upgrading it to \(version) (an older node would misread what this version writes). A stopped or crashed node's lease ends within 10 s. Nothing was changed.")
         }
     }
 

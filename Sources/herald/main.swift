@@ -173,6 +173,9 @@ func openStores(_ spec: String, durability: String?, partitions: Int?, threads: 
         return (0..<count).map { _ in MemoryStore() }
     }
     if isPostgres(spec) {
+        // A session each: unless asked, at most 8, so that a many-core node
+        // does not take a database's connections (100 by default).
+        let count = partitions ?? min(threads, 8)
         // Each caches its own users' feeds: the node's budget shared out.
         var stores: [NotificationStore] = []
         for _ in 0..<count { stores.append(try openPostgres(url: spec, durability: durability, share: count)) }
