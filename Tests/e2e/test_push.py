@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 
-from herald_helpers import APPS, Gateway, herald_binary, uid, wait_until
+from herald_helpers import APPS, Gateway, herald_binary, uid, uid_in, wait_until
 from push_standins import APNsStandIn, FCMStandIn, Outcome, WebPushStandIn
 
 APP = "app.one"
@@ -239,6 +239,27 @@ def test_two_nodes_send_each_push_once(gateway_factory, services, vapid_file):
     delivered = lambda: sum(node.metric('herald_push_sent_total{service="apns",outcome="delivered"}') for node in nodes)
     wait_until(lambda: delivered() == n, "every push answered")
     assert len(apns.accepted) == n, "none twice"
+
+
+def test_a_handle_moves_between_the_partitions_of_one_database(gateway_factory, services, vapid_file):
+    """On PostgreSQL a node's partitions share the registrations: a handle
+    registered for a user of the other partition is taken from the first in
+    the same batch (its unique key would refuse it otherwise), and only the
+    second user's pushes go to it."""
+    apns, fcm, web = services
+    gw = gateway_factory(config=push_config(apns, fcm, web, vapid_file), store=os.environ["HERALD_TEST_POSTGRES_URL"],
+                         extra_args=["--partitions", "2"])
+    alice, bob, token = uid_in(0, 2, "alice"), uid_in(1, 2, "bob"), apns_token(8)
+    register(gw, alice, "phone", apns_handle(token))
+    r = gw.server("PUT", f"/users/{bob}/devices/ipad", json={"platform": "ios", "push": apns_handle(token)})
+    assert r.status_code == 200 and r.json()["device"]["push"] == {"service": "apns"}, r.text
+    assert gw.devices(alice)["phone"]["push"] is None
+    gw.publish(alice, payload={"title": "for alice", "body": "b"})
+    gw.publish(bob, payload={"title": "for bob", "body": "b"})
+    [p] = apns.wait_for(1)
+    assert p["payload"]["aps"]["alert"]["title"] == "for bob"
+    wait_until(lambda: gw.metric('herald_push_sent_total{service="apns",outcome="delivered"}') == 1, "answered")
+    assert len(apns.accepted) == 1
 
 
 def test_a_push_acknowledged_before_kill_9_is_sent_after_the_restart(gateway_factory, services, vapid_file, tmp_path):
