@@ -24,7 +24,7 @@ import time
 import pytest
 import requests
 
-from herald_helpers import CONFIG, Gateway, changes_in, check_notification, mint_token, uid, wait_until
+from herald_helpers import CONFIG, Gateway, changes_in, check_notification, mint_token, uid, uid_in, wait_until
 from test_fallback import Sse
 from test_postgres import PsqlSession, store_url  # noqa: F401  (the fixture: a schema per test)
 
@@ -32,17 +32,21 @@ REDIS = os.environ.get("HERALD_TEST_REDIS_URL")
 REDIS_CTL = os.environ.get("HERALD_TEST_REDIS_CTL")
 POSTGRES_CTL = os.environ.get("HERALD_TEST_POSTGRES_CTL")
 HELD = 'herald_connections{transport="poll"}'
+# Each node's partitions: two, one database session each, on any machine.
+PARTITIONS = 2
 pytestmark = pytest.mark.skipif(not (REDIS and os.environ.get("HERALD_TEST_POSTGRES_URL")),
                                 reason="no test PostgreSQL and Redis (scripts/test-servers starts them)")
 
 
 class Cluster:
     """Gateway processes on one store and one bus: started, killed -9 and
-    started again (with a new node id, as after a crash) by the test."""
+    started again (with a new node id, as after a crash) by the test. Each
+    runs `PARTITIONS` partitions, whatever the machine's cores."""
 
     def __init__(self, herald_bin, tmp_path, store_url):
         # A database number of its own scopes this test's channels.
-        self.args = dict(store=store_url, extra_args=["--bus", f"{REDIS}/{random.randrange(1, 1 << 30)}"])
+        self.args = dict(store=store_url, extra_args=["--bus", f"{REDIS}/{random.randrange(1, 1 << 30)}",
+                                                      "--partitions", str(PARTITIONS)])
         self.herald_bin, self.tmp_path = herald_bin, tmp_path
         self.nodes: list[Gateway] = []
         self.killed: list[Gateway] = []
@@ -277,11 +281,11 @@ def node_id(g: Gateway) -> str:
     return m.group(1)
 
 
-def node_sessions(g: Gateway, where: str) -> int:
-    """How many of node `g`'s PostgreSQL sessions (each partition's engine's
-    is named `herald/NODE-PARTITION`) match `where`."""
+def node_sessions(g: Gateway, partition: int, where: str) -> int:
+    """Whether the PostgreSQL session of `partition` of node `g` (named
+    `herald/NODE-PARTITION`) matches `where` (1) or not (0)."""
     r = subprocess.run(["psql", os.environ["HERALD_TEST_POSTGRES_URL"], "-tAX", "-c",
-                        f"SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'herald/{node_id(g)}-%' AND {where}"],
+                        f"SELECT count(*) FROM pg_stat_activity WHERE application_name = 'herald/{node_id(g)}-{partition}' AND {where}"],
                        check=True, capture_output=True, text=True)
     return int(r.stdout.strip())
 
@@ -295,11 +299,12 @@ def test_a_node_frozen_in_a_transaction_is_fenced_and_the_others_write_on(nodes,
     again; the frozen node, resumed, answers its batch 503 (nothing was
     saved: it froze before its COMMIT) and works on."""
     n1, n2 = nodes
-    user = uid("user")
+    # Both of one partition, whose session the test watches.
+    user, other = uid_in(0, PARTITIONS, "user"), uid_in(0, PARTITIONS, "other")
     n2.publish(user, "first")
-    # Node 1's statements prepared (preparing is a round trip of its own):
-    # its batch below then waits in its first write, not before it.
-    n1.publish(uid("other"), "warm-up")
+    # The partition's statements prepared (preparing is a round trip of its
+    # own): its batch below then waits in its first write, not before it.
+    n1.publish(other, "warm-up")
     blocker = PsqlSession(store_url)
     answer: dict = {}
     frozen = threading.Thread(target=lambda: answer.update(
@@ -309,10 +314,10 @@ def test_a_node_frozen_in_a_transaction_is_fenced_and_the_others_write_on(nodes,
         # row and reads the heads, whose answer finds the process stopped.
         blocker.run("BEGIN; LOCK TABLE feeds IN SHARE ROW EXCLUSIVE MODE;")
         frozen.start()
-        wait_until(lambda: node_sessions(n1, "wait_event_type = 'Lock'") == 1, "node 1's batch waiting for the table")
+        wait_until(lambda: node_sessions(n1, 0, "wait_event_type = 'Lock'") == 1, "node 1's batch waiting for the table")
         n1.proc.send_signal(signal.SIGSTOP)
         blocker.run("COMMIT;")
-        wait_until(lambda: node_sessions(n1, "xact_start IS NOT NULL AND wait_event = 'ClientRead'") == 1,
+        wait_until(lambda: node_sessions(n1, 0, "xact_start IS NOT NULL AND wait_event = 'ClientRead'") == 1,
                    "node 1's session holding the user's row, waiting for its stopped client")
         began = time.monotonic()
         out = n2.publish(user, "goes-through")
