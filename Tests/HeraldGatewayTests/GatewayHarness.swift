@@ -53,7 +53,16 @@ final class InlineLoop: LoopExecutor {
 
 /// MemoryStore whose next commits fail, as a full disk or a lost database would.
 final class FailingStore: NotificationStore {
-    let inner = MemoryStore()
+    let inner: MemoryStore
+    /// Say the data is shared with other partitions (as PostgreSQL's is):
+    /// partitions given FailingStores over one `inner` share it, which the
+    /// tests may do since they run every engine on their one thread.
+    let isShared: Bool
+
+    init(over inner: MemoryStore = MemoryStore(), shared: Bool = false) {
+        self.inner = inner
+        isShared = shared
+    }
     var failCommits = 0
     /// Commits that throw a conflict (as a head another node moved would:
     /// `PostgresStore.claim`), nothing of them committed.
@@ -287,9 +296,14 @@ final class Harness {
 
     /// `bus`: another node's harness may share `store` and the bus's hub.
     /// `partitions`: more memory stores, each a partition of its own beside `store`'s.
-    init(store: NotificationStore = MemoryStore(), partitions: Int = 1, bus: Bus? = nil, limits: GatewayLimits = GatewayLimits(),
+    convenience init(store: NotificationStore = MemoryStore(), partitions: Int = 1, bus: Bus? = nil, limits: GatewayLimits = GatewayLimits(),
+                     apps: [AppConfig] = [Harness.app], push: PushTransport? = nil) {
+        self.init(stores: [store] + (1..<partitions).map { _ in MemoryStore() }, bus: bus, limits: limits, apps: apps, push: push)
+    }
+
+    /// One partition per store of `stores`.
+    init(stores: [NotificationStore], bus: Bus? = nil, limits: GatewayLimits = GatewayLimits(),
          apps: [AppConfig] = [Harness.app], push: PushTransport? = nil) {
-        let stores = [store] + (1..<partitions).map { _ in MemoryStore() }
         gateway = try! Gateway(config: GatewayConfig(apps: apps, limits: limits), partitions: stores, bus: bus, push: push, clock: clock)
         shard = gateway.makeShards([loop])[0]
         shard.thread.claim()

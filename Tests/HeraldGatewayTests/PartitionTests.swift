@@ -166,4 +166,53 @@ final class PartitionTests: XCTestCase {
             XCTAssertEqual(deletes.map { $0["reason"] }, ["expired"])
         }
     }
+
+    /// Two partitions over one store they share, as PostgreSQL's sessions
+    /// share a database (`isShared`): a handle moves to the other
+    /// partition's user within the registering batch, the pushes waiting
+    /// are counted once, pruning is run by partition 0 alone, and each
+    /// partition sweeps only its own users' expired notifications.
+    func testPartitionsSharingOneStoreCountPruneAndSweepOnce() {
+        let shared = MemoryStore()
+        let stores = [FailingStore(over: shared, shared: true), FailingStore(over: shared, shared: true)]
+        let transport = HeldPushes()
+        let h = Harness(stores: stores, apps: [PushOutboxTests.app], push: transport)
+        let a = users(in: 0, 1)[0], b = users(in: 1, 1)[0]
+        let handle: JSON = ["service": "apns", "token": .string(PushOutboxTests.apnsToken)]
+        for (u, d) in [(a, "phone"), (b, "phone2")] {
+            let r = h.request("PUT", me + "/devices/\(d)", token: h.token(u, app: PushOutboxTests.app),
+                              body: ["platform": "ios", "push": handle])
+            h.settle()
+            XCTAssertEqual(r.response?.status, 200)
+        }
+        XCTAssertNil(try shared.device(key(a), id: "phone")?.push, "taken in b's batch, from the store they share")
+
+        // b is not connected: its push waits in flight, counted once.
+        h.publish(b, "n1")
+        h.settle()
+        for e in h.gateway.partitions { e.runMaintenance() }
+        h.settle()
+        XCTAssertEqual(transport.waiting.count, 1)
+        XCTAssertEqual(h.gateway.metrics.push.pending.load(ordering: .relaxed), 1)
+        XCTAssertGreaterThan(stores[0].pruneCalls.load(ordering: .relaxed), 0)
+        XCTAssertEqual(stores[1].pruneCalls.load(ordering: .relaxed), 0, "store-wide pruning runs once")
+
+        // Each partition sweeps its own: a's expiry reaches a's follower on partition 0 only.
+        let sockets = [a, b].map { u in
+            let s = h.webSocket()
+            h.hello(s, user: u)
+            h.request("POST", "/v1/apps/\(app)/users/\(u)/notifications", body: ["appNotificationId": "x", "payload": [:], "ttlSeconds": 1])
+            return s
+        }
+        h.settle()
+        h.clock.advance(seconds: 2)
+        for e in h.gateway.partitions { e.runMaintenance() }
+        h.settle()
+        for s in sockets {
+            s.read()
+            let deletes = s.frames.compactMap { f -> JSONObject? in f["type"] == "change" ? f["change"]?.objectValue : nil }
+                .filter { $0["op"] == "delete" }
+            XCTAssertEqual(deletes.map { $0["reason"] }, ["expired"])
+        }
+    }
 }
