@@ -22,6 +22,39 @@ final class PartitionTests: XCTestCase {
         try h.gateway.partitions[p].store.feed(key(user)).head
     }
 
+    /// Registers one APNs handle for `a`'s phone, then for `b`'s phone2:
+    /// the handle moves to `b`.
+    func moveHandle(_ h: Harness, from a: String, to b: String, line: UInt = #line) {
+        let handle: JSON = ["service": "apns", "token": .string(PushOutboxTests.apnsToken)]
+        for (u, d) in [(a, "phone"), (b, "phone2")] {
+            let r = h.request("PUT", me + "/devices/\(d)", token: h.token(u, app: PushOutboxTests.app),
+                              body: ["platform": "ios", "push": handle])
+            h.settle()
+            XCTAssertEqual(r.response?.status, 200, line: line)
+        }
+    }
+
+    /// Each of `users` followed on a WebSocket, with a notification that
+    /// expires: every follower gets its own user's expiry, once.
+    func expireOneEach(_ h: Harness, _ users: [String], line: UInt = #line) {
+        let sockets = users.map { u in
+            let s = h.webSocket()
+            h.hello(s, user: u)
+            h.request("POST", "/v1/apps/\(app)/users/\(u)/notifications", body: ["appNotificationId": "x", "payload": [:], "ttlSeconds": 1])
+            return s
+        }
+        h.settle()
+        h.clock.advance(seconds: 2)
+        for e in h.gateway.partitions { e.runMaintenance() }
+        h.settle()
+        for s in sockets {
+            s.read()
+            let deletes = s.frames.compactMap { f -> JSONObject? in f["type"] == "change" ? f["change"]?.objectValue : nil }
+                .filter { $0["op"] == "delete" }
+            XCTAssertEqual(deletes.map { $0["reason"] }, ["expired"], line: line)
+        }
+    }
+
     func testUsersAreSharedOutOverThePartitions() {
         let n = 10_000
         let counts = (0..<n).reduce(into: [0, 0, 0]) { c, i in c[Partition.index(of: UserKey(app: app, user: "user-\(i)"), among: 3)] += 1 }
@@ -125,13 +158,7 @@ final class PartitionTests: XCTestCase {
         let transport = HeldPushes()
         let h = Harness(partitions: 2, apps: [PushOutboxTests.app], push: transport)
         let a = users(in: 0, 1)[0], b = users(in: 1, 1)[0]
-        let handle: JSON = ["service": "apns", "token": .string(PushOutboxTests.apnsToken)]
-        for (u, d) in [(a, "phone"), (b, "phone2")] {
-            let r = h.request("PUT", me + "/devices/\(d)", token: h.token(u, app: PushOutboxTests.app),
-                              body: ["platform": "ios", "push": handle])
-            h.settle()
-            XCTAssertEqual(r.response?.status, 200)
-        }
+        moveHandle(h, from: a, to: b)
         // The release runs in partition 0's next batch, after b's commit.
         h.settle()
         let listing = h.request("GET", "/v1/apps/\(app)/users/\(a)/devices")
@@ -148,23 +175,7 @@ final class PartitionTests: XCTestCase {
     func testEachPartitionExpiresItsOwnUsersNotifications() {
         let h = Harness(partitions: 2)
         let a = users(in: 0, 1)[0], b = users(in: 1, 1)[0]
-        let sockets = [a, b].map { u in
-            let s = h.webSocket()
-            h.hello(s, user: u)
-            h.request("POST", "/v1/apps/\(app)/users/\(u)/notifications", body: ["appNotificationId": "x", "payload": [:], "ttlSeconds": 1])
-            return s
-        }
-        h.settle()
-        h.clock.advance(seconds: 2)
-        for e in h.gateway.partitions { e.runMaintenance() }
-        h.settle()
-        for s in sockets {
-            s.read()
-            let deletes = s.frames.compactMap { f -> JSONObject? in
-                f["type"] == "change" ? f["change"]?.objectValue : nil
-            }.filter { $0["op"] == "delete" }
-            XCTAssertEqual(deletes.map { $0["reason"] }, ["expired"])
-        }
+        expireOneEach(h, [a, b])
     }
 
     /// Two partitions over one store they share, as PostgreSQL's sessions
@@ -178,13 +189,7 @@ final class PartitionTests: XCTestCase {
         let transport = HeldPushes()
         let h = Harness(stores: stores, apps: [PushOutboxTests.app], push: transport)
         let a = users(in: 0, 1)[0], b = users(in: 1, 1)[0]
-        let handle: JSON = ["service": "apns", "token": .string(PushOutboxTests.apnsToken)]
-        for (u, d) in [(a, "phone"), (b, "phone2")] {
-            let r = h.request("PUT", me + "/devices/\(d)", token: h.token(u, app: PushOutboxTests.app),
-                              body: ["platform": "ios", "push": handle])
-            h.settle()
-            XCTAssertEqual(r.response?.status, 200)
-        }
+        moveHandle(h, from: a, to: b)
         XCTAssertNil(try shared.device(key(a), id: "phone")?.push, "taken in b's batch, from the store they share")
 
         // b is not connected: its push waits in flight, counted once.
@@ -198,21 +203,6 @@ final class PartitionTests: XCTestCase {
         XCTAssertEqual(stores[1].pruneCalls.load(ordering: .relaxed), 0, "store-wide pruning runs once")
 
         // Each partition sweeps its own: a's expiry reaches a's follower on partition 0 only.
-        let sockets = [a, b].map { u in
-            let s = h.webSocket()
-            h.hello(s, user: u)
-            h.request("POST", "/v1/apps/\(app)/users/\(u)/notifications", body: ["appNotificationId": "x", "payload": [:], "ttlSeconds": 1])
-            return s
-        }
-        h.settle()
-        h.clock.advance(seconds: 2)
-        for e in h.gateway.partitions { e.runMaintenance() }
-        h.settle()
-        for s in sockets {
-            s.read()
-            let deletes = s.frames.compactMap { f -> JSONObject? in f["type"] == "change" ? f["change"]?.objectValue : nil }
-                .filter { $0["op"] == "delete" }
-            XCTAssertEqual(deletes.map { $0["reason"] }, ["expired"])
-        }
+        expireOneEach(h, [a, b])
     }
 }

@@ -149,9 +149,10 @@ def test_429_and_503_are_retried_no_sooner_than_retry_after(pushing):
     wait_until(lambda: gw.metric('herald_push_sent_total{service="apns",outcome="retried"}') == 2, "two retries counted")
 
 
-def test_a_moved_handle_stops_the_first_users_pushes(pushing):
-    gw, apns, _, _ = pushing
-    alice, bob, token = uid("alice"), uid("bob"), apns_token(6)
+def handle_moves(gw, apns, alice: str, bob: str, token: str) -> None:
+    """Alice's phone registers `token`, then the app server gives it to
+    bob's iPad: alice's registration loses it, and only bob's notification
+    is pushed."""
     register(gw, alice, "phone", apns_handle(token))
     r = gw.server("PUT", f"/users/{bob}/devices/ipad", json={"platform": "ios", "push": apns_handle(token)})
     assert r.status_code == 200 and r.json()["device"]["push"] == {"service": "apns"}, r.text
@@ -162,6 +163,11 @@ def test_a_moved_handle_stops_the_first_users_pushes(pushing):
     assert p["payload"]["aps"]["alert"]["title"] == "for bob"
     wait_until(lambda: gw.metric('herald_push_sent_total{service="apns",outcome="delivered"}') == 1, "answered")
     assert len(apns.accepted) == 1
+
+
+def test_a_moved_handle_stops_the_first_users_pushes(pushing):
+    gw, apns, _, _ = pushing
+    handle_moves(gw, apns, uid("alice"), uid("bob"), apns_token(6))
 
 
 def test_web_push_carries_the_change_encrypted_to_the_browser(pushing):
@@ -249,17 +255,7 @@ def test_a_handle_moves_between_the_partitions_of_one_database(gateway_factory, 
     apns, fcm, web = services
     gw = gateway_factory(config=push_config(apns, fcm, web, vapid_file), store=os.environ["HERALD_TEST_POSTGRES_URL"],
                          extra_args=["--partitions", "2"])
-    alice, bob, token = uid_in(0, 2, "alice"), uid_in(1, 2, "bob"), apns_token(8)
-    register(gw, alice, "phone", apns_handle(token))
-    r = gw.server("PUT", f"/users/{bob}/devices/ipad", json={"platform": "ios", "push": apns_handle(token)})
-    assert r.status_code == 200 and r.json()["device"]["push"] == {"service": "apns"}, r.text
-    assert gw.devices(alice)["phone"]["push"] is None
-    gw.publish(alice, payload={"title": "for alice", "body": "b"})
-    gw.publish(bob, payload={"title": "for bob", "body": "b"})
-    [p] = apns.wait_for(1)
-    assert p["payload"]["aps"]["alert"]["title"] == "for bob"
-    wait_until(lambda: gw.metric('herald_push_sent_total{service="apns",outcome="delivered"}') == 1, "answered")
-    assert len(apns.accepted) == 1
+    handle_moves(gw, apns, uid_in(0, 2, "alice"), uid_in(1, 2, "bob"), apns_token(8))
 
 
 def test_a_push_acknowledged_before_kill_9_is_sent_after_the_restart(gateway_factory, services, vapid_file, tmp_path):
