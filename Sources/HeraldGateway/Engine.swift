@@ -623,6 +623,11 @@ extension Engine {
     /// Whether `user` belongs to this partition.
     @Sendable func owns(_ user: UserKey) -> Bool { share.owns(user) }
 
+    /// Whether this engine does what spans its whole store (pruning,
+    /// counting the pushes waiting): each engine over a store of its own;
+    /// the first alone over a store the partitions share.
+    var doesStoreWideWork: Bool { partition == 0 || !store.isShared }
+
     /// Tells the connections of every device connected here what its
     /// registration is now (closed with 4003 if it is gone); false when the
     /// registrations could not be read (the store away), and they keep

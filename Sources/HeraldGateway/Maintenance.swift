@@ -63,8 +63,7 @@ final class Maintenance {
             nextSeenFlush = tick + 30_000
             e.transaction("lastSeen flush") { () throws(StoreError) in try Self.flushSeen(e, now: now) }
         }
-        // Pruning is store-wide: a store the partitions share is pruned by the first.
-        if tick >= nextPrune && (e.partition == 0 || !e.store.isShared) { prune(e, now: now, tick: tick) }
+        if tick >= nextPrune && e.doesStoreWideWork { prune(e, now: now, tick: tick) }
         if tick >= nextStatistics {
             nextStatistics = tick + Self.statisticsEvery
             refreshStatistics(e)

@@ -160,8 +160,7 @@ final class PushDispatch {
         wake = false
         nextPoll = tick + Self.pollEvery
         if retryDue { nextRetry = nil }
-        // A store the partitions share is counted once, by the first.
-        let countPending = tick >= nextPending && (e.partition == 0 || !e.store.isShared)
+        let countPending = tick >= nextPending && e.doesStoreWideWork
         if countPending { nextPending = tick + Self.pendingEvery }
         var claimed = 0
         let done = e.transaction("push claim") { () throws(StoreError) in

@@ -449,6 +449,9 @@ public final class PostgresStore: NotificationStore {
         return out
     }
 
+    /// Other nodes, and this node's other partitions, write the same database.
+    public var isShared: Bool { true }
+
     /// A reader on a second connection to the same database.
     public func makeReader() throws(StoreError) -> StoreReader? {
         try PostgresStoreReader(url: url, epoch: epoch)
@@ -806,8 +809,6 @@ extension PostgresStore {
         guard r.count > 0, let u = r.text(0, 0), let d = r.text(0, 1) else { return nil }
         return (u, d)
     }
-
-    public var isShared: Bool { true }
 
     public func pendingPushes() throws(StoreError) -> Int {
         try check()

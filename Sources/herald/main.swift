@@ -167,10 +167,9 @@ func describe(from old: [AppConfig], to new: [AppConfig]) -> String {
 /// connections to one PostgreSQL database; or the one SQLite store, whose
 /// file has one writer.
 func openStores(_ spec: String, durability: String?, partitions: Int?, threads: Int) throws(UsageError) -> [NotificationStore] {
-    let count = partitions ?? threads
     if spec == "memory" {
         guard durability == nil else { throw UsageError("--durability applies to the sqlite store only") }
-        return (0..<count).map { _ in MemoryStore() }
+        return (0..<(partitions ?? threads)).map { _ in MemoryStore() }
     }
     if isPostgres(spec) {
         // A session each: unless asked, at most 8, so that a many-core node
