@@ -95,7 +95,7 @@ final class ClientHTTPTests: ClientTestCase {
         let laptop = try await client(gateway, user: user, device: "laptop", file: "laptop.db")
         let log = EventLog()
         try await log.startLive(laptop, as: "laptop")
-        log.watch(phone, as: "phone")
+        await log.watch(phone, as: "phone")
         await phone.start()
         try await log.eventually("the phone polls, with what was there") {
             let (state, n) = (await phone.connection, await phone.notification(id: early))

@@ -92,7 +92,7 @@ final class ClientRecoveryTests: ClientTestCase {
         options.reconnect.cap = .seconds(5)
         let phone = try HeraldClient(options: options, token: { calls.withLock { $0 += 1; return $0 } == 1 ? expired : good })
         let log = EventLog()
-        log.watch(phone, as: "phone")
+        await log.watch(phone, as: "phone")
         await phone.start()
         // Nothing listens: failures in a row raise the backoff to 0.4 s or more.
         try await log.eventually("three attempts failed") {

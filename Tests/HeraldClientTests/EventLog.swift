@@ -8,25 +8,34 @@ actor EventLog {
     private var waiters: [Int: CheckedContinuation<Void, Never>] = [:]
     private var nextWaiter = 0
 
-    /// Records what `client` does from now on. Each stream opens with the
-    /// state as it is (the first `.reset` and `.unread` it brings): left
-    /// out, so that what a test reads is what changed.
-    nonisolated func watch(_ client: HeraldClient, as name: String) {
+    /// Records what `client` does from now on, and returns once the client
+    /// has taken the reader on, so nothing done after this call is missed.
+    /// Each stream opens with the state as it is: the connection state at
+    /// once, and the first `.reset` and `.unread` whenever the local set is
+    /// first shown. Those are left out, so that what a test reads is what
+    /// changed.
+    nonisolated func watch(_ client: HeraldClient, as name: String) async {
+        let (opened, open) = AsyncStream.makeStream(of: Void.self)
+        let stream = client.events
         Task {
-            var greeted = (reset: false, unread: false)
-            for await event in client.events {
+            var greeted = (connection: false, reset: false, unread: false)
+            for await event in stream {
                 switch event {
+                case .connection where !greeted.connection:
+                    greeted.connection = true
+                    open.finish()
                 case .reset where !greeted.reset: greeted.reset = true
                 case .unread where !greeted.unread: greeted.unread = true
                 default: await record(name, event)
                 }
             }
         }
+        for await _ in opened {}
     }
 
     /// Watches `client` as `name`, starts it and waits until it is live.
     nonisolated func startLive(_ client: HeraldClient, as name: String) async throws {
-        watch(client, as: name)
+        await watch(client, as: name)
         await client.start()
         try await eventually("\(name) is live") { await client.isLive }
     }

@@ -14,8 +14,8 @@ final class HeraldClientTests: ClientTestCase {
         let phone = try await client(gateway, user: user, device: "phone", platform: .ios, file: "phone.db")
         let laptop = try await client(gateway, user: user, device: "laptop", platform: .web, file: "laptop.db")
         let log = EventLog()
-        log.watch(phone, as: "phone")
-        log.watch(laptop, as: "laptop")
+        await log.watch(phone, as: "phone")
+        await log.watch(laptop, as: "laptop")
         await phone.start()
         await laptop.start()
         try await log.eventually("both are live") {
@@ -126,7 +126,7 @@ final class HeraldClientTests: ClientTestCase {
         let user = "cleo-\(UUID().uuidString.prefix(8))"
         let phone = try await client(gateway, user: user, device: "phone", file: "phone.db")
         let (one, two) = (EventLog(), EventLog())
-        one.watch(phone, as: "phone")
+        await one.watch(phone, as: "phone")
         try await two.startLive(phone, as: "phone")
         var ids: [String] = []
         for i in 0..<5 { ids.append(try await gateway.publish(user: user, appNotificationId: "n\(i)", title: "\(i)")) }
@@ -291,7 +291,7 @@ final class HeraldClientTests: ClientTestCase {
                                            stateFile: directory.appendingPathComponent("\(device).db").path)
         let client = try HeraldClient(options: options, transport: LWSTransport(caFile: caFile), token: { token })
         let log = EventLog()
-        log.watch(client, as: device)
+        await log.watch(client, as: device)
         await client.start()
         @Sendable func failure() async -> String? {
             for case .problem(.connectionLost(_, let reason)) in await log.events(of: device) { return reason }

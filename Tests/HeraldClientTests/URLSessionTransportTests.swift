@@ -14,7 +14,7 @@ final class URLSessionTransportTests: ClientTestCase {
         let phone = try await client(gateway, user: user, device: "phone", file: "phone.db", transport: URLSessionTransport(),
                                      configure: { $0.fallback.pollWait = .seconds(1) })
         let log = EventLog()
-        log.watch(phone, as: "phone")
+        await log.watch(phone, as: "phone")
         await phone.start()
         try await log.eventually("polling, with what was there") {
             let (state, n) = (await phone.connection, await phone.notification(id: early))
