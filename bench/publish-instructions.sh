@@ -3,20 +3,24 @@
 # same for the same binary and inputs whatever else the machine does, so two
 # builds compare on a noisy machine. Herald runs on the memory store with one
 # loop under `valgrind --tool=callgrind`; one keep-alive connection publishes
-# N notifications (100 users, small payloads, no subscribers); a second run
-# publishes none. (total(N) - total(0)) / N is what one publish costs:
-# request head, routing, body, validation, the engine's batch, the answer.
+# N notifications to 100 users (small payloads); a second run publishes none.
+# (total(N) - total(0)) / N is what one publish costs: request head, routing,
+# body, validation, the engine's batch, the answer, and with DEVICES > 0 its
+# deliveries: each user then has DEVICES WebSockets open in both runs, and
+# every publish reaches them all before the run ends.
 #
 #   bench/publish-instructions.sh                 # the release build
 #   OTHER=/path/to/herald bench/publish-instructions.sh   # and another, beside it
+#   DEVICES=3 bench/publish-instructions.sh       # with three deliveries a publish
 #
-# N [2000], HERALD_BIN [.build/release/herald], SKIP_HERALD_BUILD=1.
+# N [2000], DEVICES [0], HERALD_BIN [.build/release/herald], SKIP_HERALD_BUILD=1.
 # Writes bench/out/publish-instructions.md; callgrind files beside it.
 set -euo pipefail
 LOG_TAG=publish-instructions
 source "$(dirname "$0")/lib.sh"
 
 N=${N:-2000}
+DEVICES=${DEVICES:-0}
 HERALD_BIN=${HERALD_BIN:-$ROOT/.build/release/herald}
 PORT=${PORT:-18195}
 command -v valgrind >/dev/null || { log "valgrind is needed (Debian: valgrind)"; exit 1; }
@@ -31,17 +35,51 @@ count() { # bin count tag
         "$1" serve --host 127.0.0.1 --port "$PORT" --config "$d/h.json" --store memory --threads 1 > "$d/out" 2> "$d/err" &
     local vg=$! i
     for i in $(seq 1 300); do grep -q '^listening' "$d/out" && break; sleep 0.2; done
-    python3 - "$PORT" "$2" <<'PY'
-import http.client, json, sys
-port, n = int(sys.argv[1]), int(sys.argv[2])
-c = http.client.HTTPConnection("127.0.0.1", port)
-h = {"Authorization": "Bearer bench-key", "Content-Type": "application/json", "User-Agent": "bench/1", "Accept": "*/*"}
-for i in range(n):
-    c.request("POST", f"/v1/apps/bench/users/u{i % 100}/notifications", headers=h,
-              body=json.dumps({"appNotificationId": f"m{i}", "payload": {"t": i, "n": i}}))
-    r = c.getresponse()
-    r.read()
-    assert r.status in (200, 201), r.status
+    python3 - "$PORT" "$2" "$DEVICES" <<'PY'
+import asyncio, base64, hashlib, hmac, http.client, json, sys, time
+import websockets
+port, n, devices = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+users = [f"u{i}" for i in range(100)]
+
+def token(user, device):
+    b64 = lambda b: base64.urlsafe_b64encode(b).rstrip(b"=")
+    now = int(time.time())
+    head = b64(json.dumps({"alg": "HS256", "typ": "JWT"}).encode())
+    claims = b64(json.dumps({"app": "bench", "sub": user, "dev": device, "iat": now, "exp": now + 86400}).encode())
+    sig = b64(hmac.new(b"bench-secret", head + b"." + claims, hashlib.sha256).digest())
+    return (head + b"." + claims + b"." + sig).decode()
+
+def publish():
+    c = http.client.HTTPConnection("127.0.0.1", port)
+    h = {"Authorization": "Bearer bench-key", "Content-Type": "application/json", "User-Agent": "bench/1", "Accept": "*/*"}
+    for i in range(n):
+        c.request("POST", f"/v1/apps/bench/users/{users[i % 100]}/notifications", headers=h,
+                  body=json.dumps({"appNotificationId": f"m{i}", "payload": {"t": i, "n": i}}))
+        r = c.getresponse()
+        r.read()
+        assert r.status in (200, 201), r.status
+
+async def device(user, name, live, expected):
+    async with websockets.connect(f"ws://127.0.0.1:{port}/v1/ws", max_size=None, open_timeout=600, ping_interval=None) as ws:
+        await ws.send(json.dumps({"type": "hello", "token": token(user, name), "deviceId": name}))
+        while json.loads(await ws.recv())["type"] != "welcome":
+            pass
+        live.release()
+        got = 0
+        while got < expected:
+            f = json.loads(await ws.recv())
+            got += {"change": 1, "changes": len(f.get("changes", []))}.get(f["type"], 0)
+
+async def main():
+    live = asyncio.Semaphore(0)
+    tasks = [asyncio.create_task(device(u, f"d{d}", live, sum(1 for i in range(n) if users[i % 100] == u)))
+             for u in users for d in range(devices)]
+    for _ in tasks:
+        await live.acquire()
+    await asyncio.to_thread(publish)
+    await asyncio.wait_for(asyncio.gather(*tasks), 1800)
+
+asyncio.run(main())
 PY
     kill -TERM "$vg"
     wait "$vg" || true
@@ -51,15 +89,15 @@ PY
 
 per_publish() { # bin tag
     local with without
-    with=$(count "$1" "$N" "$2-$N")
-    without=$(count "$1" 0 "$2-0")
+    with=$(count "$1" "$N" "$2-d$DEVICES-$N")
+    without=$(count "$1" 0 "$2-d$DEVICES-0")
     echo $(( (with - without) / N ))
 }
 
 {
     echo "# Instructions per publish (callgrind)"
     echo
-    echo "$(date -u +%FT%TZ), commit $(git -C "$ROOT" rev-parse --short HEAD), $N publishes on one keep-alive connection, memory store, one loop."
+    echo "$(date -u +%FT%TZ), commit $(git -C "$ROOT" rev-parse --short HEAD), $N publishes on one keep-alive connection to 100 users with $DEVICES WebSockets each, memory store, one loop."
     echo
     echo "| binary | instructions per publish |"
     echo "|---|---|"

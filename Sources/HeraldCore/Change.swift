@@ -102,7 +102,7 @@ public struct ChangeRecord: Sendable {
     private static func encode(_ change: Change) -> [UInt8] {
         guard case .upsert(let n) = change.op else { return change.json.encoded }
         var bytes = upsertPrefix(change.seq)
-        n.json.encode(into: &bytes)
+        n.encode(into: &bytes)
         bytes.append(UInt8(ascii: "}"))
         return bytes
     }

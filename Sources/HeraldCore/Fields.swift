@@ -3,11 +3,13 @@
 /// for optional fields.
 public struct Fields {
     public let object: JSONObject
-    private var seen: Set<String> = []
+    /// Which of `object`'s keys a reader asked for, by position.
+    private var seen: [Bool]
 
     public init(_ json: JSON, what: String = "body") throws(HeraldError) {
         guard let o = json.objectValue else { throw .badRequest("\(what) must be a JSON object") }
         object = o
+        seen = Array(repeating: false, count: o.count)
     }
 
     public init(bytes: [UInt8], what: String = "body") throws(HeraldError) {
@@ -19,8 +21,10 @@ public struct Fields {
     public func has(_ key: String) -> Bool { object[key].map { !$0.isNull } ?? false }
 
     mutating func raw(_ key: String) -> JSON? {
-        seen.insert(key)
-        guard let v = object[key], !v.isNull else { return nil }
+        guard let i = object.keys.firstIndex(of: key) else { return nil }
+        seen[i] = true
+        let v = object.values[i]
+        guard !v.isNull else { return nil }  // not `? nil :`, which makes a JSON null
         return v
     }
 
@@ -77,8 +81,8 @@ public struct Fields {
 
     /// Call last: refuses keys no reader asked for.
     public func finish() throws(HeraldError) {
-        for k in object.keys where !seen.contains(k) {
-            throw .badRequest("unknown field \"\(k.prefix(64))\"")
+        if let i = seen.firstIndex(of: false) {
+            throw .badRequest("unknown field \"\(object.keys[i].prefix(64))\"")
         }
     }
 }

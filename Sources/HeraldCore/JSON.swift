@@ -95,6 +95,9 @@ public enum JSONParser {
 
         init(buf: UnsafeBufferPointer<UInt8>, maxDepth: Int) { self.buf = buf; self.maxDepth = maxDepth }
 
+        /// Keys checked for duplicates by a scan before a set takes over.
+        static let keysScanned = 16
+
         func fail(_ msg: String) -> JSONError {
             JSONError(message: "malformed JSON at byte \(i): \(msg)", invalidUTF8: false)
         }
@@ -135,8 +138,9 @@ public enum JSONParser {
             guard depth <= maxDepth else { throw fail("nested deeper than \(maxDepth)") }
             i += 1
             var obj = JSONObject()
-            // A set, not JSONObject's linear lookup: wide objects must parse in linear time.
-            var seen = Set<String>()
+            // Duplicate keys: a scan of the keys while the object is small
+            // (most are), then a set, so wide objects parse in linear time.
+            var seen: Set<String>? = nil
             skipSpace()
             if i < buf.count, buf[i] == UInt8(ascii: "}") { i += 1; return .object(obj) }
             while true {
@@ -148,7 +152,9 @@ public enum JSONParser {
                 i += 1
                 skipSpace()
                 let v = try value(depth: depth)
-                guard seen.insert(key).inserted else { throw fail("duplicate key \"\(key.prefix(64))\"") }
+                if seen == nil && obj.count == Self.keysScanned { seen = Set(obj.keys) }
+                let duplicate = seen == nil ? obj.keys.contains(key) : !seen!.insert(key).inserted
+                guard !duplicate else { throw fail("duplicate key \"\(key.prefix(64))\"") }
                 obj.appendNew(key, v)
                 skipSpace()
                 guard i < buf.count else { throw fail("unterminated object") }

@@ -89,7 +89,7 @@ public struct WriteAnswer: Sendable {
 
     public init(_ r: ChangeRecord) { notification = r.notificationJSON; seq = r.seq }
     /// A write that changed nothing: `n` as it is, at the feed's `seq`.
-    public init(unchanged n: Notification, seq: Int64) { notification = n.json.encoded[...]; self.seq = seq }
+    public init(unchanged n: Notification, seq: Int64) { notification = n.encoded[...]; self.seq = seq }
 
     /// `{"notification":…,"seq":N}` (SPEC sections 3 and 4).
     public var httpBody: [UInt8] {

@@ -17,29 +17,43 @@ public enum WallClock {
 
 /// RFC 3339 UTC with milliseconds and `Z`, as every time on the wire.
 public enum RFC3339 {
-    /// Every time on the wire goes through here (three per notification
-    /// encoded), so years 0000–9999 are written digit by digit.
     public static func format(_ ms: Millis) -> String {
+        let s = String(unsafeUninitializedCapacity: 24) { write(ms, to: $0) }
+        return s.isEmpty ? formatWide(ms) : s
+    }
+
+    /// Appends `format(ms)` to `out` without making a String.
+    public static func append(_ ms: Millis, to out: inout [UInt8]) {
+        let start = out.count
+        out.append(contentsOf: repeatElement(0, count: 24))
+        if out.withUnsafeMutableBufferPointer({ write(ms, to: UnsafeMutableBufferPointer(rebasing: $0[start...])) }) == 0 {
+            out.removeLast(24)
+            out.append(contentsOf: formatWide(ms).utf8)
+        }
+    }
+
+    /// Every time on the wire goes through here (three per notification
+    /// encoded), so years 0000–9999 are written digit by digit into the 24
+    /// bytes of `b`; 0 (nothing written) for other years.
+    private static func write(_ ms: Millis, to b: UnsafeMutableBufferPointer<UInt8>) -> Int {
         let days = Int(ms.floorDiv(86_400_000))
         let (y, m, d) = civilFromDays(days)
-        guard (0...9999).contains(y) else { return formatWide(ms) }
+        guard (0...9999).contains(y) else { return 0 }
         let inDay = Int(ms - Int64(days) * 86_400_000)
-        return String(unsafeUninitializedCapacity: 24) { b in
-            var i = 0
-            func put(_ value: Int, _ width: Int, _ separator: Character) {
-                var v = value
-                for p in stride(from: i + width - 1, through: i, by: -1) {
-                    b[p] = UInt8(0x30 + v % 10)
-                    v /= 10
-                }
-                b[i + width] = separator.asciiValue!
-                i += width + 1
+        var i = 0
+        func put(_ value: Int, _ width: Int, _ separator: UInt8) {
+            var v = value
+            for p in stride(from: i + width - 1, through: i, by: -1) {
+                b[p] = UInt8(0x30 + v % 10)
+                v /= 10
             }
-            put(y, 4, "-"); put(m, 2, "-"); put(d, 2, "T")
-            put(inDay / 3_600_000, 2, ":"); put(inDay / 60_000 % 60, 2, ":"); put(inDay / 1000 % 60, 2, ".")
-            put(inDay % 1000, 3, "Z")
-            return i
+            b[i + width] = separator
+            i += width + 1
         }
+        put(y, 4, UInt8(ascii: "-")); put(m, 2, UInt8(ascii: "-")); put(d, 2, UInt8(ascii: "T"))
+        put(inDay / 3_600_000, 2, UInt8(ascii: ":")); put(inDay / 60_000 % 60, 2, UInt8(ascii: ":"))
+        put(inDay / 1000 % 60, 2, UInt8(ascii: ".")); put(inDay % 1000, 3, UInt8(ascii: "Z"))
+        return i
     }
 
     private static func formatWide(_ ms: Millis) -> String {

@@ -36,7 +36,7 @@ extension StoreReading {
             for n in page {
                 guard n.targeting.admits(viewer) && filter.admits(n) else { batch.skipped(); continue }
                 if out.count == limit || bytes >= maxBytes { return HistoryPage(notifications: out, next: last) }
-                let b = n.json.encoded
+                let b = n.encoded
                 batch.took(b.count)
                 bytes += b.count
                 out.append(b)

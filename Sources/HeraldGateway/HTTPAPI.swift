@@ -88,7 +88,10 @@ extension Gateway {
                 let (user, device) = try self.owner(owner, req, notification: id)
                 x.read(user, device) { s, v throws(StoreError) in
                     guard let n = try s.visibleNotification(user, id: id, viewer: v) else { return .failure(.notFound) }
-                    return .success(.json(200, ["notification": n.json]))
+                    var body = Array(#"{"notification":"#.utf8)
+                    n.encode(into: &body)
+                    body.append(UInt8(ascii: "}"))
+                    return .success(HTTPResponse(status: 200, body: body))
                 }
             case .updateNotification(let owner, let id):
                 let (user, device) = try self.owner(owner, req, notification: id)

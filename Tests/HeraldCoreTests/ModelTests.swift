@@ -45,6 +45,25 @@ final class NotificationModelTests: XCTestCase {
         XCTAssertEqual(Note(json: Note.sample().json), Note.sample())
     }
 
+    func testTheWireFormIsWrittenByteForByte() {
+        var n = Note.sample(platforms: [.web, .ios], tags: "lang:it && !muted", version: 12)
+        n.payload = try! JSONParser.parse(#"{"title":"say \"hi\"","n":[1.5e3,null,true]}"#).objectValue!
+        n.groupName = "tab\there"
+        n.displayTimeToLive = 600
+        n.priority = .high
+        n.expiresAt = 253_402_300_800_000 // year 10000: past the four-digit fast path
+        XCTAssertEqual(String(decoding: n.encoded, as: UTF8.self),
+                       #"{"id":"n_01AAAAAAAAAAAAAAAAAAAAAAAA","appNotificationId":"task-42","userId":"alice","#
+                       + #""payload":{"title":"say \"hi\"","n":[1.5e3,null,true]},"priority":"high","groupName":"tab\there","#
+                       + #""displayTimeToLive":600,"targetPlatforms":["web","ios"],"targetTags":"lang:it && !muted","#
+                       + #""createdAt":"2026-11-22T10:00:00.000Z","updatedAt":"2026-11-22T10:00:00.000Z","#
+                       + #""expiresAt":"10000-01-01T00:00:00.000Z","readState":"unread","userActionState":"noInteraction","version":12}"#)
+        XCTAssertEqual(String(decoding: Note.sample().encoded, as: UTF8.self).split(separator: ",").suffix(10).joined(separator: ","),
+                       #""groupName":null,"displayTimeToLive":null,"targetPlatforms":null,"targetTags":null,"#
+                       + #""createdAt":"2026-11-22T10:00:00.000Z","updatedAt":"2026-11-22T10:00:00.000Z","#
+                       + #""expiresAt":"2026-12-22T10:00:00.000Z","readState":"unread","userActionState":"noInteraction","version":1}"#)
+    }
+
     func testInitFromBadJSONIsNil() {
         XCTAssertNil(Note(json: "x"))
         var o = Note.sample().json.objectValue!
