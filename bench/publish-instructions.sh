@@ -13,7 +13,9 @@
 #   OTHER=/path/to/herald bench/publish-instructions.sh   # and another, beside it
 #   DEVICES=3 bench/publish-instructions.sh       # with three deliveries a publish
 #
-# N [2000], DEVICES [0], HERALD_BIN [.build/release/herald], SKIP_HERALD_BUILD=1.
+#   PAYLOAD=60000 bench/publish-instructions.sh   # payloads with a string of that many bytes
+#
+# N [2000], DEVICES [0], PAYLOAD [0: {"t": i, "n": i}], HERALD_BIN [.build/release/herald], SKIP_HERALD_BUILD=1.
 # Writes bench/out/publish-instructions.md; callgrind files beside it.
 set -euo pipefail
 LOG_TAG=publish-instructions
@@ -21,6 +23,7 @@ source "$(dirname "$0")/lib.sh"
 
 N=${N:-2000}
 DEVICES=${DEVICES:-0}
+PAYLOAD=${PAYLOAD:-0}
 HERALD_BIN=${HERALD_BIN:-$ROOT/.build/release/herald}
 PORT=${PORT:-18195}
 command -v valgrind >/dev/null || { log "valgrind is needed (Debian: valgrind)"; exit 1; }
@@ -35,10 +38,11 @@ count() { # bin count tag
         "$1" serve --host 127.0.0.1 --port "$PORT" --config "$d/h.json" --store memory --threads 1 > "$d/out" 2> "$d/err" &
     local vg=$! i
     for i in $(seq 1 300); do grep -q '^listening' "$d/out" && break; sleep 0.2; done
-    python3 - "$PORT" "$2" "$DEVICES" <<'PY'
+    python3 - "$PORT" "$2" "$DEVICES" "$PAYLOAD" <<'PY'
 import asyncio, base64, hashlib, hmac, http.client, json, sys, time
 import websockets
-port, n, devices = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+port, n, devices, size = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+text = "x" * size
 users = [f"u{i}" for i in range(100)]
 
 def token(user, device):
@@ -54,7 +58,7 @@ def publish():
     h = {"Authorization": "Bearer bench-key", "Content-Type": "application/json", "User-Agent": "bench/1", "Accept": "*/*"}
     for i in range(n):
         c.request("POST", f"/v1/apps/bench/users/{users[i % 100]}/notifications", headers=h,
-                  body=json.dumps({"appNotificationId": f"m{i}", "payload": {"t": i, "n": i}}))
+                  body=json.dumps({"appNotificationId": f"m{i}", "payload": {"t": i, "n": i, "text": text} if size else {"t": i, "n": i}}))
         r = c.getresponse()
         r.read()
         assert r.status in (200, 201), r.status
@@ -97,7 +101,7 @@ per_publish() { # bin tag
 {
     echo "# Instructions per publish (callgrind)"
     echo
-    echo "$(date -u +%FT%TZ), commit $(git -C "$ROOT" rev-parse --short HEAD), $N publishes on one keep-alive connection to 100 users with $DEVICES WebSockets each, memory store, one loop."
+    echo "$(date -u +%FT%TZ), commit $(git -C "$ROOT" rev-parse --short HEAD), $N publishes on one keep-alive connection to 100 users with $DEVICES WebSockets each, payload string $PAYLOAD bytes, memory store, one loop."
     echo
     echo "| binary | instructions per publish |"
     echo "|---|---|"

@@ -101,14 +101,24 @@ public struct ChangeRecord: Sendable {
     /// layout (`notificationRange`): changing it needs schema migrations.
     private static func encode(_ change: Change) -> [UInt8] {
         guard case .upsert(let n) = change.op else { return change.json.encoded }
-        var bytes = upsertPrefix(change.seq)
+        var bytes: [UInt8] = []
+        bytes.reserveCapacity(512)  // a small notification's change, grown in one step
+        appendUpsertPrefix(change.seq, to: &bytes)
         n.encode(into: &bytes)
         bytes.append(UInt8(ascii: "}"))
         return bytes
     }
 
+    private static func appendUpsertPrefix(_ seq: Int64, to out: inout [UInt8]) {
+        out.append(contentsOf: #"{"seq":"#.utf8)
+        out.append(contentsOf: String(seq).utf8)
+        out.append(contentsOf: #","op":"upsert","notification":"#.utf8)
+    }
+
     private static func upsertPrefix(_ seq: Int64) -> [UInt8] {
-        Array(#"{"seq":\#(seq),"op":"upsert","notification":"#.utf8)
+        var bytes: [UInt8] = []
+        appendUpsertPrefix(seq, to: &bytes)
+        return bytes
     }
 
     /// An upsert's notification as encoded inside `encoded` (nil for a

@@ -3,19 +3,26 @@
 /// for optional fields.
 public struct Fields {
     public let object: JSONObject
+    /// The length of the JSON text read, when read from bytes.
+    public let textLength: Int?
     /// Which of `object`'s keys a reader asked for, by position.
     private var seen: [Bool]
 
     public init(_ json: JSON, what: String = "body") throws(HeraldError) {
+        try self.init(json, what: what, textLength: nil)
+    }
+
+    private init(_ json: JSON, what: String, textLength: Int?) throws(HeraldError) {
         guard let o = json.objectValue else { throw .badRequest("\(what) must be a JSON object") }
         object = o
+        self.textLength = textLength
         seen = Array(repeating: false, count: o.count)
     }
 
     public init(bytes: [UInt8], what: String = "body") throws(HeraldError) {
         let json: JSON
         do { json = try JSONParser.parse(bytes) } catch { throw .badRequest(error.message) }
-        try self.init(json, what: what)
+        try self.init(json, what: what, textLength: bytes.count)
     }
 
     public func has(_ key: String) -> Bool { object[key].map { !$0.isNull } ?? false }

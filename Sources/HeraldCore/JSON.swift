@@ -359,6 +359,9 @@ extension JSON {
 
     static let hexDigits: [UInt8] = Array("0123456789abcdef".utf8)
 
+    /// Escapes only what JSON requires, each in its shortest form, so a
+    /// value's encoding is never longer than any JSON text it was parsed
+    /// from (`NotificationDraft` relies on it to skip measuring payloads).
     public static func encodeString(_ s: String, into out: inout [UInt8]) {
         out.append(0x22)
         var s = s
@@ -383,6 +386,8 @@ extension JSON {
                 case 0x0A: out.append(0x5C); out.append(UInt8(ascii: "n"))
                 case 0x0D: out.append(0x5C); out.append(UInt8(ascii: "r"))
                 case 0x09: out.append(0x5C); out.append(UInt8(ascii: "t"))
+                case 0x08: out.append(0x5C); out.append(UInt8(ascii: "b"))
+                case 0x0C: out.append(0x5C); out.append(UInt8(ascii: "f"))
                 default:
                     out.append(contentsOf: [0x5C, UInt8(ascii: "u"), 0x30, 0x30, hexDigits[Int(c >> 4)], hexDigits[Int(c & 15)]])
                 }

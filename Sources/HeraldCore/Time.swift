@@ -24,11 +24,9 @@ public enum RFC3339 {
 
     /// Appends `format(ms)` to `out` without making a String.
     public static func append(_ ms: Millis, to out: inout [UInt8]) {
-        let start = out.count
-        out.append(contentsOf: repeatElement(0, count: 24))
-        if out.withUnsafeMutableBufferPointer({ write(ms, to: UnsafeMutableBufferPointer(rebasing: $0[start...])) }) == 0 {
-            out.removeLast(24)
-            out.append(contentsOf: formatWide(ms).utf8)
+        withUnsafeTemporaryAllocation(of: UInt8.self, capacity: 24) { b in
+            let n = write(ms, to: b)
+            if n == 0 { out.append(contentsOf: formatWide(ms).utf8) } else { out.append(contentsOf: UnsafeBufferPointer(rebasing: b[..<n])) }
         }
     }
 

@@ -293,13 +293,28 @@ final class JSONTests: XCTestCase {
     func testEncoderEscapesQuotesBackslashesAndControlCharacters() {
         XCTAssertEqual(JSON.string("a\"b\\c").encodedString, #""a\"b\\c""#)
         XCTAssertEqual(JSON.string("\n\r\t").encodedString, #""\n\r\t""#)
-        XCTAssertEqual(JSON.string("\u{0}\u{1}\u{8}\u{C}\u{1F}").encodedString, #""\u0000\u0001\u0008\u000c\u001f""#)
+        XCTAssertEqual(JSON.string("\u{0}\u{1}\u{8}\u{C}\u{1F}").encodedString, #""\u0000\u0001\b\f\u001f""#)
         XCTAssertEqual(JSON.string("é/中😀\u{7F}").encodedString, "\"é/中😀\u{7F}\"")
         // Every control character round-trips and none is emitted raw.
         let all = String(decoding: Array(UInt8(0)..<0x20), as: UTF8.self) + "\"\\"
         let enc = JSON.string(all).encoded
         XCTAssertFalse(enc.dropFirst().dropLast().contains { $0 < 0x20 })
         XCTAssertEqual(try JSONParser.parse(enc), .string(all))
+    }
+
+    /// `NotificationDraft` measures no payload whose body is within the
+    /// limit: a value's encoding is never longer than the text it was read
+    /// from, whatever escapes, spaces and numbers the text has.
+    func testAnEncodingIsNeverLongerThanTheTextItWasReadFrom() throws {
+        let pieces = [#"\b"#, #"\f"#, #"\n"#, #"\r"#, #"\t"#, #"\""#, #"\\"#, #"\/"#, #"\u0001"#, #"\u001F"#, #"\u00e9"#,
+                      #"\ud83d\ude00"#, "é", "x", " ", "\u{7F}"]
+        for a in pieces {
+            for b in pieces {
+                for text in [#"{"\#(a)":"\#(b)"}"#, #"{ "k" : [ "\#(a)\#(b)" , 1.50e+3 , -0 , true , null , { } ] }"#] {
+                    XCTAssertLessThanOrEqual(try JSONParser.parse(text).encoded.count, text.utf8.count, text)
+                }
+            }
+        }
     }
 
     /// The word-at-a-time scan against a byte-at-a-time reference: each
