@@ -322,6 +322,22 @@ public enum UTF8Validation {
 
 // MARK: - Encoding
 
+/// A value whose JSON text is written straight to bytes.
+public protocol JSONWritable {
+    func encode(into out: inout [UInt8])
+}
+
+extension JSONWritable {
+    public var encoded: [UInt8] {
+        var out: [UInt8] = []
+        out.reserveCapacity(512)
+        encode(into: &out)
+        return out
+    }
+}
+
+extension JSON: JSONWritable {}
+
 extension JSON {
     public func encode(into out: inout [UInt8]) {
         switch self {
@@ -348,12 +364,6 @@ extension JSON {
         }
     }
 
-    public var encoded: [UInt8] {
-        var out: [UInt8] = []
-        out.reserveCapacity(256)
-        encode(into: &out)
-        return out
-    }
 
     public var encodedString: String { String(decoding: encoded, as: UTF8.self) }
 

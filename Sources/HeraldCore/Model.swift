@@ -27,7 +27,7 @@ public struct Targeting: Sendable, Equatable {
     }
 }
 
-public struct Notification: Sendable, Equatable {
+public struct Notification: Sendable, Equatable, JSONWritable {
     public var id: String
     public var appNotificationId: String
     public var userId: String
@@ -92,13 +92,6 @@ public struct Notification: Sendable, Equatable {
         put(#","userActionState":"#); string(userActionState.rawValue)
         put(#","version":"#); number(version)
         out.append(UInt8(ascii: "}"))
-    }
-
-    public var encoded: [UInt8] {
-        var out: [UInt8] = []
-        out.reserveCapacity(512)
-        encode(into: &out)
-        return out
     }
 
     /// The wire form as a JSON value, read back from `encoded` (which is
