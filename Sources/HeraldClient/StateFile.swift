@@ -83,7 +83,7 @@ final class StateFile {
             let ids = replaced ? Set(state.notifications.keys) : changedIds
             for id in ids {
                 if let n = state.notifications[id] {
-                    try run("INSERT OR REPLACE INTO notifications (id, json) VALUES (?, ?)", [id, n.json.encodedString])
+                    try run("INSERT OR REPLACE INTO notifications (id, json) VALUES (?, ?)", [id, String(decoding: n.encoded, as: UTF8.self)])
                 } else {
                     try run("DELETE FROM notifications WHERE id = ?", [id])
                 }

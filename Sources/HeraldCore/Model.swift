@@ -95,8 +95,9 @@ public struct Notification: Sendable, Equatable, JSONWritable {
     }
 
     /// The wire form as a JSON value, read back from `encoded` (which is
-    /// valid JSON by construction): for the few places that nest it.
-    public var json: JSON { try! JSONParser.parse(encoded) }
+    /// valid JSON by construction, its depth bounded by how it was built):
+    /// for the few places that nest it.
+    public var json: JSON { try! JSONParser.parse(encoded, maxDepth: .max) }
 
     /// Reads back the wire form (stores keep notifications as their JSON).
     public init?(json: JSON) {

@@ -107,6 +107,10 @@ final class NotificationDraftTests: XCTestCase {
         XCTAssertNotNil(try? readDraft(spaced))
         let newlines = String(repeating: "\\n", count: (Limits.maxPayloadBytes - 8) / 2 + 1)
         refused(#"{"appNotificationId":"a","payload":{"k":"\#(newlines)"}}"#, .tooLarge)
+        // A body over the limit whose payload encodes within it: measured, and taken.
+        let escaped = String(repeating: "\\u0062", count: 20_000)
+        XCTAssertEqual(try? readDraft(#"{"appNotificationId":"a","payload":{"k":"\#(escaped)"}}"#).payload["k"],
+                       .string(String(repeating: "b", count: 20_000)))
     }
 
     func testPriority() {

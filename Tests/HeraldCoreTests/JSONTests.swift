@@ -146,6 +146,15 @@ final class JSONTests: XCTestCase {
         }
         // Same key in different objects is fine.
         XCTAssertNotNil(json(#"{"a":{"a":1},"b":{"a":2}}"#).objectValue)
+        // Around the width where a set takes over from the scan of the keys.
+        for n in 14...18 {
+            let keys = (0..<n).map { "\"k\($0)\":\($0)" }
+            XCTAssertNotNil(json("{" + keys.joined(separator: ",") + "}").objectValue, "\(n) distinct keys")
+            for dup in [0, n - 1] {
+                let text = "{" + keys.joined(separator: ",") + ",\"k\(dup)\":0}"
+                XCTAssertNotNil(jsonError(text), "k\(dup) again after \(n) keys")
+            }
+        }
     }
 
     func testNestingLimit() {
