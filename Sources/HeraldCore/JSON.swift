@@ -364,7 +364,6 @@ extension JSON {
         }
     }
 
-
     public var encodedString: String { String(decoding: encoded, as: UTF8.self) }
 
     static let hexDigits: [UInt8] = Array("0123456789abcdef".utf8)

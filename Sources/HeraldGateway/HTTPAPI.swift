@@ -309,7 +309,7 @@ extension Gateway {
     func bearer(_ req: HTTPRequest) -> String? {
         // As bytes: a String's split walks Characters (8,000 instructions a request).
         guard let h = req.headers["authorization"]?.utf8, let space = h.firstIndex(of: UInt8(ascii: " ")),
-              h[..<space].elementsEqual("bearer".utf8, by: { $0 | 0x20 == $1 })
+              HTTPWire.equalsIgnoringCase(h[..<space], "bearer".utf8)
         else { return nil }
         let t = Substring(h[h.index(after: space)...]).trimmingSpaces
         return t.isEmpty ? nil : String(t)

@@ -166,11 +166,16 @@ public enum HTTPWire {
 
         /// The field a name as sent (in any case) names, if the head reads it.
         static func named(_ name: ArraySlice<UInt8>) -> Field? {
-            table.first { entry in
-                entry.lowerCased.count == name.count
-                    && zip(entry.lowerCased, name).allSatisfy { $0 == ($1 &- UInt8(ascii: "A") < 26 ? $1 | 0x20 : $1) }
-            }?.field
+            table.first { HTTPWire.equalsIgnoringCase(name, $0.lowerCased) }?.field
         }
+    }
+
+    /// Whether `bytes` are `lowerCased` (lower-case ASCII) in any case, as
+    /// field names and authentication schemes are compared (RFC 9110 5.1,
+    /// 11.1); only A–Z fold, so no other byte passes for a letter.
+    static func equalsIgnoringCase(_ bytes: some Collection<UInt8>, _ lowerCased: some Collection<UInt8>) -> Bool {
+        bytes.count == lowerCased.count
+            && zip(bytes, lowerCased).allSatisfy { ($0 &- UInt8(ascii: "A") < 26 ? $0 | 0x20 : $0) == $1 }
     }
 
     /// `s` with its %XX escapes decoded (and `+` as a space if asked), or
