@@ -12,7 +12,6 @@
 #   bench/publish-instructions.sh                 # the release build
 #   OTHER=/path/to/herald bench/publish-instructions.sh   # and another, beside it
 #   DEVICES=3 bench/publish-instructions.sh       # with three deliveries a publish
-#
 #   PAYLOAD=60000 bench/publish-instructions.sh   # payloads with a string of that many bytes
 #
 # N [2000], DEVICES [0], PAYLOAD [0: {"t": i, "n": i}], HERALD_BIN [.build/release/herald], SKIP_HERALD_BUILD=1.
@@ -31,13 +30,11 @@ build_herald
 
 # total instructions of a run of BIN with COUNT publishes
 count() { # bin count tag
-    local d
-    d=$(mktemp -d)
-    echo '{"apps":[{"id":"bench","serverKey":"bench-key","tokenSecret":"bench-secret"}]}' > "$d/h.json"
-    valgrind --tool=callgrind --callgrind-out-file="$OUT/publish-instructions-$3.out" \
-        "$1" serve --host 127.0.0.1 --port "$PORT" --config "$d/h.json" --store memory --threads 1 > "$d/out" 2> "$d/err" &
-    local vg=$! i
-    for i in $(seq 1 300); do grep -q '^listening' "$d/out" && break; sleep 0.2; done
+    local HERALD_BIN=$1 pid   # herald_spawn starts $HERALD_BIN (dynamic scope)
+    HERALD_PIN="valgrind --tool=callgrind --callgrind-out-file=$OUT/publish-instructions-$3.out" \
+        herald_spawn publish-instructions "$WORK/publish-instructions" "$PORT" --store memory --threads 1 >&2 \
+        || { log "herald did not start under valgrind (bench/out/publish-instructions-server.log)"; exit 1; }
+    pid=$SPAWNED_PID
     python3 - "$PORT" "$2" "$DEVICES" "$PAYLOAD" <<'PY'
 import asyncio, base64, hashlib, hmac, http.client, json, sys, time
 import websockets
@@ -85,9 +82,7 @@ async def main():
 
 asyncio.run(main())
 PY
-    kill -TERM "$vg"
-    wait "$vg" || true
-    rm -rf "$d"
+    herald_stop "$pid"
     awk '/^totals:/ {print $2}' "$OUT/publish-instructions-$3.out"
 }
 
