@@ -52,6 +52,8 @@ public final class SQLiteStore: NotificationStore {
 
     /// Internal for tests (query plans, schema tampering).
     let db: SQLiteDatabase
+    /// Held while open; nil for an in-memory database.
+    private var fileLock: SQLiteFileLock?
     private let reads: SQLiteReads
     /// Readers wait on locks as long as the store does.
     private let busyTimeoutMillis: Int
@@ -72,7 +74,8 @@ public final class SQLiteStore: NotificationStore {
     /// Opens (creating if needed) the database at `path` and migrates it to
     /// the current schema. `busyTimeoutMillis` bounds how long a call waits
     /// for a lock held by another connection before failing with a
-    /// `StoreError` (one gateway per file is the normal setup).
+    /// `StoreError`. A file another store (in any process) has open is
+    /// refused (`SQLiteFileLock`).
     /// `checkpointPages`: the log's size, in 4 KiB pages, past which it
     /// starts over; it is copied into the file every quarter of that
     /// (`SQLiteCheckpointer`). `deferredSync` (at `full` durability, on a
@@ -87,6 +90,8 @@ public final class SQLiteStore: NotificationStore {
         self.durability = durability
         self.busyTimeoutMillis = busyTimeoutMillis
         let defers = deferredSync && durability == .full && !Self.isMemoryPath(path)
+        // Before the file is opened, so that a refused second gateway changes nothing.
+        fileLock = Self.isMemoryPath(path) ? nil : try SQLiteFileLock(databasePath: path)
         db = try SQLiteDatabase(path: path)
         reads = SQLiteReads(db: db)
         do throws(StoreError) {
@@ -167,6 +172,7 @@ public final class SQLiteStore: NotificationStore {
         checkpointer = nil
         if db.isOpen { _ = try? db.execute("PRAGMA optimize") }
         db.close()
+        fileLock?.release()
     }
 
     private static func isMemoryPath(_ p: String) -> Bool { p == ":memory:" || p.isEmpty || p.hasPrefix("file::memory:") }

@@ -652,23 +652,42 @@ final class SQLiteStoreTests: XCTestCase {
 
     // MARK: Failures become StoreErrors, never half-writes
 
-    func testLockedDatabaseIsAStoreError() throws {
+    /// A second store on an open file (another gateway started by mistake)
+    /// is refused before it touches the file; once the first closes, the
+    /// file opens again at once.
+    func testASecondStoreOnAnOpenFileIsRefused() throws {
         let a = try SQLiteStore(path: path)
-        let b = try SQLiteStore(path: path, busyTimeoutMillis: 50)
         let first = try a.upsert(alice, note("n_1", "a1"), previous: nil, at: t0)
-        try a.begin()
-        _ = try a.upsert(alice, note("n_2", "a2"), previous: nil, at: t0)
-        XCTAssertThrowsError(try b.upsert(alice, note("n_3", "a3"), previous: nil, at: t0)) { e in
+        XCTAssertThrowsError(try SQLiteStore(path: path)) { e in
+            XCTAssertTrue("\(e)".contains("another gateway (pid \(getpid())) has this database open"), "\(e)")
+            XCTAssertTrue("\(e)".contains(path), "names the file: \(e)")
+        }
+        // Through a symlink too: one file, one lock.
+        let link = dir.appendingPathComponent("link.db").path
+        try FileManager.default.createSymbolicLink(atPath: link, withDestinationPath: path)
+        XCTAssertThrowsError(try SQLiteStore(path: link))
+        XCTAssertEqual(try a.feed(alice).head, first.seq)
+        a.close()
+        let b = try SQLiteStore(path: path)
+        XCTAssertEqual(try b.feed(alice).head, first.seq)
+    }
+
+    /// A write lock held by another connection (an operator's `sqlite3`
+    /// shell, say) fails a write after the busy timeout; reads go on.
+    func testLockedDatabaseIsAStoreError() throws {
+        let s = try SQLiteStore(path: path, busyTimeoutMillis: 50)
+        let first = try s.upsert(alice, note("n_1", "a1"), previous: nil, at: t0)
+        let shell = try SQLiteDatabase(path: path)
+        try shell.execute("BEGIN IMMEDIATE")
+        XCTAssertThrowsError(try s.upsert(alice, note("n_2", "a2"), previous: nil, at: t0)) { e in
             XCTAssertTrue("\(e)".contains("locked"), "\(e)")
         }
-        XCTAssertThrowsError(try b.begin())
-        b.rollback()
-        // Readers are not blocked by the writer, and see only committed data.
-        XCTAssertEqual(try b.feed(alice).head, first.seq)
-        XCTAssertNil(try b.notification(alice, id: "n_2"))
-        try a.commit()
-        let third = try b.upsert(alice, note("n_3", "a3"), previous: nil, at: t0)
-        XCTAssertEqual(try a.feed(alice).head, third.seq)
+        XCTAssertThrowsError(try s.begin())
+        s.rollback()
+        XCTAssertEqual(try s.feed(alice).head, first.seq, "readers are not blocked by the writer")
+        try shell.execute("COMMIT")
+        let second = try s.upsert(alice, note("n_2", "a2"), previous: nil, at: t0)
+        XCTAssertGreaterThan(second.seq, first.seq)
     }
 
     func testFailedWriteLeavesNothingHalfWritten() throws {

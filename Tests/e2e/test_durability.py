@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import random
 import signal
+import subprocess
 import threading
 
 import requests
@@ -113,3 +114,40 @@ def test_resume_after_kill_gets_exactly_what_was_missed(herald_bin, tmp_path):
             assert welcome["epoch"] == epoch and welcome["cursor"] == missed[-1]
     finally:
         gw.terminate(10)
+
+
+def test_a_second_gateway_on_an_open_file_is_refused_and_a_restart_after_kill_9_starts(herald_bin, tmp_path):
+    """Two gateways on one file would each deliver live only what they
+    commit: a device on the first would never hear a publish acknowledged by
+    the second. The second refuses to start (one line naming the file and
+    the holder, exit 2) and changes nothing; the lock dies with its holder."""
+    db = tmp_path / "herald.db"
+    user = uid("user")
+    first = start(herald_bin, tmp_path / "a", db)
+    try:
+        before = first.publish(user, "before")["seq"]
+        second = Gateway(herald_bin, tmp_path / "b", CONFIG, store=f"sqlite:{db}")
+        r = subprocess.run(second.args, stdin=subprocess.DEVNULL, capture_output=True, timeout=60, cwd=second.workdir)
+        err = r.stderr.decode()
+        assert r.returncode == 2, (r.returncode, err)
+        assert r.stdout == b"", "a refused gateway never says it is listening"
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and str(db) in lines[0] and f"pid {first.proc.pid}" in lines[0], err
+        # The first is unharmed and still the one writer.
+        ws, _, welcome = first.connect(user, "phone", cursor=before)
+        with ws:
+            seq = first.publish(user, "after")["seq"]
+            changes, _ = ws.expect_changes(1)
+            assert [c["seq"] for c in changes] == [seq]
+        os.kill(first.proc.pid, signal.SIGKILL)
+        first.proc.wait(5)
+        first.stopped_by_test = True
+    finally:
+        if first.proc.poll() is None:
+            first.proc.kill()
+    # The kernel let the lock go with the process: a restart takes it at once.
+    again = start(herald_bin, tmp_path / "c", db)
+    try:
+        assert {n["appNotificationId"] for n in again.list_all(user)} == {"before", "after"}
+    finally:
+        assert again.terminate(10) == 0

@@ -1,0 +1,54 @@
+import Foundation
+import HeraldCore
+
+/// One gateway per SQLite file, enforced: an exclusive `flock` on
+/// `PATH.lock` beside the database, held while the store is open. Each
+/// gateway delivers live only what it commits itself, so a second one on the
+/// file would acknowledge publishes that the first one's devices never hear.
+/// The kernel lets the lock go when the process ends, however it ends, so a
+/// restart right after `kill -9` takes it at once. (SQLite's own locks are
+/// `fcntl` locks on the database and `-shm` files; this one is on a file of
+/// its own, so neither can release or block the other.)
+final class SQLiteFileLock {
+    let path: String
+    private var fd: Int32
+
+    /// Takes the lock, or throws naming the file and, where it wrote it, the holder's pid.
+    init(databasePath: String) throws(StoreError) {
+        // Through symlinks, so two names of one file take one lock.
+        let db = URL(fileURLWithPath: databasePath).resolvingSymlinksInPath().path
+        path = db + ".lock"
+        fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0o644)
+        guard fd >= 0 else { throw StoreError("sqlite (\(databasePath)): cannot open the lock file \(path): \(Self.lastError)") }
+        guard flock(fd, LOCK_EX | LOCK_NB) == 0 else {
+            let busy = errno == EWOULDBLOCK
+            let why = Self.lastError
+            let holder = busy ? Self.holder(fd) : nil
+            Foundation.close(fd)
+            guard busy else { throw StoreError("sqlite (\(databasePath)): cannot lock \(path): \(why)") }
+            throw StoreError("sqlite (\(databasePath)): another gateway\(holder.map { " (pid \($0))" } ?? "") has this database open; "
+                             + "one gateway per file (its lock: \(path))")
+        }
+        // The holder's pid, for the message a second process prints.
+        let pid = Array("\(getpid())\n".utf8)
+        _ = ftruncate(fd, 0)
+        _ = pid.withUnsafeBytes { pwrite(fd, $0.baseAddress, $0.count, 0) }
+    }
+
+    func release() {
+        guard fd >= 0 else { return }
+        Foundation.close(fd)  // closing the only descriptor drops the lock
+        fd = -1
+    }
+
+    deinit { release() }
+
+    private static func holder(_ fd: Int32) -> Int32? {
+        var buffer = [UInt8](repeating: 0, count: 16)
+        let n = buffer.withUnsafeMutableBytes { pread(fd, $0.baseAddress, $0.count, 0) }
+        guard n > 0 else { return nil }
+        return Int32(String(decoding: buffer[..<n], as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines))
+    }
+
+    private static var lastError: String { String(cString: strerror(errno)) }
+}
