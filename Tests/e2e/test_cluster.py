@@ -314,7 +314,12 @@ def test_a_node_frozen_in_a_transaction_is_fenced_and_the_others_write_on(nodes,
         # row and reads the heads, whose answer finds the process stopped.
         blocker.run("BEGIN; LOCK TABLE feeds IN SHARE ROW EXCLUSIVE MODE;")
         frozen.start()
-        wait_until(lambda: node_sessions(n1, 0, "wait_event_type = 'Lock'") == 1, "node 1's batch waiting for the table")
+        # The batch's own statement, its first write (the feeds rows' lock):
+        # the session's maintenance (pruning updates feeds too) may wait for
+        # the table as well, and would then run to its end when let go,
+        # leaving the session idle rather than holding the user's row.
+        wait_until(lambda: node_sessions(n1, 0, "wait_event_type = 'Lock' AND query LIKE 'INSERT INTO feeds %unnest%'") == 1,
+                   "node 1's batch waiting for the table")
         n1.proc.send_signal(signal.SIGSTOP)
         blocker.run("COMMIT;")
         wait_until(lambda: node_sessions(n1, 0, "xact_start IS NOT NULL AND wait_event = 'ClientRead'") == 1,
