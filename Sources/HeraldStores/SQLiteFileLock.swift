@@ -18,7 +18,7 @@ final class SQLiteFileLock {
         // Through symlinks, so two names of one file take one lock.
         let db = URL(fileURLWithPath: databasePath).resolvingSymlinksInPath().path
         path = db + ".lock"
-        fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0o644)
+        fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0o644)  // never truncate what a link points at
         guard fd >= 0 else { throw StoreError("sqlite (\(databasePath)): cannot open the lock file \(path): \(Self.lastError)") }
         guard flock(fd, LOCK_EX | LOCK_NB) == 0 else {
             let busy = errno == EWOULDBLOCK
