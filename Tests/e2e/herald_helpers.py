@@ -892,14 +892,16 @@ def read_until_eof(s, timeout: float = 10.0) -> bytes:
 
 
 def raw_http(gw: "Gateway", method: str, path: str, headers: dict | None = None, body: bytes = b"",
-             timeout: float = 10.0) -> RawResponse:
+             timeout: float = 10.0, version: str = "HTTP/1.1", extra_lines: Iterable[str] = ()) -> RawResponse:
     """Sends one request over a plain socket, tolerating the gateway closing
-    while the body is still being sent; answers the response it got."""
+    while the body is still being sent; answers the response it got. A
+    header given as None is left out; `extra_lines` are sent as they are."""
     s = socket.create_connection(("127.0.0.1", gw.port), timeout=timeout)
     try:
         h = {"Host": f"127.0.0.1:{gw.port}", "Connection": "close", "Content-Length": str(len(body))}
         h.update(headers or {})
-        head = f"{method} {path} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in h.items()) + "\r\n"
+        lines = [f"{k}: {v}" for k, v in h.items() if v is not None] + list(extra_lines)
+        head = f"{method} {path} {version}\r\n" + "".join(f"{line}\r\n" for line in lines) + "\r\n"
         s.sendall(head.encode("latin-1"))
         try:
             view = memoryview(body)

@@ -598,6 +598,17 @@ def test_bad_handshake_is_400(gateway, headers, why):
         assert r.headers.get("sec-websocket-version") == "13"
 
 
+@pytest.mark.parametrize("version, host, why", [("HTTP/1.0", "x", "HTTP/1.1"), ("HTTP/1.0", None, "HTTP/1.1"),
+                                                ("HTTP/1.1", None, "Host")])
+def test_an_upgrade_over_http_1_0_or_without_host_is_400(gateway, version, host, why):
+    """RFC 6455 4.2.1 items 1-2: the handshake is an HTTP/1.1 GET with Host."""
+    r = raw_http(gateway, "GET", "/v1/ws", version=version, headers={
+        "Host": host, "Upgrade": "websocket", "Connection": "Upgrade", "Sec-WebSocket-Version": "13",
+        "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="})
+    body = check_raw_error(r, 400, "bad_request")
+    assert why in body["error"]["message"], body
+
+
 def test_handshake_answer_follows_rfc6455(gateway):
     """The RFC's own example key and accept value (section 1.3)."""
     r = raw_http(gateway, "GET", "/v1/ws?x=1", headers={
