@@ -46,7 +46,7 @@ extension Gateway {
     /// the one whose credentials `req` carries; a request that proves no app
     /// (a preflight, a refused token, `/healthz`) is let read by any allowed
     /// origin, which tells nothing of any app.
-    func crossOrigin(_ req: HTTPRequest, _ route: Route?, _ responder: HTTPResponder) -> (HTTPResponder, admitted: Bool) {
+    func crossOrigin(_ req: HTTPRequest, _ route: Route.Matched?, _ responder: HTTPResponder) -> (HTTPResponder, admitted: Bool) {
         guard apps.values.contains(where: { !$0.allowedOrigins.isEmpty }) else { return (responder, true) }
         var headers = [("Vary", "Origin")]
         var admitted = true
@@ -77,9 +77,9 @@ extension Gateway {
 
     /// The app `req`'s credentials prove, checked: a server path's app with
     /// its key, or a device token's app.
-    private func provenApp(_ route: Route, _ req: HTTPRequest) -> AppConfig? {
-        if let app = route.serverApp { return try? serverAuth(req, app) }
-        guard let token = deviceToken(req, inQuery: route.takesTokenInQuery), case .success(let v) = verify(token: token) else { return nil }
+    private func provenApp(_ m: Route.Matched, _ req: HTTPRequest) -> AppConfig? {
+        if let app = m.serverApp { return try? serverAuth(req, app) }
+        guard let token = deviceToken(req, inQuery: m.route.takesTokenInQuery), case .success(let v) = verify(token: token) else { return nil }
         return apps[v.claims.app]
     }
 }

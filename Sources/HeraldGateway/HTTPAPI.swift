@@ -19,7 +19,7 @@ extension Gateway {
         case .failure(let e):
             if let methods = e.allowedMethods, let answer = preflight(req, methods: methods) { return responder.respond(answer) }
             return responder.respond(.error(e))
-        case .success(let r): route = r
+        case .success(let m): route = m.route
         }
         let x = Exchange(gateway: self, shard: shard, responder: responder)
         let clock = self.clock

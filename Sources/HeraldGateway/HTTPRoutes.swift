@@ -1,8 +1,8 @@
 import HeraldCore
 
-/// The HTTP routes of SPEC sections 2-4 and 6: one entry per method and
-/// path. Matching comes before authentication: an unknown path is 404, a
-/// known path with another method 405.
+/// The HTTP routes of SPEC sections 2-4, 6 and 10: one entry per method and
+/// path of `Path.all`. Matching comes before authentication: an unknown path
+/// is 404, a known path with another method 405.
 enum Route: Equatable {
     /// Whose notifications: an app server's view of one user, or a device's own.
     enum Owner: Equatable {
@@ -27,7 +27,14 @@ enum Route: Equatable {
     case deleteDevice(id: String)
     case staticFile(name: String)
 
-    static func match(method: String, path: String, demo: Bool) -> Result<Route, HeraldError> {
+    /// A request's route, and the app of a server route: the `{app}` of its
+    /// path, whose server key it takes (and whose origins it admits, CORS).
+    struct Matched {
+        let route: Route
+        let serverApp: String?
+    }
+
+    static func match(method: String, path: String, demo: Bool) -> Result<Matched, HeraldError> {
         guard path.utf8.first == UInt8(ascii: "/") else { return .failure(notFound) }
         // Split before decoding: an encoded `/` belongs to its segment (and
         // makes a bad id there), and `.` or `..` are ids, not navigation.
@@ -40,72 +47,88 @@ enum Route: Equatable {
             }
             s.append(decoded)
         }
-        let methods = table(s, path: path, demo: demo)
-        guard !methods.isEmpty else { return .failure(notFound) }
-        guard let route = methods.first(where: { $0.key == method })?.value else {
-            let allowed = methods.map(\.key).sorted()
-            return .failure(HeraldError(.methodNotAllowed, "\(method) is not allowed here; use \(allowed.joined(separator: ", "))",
-                                        allowedMethods: allowed))
+        func notAllowed(_ allowed: [String]) -> Result<Matched, HeraldError> {
+            .failure(HeraldError(.methodNotAllowed, "\(method) is not allowed here; use \(allowed.joined(separator: ", "))",
+                                 allowedMethods: allowed))
         }
-        return .success(route)
+        guard let (p, values) = Path.find(s, demo: demo) else {
+            guard demo, let name = staticName(path) else { return .failure(notFound) }
+            return method == "GET" ? .success(Matched(route: .staticFile(name: name), serverApp: nil)) : notAllowed(["GET"])
+        }
+        guard let make = p.methods.first(where: { $0.method == method })?.make else { return notAllowed(p.methods.map(\.method).sorted()) }
+        return .success(Matched(route: make(values), serverApp: p.appIndex.map { values[$0] }))
     }
 
-    /// The routes of one path, by method (empty: no such path). Pairs, not
-    /// a dictionary: at most three, built for every request.
-    private static func table(_ s: [String], path: String, demo: Bool) -> KeyValuePairs<String, Route> {
-        func notification(_ o: Owner, _ id: String) -> KeyValuePairs<String, Route> {
-            ["GET": .getNotification(o, id: id), "PATCH": .updateNotification(o, id: id), "DELETE": .deleteNotification(o, id: id)]
-        }
-        switch s.count {
-        case 1 where s[0] == "healthz": return ["GET": .health]
-        case 1 where s[0] == "metrics": return ["GET": .metrics]
-        case 2 where s[0] == "v1" && s[1] == "ws": return ["GET": .webSocket]
-        case 3 where s[0] == "v1" && s[1] == "demo" && s[2] == "token" && demo: return ["POST": .demoToken]
-        case 3 where s[0] == "v1" && s[1] == "me":
-            switch s[2] {
-            case "notifications": return ["GET": .history(.device)]
-            case "counts": return ["GET": .counts]
-            case "sync": return ["GET": .sync]
-            case "events": return ["GET": .events]
-            case "push": return ["GET": .pushServices]
-            default: return [:]
-            }
-        case 4 where s[0] == "v1" && s[1] == "me" && s[2] == "notifications":
-            if s[3] == "read-all" { return ["POST": .readAll] }
-            return s[3].isEmpty ? [:] : notification(.device, s[3])
-        case 4 where s[0] == "v1" && s[1] == "me" && s[2] == "devices" && !s[3].isEmpty:
-            return ["PUT": .registerDevice(id: s[3]), "DELETE": .deleteDevice(id: s[3])]
-        case 4 where s[0] == "v1" && s[1] == "apps" && !s[2].isEmpty && s[3] == "tokens":
-            return ["POST": .issueToken(app: s[2])]
-        case 4 where s[0] == "v1" && s[1] == "apps" && !s[2].isEmpty && s[3] == "notifications":
-            return ["POST": .bulkSend(app: s[2])]
-        case 6 where s[0] == "v1" && s[1] == "apps" && !s[2].isEmpty && s[3] == "users" && !s[4].isEmpty:
-            switch s[5] {
-            case "notifications": return ["GET": .history(.server(app: s[2], user: s[4])), "POST": .publish(app: s[2], user: s[4])]
-            case "devices": return ["GET": .listDevices(app: s[2], user: s[4])]
-            default: return [:]
-            }
-        case 7 where s[0] == "v1" && s[1] == "apps" && !s[2].isEmpty && s[3] == "users" && !s[4].isEmpty
-            && s[5] == "notifications" && !s[6].isEmpty:
-            return notification(.server(app: s[2], user: s[4]), s[6])
-        case 7 where s[0] == "v1" && s[1] == "apps" && !s[2].isEmpty && s[3] == "users" && !s[4].isEmpty
-            && s[5] == "devices" && !s[6].isEmpty:
-            return ["PUT": .serverRegisterDevice(app: s[2], user: s[4], id: s[6]),
-                    "DELETE": .serverDeleteDevice(app: s[2], user: s[4], id: s[6])]
-        default:
-            if demo, let name = staticName(path) { return ["GET": .staticFile(name: name)] }
-            return [:]
-        }
-    }
+    /// One path of the API and its routes by method. Its segments are
+    /// literals or `{name}`, any non-empty segment, whose values go to
+    /// `make` in order; `{app}` makes its routes server routes of that app.
+    struct Path: Sendable {
+        enum Segment: Sendable { case literal(String), value }
+        typealias Make = @Sendable ([String]) -> Route
 
-    /// The app a server route names (its server key is that app's).
-    var serverApp: String? {
-        switch self {
-        case .issueToken(let app), .bulkSend(let app), .publish(let app, _), .listDevices(let app, _): app
-        case .history(.server(let app, _)), .getNotification(.server(let app, _), _), .updateNotification(.server(let app, _), _),
-             .deleteNotification(.server(let app, _), _): app
-        default: nil
+        let pattern: String
+        let segments: [Segment]
+        /// Where `{app}` is among the values.
+        let appIndex: Int?
+        let demoOnly: Bool
+        let methods: [(method: String, make: Make)]
+
+        init(_ pattern: String, demoOnly: Bool = false, _ methods: [(String, Make)]) {
+            let parts = pattern.split(separator: "/").map(String.init)
+            self.pattern = pattern
+            segments = parts.map { $0.hasPrefix("{") ? .value : .literal($0) }
+            appIndex = parts.filter { $0.hasPrefix("{") }.firstIndex(of: "{app}")
+            self.demoOnly = demoOnly
+            self.methods = methods.map { (method: $0.0, make: $0.1) }
         }
+
+        /// The first path `s` (decoded segments) is, and its values.
+        static func find(_ s: [String], demo: Bool) -> (Path, [String])? {
+            search: for p in all where p.segments.count == s.count && (demo || !p.demoOnly) {
+                var values: [String] = []
+                for (segment, want) in zip(s, p.segments) {
+                    switch want {
+                    case .literal(let l): guard segment == l else { continue search }
+                    case .value:
+                        guard !segment.isEmpty else { continue search }
+                        values.append(segment)
+                    }
+                }
+                return (p, values)
+            }
+            return nil
+        }
+
+        static func notification(_ owner: @escaping @Sendable ([String]) -> Owner) -> [(String, Make)] {
+            [("GET", { .getNotification(owner($0), id: $0.last!) }), ("PATCH", { .updateNotification(owner($0), id: $0.last!) }),
+             ("DELETE", { .deleteNotification(owner($0), id: $0.last!) })]
+        }
+
+        /// SPEC sections 2-4, 6 and 10. The first match wins: `read-all`
+        /// before the notification ids.
+        static let all: [Path] = [
+            Path("healthz", [("GET", { _ in .health })]),
+            Path("metrics", [("GET", { _ in .metrics })]),
+            Path("v1/ws", [("GET", { _ in .webSocket })]),
+            Path("v1/demo/token", demoOnly: true, [("POST", { _ in .demoToken })]),
+            Path("v1/me/notifications", [("GET", { _ in .history(.device) })]),
+            Path("v1/me/counts", [("GET", { _ in .counts })]),
+            Path("v1/me/sync", [("GET", { _ in .sync })]),
+            Path("v1/me/events", [("GET", { _ in .events })]),
+            Path("v1/me/push", [("GET", { _ in .pushServices })]),
+            Path("v1/me/notifications/read-all", [("POST", { _ in .readAll })]),
+            Path("v1/me/notifications/{id}", notification { _ in .device }),
+            Path("v1/me/devices/{id}", [("PUT", { .registerDevice(id: $0[0]) }), ("DELETE", { .deleteDevice(id: $0[0]) })]),
+            Path("v1/apps/{app}/tokens", [("POST", { .issueToken(app: $0[0]) })]),
+            Path("v1/apps/{app}/notifications", [("POST", { .bulkSend(app: $0[0]) })]),
+            Path("v1/apps/{app}/users/{user}/notifications",
+                 [("GET", { .history(.server(app: $0[0], user: $0[1])) }), ("POST", { .publish(app: $0[0], user: $0[1]) })]),
+            Path("v1/apps/{app}/users/{user}/devices", [("GET", { .listDevices(app: $0[0], user: $0[1]) })]),
+            Path("v1/apps/{app}/users/{user}/notifications/{id}", notification { .server(app: $0[0], user: $0[1]) }),
+            Path("v1/apps/{app}/users/{user}/devices/{id}",
+                 [("PUT", { .serverRegisterDevice(app: $0[0], user: $0[1], id: $0[2]) }),
+                  ("DELETE", { .serverDeleteDevice(app: $0[0], user: $0[1], id: $0[2]) })]),
+        ]
     }
 
     /// EventSource cannot set headers: these routes also take `?token=`.

@@ -108,6 +108,7 @@ public enum HTTPWire {
         var length: Int?
         var connection: [Substring] = []
         var expectsContinue = false
+        var hosts = 0
         for line in lines.dropFirst() {
             guard let colon = line.firstIndex(of: UInt8(ascii: ":")), colon > line.startIndex,
                   line[..<colon].allSatisfy(isTokenChar)
@@ -134,6 +135,8 @@ public enum HTTPWire {
                 connection += value.lowercased().split(separator: ",").map(\.trimmingSpaces)
             case .expect:
                 expectsContinue = value.lowercased() == "100-continue"
+            case .host:
+                hosts += 1
             case .kept(let name):
                 request.headers[name] = request.headers[name].map { $0 + "," + value } ?? value
             }
@@ -143,6 +146,13 @@ public enum HTTPWire {
         h.connectionUpgrade = connection.contains("upgrade")
         h.http10 = http10
         h.expectsContinue = expectsContinue && !h.http10
+        // RFC 9112 3.2: an HTTP/1.1 request without Host, or any with more
+        // than one, is 400. Well framed: the connection is kept.
+        if hosts > 1 {
+            h.refusal = .badRequest("more than one Host header field")
+        } else if hosts == 0, !http10 {
+            h.refusal = .badRequest("an HTTP/1.1 request needs a Host header field")
+        }
         for pair in query.utf8.split(separator: UInt8(ascii: "&")) {
             let kv = pair.split(separator: UInt8(ascii: "="), maxSplits: 1, omittingEmptySubsequences: false).map(Substring.init)
             guard let k = percentDecoded(kv[0], plusIsSpace: true), let v = percentDecoded(kv.count > 1 ? kv[1] : "", plusIsSpace: true) else {
@@ -157,11 +167,12 @@ public enum HTTPWire {
     /// The header fields the head reads: framing, and those copied into
     /// `HTTPRequest.headers`.
     private enum Field {
-        case contentLength, transferEncoding, connection, expect
+        case contentLength, transferEncoding, connection, expect, host
         case kept(String)
 
         static let table: [(lowerCased: [UInt8], field: Field)] =
-            [("content-length", contentLength), ("transfer-encoding", transferEncoding), ("connection", connection), ("expect", expect)]
+            [("content-length", contentLength), ("transfer-encoding", transferEncoding), ("connection", connection), ("expect", expect),
+             ("host", host)]
                 .map { (Array($0.0.utf8), $0.1) } + HTTPRequest.headerNames.map { (Array($0.utf8), .kept($0)) }
 
         /// The field a name as sent (in any case) names, if the head reads it.

@@ -10,8 +10,9 @@ public enum WebSocketEvent: Equatable, Sendable {
     case tooBig
     case ping([UInt8])
     case pong
-    /// The client's close frame; nothing after it is read.
-    case close
+    /// The client's close frame, with its body (code and reason, RFC 6455
+    /// 5.5.1); nothing after it is read.
+    case close([UInt8])
     /// The framing is broken (unmasked, reserved bits, bad opcode or
     /// control frame, continuation out of place): nothing after it is read.
     case protocolError(String)
@@ -128,7 +129,7 @@ public struct WebSocketFrameReader {
     private mutating func endFrame(_ emit: (WebSocketEvent) -> Void) {
         inFrame = false
         switch opcode {
-        case 8: return stop(.close, emit)
+        case 8: return stop(.close(control), emit)
         case 9: return emit(.ping(control))
         case 10: return emit(.pong)
         default: break

@@ -18,6 +18,9 @@ public enum WebSocketHandshake {
         guard r.path == "/v1/ws", r.method == "GET",
               let upgrade = r.headers["upgrade"], upgrade.lowercased().split(separator: ",").contains(where: { $0.trimmingSpaces == "websocket" })
         else { return nil }
+        // RFC 6455 4.2.1: HTTP/1.1 or later, with Host (which `HTTPWire`
+        // requires of every HTTP/1.1 request).
+        guard !head.http10 else { return .refuse(.error(.badRequest("a WebSocket handshake needs HTTP/1.1"))) }
         guard head.connectionUpgrade else { return .refuse(.error(.badRequest("a WebSocket handshake needs Connection: Upgrade"))) }
         guard r.headers["sec-websocket-version"].map({ Substring($0).trimmingSpaces }) == "13" else {
             // RFC 6455 4.4: the versions taken go back in this header.

@@ -55,7 +55,10 @@ public final class WebSocketSession {
     /// ping, proves nothing: the kernel takes it whether or not anyone reads.)
     private var lastDraining: Millis = 0
     public private(set) var closeRequest: (code: CloseCode, reason: String)?
+    /// Messages and control frames from the client (SPEC section 13).
     private var messageBudget: TokenBucket
+    /// Our keep-alive ping went out and no pong came since.
+    private var pingUnanswered = false
 
     static let maxQueuedSyncs = 8
 
@@ -81,8 +84,8 @@ public final class WebSocketSession {
 
     public enum Incoming {
         case text([UInt8]), binary, tooBig
-        /// The client's close frame: answered with ours.
-        case close
+        /// The client's close frame (its body): answered with ours.
+        case close([UInt8])
         case protocolError(String)
     }
 
@@ -94,24 +97,39 @@ public final class WebSocketSession {
         if closeRequest == nil { lastHeard = gateway.clock.ticks() }
     }
 
-    /// Answers a ping with its payload (RFC 6455 5.5.3).
+    /// Answers a ping with its payload (RFC 6455 5.5.3). Pings count
+    /// against the message rate: each costs a pong.
     public func ping(_ payload: [UInt8]) {
-        guard state != .closed, closeRequest == nil else { return }
+        guard state != .closed, closeRequest == nil, withinRate() else { return }
         outbox.append(control: WebSocketOutbox.pong, payload)
         transport.requestWrite()
+    }
+
+    /// A pong: the answer to our keep-alive ping is free, any other (RFC
+    /// 6455 5.5.3 allows unsolicited ones) counts against the message rate.
+    public func pong() {
+        guard state != .closed, closeRequest == nil else { return }
+        if pingUnanswered { pingUnanswered = false } else { _ = withinRate() }
+    }
+
+    /// Takes one message from the budget; past it, closes 4008.
+    private func withinRate() -> Bool {
+        guard case .failure = messageBudget.take(now: gateway.clock.ticks()) else { return true }
+        close(.policy, "more than \(Int(messageBudget.rate)) messages per second", drop: .rateLimited)
+        return false
     }
 
     public func receive(_ m: Incoming) {
         guard state != .closed, closeRequest == nil else { return }
         switch m {
-        case .close: return close(.normal, "", drop: nil)
+        case .close(let body):
+            let answer = Self.answer(toClose: body)
+            return close(answer.code, answer.reason, drop: answer.code == .normal ? nil : .protocolError)
         case .protocolError(let why): return close(.protocolError, why, drop: .protocolError)
         case .binary: return close(.unsupportedData, "binary frames are not supported", drop: .protocolError)
         case .tooBig: return close(.tooBig, "message larger than \(gateway.config.limits.maxMessageBytes) bytes", drop: .protocolError)
         case .text(let bytes):
-            if case .failure = messageBudget.take(now: gateway.clock.ticks()) {
-                return close(.policy, "more than \(Int(messageBudget.rate)) messages per second", drop: .rateLimited)
-            }
+            guard withinRate() else { return }
             if state == .subscribing {
                 guard waitingForLive.count < 64 else { return close(.policy, "too many messages before welcome", drop: .rateLimited) }
                 waitingForLive.append(bytes)
@@ -270,6 +288,23 @@ public final class WebSocketSession {
         close(code, e.message, drop: drop)
     }
 
+    /// Our close code for a client's close frame of `body`: 1000 for an
+    /// empty one or a code that may be sent with a UTF-8 reason; 1002 for a
+    /// 1-byte body (RFC 6455 5.5.1) or a code not for the wire (7.4: below
+    /// 1000, 1004-1006 and 1015 are reserved, 1016-2999 unassigned, 5000
+    /// and up undefined); 1007 for a reason that is not UTF-8 (8.1).
+    static func answer(toClose body: [UInt8]) -> (code: CloseCode, reason: String) {
+        guard !body.isEmpty else { return (.normal, "") }
+        guard body.count >= 2 else { return (.protocolError, "a close frame's body is a 2-byte code and a reason") }
+        let code = UInt16(body[0]) << 8 | UInt16(body[1])
+        switch code {
+        case 1000...1003, 1007...1014, 3000...4999: break
+        default: return (.protocolError, "close code \(code) is not one to send")
+        }
+        guard String(validating: body[2...], as: UTF8.self) != nil else { return (.invalidPayload, "the close reason is not UTF-8") }
+        return (.normal, "")
+    }
+
     /// `reason` cut to at most 120 bytes (a close frame has room for 123,
     /// RFC 6455 5.5), at a character's first byte: reasons quote client input.
     static func closeReason(_ reason: String) -> String {
@@ -319,6 +354,7 @@ public final class WebSocketSession {
         if silent >= Millis(limits.pingIntervalSeconds) * 1000 {
             if closeRequest == nil {
                 outbox.append(control: WebSocketOutbox.ping, [])
+                pingUnanswered = true
                 transport.requestWrite()
             }
             return scheduleKeepalive(at: active + Millis(limits.idleHangupSeconds) * 1000)

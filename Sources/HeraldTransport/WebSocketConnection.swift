@@ -38,10 +38,10 @@ final class WebSocketConnection: WebSocketOutput, Flushable, RawConnection {
             case .binary: session.receive(.binary)
             case .tooBig: session.receive(.tooBig)
             case .ping(let payload): session.ping(payload)
-            case .pong: break
-            case .close:
+            case .pong: session.pong()
+            case .close(let body):
                 // The answer to ours ends the connection; else ours answers it.
-                if closeSent { hangUp() } else { session.receive(.close) }
+                if closeSent { hangUp() } else { session.receive(.close(body)) }
             case .protocolError(let why): session.receive(.protocolError(why))
             }
         }

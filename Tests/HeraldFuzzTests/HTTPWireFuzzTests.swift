@@ -155,6 +155,21 @@ final class HTTPWireFuzzTests: XCTestCase {
         XCTAssertFalse(h.keepAlive)
     }
 
+    /// RFC 9112 3.2: an HTTP/1.1 request without Host, or one with two, is
+    /// refused (well framed: the connection goes on); HTTP/1.0 needs none.
+    func testHostIsRequiredOnceOfHTTP11() {
+        func refusal(_ head: String) -> String? {
+            guard case .head(let h, _) = HTTPWire.parseHead(Array(head.utf8)[...]) else { XCTFail(head); return nil }
+            return h.refusal?.message
+        }
+        XCTAssertNil(refusal("GET / HTTP/1.1\r\nhOsT: x\r\n\r\n"))
+        XCTAssertNil(refusal("GET / HTTP/1.1\r\nHost:\r\n\r\n"), "empty: a target without an authority (RFC 9112 3.2)")
+        XCTAssertNil(refusal("GET / HTTP/1.0\r\n\r\n"))
+        XCTAssertEqual(refusal("GET / HTTP/1.1\r\nX-Host: x\r\n\r\n"), "an HTTP/1.1 request needs a Host header field")
+        XCTAssertEqual(refusal("GET / HTTP/1.1\r\nHost: x\r\nHost: y\r\n\r\n"), "more than one Host header field")
+        XCTAssertEqual(refusal("GET / HTTP/1.0\r\nHost: x\r\nHost: x\r\n\r\n"), "more than one Host header field")
+    }
+
     static func generate(_ rng: inout SplitMix64) -> String {
         let eol = rng.oneIn(4) ? "\n" : "\r\n"
         let chars = Array("abcXYZ019._@:-;,!+%~".utf8)

@@ -29,6 +29,8 @@ final class RouteFuzzTests: XCTestCase {
         return (String(decoding: bytes[..<sp], as: UTF8.self), String(decoding: bytes[(sp + 1)...], as: UTF8.self))
     }
 
+    static func describe(_ r: Result<Route.Matched, HeraldError>) -> String { describe(r.map(\.route)) }
+
     static func describe(_ r: Result<Route, HeraldError>) -> String {
         switch r {
         case .success(let route): return "\(route)"
@@ -40,7 +42,8 @@ final class RouteFuzzTests: XCTestCase {
         let (method, path) = split(bytes)
         var accepted = false
         for demo in [false, true] {
-            let r = Route.match(method: method, path: path, demo: demo)
+            let matched = Route.match(method: method, path: path, demo: demo)
+            let r = matched.map(\.route)
             let expected = Reference.match(method: method, path: path, demo: demo)
             guard describe(r) == describe(expected) else {
                 return .failed("\(method) \(path.debugDescription) demo=\(demo): router says \(describe(r)), the SPEC says \(describe(expected))")
@@ -48,6 +51,11 @@ final class RouteFuzzTests: XCTestCase {
             switch r {
             case .success(let route):
                 accepted = true
+                // The app whose key and origins a route takes is its path's.
+                let app = Reference.serverApp(route)
+                guard (try? matched.get().serverApp) == app else {
+                    return .failed("\(route) names server app \(String(describing: try? matched.get().serverApp)), not \(String(describing: app))")
+                }
                 if !demo, route == .demoToken || { if case .staticFile = route { true } else { false } }() {
                     return .failed("demo route \(route) without --demo")
                 }
@@ -86,6 +94,8 @@ final class RouteFuzzTests: XCTestCase {
              ["GET": .getNotification(server, id: note), "PATCH": .updateNotification(server, id: note),
               "DELETE": .deleteNotification(server, id: note)]),
             ("/v1/apps/\(app)/users/\(user)/devices", ["GET": .listDevices(app: app, user: user)]),
+            ("/v1/apps/\(app)/users/\(user)/devices/\(dev)",
+             ["PUT": .serverRegisterDevice(app: app, user: user, id: dev), "DELETE": .serverDeleteDevice(app: app, user: user, id: dev)]),
             ("/v1/me/notifications", ["GET": .history(.device)]),
             ("/v1/me/notifications/\(note)",
              ["GET": .getNotification(.device, id: note), "PATCH": .updateNotification(.device, id: note),
@@ -94,6 +104,7 @@ final class RouteFuzzTests: XCTestCase {
             ("/v1/me/counts", ["GET": .counts]),
             ("/v1/me/sync", ["GET": .sync]),
             ("/v1/me/events", ["GET": .events]),
+            ("/v1/me/push", ["GET": .pushServices]),
             ("/v1/me/devices/\(dev)", ["PUT": .registerDevice(id: dev), "DELETE": .deleteDevice(id: dev)]),
         ]
     }
@@ -169,6 +180,22 @@ final class RouteFuzzTests: XCTestCase {
             return String(validating: out, as: UTF8.self)
         }
 
+        /// The app whose server key a route takes (SPEC sections 3, 9, 10).
+        /// Exhaustive: a new route is placed here before the test compiles.
+        static func serverApp(_ r: Route) -> String? {
+            switch r {
+            case .issueToken(let app), .bulkSend(let app), .publish(let app, _), .listDevices(let app, _),
+                 .serverRegisterDevice(let app, _, _), .serverDeleteDevice(let app, _, _),
+                 .history(.server(let app, _)), .getNotification(.server(let app, _), _),
+                 .updateNotification(.server(let app, _), _), .deleteNotification(.server(let app, _), _):
+                return app
+            case .health, .metrics, .webSocket, .demoToken, .history(.device), .getNotification(.device, _),
+                 .updateNotification(.device, _), .deleteNotification(.device, _), .readAll, .counts, .sync, .events,
+                 .pushServices, .registerDevice, .deleteDevice, .staticFile:
+                return nil
+            }
+        }
+
         static func lookup(_ path: String, _ s: [String], demo: Bool) -> [String: Route] {
             let b = Array(path.utf8)
             switch s {
@@ -180,6 +207,7 @@ final class RouteFuzzTests: XCTestCase {
             case ["v1", "me", "counts"]: return ["GET": .counts]
             case ["v1", "me", "sync"]: return ["GET": .sync]
             case ["v1", "me", "events"]: return ["GET": .events]
+            case ["v1", "me", "push"]: return ["GET": .pushServices]
             case ["v1", "me", "notifications", "read-all"]: return ["POST": .readAll]
             default: break
             }
@@ -199,6 +227,10 @@ final class RouteFuzzTests: XCTestCase {
                     if s.count == 6, s[5] == "notifications" { return ["GET": .history(owner), "POST": .publish(app: app, user: user)] }
                     if s.count == 6, s[5] == "devices" { return ["GET": .listDevices(app: app, user: user)] }
                     if s.count == 7, s[5] == "notifications", !s[6].isEmpty { return one(owner, s[6]) }
+                    if s.count == 7, s[5] == "devices", !s[6].isEmpty {
+                        return ["PUT": .serverRegisterDevice(app: app, user: user, id: s[6]),
+                                "DELETE": .serverDeleteDevice(app: app, user: user, id: s[6])]
+                    }
                 }
             }
             // Demo web root: `/` and plain file names (no dot first, <= 64).

@@ -7,7 +7,8 @@ import HeraldGateway
 /// never traps; reads the same events however the bytes are cut (as TCP
 /// cuts them); keeps no message past the limit; reports nothing after a
 /// close or a protocol error; and gives back exactly the messages a valid
-/// client sent (generated below with fragments and interleaved pings).
+/// client sent (generated below with fragments and interleaved pings), and
+/// its close frame's body.
 final class WebSocketFramesFuzzTests: XCTestCase {
     static let limit = 4096
 
@@ -45,7 +46,7 @@ final class WebSocketFramesFuzzTests: XCTestCase {
         }
         if let sent = sent.withLock({ $0[bytes] }) {
             guard whole.compactMap({ if case .text(let t) = $0 { t } else { nil } }) == sent.texts,
-                  (whole.last == .close) == sent.closed
+                  (whole.last == .close([3, 232])) == sent.closed
             else { return .failed("read \(whole.count) events, not the \(sent.texts.count) messages sent") }
         }
         return whole.isEmpty ? .rejected : .accepted

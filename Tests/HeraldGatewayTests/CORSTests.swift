@@ -104,6 +104,34 @@ final class CORSTests: XCTestCase {
                                  body: ["readState": "unread"], headers: ["origin": Self.page]).settled(h).response?.status, 200)
     }
 
+    /// Every route of the route table (`Route.Path.all`, so also one added
+    /// later), with valid credentials of an app that lists origins, from an
+    /// origin it does not list: 403 before anything happens. A server path
+    /// proves its app with the app's key, any other with a device token; a
+    /// route that answers without credentials proves no app and is skipped.
+    func testEveryRouteOfTheTableRefusesAnOriginItsAppDoesNotList() throws {
+        let h = harness([Self.listed, Self.open])
+        var refused: [String] = []
+        for p in Route.Path.all where !p.demoOnly {
+            let path = "/" + p.pattern.replacing("{app}", with: Self.listed.id).replacing(/\{[a-z]+\}/, with: "x1")
+            let credential = p.pattern.hasPrefix("v1/apps/") ? "sk-l" : h.token("u", app: Self.listed)
+            for (method, _) in p.methods {
+                guard h.request(method, path, token: "none").settled(h).response?.status == 401 else { continue }
+                let r = h.request(method, path, token: credential, body: [:], headers: ["origin": "https://evil.example"]).settled(h)
+                let a = try XCTUnwrap(r.response, "\(method) \(path)")
+                XCTAssertEqual(a.status, 403, "\(method) \(path)")
+                XCTAssertEqual(r.json?["error"]?.objectValue?["message"]?.stringValue, Gateway.originRefused.message, "\(method) \(path)")
+                refused.append("\(method) \(p.pattern)")
+            }
+        }
+        for route in ["PUT v1/apps/{app}/users/{user}/devices/{id}", "DELETE v1/apps/{app}/users/{user}/devices/{id}",
+                      "POST v1/apps/{app}/users/{user}/notifications", "PATCH v1/me/notifications/{id}"] {
+            XCTAssertTrue(refused.contains(route), "\(route) was walked: \(refused)")
+        }
+        XCTAssertEqual(h.request("GET", "/v1/apps/listed/users/u/devices", token: "sk-l").settled(h).json?["devices"], [],
+                       "nothing was registered")
+    }
+
     /// `?token=` (EventSource) proves the app too; streamed and held answers carry the headers.
     func testEventStreamAndLongPollAnswersCarryTheHeaders() {
         let h = harness()

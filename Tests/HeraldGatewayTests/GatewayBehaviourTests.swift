@@ -321,11 +321,46 @@ final class GatewayBehaviourTests: XCTestCase {
         s.session.ping([1, 2, 3])
         s.read()
         XCTAssertEqual(s.controls, [10])
-        s.session.receive(.close)
+        s.session.receive(.close([]))
         XCTAssertEqual(s.session.closeRequest?.code, .normal)
         let t = h.webSocket()
         t.session.receive(.protocolError("client frames must be masked"))
         XCTAssertEqual(t.session.closeRequest?.code, .protocolError)
+        // What the close frame holds decides the answer (WebSocketFramesTests has each case).
+        for (body, code) in [([3, 232, 0xff], CloseCode.invalidPayload), ([3, 237], .protocolError), ([3, 232], .normal)] as [([UInt8], CloseCode)] {
+            let c = h.webSocket()
+            c.session.receive(.close(body))
+            XCTAssertEqual(c.session.closeRequest?.code, code, "\(body)")
+        }
+    }
+
+    /// A client's pings and unsolicited pongs take from the message budget
+    /// (50 a second, bursts of 100, the hello included): past it, 4008. The
+    /// pong that answers our keep-alive ping is free.
+    func testControlFramesCountAgainstTheMessageRate() {
+        let h = Harness()
+        let s = h.webSocket()
+        h.hello(s, user: "u")
+        h.settle(); s.read()
+        for i in 0..<99 { s.session.ping([UInt8(i)]) }
+        s.read()
+        XCTAssertEqual(s.controls, Array(repeating: 10, count: 99))
+        XCTAssertNil(s.session.closeRequest)
+        s.session.ping([])
+        s.read()
+        XCTAssertEqual(s.session.closeRequest?.code, .policy)
+        XCTAssertEqual(s.controls.count, 99, "the ping past the budget gets no pong")
+
+        let t = h.webSocket()
+        h.hello(t, user: "u", device: "d2")
+        h.settle(); t.read()
+        h.clock.advance(seconds: 30); h.shard.runTimers(); t.read()
+        XCTAssertEqual(t.controls, [9], "our keep-alive ping; the budget is full again")
+        for _ in 0..<101 { t.session.pong() }
+        XCTAssertNil(t.session.closeRequest, "the answer to our ping, then 100 unsolicited")
+        t.session.pong()
+        XCTAssertEqual(t.session.closeRequest?.code, .policy)
+        XCTAssertTrue(h.gateway.metrics.prometheusText().contains(#"herald_dropped_connections_total{reason="rate_limited"} 2"#))
     }
 
     /// tokenExpiring 60 s before exp; at exp without a refresh, 4001. A

@@ -391,7 +391,7 @@ final class PushOutboxTests: XCTestCase {
         h.settle()
         _ = publish("u", "n2")
         h.settle()
-        clean.session.receive(.close)
+        clean.session.receive(.close([]))
         clean.session.transportClosed()
         let late = h.webSocket()
         h.hello(late, user: "u", device: "tablet")

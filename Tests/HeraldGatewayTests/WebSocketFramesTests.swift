@@ -22,7 +22,7 @@ final class WebSocketFramesTests: XCTestCase {
         XCTAssertEqual(read(frame(0x81, t)), [.text(t)])
         XCTAssertEqual(read(frame(0x01, [104, 101]) + frame(0x89, [7]) + frame(0x80, [108, 108, 111])), [.ping([7]), .text(t)])
         XCTAssertEqual(read(frame(0x8A, []) + frame(0x81, [])), [.pong, .text([])])
-        XCTAssertEqual(read(frame(0x88, [3, 232]) + frame(0x81, t)), [.close], "nothing is read after a close")
+        XCTAssertEqual(read(frame(0x88, [3, 232]) + frame(0x81, t)), [.close([3, 232])], "nothing is read after a close")
         XCTAssertEqual(read(frame(0x82, [1, 2]) + frame(0x81, t)), [.binary, .text(t)], "a binary message is skipped")
     }
 
@@ -38,6 +38,26 @@ final class WebSocketFramesTests: XCTestCase {
         let largest: [UInt8] = [127, 0x7F, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF]
         XCTAssertEqual(read(frame(0x01, [97]) + frame(0x80, [], length: largest)), [.tooBig])
         XCTAssertEqual(read(frame(0x81, [], length: largest)), [.tooBig])
+    }
+
+    /// RFC 6455 5.5.1, 7.4 and 8.1: what a client's close frame may hold.
+    func testTheAnswerToAClientsCloseFrameReadsItsBody() {
+        func answer(_ code: Int, _ reason: [UInt8] = []) -> CloseCode {
+            WebSocketSession.answer(toClose: [UInt8(code >> 8), UInt8(code & 0xff)] + reason).code
+        }
+        XCTAssertEqual(WebSocketSession.answer(toClose: []).code, .normal, "no body: no code")
+        XCTAssertEqual(WebSocketSession.answer(toClose: [3]).code, .protocolError, "a 1-byte body")
+        for ok in [1000, 1001, 1002, 1003, 1007, 1008, 1009, 1010, 1011, 1012, 1013, 1014, 3000, 3999, 4000, 4999] {
+            XCTAssertEqual(answer(ok), .normal, "\(ok)")
+        }
+        for bad in [0, 1, 999, 1004, 1005, 1006, 1015, 1016, 1100, 2000, 2999, 5000, 65535] {
+            XCTAssertEqual(answer(bad), .protocolError, "\(bad)")
+        }
+        XCTAssertEqual(answer(1000, Array("bye, ünd 😀".utf8)), .normal)
+        for notUTF8: [UInt8] in [[0xff], [0xce, 0xba, 0xe1], [0xed, 0xa0, 0x80], [0xc0, 0x80]] {
+            XCTAssertEqual(answer(1000, notUTF8), .invalidPayload, "\(notUTF8)")
+        }
+        XCTAssertEqual(answer(1004, [0xff]), .protocolError, "the code is read first")
     }
 
     func testCloseReasonsAreCutAtACharacter() {

@@ -796,6 +796,78 @@ def reset_notifications(frames: list[dict]) -> list[dict]:
 # --------------------------------------------------------------------------
 # Raw HTTP, for requests that `requests` would tidy up or give up on
 
+class RawWebSocket:
+    """A WebSocket client over a plain socket that sends frames exactly as
+    given, also those a client library refuses to send (a close frame with a
+    reserved code or a reason that is not UTF-8, a flood of pings)."""
+
+    def __init__(self, gw: "Gateway", timeout: float = CLOSE_WAIT):
+        self.sock = socket.create_connection(("127.0.0.1", gw.port), timeout=timeout)
+        self.sock.sendall(b"GET /v1/ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                          b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
+        self.buf = b""
+        while b"\r\n\r\n" not in self.buf:
+            self._more()
+        head, _, self.buf = self.buf.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 101"), head
+
+    def _more(self) -> None:
+        chunk = self.sock.recv(65536)
+        assert chunk, f"connection ended; unread {self.buf[:200]!r}"
+        self.buf += chunk
+
+    def _take(self, n: int) -> bytes:
+        while len(self.buf) < n:
+            self._more()
+        out, self.buf = self.buf[:n], self.buf[n:]
+        return out
+
+    @staticmethod
+    def frame(opcode: int, payload: bytes = b"", fin: bool = True) -> bytes:
+        """One masked client frame (RFC 6455 5.2)."""
+        n = len(payload)
+        length = bytes([0x80 | n]) if n < 126 else bytes([0x80 | 126]) + n.to_bytes(2, "big") if n < 65536 \
+            else bytes([0x80 | 127]) + n.to_bytes(8, "big")
+        mask = os.urandom(4)
+        return bytes([(0x80 if fin else 0) | opcode]) + length + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def recv_frame(self) -> tuple[int, bytes]:
+        """The next server frame: (opcode, payload)."""
+        b0, b1 = self._take(2)
+        assert b1 & 0x80 == 0, "server frames are not masked"
+        n = b1 & 0x7F
+        if n == 126:
+            n = int.from_bytes(self._take(2), "big")
+        elif n == 127:
+            n = int.from_bytes(self._take(8), "big")
+        return b0 & 0x0F, self._take(n)
+
+    def hello(self, token: str, device: str = "d1") -> None:
+        """Says hello and reads up to the welcome."""
+        self.send(self.frame(0x1, json.dumps({"type": "hello", "token": token, "deviceId": device}).encode()))
+        while True:
+            op, data = self.recv_frame()
+            if op == 0x1 and json.loads(data)["type"] == "welcome":
+                return
+
+    def expect_close(self, answer: bool = True) -> tuple[int | None, list[tuple[int, bytes]]]:
+        """Reads up to the gateway's close frame and (unless it answers ours)
+        answers it; then the connection must end. Answers (its code, the
+        frames before it)."""
+        frames = []
+        while (f := self.recv_frame())[0] != 0x8:
+            frames.append(f)
+        body = f[1]
+        if answer:
+            self.send(self.frame(0x8, body[:2]))
+        assert read_until_eof(self.sock) == b"", "nothing after the close frame"
+        self.sock.close()
+        return (int.from_bytes(body[:2], "big") if len(body) >= 2 else None), frames
+
+
 class RawResponse:
     def __init__(self, status: int, headers: dict, body: bytes):
         self.status_code = status
@@ -892,14 +964,16 @@ def read_until_eof(s, timeout: float = 10.0) -> bytes:
 
 
 def raw_http(gw: "Gateway", method: str, path: str, headers: dict | None = None, body: bytes = b"",
-             timeout: float = 10.0) -> RawResponse:
+             timeout: float = 10.0, version: str = "HTTP/1.1", extra_lines: Iterable[str] = ()) -> RawResponse:
     """Sends one request over a plain socket, tolerating the gateway closing
-    while the body is still being sent; answers the response it got."""
+    while the body is still being sent; answers the response it got. A
+    header given as None is left out; `extra_lines` are sent as they are."""
     s = socket.create_connection(("127.0.0.1", gw.port), timeout=timeout)
     try:
         h = {"Host": f"127.0.0.1:{gw.port}", "Connection": "close", "Content-Length": str(len(body))}
         h.update(headers or {})
-        head = f"{method} {path} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in h.items()) + "\r\n"
+        lines = [f"{k}: {v}" for k, v in h.items() if v is not None] + list(extra_lines)
+        head = f"{method} {path} {version}\r\n" + "".join(f"{line}\r\n" for line in lines) + "\r\n"
         s.sendall(head.encode("latin-1"))
         try:
             view = memoryview(body)

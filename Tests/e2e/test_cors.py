@@ -110,3 +110,26 @@ def test_websocket_origin_is_checked_against_the_tokens_app(gw):
     # app.two lists none: any origin
     c = gw.ws(origin=EVIL)
     c.hello(mint_token(user, "app.two"), "d3")
+
+
+def test_the_servers_device_routes_refuse_an_origin_the_app_does_not_list(gateway_factory):
+    """Issue 39: with `--allowed-origins https://good.example`, a publish
+    from another origin was 403 while the server's device PUT and DELETE
+    answered 200 and 204. Every server route is refused alike, and nothing
+    changes (the whole route table is walked in CORSTests)."""
+    g = gateway_factory(extra_args=["--app", "good.app", "--server-key", "sk-good", "--token-secret", "ts-good",
+                                    "--allowed-origins", "https://good.example"])
+    user, evil = uid("u"), {"Origin": EVIL}
+    registered = g.server("PUT", f"/users/{user}/devices/d1", app="good.app", key="sk-good", json={"tags": ["a"]})
+    assert registered.status_code == 200, registered.text
+    for method, path, body in [("POST", f"/users/{user}/notifications", {"appNotificationId": "a", "payload": {}}),
+                               ("PUT", f"/users/{user}/devices/d1", {"tags": ["b"]}),
+                               ("PUT", f"/users/{user}/devices/d2", {}),
+                               ("DELETE", f"/users/{user}/devices/d1", None)]:
+        r = g.server(method, path, app="good.app", key="sk-good", json=body, headers=evil)
+        assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden", (method, path, r.text)
+        assert "Access-Control-Allow-Origin" not in r.headers, r.headers
+    devices = g.server("GET", f"/users/{user}/devices", app="good.app", key="sk-good").json()["devices"]
+    assert [(d["deviceId"], "a" in d["tags"], "b" in d["tags"]) for d in devices] == [("d1", True, False)], devices
+    r = g.server("DELETE", f"/users/{user}/devices/d1", app="good.app", key="sk-good", headers={"Origin": "https://good.example"})
+    assert r.status_code == 204, r.text

@@ -22,8 +22,10 @@ KEY = APPS["app.one"]["serverKey"]
 
 
 def request(method: str, path: str, body: bytes = b"", **headers) -> bytes:
+    """One HTTP/1.1 request; a header given as None is left out."""
     h = {"Host": "x", "Content-Length": str(len(body)), **headers}
-    return (f"{method} {path} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in h.items()) + "\r\n").encode() + body
+    return (f"{method} {path} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in h.items() if v is not None)
+            + "\r\n").encode() + body
 
 
 def publish_request(user: str, anid: str, **headers) -> bytes:
@@ -287,6 +289,20 @@ def test_empty_lines_before_a_request_are_ignored(gateway):
         s.sendall(b"\r\n\n\r\n" + request("GET", "/healthz", Connection="close"))
         rs = parse_responses(read_until_eof(s))
     assert [r.status_code for r in rs] == [200], [r.text[:200] for r in rs]
+
+
+def test_an_http_1_1_request_without_host_or_with_two_is_400_and_changes_nothing(gateway, user):
+    """RFC 9112 3.2. The request is well framed, so the connection goes on:
+    the next request on it is answered."""
+    for bad in (publish_request(user, "a", Host=None), publish_request(user, "b").replace(b"Host: x", b"Host: x\r\nHost: y")):
+        answers = pipeline(gateway, bad + request("GET", "/healthz", Connection="close"))
+        assert [a.status_code for a in answers] == [400, 200], answers
+        body = check_raw_error(answers[0], 400, "bad_request")
+        assert "Host" in body["error"]["message"], body
+    assert gateway.list_all(user) == []
+    # HTTP/1.0 has no Host requirement
+    r = raw_http(gateway, "GET", "/healthz", headers={"Host": None}, version="HTTP/1.0")
+    assert r.status_code == 200, r.content
 
 
 def test_a_flood_of_empty_lines_is_refused_at_once(gateway_factory):

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from herald_helpers import (CLOSE_WAIT, check_raw_error, mint_token, raw_http, FRAME_WAIT, assert_strictly_increasing, changes_in, check_error,
+from herald_helpers import (CLOSE_WAIT, RawWebSocket, check_raw_error, mint_token, raw_http, FRAME_WAIT, assert_strictly_increasing, changes_in, check_error,
                             check_notification, epoch_seconds, mint_token, reset_notifications, sign_jwt, uid)
 
 
@@ -484,6 +484,54 @@ def test_the_largest_frame_length_after_a_fragment_closes_1009(gateway, user):
     assert gateway.request("GET", "/healthz").status_code == 200
 
 
+def _code(c: int) -> bytes:
+    return c.to_bytes(2, "big")
+
+
+@pytest.mark.parametrize("body, answer", [
+    (b"", 1000), (_code(1000), 1000), (_code(1001) + "bye, ünd 😀".encode(), 1000), (_code(1011), 1000),
+    (_code(3000), 1000), (_code(4999), 1000),
+    # RFC 6455 5.5.1: a body is a 2-byte code, then the reason
+    (b"\x03", 1002),
+    # 7.4: codes that are not sent (reserved, unassigned, undefined)
+    *[(_code(c), 1002) for c in (0, 999, 1004, 1005, 1006, 1015, 1016, 2999, 5000, 65535)],
+    # 8.1: the reason is UTF-8
+    (_code(1000) + b"\xff\xfe", 1007), (_code(1000) + b"\xed\xa0\x80", 1007), (_code(1000) + "é".encode()[:1], 1007),
+])
+def test_a_clients_close_frame_is_read(gateway, user, body, answer):
+    """The close frame's body decides the answer: a valid one (or none) is
+    answered with 1000, a 1-byte body or a code not for the wire with 1002,
+    a reason that is not UTF-8 with 1007. They all used to get 1000."""
+    w = RawWebSocket(gateway)
+    w.hello(mint_token(user))
+    w.send(w.frame(0x8, body))
+    code, frames = w.expect_close(answer=False)
+    assert code == answer, frames
+    assert gateway.request("GET", "/healthz").status_code == 200
+
+
+@pytest.mark.parametrize("opcode", [0x9, 0xA])
+def test_pings_and_unsolicited_pongs_count_against_the_message_rate(gateway, user, opcode):
+    """1,000 WebSocket pings used to get 1,000 pongs. Pings, and pongs that
+    answer no ping of the gateway's, take from the budget of messages (50 a
+    second, bursts of 100, the hello included): the 100th in a burst closes
+    4008, and only the pings before it are answered, in order."""
+    opened = time.monotonic()
+    w = RawWebSocket(gateway)
+    w.hello(mint_token(user))
+    w.send(b"".join(w.frame(opcode, i.to_bytes(4, "big")) for i in range(1000)))
+    code, frames = w.expect_close()
+    elapsed = time.monotonic() - opened
+    assert code == 4008, frames
+    pongs = [int.from_bytes(p, "big") for op, p in frames if op == 0xA]
+    if opcode == 0xA:
+        assert pongs == [], "a pong is not answered"
+        return
+    assert pongs == list(range(len(pongs))), pongs
+    # 99 after the hello, plus what refilled at 50 a second since the connection opened
+    assert 99 <= len(pongs) <= 99 + 50 * elapsed + 1, (len(pongs), elapsed)
+
+
 def _send_quietly(w, data):
     try:
         w.send_raw(data)
@@ -596,6 +644,17 @@ def test_bad_handshake_is_400(gateway, headers, why):
     assert why in body["error"]["message"]
     if why == "version":
         assert r.headers.get("sec-websocket-version") == "13"
+
+
+@pytest.mark.parametrize("version, host, why", [("HTTP/1.0", "x", "HTTP/1.1"), ("HTTP/1.0", None, "HTTP/1.1"),
+                                                ("HTTP/1.1", None, "Host")])
+def test_an_upgrade_over_http_1_0_or_without_host_is_400(gateway, version, host, why):
+    """RFC 6455 4.2.1 items 1-2: the handshake is an HTTP/1.1 GET with Host."""
+    r = raw_http(gateway, "GET", "/v1/ws", version=version, headers={
+        "Host": host, "Upgrade": "websocket", "Connection": "Upgrade", "Sec-WebSocket-Version": "13",
+        "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="})
+    body = check_raw_error(r, 400, "bad_request")
+    assert why in body["error"]["message"], body
 
 
 def test_handshake_answer_follows_rfc6455(gateway):
