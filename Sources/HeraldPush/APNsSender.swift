@@ -89,14 +89,26 @@ final class APNsSender: Sendable {
         case .success(let r):
             let reason = (try? JSONParser.parse(r.body))?.objectValue?["reason"]?.stringValue ?? ""
             let why = "APNs \(r.status) \(reason)"
+            let code = reasons.contains(reason) ? reason : String(r.status)
             switch r.status {
             case 200: return .delivered
-            case 410: return .unregistered(why)
-            case 400 where reason == "BadDeviceToken" || reason == "DeviceTokenNotForTopic": return .unregistered(why)
+            case 410: return .unregistered(why, reason: code)
+            case 400 where reason == "BadDeviceToken" || reason == "DeviceTokenNotForTopic": return .unregistered(why, reason: code)
             case 403: return .credentialsRefused(why)
             case 429, 500...599: return .retry(why, retryAfterSeconds: r.retryAfterSeconds)
-            default: return .rejected(why)
+            default: return .rejected(why, reason: code)
             }
         }
     }
+
+    /// The reasons Apple documents: the metric labels an answer may give
+    /// (any other shows as its status), so a label's values stay few.
+    static let reasons: Set<String> = [
+        "BadCollapseId", "BadDeviceToken", "BadExpirationDate", "BadMessageId", "BadPriority", "BadTopic",
+        "DeviceTokenNotForTopic", "DuplicateHeaders", "IdleTimeout", "InvalidPushType", "MissingDeviceToken", "MissingTopic",
+        "PayloadEmpty", "TopicDisallowed", "BadCertificate", "BadCertificateEnvironment", "ExpiredProviderToken", "Forbidden",
+        "InvalidProviderToken", "MissingProviderToken", "UnrelatedKeyIdInToken", "BadEnvironmentKeyInToken", "BadPath",
+        "MethodNotAllowed", "ExpiredToken", "Unregistered", "PayloadTooLarge", "TooManyProviderTokenUpdates", "TooManyRequests",
+        "InternalServerError", "ServiceUnavailable", "Shutdown",
+    ]
 }

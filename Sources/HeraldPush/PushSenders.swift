@@ -123,3 +123,10 @@ extension CurlResponse {
     /// `Retry-After` in seconds (the delta form; a date is taken as none).
     var retryAfterSeconds: Int? { headers["retry-after"].flatMap { Int($0.trimmingCharacters(in: .whitespaces)) } }
 }
+
+extension PushMessage {
+    /// FCM's `ttl` and Web Push's `TTL`: the lifetime left, rounded up and
+    /// never 0, which means "now or never" (WNS refuses it). The gateway
+    /// sends no push with less than a second left.
+    func ttlSeconds(now: Millis) -> Int64 { max(1, (expiresAt - now + 999) / 1000) }
+}

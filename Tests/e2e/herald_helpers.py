@@ -367,12 +367,15 @@ class Gateway:
         except OSError:
             return ""
 
-    def metric(self, series: str) -> float:
-        """The value of one series of /metrics, e.g. `herald_connections{transport="poll"}`."""
+    def metric(self, series: str, absent: float | None = None) -> float:
+        """The value of one series of /metrics, e.g. `herald_connections{transport="poll"}`;
+        `absent` when it is not there (a labelled counter shows once counted), else an error."""
         text = self.request("GET", "/metrics").text
         for line in text.splitlines():
             if line.startswith(series + " "):
                 return float(line.split()[-1])
+        if absent is not None:
+            return absent
         raise AssertionError(f"{series} not in /metrics")
 
     # ---- HTTP

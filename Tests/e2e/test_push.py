@@ -133,7 +133,7 @@ def test_a_dead_handle_is_removed_and_gets_nothing_more(pushing):
     fcm.wait_for(2)  # the same commit would have recorded the phone's
     wait_until(lambda: gw.metric('herald_push_sent_total{service="fcm",outcome="delivered"}') == 2, "both FCM pushes answered")
     assert apns.accepted == [] and len(apns.refused) == 1
-    assert gw.metric('herald_push_sent_total{service="apns",outcome="unregistered"}') == 1
+    assert gw.metric('herald_push_sent_total{service="apns",outcome="unregistered",reason="Unregistered"}') == 1
 
 
 def test_429_and_503_are_retried_no_sooner_than_retry_after(pushing):
@@ -203,7 +203,7 @@ def test_device_given_urls_never_make_herald_post_elsewhere(pushing, tmp_path):
         web.redirect_to = elsewhere.url + "/push/x"
         register(gw, user, "browser", {"service": "webpush", "subscription": sub}, platform="web")
         gw.publish(user, payload={"title": "t", "body": "b"})
-        wait_until(lambda: gw.metric('herald_push_sent_total{service="webpush",outcome="rejected"}') == 1, "the redirect refused")
+        wait_until(lambda: gw.metric('herald_push_sent_total{service="webpush",outcome="rejected",reason="302"}', absent=0) == 1, "the redirect refused")
         assert elsewhere.connections == 0
 
 
