@@ -16,10 +16,11 @@ final class APNsSender: Sendable {
     static let renewAtMostEvery: Millis = 20 * 60_000
     static let maxBody = 4_096
 
-    init(_ c: LoadedCredentials.APNs, app: String) throws {
+    /// Sends to devices of `environments` only (an environment-limited key serves one).
+    init(_ c: LoadedCredentials.APNs, app: String, environments: [APNsEnvironment] = APNsEnvironment.allCases) throws {
         credentials = c
         var clients: [APNsEnvironment: CurlClient] = [:]
-        for env in APNsEnvironment.allCases {
+        for env in environments {
             clients[env] = try CurlClient(name: "apns-\(env.rawValue.prefix(4))", caFile: c.settings.caFile, http2: true,
                                           maxInFlight: PushSenders.maxInFlight)
         }

@@ -403,6 +403,17 @@ final class PushOutboxTests: XCTestCase {
         XCTAssertEqual(status(["service": "webpush", "subscription": ["endpoint": "https://a[.push.example.com/s", "keys": keys]]), 400)
         XCTAssertEqual(status(["service": "webpush", "subscription": ["endpoint": "https://push.example.com:+443/s", "keys": keys]]), 400)
         XCTAssertEqual(status(["service": "webpush", "subscription": ["endpoint": "HTTPS://Push.Example.com:443/s", "keys": keys]]), 200)
+        // Keys with or without `=` padding (browsers and libraries differ), but only the padding that completes them.
+        func keyed(_ p256dh: String, _ auth: String) -> JSON {
+            ["service": "webpush", "subscription": ["endpoint": "https://push.example.com/s",
+                                                    "keys": ["p256dh": .string(p256dh), "auth": .string(auth)]]]
+        }
+        XCTAssertEqual(status(keyed(Self.p256dh + "=", "AAAAAAAAAAAAAAAAAAAAAA==")), 200)
+        XCTAssertEqual(status(keyed(Self.p256dh, "AAAAAAAAAAAAAAAAAAAAAA==")), 200)
+        for (p256dh, auth) in [(Self.p256dh + "==", "AAAAAAAAAAAAAAAAAAAAAA"), (Self.p256dh, "AAAAAAAAAAAAAAAAAAAAAA="),
+                               (Self.p256dh, "AAAAAAAAAAAAAAAAAAAAAA==="), (Self.p256dh, "AAAAAAAAAAAAAAAAAAAA=AA=")] {
+            XCTAssertEqual(status(keyed(p256dh, auth)), 400, "\(p256dh) \(auth)")
+        }
         let devices = h.request("GET", "/v1/apps/\(Self.app.id)/users/u/devices")
         h.settle()
         XCTAssertEqual(devices.json?["devices"]?.arrayValue?.first?.objectValue?["push"], ["service": "webpush"],
