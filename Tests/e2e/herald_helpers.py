@@ -79,6 +79,23 @@ def wait_until(cond: Callable[[], Any], what: str, timeout: float = 30.0, interv
         time.sleep(interval)
 
 
+def complete_lines(gw: "Gateway") -> list[str]:
+    """The gateway's log lines so far, without one still being written."""
+    return gw.stderr_path.read_text().split("\n")[:-1]
+
+
+def reload(gw: "Gateway", config) -> str:
+    """Writes `config` (a dict, or raw text) over the gateway's config file
+    and sends SIGHUP; answers the log line that ends the reload (done, or
+    refused)."""
+    seen = len(complete_lines(gw))
+    gw.config_path.write_text(config if isinstance(config, str) else json.dumps(config))
+    gw.proc.send_signal(signal.SIGHUP)
+    return wait_until(lambda: next((l for l in complete_lines(gw)[seen:]
+                                    if "config reloaded from" in l or "config reload refused" in l), None),
+                      "the reload's log line")
+
+
 def uid(prefix: str = "u") -> str:
     """A fresh id that keeps tests independent on a shared gateway."""
     return f"{prefix}-{uuid.uuid4().hex[:16]}"

@@ -948,7 +948,7 @@ class WebPushStandIn(StandIn):
     """POST /push/<id> for subscriptions it made (`new_subscription`), as a browser's push service.
 
     Accepted records: subscription (id), headers, plaintext (bytes), json
-    (parsed, or None), at, connection, held. `redirect_to` is where a
+    (parsed, or None), size (of the encrypted body), at, connection, held. `redirect_to` is where a
     scripted 3xx points."""
 
     def __init__(self, folder=None):
@@ -1035,8 +1035,8 @@ class WebPushStandIn(StandIn):
         except ValueError:
             parsed = None
         response = Response(201, [("location", f"{self.url}/message/{uuid.uuid4().hex}"), ("ttl", ttl)])
-        return self._accept(req, {"subscription": sid, "headers": req.headers, "plaintext": plaintext, "json": parsed},
-                            response)
+        return self._accept(req, {"subscription": sid, "headers": req.headers, "plaintext": plaintext, "json": parsed,
+                                  "size": len(req.body)}, response)
 
 
 # ---------------------------------------------------------------- as a process
