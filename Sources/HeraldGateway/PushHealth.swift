@@ -49,7 +49,9 @@ final class PushHealth: Sendable {
 
     /// `pushProblems` of `/healthz`, in a stable order.
     var problems: [JSON] {
-        let refused = failing.withLock { $0 }.sorted { ($0.app, $0.service.rawValue, $0.environment?.rawValue ?? "") < ($1.app, $1.service.rawValue, $1.environment?.rawValue ?? "") }
+        let refused = failing.withLock { $0 }.sorted {
+            ($0.app, $0.service.rawValue, $0.environment?.rawValue ?? "") < ($1.app, $1.service.rawValue, $1.environment?.rawValue ?? "")
+        }
         let suspect = answers.withLock { a in a.compactMap { k, w in w.suspect.map { (k, $0) } } }
             .sorted { ($0.0.app, $0.0.service.rawValue) < ($1.0.app, $1.0.service.rawValue) }
         return refused.map { c in
@@ -65,7 +67,8 @@ final class PushHealth: Sendable {
 
 /// The last `window` answers of one service for one app, and whether most
 /// of them called handles dead for one reason: once at least `minimum`
-/// have come, more than half of them (a pure judgement, `PushHealth` keeps one per app and service).
+/// have come, more than half of them. A pure judgement: `PushHealth`
+/// keeps one per app and service.
 struct DeadHandleWatch: Sendable {
     static let window = 20
     static let minimum = 10
@@ -87,8 +90,8 @@ struct DeadHandleWatch: Sendable {
         if recent.count > Self.window { recent.removeFirst() }
         var counts: [String: Int] = [:]
         for case let r? in recent { counts[r, default: 0] += 1 }
-        let top = counts.max { ($0.value, $1.key) < ($1.value, $0.key) }
-        let now = recent.count >= Self.minimum ? top.flatMap { $0.value * 2 > recent.count ? $0.key : nil } : nil
+        // More than half: one reason at most.
+        let now = recent.count >= Self.minimum ? counts.first { $0.value * 2 > recent.count }?.key : nil
         guard now != suspect else { return nil }
         let was = suspect
         suspect = now

@@ -14,13 +14,13 @@ public struct OutgoingPush: Sendable {
 public enum PushOutcome: Sendable, Equatable {
     /// 2xx.
     case delivered
-    /// The handle is dead (APNs 410, BadDeviceToken; FCM UNREGISTERED; Web Push 404/410).
+    /// The handle is dead (APNs 410, BadDeviceToken; FCM UNREGISTERED, SENDER_ID_MISMATCH; Web Push 404/410).
     /// `reason`: the service's reason code (or HTTP status), from a bounded
     /// set: a metric's label and what `PushHealth` judges.
     case unregistered(String, reason: String)
-    /// 429, 5xx, a timeout or a network error: again later, no sooner than `retryAfterSeconds`.
+    /// 429, 5xx, Web Push 406, a timeout or a network error: again later, no sooner than `retryAfterSeconds`.
     case retry(String, retryAfterSeconds: Int?)
-    /// The app's credentials were refused (APNs 403, FCM 401/403): kept and retried.
+    /// The app's credentials were refused (APNs 403, FCM 401 and other 403s): kept and retried.
     case credentialsRefused(String)
     /// Any other refusal of this push (a 4xx that names no handle): dropped.
     /// `reason` as for `unregistered`.

@@ -7,8 +7,9 @@ public enum WebPushEncryption {
     /// What encryption adds to the plaintext: the header (86), the
     /// last-record delimiter (1) and the GCM tag (16).
     public static let overhead = 103
-    /// Push services accept bodies of at most 4096 bytes.
-    public static let maxPlaintext = 4096 - overhead
+    /// Push services accept bodies of at most 4096 bytes (RFC 8030 7.2).
+    public static let maxBody = 4096
+    public static let maxPlaintext = maxBody - overhead
     static let recordSize: UInt32 = 4096
     static let saltBytes = 16
     static let authBytes = 16

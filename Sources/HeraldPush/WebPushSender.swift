@@ -71,15 +71,14 @@ final class WebPushSender: Sendable {
 
     /// The smallest body limit a public push service documents: Mozilla's
     /// autopush for Firefox for Android, which it reaches through FCM ("data
-    /// may be limited to only 2744 bytes"). Others take 4,096 (RFC 8030 7.2).
+    /// may be limited to only 2744 bytes"). Others take `WebPushEncryption.maxBody`.
     static let smallestLimit = 2_744
-    static let bodyLimit = 4_096
 
     /// The JSON the service worker decrypts: the `herald` field, the alert's
     /// text and, when its encrypted body stays within `smallestLimit`, the
     /// change itself; without the change, the text cut to fit `within`
     /// bytes of encrypted body.
-    static func plaintext(_ m: PushMessage, within limit: Int = bodyLimit) -> [UInt8] {
+    static func plaintext(_ m: PushMessage, within limit: Int = WebPushEncryption.maxBody) -> [UInt8] {
         func encode(_ m: PushMessage, change: Bool) -> [UInt8] {
             var o: JSONObject = ["herald": m.herald]
             if let t = m.title { o["title"] = .string(t) }
