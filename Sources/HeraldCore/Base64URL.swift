@@ -21,6 +21,17 @@ public enum Base64URL {
         return String(decoding: out, as: UTF8.self)
     }
 
+    /// As `decode`, also taking the `=` padding that completes the last
+    /// group of four (some browsers and libraries send it, others not).
+    public static func decode(optionallyPadded s: Substring) -> [UInt8]? {
+        let unpadded = s.prefix { $0 != "=" }
+        let padding = s.count - unpadded.count
+        guard padding == 0 || (padding <= 2 && s.count % 4 == 0 && s.dropFirst(unpadded.count).allSatisfy({ $0 == "=" })) else {
+            return nil
+        }
+        return decode(unpadded)
+    }
+
     /// Strict: unpadded alphabet only, and no stray bits in the last digit.
     public static func decode(_ s: Substring) -> [UInt8]? {
         var out: [UInt8] = []

@@ -101,12 +101,12 @@ public enum PushHandle: Sendable, Equatable {
         _ = f.raw("expirationTime")
         try f.finish()
         var k = try Fields(.object(keys), what: "push.subscription.keys")
-        guard let p256dh = Base64URL.decode(try k.requiredString("p256dh", maxBytes: 128)[...]),
+        guard let p256dh = Base64URL.decode(optionallyPadded: try k.requiredString("p256dh", maxBytes: 128)[...]),
               p256dh.count == 65, p256dh[0] == 0x04 else {
-            throw .badRequest("push.subscription.keys.p256dh must be an unpadded base64url P-256 public key (65 bytes)")
+            throw .badRequest("push.subscription.keys.p256dh must be a base64url P-256 public key (65 bytes)")
         }
-        guard let auth = Base64URL.decode(try k.requiredString("auth", maxBytes: 64)[...]), auth.count == 16 else {
-            throw .badRequest("push.subscription.keys.auth must be 16 bytes, unpadded base64url")
+        guard let auth = Base64URL.decode(optionallyPadded: try k.requiredString("auth", maxBytes: 64)[...]), auth.count == 16 else {
+            throw .badRequest("push.subscription.keys.auth must be 16 bytes, base64url")
         }
         try k.finish()
         return WebPushSubscription(endpoint: endpoint, host: url.host, port: url.port, origin: url.origin, p256dh: p256dh, auth: auth)

@@ -75,8 +75,10 @@ public struct PushMessage: Sendable, Equatable {
 
     /// Longest a push lives, whatever its notification's expiry (SPEC section 10).
     public static let maxLifetime: Millis = 28 * 86_400_000
-    /// Largest change a Web Push body carries beside the `herald` field.
-    public static let maxChangeBytes = 3_800
+    /// Largest change a Web Push body may carry beside the `herald` field:
+    /// the 2,744 bytes of encrypted body it must stay within, less
+    /// encryption's 103 (HeraldPush's `WebPushSender.plaintext` decides).
+    public static let maxChangeBytes = 2_641
 
     /// The `herald` field every push carries.
     public var herald: JSON {

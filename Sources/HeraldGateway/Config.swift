@@ -40,6 +40,10 @@ public struct PushSettings: Sendable, Equatable {
         public var keyFile: String
         /// The app's bundle id (`apns-topic`).
         public var topic: String
+        /// A key Apple limited to the sandbox, for devices registered
+        /// `development` (the other key then serves production only); both or neither.
+        public var developmentKeyId: String?
+        public var developmentKeyFile: String?
         public var endpoint = "https://api.push.apple.com"
         public var developmentEndpoint = "https://api.sandbox.push.apple.com"
         public var caFile: String?
@@ -65,6 +69,30 @@ public struct PushSettings: Sendable, Equatable {
         public var publicKey: String
         public init(vapidPrivateKeyFile: String, subject: String, publicKey: String) {
             self.vapidPrivateKeyFile = vapidPrivateKeyFile; self.subject = subject; self.publicKey = publicKey
+        }
+
+        /// What is wrong with `subject` as a VAPID `sub`, nil when nothing:
+        /// `mailto:` and one address with no spaces or angle brackets, or an
+        /// `https:` URL; not a `localhost` or loopback address. Apple's push
+        /// service refuses the others, which RFC 8292 alone would allow.
+        public static func subjectProblem(_ subject: String) -> String? {
+            let local = { (host: String) in
+                host == "localhost" || host.hasSuffix(".localhost") || host.hasPrefix("127.") || host == "[::1]"
+            }
+            if subject.hasPrefix("mailto:") {
+                let address = subject.dropFirst("mailto:".count)
+                let parts = address.split(separator: "@", omittingEmptySubsequences: false)
+                guard parts.count == 2, !parts[0].isEmpty, !parts[1].isEmpty,
+                      address.utf8.allSatisfy({ $0 > 0x20 && $0 < 0x7F && $0 != UInt8(ascii: "<") && $0 != UInt8(ascii: ">") && $0 != UInt8(ascii: ",") }) else {
+                    return "must be mailto: and one address, with no spaces or angle brackets (mailto:ops@example.com)"
+                }
+                return local(parts[1].lowercased()) ? "must not be a localhost address (Apple refuses it)" : nil
+            }
+            if subject.hasPrefix("https:") {
+                guard let url = PushHandle.httpsOrigin(subject) else { return "must be an https:// URL with a host name" }
+                return local(url.host) ? "must not be a localhost address (Apple refuses it)" : nil
+            }
+            return "must start with mailto: or https: (RFC 8292)"
         }
     }
 

@@ -34,7 +34,9 @@ extension Gateway {
                 health["store"] = .string(storeAvailable ? "ok" : "unavailable")
                 health["bus"] = bus.map { .string($0.state) }
                 if partitions[0].push.settings.withLock({ !$0.isEmpty }) {
-                    health["push"] = .string(metrics.push.failing.withLock { $0.isEmpty } ? "ok" : "failing")
+                    health["push"] = .string(metrics.push.health.isFailing ? "failing" : "ok")
+                    let problems = metrics.push.health.problems
+                    if !problems.isEmpty { health["pushProblems"] = .array(problems) }
                 }
                 responder.respond(.json(200, .object(health)))
             case .metrics:

@@ -37,6 +37,11 @@ final class PushDispatch {
     static let pendingEvery: Millis = 5_000
     static let firstRetry: Millis = 1_000
     static let lastRetry: Millis = 300_000
+    /// A push with less lifetime left is not sent (`expired`): a TTL that
+    /// rounds to 0 means "now or never" to most services, and WNS refuses it.
+    static let minLifetime: Millis = 1_000
+
+    static func outlives(_ m: PushMessage, at t: Millis) -> Bool { m.expiresAt - t >= minLifetime }
 
     // Engine thread only.
     private var candidates: [(user: UserKey, record: ChangeRecord, published: Bool)] = []
@@ -97,6 +102,10 @@ final class PushDispatch {
                 for (r, published) in byUser[user]! {
                     guard let m = PushMessage.plan(r, published: published, viewer: viewer, service: handle.service,
                                                    alert: s.alert, epoch: epoch, now: now) else { continue }
+                    guard Self.outlives(m, at: now) else {
+                        metrics.count(handle.service, .expired)
+                        continue
+                    }
                     let room = inFlight + claimed.count < capacity(e)
                     if let job = try e.store.enqueuePush(user, deviceId: d.deviceId, m, at: now,
                                                          claimUntil: room ? now + Self.claimLease : nil) {
@@ -184,7 +193,7 @@ final class PushDispatch {
                     try e.store.finishPush(job)
                     continue
                 }
-                guard now < job.message.expiresAt else {
+                guard Self.outlives(job.message, at: now) else {
                     try e.store.finishPush(job)
                     metrics.count(handle.service, .expired)
                     continue
@@ -217,6 +226,7 @@ final class PushDispatch {
     /// What a service's answer does to the outbox and the registration.
     private func finished(_ e: Engine, _ o: OutgoingPush, _ outcome: PushOutcome, now: Millis) throws(StoreError) {
         let service = o.handle.service, app = o.job.user.app
+        let credentials = PushHealth.Credentials(app, o.handle)
         // A tap recorded while this one was in flight is due now (`PushJob`).
         if o.job.message.kind == .tap { wake = true }
         switch outcome {
@@ -224,9 +234,9 @@ final class PushDispatch {
             try e.store.finishPush(o.job)
             metrics.count(service, .delivered)
             metrics.latency.observe(nanos: UInt64(max(0, now - o.job.committedAt)) * 1_000_000)
-            let recovered = metrics.failing.withLock { $0.remove(app) != nil }
-            if recovered { Log.info("push: \(service.rawValue) accepts app \(app)'s credentials again") }
-        case .unregistered(let why):
+            if metrics.health.accepted(credentials) { Log.info("push: \(service.rawValue) accepts \(credentials.description) again") }
+            judge(app, service, deadReason: nil)
+        case .unregistered(let why, let reason):
             // The device stays registered, without the dead handle. One
             // registered since (a new token) keeps the device's pushes.
             if var d = try e.store.device(o.job.user, id: o.job.deviceId), d.push?.key == o.handle.key {
@@ -236,29 +246,46 @@ final class PushDispatch {
             } else {
                 try e.store.finishPush(o.job)
             }
-            metrics.count(service, .unregistered)
+            metrics.count(service, .unregistered, reason: reason)
             Log.info("push: \(service.rawValue) says the handle of device \(o.job.deviceId) of \(o.job.user) is dead (\(why)); removed")
+            judge(app, service, deadReason: reason)
         case .retry(_, let after):
             try retry(e, o, afterSeconds: after, now: now)
         case .credentialsRefused(let why):
-            let first = metrics.failing.withLock { $0.insert(app).inserted }
-            if first { Log.error("push: \(service.rawValue) refused app \(app)'s credentials (\(why)); pushes are kept and retried") }
+            if metrics.health.refused(credentials) {
+                Log.error("push: \(service.rawValue) refused \(credentials.description) (\(why)); pushes are kept and retried")
+            }
             try retry(e, o, afterSeconds: nil, now: now)
-        case .rejected(let why):
+        case .rejected(let why, let reason):
             try e.store.finishPush(o.job)
-            metrics.count(service, .rejected)
+            metrics.count(service, .rejected, reason: reason)
             Log.warning("push: \(service.rawValue) refused a push to device \(o.job.deviceId) of \(o.job.user) (\(why)); dropped")
+            judge(app, service, deadReason: nil)
+        }
+    }
+
+    /// Logs, once, that most of an app's recent answers from a service call
+    /// handles dead for one reason, and when they no longer do (`DeadHandleWatch`).
+    private func judge(_ app: String, _ service: PushService, deadReason: String?) {
+        switch metrics.health.answered(app, service, deadReason: deadReason) {
+        case .suspect(let reason)?:
+            Log.error("push: most of \(service.rawValue)'s recent answers for app \(app) call handles dead (\(reason)):"
+                      + " likely a configuration error (docs/OPERATIONS.md, \"Push\"); the handles are being removed")
+        case .cleared(let reason)?:
+            Log.info("push: \(service.rawValue)'s answers for app \(app) no longer mostly call handles dead (\(reason))")
+        case nil: break
         }
     }
 
     /// Again after 1 s doubling to 5 min, with up to a quarter more at
     /// random (so devices failed together are not retried together), and no
-    /// sooner than the service asked; dropped once that passes the push's lifetime.
+    /// sooner than the service asked; dropped once that leaves less than
+    /// `minLifetime` of the push's lifetime.
     private func retry(_ e: Engine, _ o: OutgoingPush, afterSeconds: Int?, now: Millis) throws(StoreError) {
         let backoff = min(Self.lastRetry, Self.firstRetry << min(o.job.attempts, 20))
         let jittered = backoff + Millis.random(in: 0...backoff / 4)
         let at = now + max(jittered, Millis(afterSeconds ?? 0) * 1_000)
-        guard at < o.job.message.expiresAt else {
+        guard Self.outlives(o.job.message, at: at) else {
             try e.store.finishPush(o.job)
             return metrics.count(o.handle.service, .expired)
         }

@@ -14,14 +14,17 @@ public struct OutgoingPush: Sendable {
 public enum PushOutcome: Sendable, Equatable {
     /// 2xx.
     case delivered
-    /// The handle is dead (APNs 410, BadDeviceToken; FCM UNREGISTERED; Web Push 404/410).
-    case unregistered(String)
-    /// 429, 5xx, a timeout or a network error: again later, no sooner than `retryAfterSeconds`.
+    /// The handle is dead (APNs 410, BadDeviceToken; FCM UNREGISTERED, SENDER_ID_MISMATCH; Web Push 404/410).
+    /// `reason`: the service's reason code (or HTTP status), from a bounded
+    /// set: a metric's label and what `PushHealth` judges.
+    case unregistered(String, reason: String)
+    /// 429, 5xx, Web Push 406, a timeout or a network error: again later, no sooner than `retryAfterSeconds`.
     case retry(String, retryAfterSeconds: Int?)
-    /// The app's credentials were refused (APNs 403, FCM 401/403): kept and retried.
+    /// The app's credentials were refused (APNs 403, FCM 401 and other 403s): kept and retried.
     case credentialsRefused(String)
     /// Any other refusal of this push (a 4xx that names no handle): dropped.
-    case rejected(String)
+    /// `reason` as for `unregistered`.
+    case rejected(String, reason: String)
 }
 
 /// The push services, behind one call (HeraldPush implements it). `send`
@@ -45,14 +48,21 @@ public final class PushMetrics: Sendable {
 
     let enabled = Atomic<Bool>(false)
     let sent = Locked([Int](repeating: 0, count: PushService.allCases.count * Outcome.allCases.count))
+    /// `unregistered` and `rejected` by the service's reason code (a bounded set: see `PushOutcome`).
+    private let byReason = Locked<[ReasonKey: Int]>([:])
     public let pending = Atomic<Int>(0)
     /// From the change's commit to the service's 2xx.
     public let latency = Histogram()
-    /// Apps whose credentials a service refused, until one of their pushes
-    /// is delivered again (`/healthz` `"push": "failing"`): one set for the
-    /// gateway, since a push refused on one partition may be sent again by
-    /// another (a shared outbox).
-    let failing = Locked<Set<String>>([])
+    /// What `/healthz` says: one for the gateway, since a push answered on
+    /// one partition may be sent again by another (a shared outbox).
+    let health = PushHealth()
+
+    private struct ReasonKey: Hashable, Comparable {
+        let service: PushService, outcome: Outcome, reason: String
+        static func < (a: Self, b: Self) -> Bool {
+            (a.service.rawValue, a.outcome.rawValue, a.reason) < (b.service.rawValue, b.outcome.rawValue, b.reason)
+        }
+    }
 
     public init() {}
 
@@ -60,17 +70,31 @@ public final class PushMetrics: Sendable {
         PushService.allCases.firstIndex(of: service)! * Outcome.allCases.count + Outcome.allCases.firstIndex(of: outcome)!
     }
 
-    func count(_ service: PushService, _ outcome: Outcome) { sent.withLock { $0[Self.index(service, outcome)] += 1 } }
+    func count(_ service: PushService, _ outcome: Outcome, reason: String? = nil) {
+        sent.withLock { $0[Self.index(service, outcome)] += 1 }
+        if let reason { byReason.withLock { $0[ReasonKey(service: service, outcome: outcome, reason: reason), default: 0] += 1 } }
+    }
 
     public func sent(_ service: PushService, _ outcome: Outcome) -> Int { sent.withLock { $0[Self.index(service, outcome)] } }
 
+    public func sent(_ service: PushService, _ outcome: Outcome, reason: String) -> Int {
+        byReason.withLock { $0[ReasonKey(service: service, outcome: outcome, reason: reason)] ?? 0 }
+    }
+
+    /// The outcomes that name a reason are shown by it, as they occur.
+    private static let reasoned: Set<Outcome> = [.unregistered, .rejected]
+
     func text() -> String {
-        var s = "# HELP herald_push_sent_total Pushes handed to a push service, by service and outcome.\n# TYPE herald_push_sent_total counter\n"
+        var s = "# HELP herald_push_sent_total Pushes handed to a push service, by service and outcome"
+            + " (unregistered and rejected also by the service's reason).\n# TYPE herald_push_sent_total counter\n"
         let counts = sent.withLock { $0 }
         for (i, service) in PushService.allCases.enumerated() {
-            for (j, outcome) in Outcome.allCases.enumerated() {
+            for (j, outcome) in Outcome.allCases.enumerated() where !Self.reasoned.contains(outcome) {
                 s += "herald_push_sent_total{service=\"\(service.rawValue)\",outcome=\"\(outcome.rawValue)\"} \(counts[i * Outcome.allCases.count + j])\n"
             }
+        }
+        for (k, n) in byReason.withLock({ $0 }).sorted(by: { $0.key < $1.key }) {
+            s += "herald_push_sent_total{service=\"\(k.service.rawValue)\",outcome=\"\(k.outcome.rawValue)\",reason=\"\(k.reason)\"} \(n)\n"
         }
         s += "# HELP herald_push_pending Pushes waiting in the outbox or in flight.\n# TYPE herald_push_pending gauge\n"
         s += "herald_push_pending \(pending.load(ordering: .relaxed))\n"

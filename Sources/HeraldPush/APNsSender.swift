@@ -16,10 +16,11 @@ final class APNsSender: Sendable {
     static let renewAtMostEvery: Millis = 20 * 60_000
     static let maxBody = 4_096
 
-    init(_ c: LoadedCredentials.APNs, app: String) throws {
+    /// Sends to devices of `environments` only (an environment-limited key serves one).
+    init(_ c: LoadedCredentials.APNs, app: String, environments: [APNsEnvironment] = APNsEnvironment.allCases) throws {
         credentials = c
         var clients: [APNsEnvironment: CurlClient] = [:]
-        for env in APNsEnvironment.allCases {
+        for env in environments {
             clients[env] = try CurlClient(name: "apns-\(env.rawValue.prefix(4))", caFile: c.settings.caFile, http2: true,
                                           maxInFlight: PushSenders.maxInFlight)
         }
@@ -89,14 +90,26 @@ final class APNsSender: Sendable {
         case .success(let r):
             let reason = (try? JSONParser.parse(r.body))?.objectValue?["reason"]?.stringValue ?? ""
             let why = "APNs \(r.status) \(reason)"
+            let code = reasons.contains(reason) ? reason : String(r.status)
             switch r.status {
             case 200: return .delivered
-            case 410: return .unregistered(why)
-            case 400 where reason == "BadDeviceToken" || reason == "DeviceTokenNotForTopic": return .unregistered(why)
+            case 410: return .unregistered(why, reason: code)
+            case 400 where reason == "BadDeviceToken" || reason == "DeviceTokenNotForTopic": return .unregistered(why, reason: code)
             case 403: return .credentialsRefused(why)
             case 429, 500...599: return .retry(why, retryAfterSeconds: r.retryAfterSeconds)
-            default: return .rejected(why)
+            default: return .rejected(why, reason: code)
             }
         }
     }
+
+    /// The reasons Apple documents: the metric labels an answer may give
+    /// (any other shows as its status), so a label's values stay few.
+    static let reasons: Set<String> = [
+        "BadCollapseId", "BadDeviceToken", "BadExpirationDate", "BadMessageId", "BadPriority", "BadTopic",
+        "DeviceTokenNotForTopic", "DuplicateHeaders", "IdleTimeout", "InvalidPushType", "MissingDeviceToken", "MissingTopic",
+        "PayloadEmpty", "TopicDisallowed", "BadCertificate", "BadCertificateEnvironment", "ExpiredProviderToken", "Forbidden",
+        "InvalidProviderToken", "MissingProviderToken", "UnrelatedKeyIdInToken", "BadEnvironmentKeyInToken", "BadPath",
+        "MethodNotAllowed", "ExpiredToken", "Unregistered", "PayloadTooLarge", "TooManyProviderTokenUpdates", "TooManyRequests",
+        "InternalServerError", "ServiceUnavailable", "Shutdown",
+    ]
 }

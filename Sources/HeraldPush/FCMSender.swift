@@ -67,7 +67,7 @@ final class FCMSender: Sendable {
             return data
         }
         let fitted = data(PushText.fit(m, within: maxData) { JSON.object(data($0)).encoded.count })
-        let ttl = max(0, (m.expiresAt - now) / 1000)
+        let ttl = m.ttlSeconds(now: now)
         var android: JSONObject = ["priority": .string(m.high ? "high" : "normal"), "ttl": .string("\(ttl)s")]
         // Taps collapse, as they share one outbox row. Alerts do not: FCM
         // keeps at most four collapse keys for a device that is away.
@@ -85,17 +85,35 @@ final class FCMSender: Sendable {
                 ?? error?["status"]?.stringValue ?? ""
             let message = error?["message"]?.stringValue ?? ""
             let why = "FCM \(r.status) \(code)"
+            let label = errorCodes.contains(code) ? code : String(r.status)
             switch r.status {
             case 200: return .delivered
             // Only FCM's own word: a bare 404 (a wrong project or endpoint) must not remove every handle.
-            case 404 where code == "UNREGISTERED": return .unregistered(why)
-            case 400 where code == "INVALID_ARGUMENT" && message.lowercased().contains("registration token"): return .unregistered(why)
+            case 404 where code == "UNREGISTERED": return .unregistered(why, reason: label)
+            case 400 where code == "INVALID_ARGUMENT" && message.lowercased().contains("registration token"):
+                return .unregistered(why, reason: label)
+            // The token belongs to another Firebase project: no sender of this one will ever reach it.
+            case 403 where code == "SENDER_ID_MISMATCH": return .unregistered(why, reason: label)
             case 401, 403: return .credentialsRefused(why)
-            case 429, 500...599: return .retry(why, retryAfterSeconds: r.retryAfterSeconds)
-            default: return .rejected(why + (message.isEmpty ? "" : ": \(message)"))
+            // Google: "wait at least 60 seconds" after a QUOTA_EXCEEDED, whatever Retry-After says.
+            case 429: return .retry(why, retryAfterSeconds: max(minQuotaWait, r.retryAfterSeconds ?? 0))
+            case 500...599: return .retry(why, retryAfterSeconds: r.retryAfterSeconds)
+            default: return .rejected(why + (message.isEmpty ? "" : ": \(message)"), reason: label)
             }
         }
     }
+
+    static let minQuotaWait = 60
+
+    /// FCM's `ErrorCode`s and Google's canonical statuses (the `status` of an
+    /// answer without details): the metric labels an answer may give (any
+    /// other shows as its HTTP status).
+    static let errorCodes: Set<String> = [
+        "UNSPECIFIED_ERROR", "INVALID_ARGUMENT", "UNREGISTERED", "SENDER_ID_MISMATCH", "QUOTA_EXCEEDED", "UNAVAILABLE",
+        "INTERNAL", "THIRD_PARTY_AUTH_ERROR", "NOT_FOUND", "PERMISSION_DENIED", "UNAUTHENTICATED", "RESOURCE_EXHAUSTED",
+        "FAILED_PRECONDITION", "OUT_OF_RANGE", "ALREADY_EXISTS", "ABORTED", "DEADLINE_EXCEEDED", "CANCELLED", "UNKNOWN",
+        "UNIMPLEMENTED", "DATA_LOSS",
+    ]
 
     // MARK: The access token
 

@@ -14,6 +14,22 @@ struct LoadedCredentials {
     struct APNs {
         let settings: PushSettings.APNs
         let key: ES256Key
+        /// Signing for development devices with the sandbox-only key, when there is one.
+        let development: Development?
+
+        struct Development {
+            let keyId: String
+            let key: ES256Key
+        }
+
+        /// These credentials as the development devices' sender signs with them.
+        var forDevelopment: APNs? {
+            development.map { d in
+                var s = settings
+                s.keyId = d.keyId
+                return APNs(settings: s, key: d.key, development: nil)
+            }
+        }
     }
 
     /// A Google service account's JSON key file, the fields FCM's OAuth needs.
@@ -41,7 +57,11 @@ struct LoadedCredentials {
 
     init(_ s: PushSettings) throws(PushCredentialError) {
         apns = try s.apns.map { a throws(PushCredentialError) in
-            APNs(settings: a, key: try Self.key("push.apns.keyFile", a.keyFile) { try ES256Key(pem: $0) })
+            var development: APNs.Development? = nil
+            if let id = a.developmentKeyId, let file = a.developmentKeyFile {
+                development = APNs.Development(keyId: id, key: try Self.key("push.apns.developmentKeyFile", file) { try ES256Key(pem: $0) })
+            }
+            return APNs(settings: a, key: try Self.key("push.apns.keyFile", a.keyFile) { try ES256Key(pem: $0) }, development: development)
         }
         fcm = try s.fcm.map { f throws(PushCredentialError) in FCM(settings: f, account: try Self.serviceAccount(f.serviceAccountFile)) }
         webPush = try s.webPush.map { w throws(PushCredentialError) in

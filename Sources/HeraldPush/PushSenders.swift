@@ -11,17 +11,31 @@ import HeraldGateway
 public final class PushSenders: PushTransport {
     private final class App: Sendable {
         let apns: APNsSender?
+        /// Development devices' sender when the app has a sandbox-only key; else `apns` sends to both.
+        let apnsDevelopment: APNsSender?
         let fcm: FCMSender?
         let webPush: WebPushSender?
         /// What it was built from: the settings and the credential files' bytes.
         let source: Source
 
-        init(apns: APNsSender?, fcm: FCMSender?, webPush: WebPushSender?, source: Source) {
-            self.apns = apns; self.fcm = fcm; self.webPush = webPush; self.source = source
+        init(_ id: String, _ c: LoadedCredentials, source: Source) throws {
+            if let a = c.apns, let development = a.forDevelopment {
+                apns = try APNsSender(a, app: id, environments: [.production])
+                apnsDevelopment = try APNsSender(development, app: id, environments: [.development])
+            } else {
+                apns = try c.apns.map { try APNsSender($0, app: id) }
+                apnsDevelopment = nil
+            }
+            fcm = try c.fcm.map { try FCMSender($0, app: id) }
+            webPush = try c.webPush.map { try WebPushSender($0, app: id) }
+            self.source = source
         }
+
+        func apns(_ environment: APNsEnvironment) -> APNsSender? { environment == .development ? apnsDevelopment ?? apns : apns }
 
         func stop() {
             apns?.stop()
+            apnsDevelopment?.stop()
             fcm?.stop()
             webPush?.stop()
         }
@@ -50,7 +64,7 @@ public final class PushSenders: PushTransport {
 
         init(_ s: PushSettings) {
             settings = s
-            files = [s.apns?.keyFile, s.fcm?.serviceAccountFile, s.webPush?.vapidPrivateKeyFile]
+            files = [s.apns?.keyFile, s.apns?.developmentKeyFile, s.fcm?.serviceAccountFile, s.webPush?.vapidPrivateKeyFile]
                 .map { $0.flatMap(FileManager.default.contents(atPath:)) }
         }
     }
@@ -59,8 +73,7 @@ public final class PushSenders: PushTransport {
         let source = Source(s)
         let c = try LoadedCredentials(s)
         do {
-            return App(apns: try c.apns.map { try APNsSender($0, app: id) }, fcm: try c.fcm.map { try FCMSender($0, app: id) },
-                       webPush: try c.webPush.map { try WebPushSender($0, app: id) }, source: source)
+            return try App(id, c, source: source)
         } catch {
             throw PushCredentialError("app \(id): the push client could not start: \(error)")
         }
@@ -82,7 +95,7 @@ public final class PushSenders: PushTransport {
                                        retryAfterSeconds: nil)
         switch push.handle {
         case .apns(let token, let env):
-            guard let s = app?.apns else { return completion(notYet) }
+            guard let s = app?.apns(env) else { return completion(notYet) }
             s.send(push, token: token, environment: env, completion: completion)
         case .fcm(let token):
             guard let s = app?.fcm else { return completion(notYet) }
@@ -122,4 +135,11 @@ public final class PushSenders: PushTransport {
 extension CurlResponse {
     /// `Retry-After` in seconds (the delta form; a date is taken as none).
     var retryAfterSeconds: Int? { headers["retry-after"].flatMap { Int($0.trimmingCharacters(in: .whitespaces)) } }
+}
+
+extension PushMessage {
+    /// FCM's `ttl` and Web Push's `TTL`: the lifetime left, rounded up and
+    /// never 0, which means "now or never" (WNS refuses it). The gateway
+    /// sends no push with less than a second left.
+    func ttlSeconds(now: Millis) -> Int64 { max(1, (expiresAt - now + 999) / 1000) }
 }

@@ -4,9 +4,12 @@ import CCrypto
 /// (RFC 8188) in one record, keyed by ECDH between a fresh key pair and the
 /// subscription's p256dh key, and by the subscription's auth secret.
 public enum WebPushEncryption {
-    /// Push services accept bodies of at most 4096 bytes; the header (86), the
-    /// last-record delimiter (1) and the GCM tag (16) take the rest.
-    public static let maxPlaintext = 3993
+    /// What encryption adds to the plaintext: the header (86), the
+    /// last-record delimiter (1) and the GCM tag (16).
+    public static let overhead = 103
+    /// Push services accept bodies of at most 4096 bytes (RFC 8030 7.2).
+    public static let maxBody = 4096
+    public static let maxPlaintext = maxBody - overhead
     static let recordSize: UInt32 = 4096
     static let saltBytes = 16
     static let authBytes = 16

@@ -23,6 +23,11 @@ extension ConfigFile {
             var a = try Section(.object(o), "app \(id): push.apns")
             var apns = PushSettings.APNs(teamId: try a.required("teamId"), keyId: try a.required("keyId"),
                                          keyFile: try a.required("keyFile"), topic: try a.required("topic"))
+            apns.developmentKeyId = try a.string("developmentKeyId")
+            apns.developmentKeyFile = try a.string("developmentKeyFile")
+            guard (apns.developmentKeyId == nil) == (apns.developmentKeyFile == nil) else {
+                throw UsageError("app \(id): push.apns needs developmentKeyId and developmentKeyFile together")
+            }
             if let e = try a.endpoint("endpoint") { apns.endpoint = e }
             if let e = try a.endpoint("developmentEndpoint") { apns.developmentEndpoint = e }
             apns.caFile = try a.string("caFile")
@@ -40,8 +45,8 @@ extension ConfigFile {
         if let o = try f.object("webpush") {
             var a = try Section(.object(o), "app \(id): push.webpush")
             let subject = try a.required("subject")
-            guard subject.hasPrefix("mailto:") || subject.hasPrefix("https:") else {
-                throw UsageError("app \(id): push.webpush.subject must start with mailto: or https: (RFC 8292)")
+            if let problem = PushSettings.WebPush.subjectProblem(subject) {
+                throw UsageError("app \(id): push.webpush.subject \(problem)")
             }
             var web = PushSettings.WebPush(vapidPrivateKeyFile: try a.required("vapidPrivateKeyFile"), subject: subject, publicKey: "")
             if let hosts = try a.strings("allowedHosts") { web.allowedHosts = hosts.map { $0.lowercased() } }

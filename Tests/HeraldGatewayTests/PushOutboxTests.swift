@@ -28,6 +28,11 @@ final class HeldPushes: PushTransport, @unchecked Sendable {  // test thread onl
         for (_, answer) in w { answer(outcome) }
     }
 
+    /// Answers the first push waiting that `which` picks with `outcome`.
+    func answerFirst(where which: (OutgoingPush) -> Bool, _ outcome: PushOutcome) {
+        waiting.remove(at: waiting.firstIndex { which($0.push) }!).answer(outcome)
+    }
+
     /// Answers the push waiting longest with `outcome`.
     func answerFirst(_ outcome: PushOutcome) {
         waiting.removeFirst().answer(outcome)
@@ -180,7 +185,7 @@ final class PushOutboxTests: XCTestCase {
         _ = publish("u", "n2")
         dispatch()
         XCTAssertEqual(transport.sent.count, 2)
-        transport.answerAll(.unregistered("Unregistered"))
+        transport.answerAll(.unregistered("410 Unregistered", reason: "Unregistered"))
         h.settle()
         XCTAssertEqual(pending, 0)
         let listing = h.request("GET", "/v1/apps/\(Self.app.id)/users/u/devices")
@@ -249,6 +254,91 @@ final class PushOutboxTests: XCTestCase {
         XCTAssertEqual(h.gateway.metrics.push.sent(.apns, .expired), 1)
     }
 
+    func testAPushWithLessThanASecondLeftIsNotSent() {
+        _ = register("u", "phone", apns())
+        _ = h.request("POST", "/v1/apps/\(Self.app.id)/users/u/notifications",
+                      body: ["appNotificationId": "short", "payload": ["title": "t", "body": "b"], "ttlSeconds": 5])
+        dispatch()
+        // Its answer comes 0.5 s on; Retry-After 4 would leave it 0.5 s.
+        h.clock.advance(millis: 500)
+        transport.answerAll(.retry("503", retryAfterSeconds: 4))
+        h.settle()
+        XCTAssertEqual(pending, 0)
+        XCTAssertEqual(h.gateway.metrics.push.sent(.apns, .expired), 1)
+        XCTAssertEqual(h.gateway.metrics.push.sent(.apns, .retried), 0)
+    }
+
+    func testAPushClaimedWithLessThanASecondLeftIsNotSent() {
+        _ = register("u", "phone", apns())
+        _ = h.request("POST", "/v1/apps/\(Self.app.id)/users/u/notifications",
+                      body: ["appNotificationId": "short", "payload": ["title": "t", "body": "b"], "ttlSeconds": 5])
+        dispatch()
+        // Due at 4 s, with exactly 1 s left: kept.
+        transport.answerAll(.retry("503", retryAfterSeconds: 4))
+        h.settle()
+        XCTAssertEqual(h.gateway.metrics.push.sent(.apns, .retried), 1)
+        // Claimed only at 4.5 s (a busy engine): 0.5 s left, not sent.
+        h.clock.advance(millis: 4_500)
+        dispatch()
+        XCTAssertEqual(transport.sent.count, 1)
+        XCTAssertEqual(pending, 0)
+        XCTAssertEqual(h.gateway.metrics.push.sent(.apns, .expired), 1)
+    }
+
+    var pushProblems: [JSON] {
+        let r = h.request("GET", "/healthz")
+        return r.json?["pushProblems"]?.arrayValue ?? []
+    }
+
+    func testBadEnvironmentKeyInTokenMarksOnlyThatEnvironmentFailing() {
+        _ = register("dev", "phone", ["service": "apns", "token": .string(String(repeating: "0c", count: 32)), "environment": "development"])
+        _ = register("prod", "phone", apns())
+        _ = publish("dev", "n1")
+        _ = publish("prod", "n1")
+        dispatch()
+        transport.answerFirst(where: { $0.job.user.user == "dev" }, .credentialsRefused("APNs 403 BadEnvironmentKeyInToken"))
+        h.settle()
+        XCTAssertEqual(h.request("GET", "/healthz").json?["push"], "failing")
+        let problem: JSON = ["app": .string(Self.app.id), "service": "apns", "environment": "development", "problem": "credentialsRefused"]
+        XCTAssertEqual(pushProblems, [problem])
+        // Production devices' pushes go through and change nothing of it.
+        transport.answerAll(.delivered)
+        h.settle()
+        XCTAssertEqual(pushProblems, [problem])
+        h.clock.advance(seconds: 2)
+        dispatch()
+        transport.answerAll(.delivered)
+        h.settle()
+        XCTAssertEqual(h.request("GET", "/healthz").json?["push"], "ok")
+        XCTAssertEqual(pushProblems, [])
+    }
+
+    func testMostAnswersCallingHandlesDeadForOneReasonShowInHealth() {
+        func send(_ users: Range<Int>) {
+            for i in users {
+                _ = register("u\(i)", "phone", apns(String(format: "%064x", i + 1)))
+                _ = publish("u\(i)", "n1")
+            }
+            dispatch()
+        }
+        send(0..<9)
+        transport.answerAll(.unregistered("APNs 400 DeviceTokenNotForTopic", reason: "DeviceTokenNotForTopic"))
+        h.settle()
+        XCTAssertEqual(pushProblems, [], "too few answers to judge")
+        send(9..<10)
+        transport.answerAll(.unregistered("APNs 400 DeviceTokenNotForTopic", reason: "DeviceTokenNotForTopic"))
+        h.settle()
+        XCTAssertEqual(pushProblems, [["app": .string(Self.app.id), "service": "apns", "problem": "handlesDead",
+                                       "reason": "DeviceTokenNotForTopic"]])
+        XCTAssertEqual(h.request("GET", "/healthz").json?["push"], "ok", "the credentials are not refused")
+        XCTAssertEqual(h.gateway.metrics.push.sent(.apns, .unregistered, reason: "DeviceTokenNotForTopic"), 10)
+        // Once most of the last 20 go through, it is over.
+        send(10..<21)
+        transport.answerAll(.delivered)
+        h.settle()
+        XCTAssertEqual(pushProblems, [])
+    }
+
     func testAMovedHandleStopsTheFirstUsersPushes() {
         _ = register("alice", "phone", apns())
         XCTAssertEqual(register("bob", "phone2", apns()).response?.status, 200)
@@ -313,6 +403,17 @@ final class PushOutboxTests: XCTestCase {
         XCTAssertEqual(status(["service": "webpush", "subscription": ["endpoint": "https://a[.push.example.com/s", "keys": keys]]), 400)
         XCTAssertEqual(status(["service": "webpush", "subscription": ["endpoint": "https://push.example.com:+443/s", "keys": keys]]), 400)
         XCTAssertEqual(status(["service": "webpush", "subscription": ["endpoint": "HTTPS://Push.Example.com:443/s", "keys": keys]]), 200)
+        // Keys with or without `=` padding (browsers and libraries differ), but only the padding that completes them.
+        func keyed(_ p256dh: String, _ auth: String) -> JSON {
+            ["service": "webpush", "subscription": ["endpoint": "https://push.example.com/s",
+                                                    "keys": ["p256dh": .string(p256dh), "auth": .string(auth)]]]
+        }
+        XCTAssertEqual(status(keyed(Self.p256dh + "=", "AAAAAAAAAAAAAAAAAAAAAA==")), 200)
+        XCTAssertEqual(status(keyed(Self.p256dh, "AAAAAAAAAAAAAAAAAAAAAA==")), 200)
+        for (p256dh, auth) in [(Self.p256dh + "==", "AAAAAAAAAAAAAAAAAAAAAA"), (Self.p256dh, "AAAAAAAAAAAAAAAAAAAAAA="),
+                               (Self.p256dh, "AAAAAAAAAAAAAAAAAAAAAA==="), (Self.p256dh, "AAAAAAAAAAAAAAAAAAAA=AA=")] {
+            XCTAssertEqual(status(keyed(p256dh, auth)), 400, "\(p256dh) \(auth)")
+        }
         let devices = h.request("GET", "/v1/apps/\(Self.app.id)/users/u/devices")
         h.settle()
         XCTAssertEqual(devices.json?["devices"]?.arrayValue?.first?.objectValue?["push"], ["service": "webpush"],
@@ -444,7 +545,7 @@ final class PushOutboxTests: XCTestCase {
         _ = register("u", "phone", apns(fresh))
         _ = publish("u", "n2")
         h.settle()
-        transport.answerFirst(.unregistered("410 Unregistered"))
+        transport.answerFirst(.unregistered("410 Unregistered", reason: "Unregistered"))
         dispatch()
         XCTAssertEqual(transport.sent.map(\.handle), [.apns(token: Self.apnsToken, environment: .production),
                                                      .apns(token: fresh, environment: .production)])

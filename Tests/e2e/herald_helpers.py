@@ -79,6 +79,23 @@ def wait_until(cond: Callable[[], Any], what: str, timeout: float = 30.0, interv
         time.sleep(interval)
 
 
+def complete_lines(gw: "Gateway") -> list[str]:
+    """The gateway's log lines so far, without one still being written."""
+    return gw.stderr_path.read_text().split("\n")[:-1]
+
+
+def reload(gw: "Gateway", config) -> str:
+    """Writes `config` (a dict, or raw text) over the gateway's config file
+    and sends SIGHUP; answers the log line that ends the reload (done, or
+    refused)."""
+    seen = len(complete_lines(gw))
+    gw.config_path.write_text(config if isinstance(config, str) else json.dumps(config))
+    gw.proc.send_signal(signal.SIGHUP)
+    return wait_until(lambda: next((l for l in complete_lines(gw)[seen:]
+                                    if "config reloaded from" in l or "config reload refused" in l), None),
+                      "the reload's log line")
+
+
 def uid(prefix: str = "u") -> str:
     """A fresh id that keeps tests independent on a shared gateway."""
     return f"{prefix}-{uuid.uuid4().hex[:16]}"
@@ -367,12 +384,15 @@ class Gateway:
         except OSError:
             return ""
 
-    def metric(self, series: str) -> float:
-        """The value of one series of /metrics, e.g. `herald_connections{transport="poll"}`."""
+    def metric(self, series: str, absent: float | None = None) -> float:
+        """The value of one series of /metrics, e.g. `herald_connections{transport="poll"}`;
+        `absent` when it is not there (a labelled counter shows once counted), else an error."""
         text = self.request("GET", "/metrics").text
         for line in text.splitlines():
             if line.startswith(series + " "):
                 return float(line.split()[-1])
+        if absent is not None:
+            return absent
         raise AssertionError(f"{series} not in /metrics")
 
     # ---- HTTP

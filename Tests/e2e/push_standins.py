@@ -610,23 +610,50 @@ class APNsStandIn(StandIn):
 
     `key` is the P-256 signing key, written to `key_file` (AuthKey_<key_id>.p8,
     PKCS#8 PEM) as Apple hands it out. Accepted records: token, headers,
-    payload, collapseId, at, connection, held."""
+    payload, collapseId, keyId (the provider token's), at, connection, held.
+
+    One stand-in is one of Apple's environments (`environment`, production or
+    development, the sandbox). `team` makes it the other environment of the
+    same team: the same ids, topic and keys. Apple lets a key be limited to one
+    environment (`add_key`, `limit_key`): a token it signed is refused in the
+    other with 403 BadEnvironmentKeyInToken."""
 
     http1 = False  # Apple: "APNs requires the use of HTTP/2"
 
-    def __init__(self, folder=None, team_id: str = "TEAM123456", key_id: str = "KEY1234567", topic: str = "com.example.app"):
+    def __init__(self, folder=None, team_id: str = "TEAM123456", key_id: str = "KEY1234567", topic: str = "com.example.app",
+                 environment: str = "production", team: "APNsStandIn | None" = None):
         super().__init__(folder)
-        self.team_id, self.key_id, self.topic = team_id, key_id, topic
-        self.key = ec.generate_private_key(ec.SECP256R1())
-        self.key_file = self.folder / f"AuthKey_{key_id}.p8"
-        self.key_file.write_bytes(pem_private(self.key))
+        self.environment = environment
+        if team is not None:
+            self.team_id, self.key_id, self.topic = team.team_id, team.key_id, team.topic
+            self.key, self.key_file, self.keys = team.key, team.key_file, team.keys  # shared: one team's keys
+        else:
+            self.team_id, self.key_id, self.topic = team_id, key_id, topic
+            # The team's keys by key id: each signing key and the environment it is limited to, if any.
+            self.keys: dict[str, dict] = {}
+            self.key_file = self.add_key(key_id)
+            self.key = self.keys[key_id]["key"]
         self.tokens_by_connection: dict[int, tuple[str, float]] = {}
         # Signatures checked once per provider token (as APNs does per connection); ages every time.
         self.verified: dict[str, tuple[dict, dict]] = {}
 
+    def add_key(self, key_id: str, environment: str | None = None) -> Path:
+        """A new key of the team (limited to `environment` if given), written as Apple hands it out; answers its file."""
+        key = ec.generate_private_key(ec.SECP256R1())
+        f = self.folder / f"AuthKey_{key_id}.p8"
+        f.write_bytes(pem_private(key))
+        with self.lock:
+            self.keys[key_id] = {"key": key, "environment": environment}
+        return f
+
+    def limit_key(self, key_id: str, environment: str | None) -> None:
+        """Limits a key to one environment (None: both), as the developer account's key settings do."""
+        with self.lock:
+            self.keys[key_id]["environment"] = environment
+
     def describe(self) -> dict:
         return {**super().describe(), "teamId": self.team_id, "keyId": self.key_id, "keyFile": str(self.key_file),
-                "topic": self.topic}
+                "topic": self.topic, "environment": self.environment}
 
     def _error(self, req: Request, status: int, reason: str, retry_after: int | None = None) -> Response:
         body = {"reason": reason}
@@ -654,7 +681,11 @@ class APNsStandIn(StandIn):
         if verified is None:
             try:
                 header = jwt.get_unverified_header(provider)
-                claims = jwt.decode(provider, self.key.public_key(), algorithms=["ES256"],
+                with self.lock:
+                    key = self.keys.get(header.get("kid"), {}).get("key")
+                if key is None:  # not a key of this team
+                    return self._error(req, 403, "InvalidProviderToken")
+                claims = jwt.decode(provider, key.public_key(), algorithms=["ES256"],
                                     options={"require": ["iss", "iat"], "verify_iat": False})
             except jwt.PyJWTError:
                 return self._error(req, 403, "InvalidProviderToken")
@@ -662,8 +693,12 @@ class APNsStandIn(StandIn):
             with self.lock:
                 self.verified[provider] = verified
         header, claims = verified
-        if header.get("kid") != self.key_id or claims["iss"] != self.team_id or not isinstance(claims["iat"], int):
+        if claims["iss"] != self.team_id or not isinstance(claims["iat"], int):
             return self._error(req, 403, "InvalidProviderToken")
+        with self.lock:
+            limited_to = self.keys[header["kid"]]["environment"]
+        if limited_to not in (None, self.environment):
+            return self._error(req, 403, "BadEnvironmentKeyInToken")
         now = time.time()
         if now - claims["iat"] > 3600:
             return self._error(req, 403, "ExpiredProviderToken")
@@ -728,8 +763,9 @@ class APNsStandIn(StandIn):
         if outcome is not None and outcome.status != 200:
             reason = outcome.reason or APNS_REASONS.get(outcome.status) or _phrase(outcome.status).replace(" ", "")
             return self._error(req, outcome.status, reason, outcome.retry_after)
-        return self._accept(req, {"token": token, "headers": req.headers, "payload": payload, "collapseId": collapse},
-                            Response(200, [("apns-id", self._apns_id(req))]))
+        key_id = jwt.get_unverified_header(req.headers["authorization"].partition(" ")[2])["kid"]
+        return self._accept(req, {"token": token, "headers": req.headers, "payload": payload, "collapseId": collapse,
+                                  "keyId": key_id}, Response(200, [("apns-id", self._apns_id(req))]))
 
 
 # ---------------------------------------------------------------- FCM
@@ -749,6 +785,11 @@ FCM_ERRORS = {400: ("INVALID_ARGUMENT", "INVALID_ARGUMENT"), 401: ("UNAUTHENTICA
               403: ("PERMISSION_DENIED", "SENDER_ID_MISMATCH"), 404: ("NOT_FOUND", "UNREGISTERED"),
               429: ("RESOURCE_EXHAUSTED", "QUOTA_EXCEEDED"), 500: ("INTERNAL", "INTERNAL"),
               503: ("UNAVAILABLE", "UNAVAILABLE")}
+
+# The messages FCM sends with those errorCodes.
+FCM_MESSAGES = {"INVALID_ARGUMENT": "The registration token is not a valid FCM registration token",
+                "UNREGISTERED": "Requested entity was not found.", "SENDER_ID_MISMATCH": "SenderId mismatch",
+                "QUOTA_EXCEEDED": "Quota exceeded for quota metric 'Send requests'."}
 
 
 def _snake(name: str) -> str:
@@ -854,9 +895,7 @@ class FCMStandIn(StandIn):
         outcome = self._next_outcome(token)
         if outcome is not None and outcome.status != 200:
             code = outcome.reason or FCM_ERRORS.get(outcome.status, (None, None))[1]
-            text = ("The registration token is not a valid FCM registration token" if outcome.status == 400
-                    else "Requested entity was not found." if outcome.status == 404 else "scripted")
-            return self._google_error(req, outcome.status, text, code, outcome.retry_after)
+            return self._google_error(req, outcome.status, FCM_MESSAGES.get(code, "scripted"), code, outcome.retry_after)
         name = f"projects/{self.project_id}/messages/{uuid.uuid4().int % 10 ** 19}"
         response = Response(200, [("content-type", "application/json")], json.dumps({"name": name}).encode())
         if request.get("validate_only", request.get("validateOnly")):
@@ -900,6 +939,8 @@ class FCMStandIn(StandIn):
 
 # ---------------------------------------------------------------- Web Push
 
+# Mozilla's autopush docs: a push to a bridged (FCM-reached) browser "may be limited to only 2744 bytes".
+BRIDGED_MAX_BODY = 2744
 TOPIC_ALPHABET = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
 
 
@@ -907,7 +948,7 @@ class WebPushStandIn(StandIn):
     """POST /push/<id> for subscriptions it made (`new_subscription`), as a browser's push service.
 
     Accepted records: subscription (id), headers, plaintext (bytes), json
-    (parsed, or None), at, connection, held. `redirect_to` is where a
+    (parsed, or None), size (of the encrypted body), at, connection, held. `redirect_to` is where a
     scripted 3xx points."""
 
     def __init__(self, folder=None):
@@ -915,15 +956,18 @@ class WebPushStandIn(StandIn):
         self.subscriptions: dict[str, dict] = {}
         self.redirect_to = "https://127.0.0.1:1/"
 
-    def new_subscription(self, application_server_key: str | None = None) -> dict:
+    def new_subscription(self, application_server_key: str | None = None, bridged: bool = False) -> dict:
         """A subscription as `PushSubscription.toJSON()` gives it. The stand-in keeps the key pair
         and auth secret, as the browser would. With `application_server_key` (b64url public key,
-        as given to `pushManager.subscribe`), only VAPID signed by that key is taken."""
+        as given to `pushManager.subscribe`), only VAPID signed by that key is taken. `bridged`:
+        a browser that Mozilla's autopush reaches through FCM (Firefox for Android), whose bodies
+        "may be limited to only 2744 bytes": larger ones get autopush's 413."""
         key = ec.generate_private_key(ec.SECP256R1())
         auth = os.urandom(16)
         sid = b64url(os.urandom(12))
         with self.lock:
-            self.subscriptions[sid] = {"key": key, "auth": auth, "applicationServerKey": application_server_key}
+            self.subscriptions[sid] = {"key": key, "auth": auth, "applicationServerKey": application_server_key,
+                                       "maxBody": BRIDGED_MAX_BODY if bridged else 4096}
         return {"endpoint": f"{self.url}/push/{sid}", "keys": {"p256dh": b64url(public_point(key)), "auth": b64url(auth)}}
 
     def _handle(self, req: Request):
@@ -968,6 +1012,14 @@ class WebPushStandIn(StandIn):
             return no(403, "VAPID key is not the one the subscription was made with")  # RFC 8292 4.2
         if len(req.body) > 4096:  # RFC 8030 7.2
             return no(413, "payload too large")
+        if len(req.body) > sub["maxBody"]:
+            # autopush's error form (autoendpoint's ApiError), errno 104 for a body its bridge cannot carry.
+            return self._refuse(req, 413, json.dumps({
+                "code": 413, "errno": 104, "error": "Payload Too Large",
+                "message": "This message is intended for a constrained device and is limited in size. "
+                           f"Converted buffer is too long by {len(req.body) - sub['maxBody']} bytes",
+                "more_info": "http://autopush.readthedocs.io/en/latest/http.html#error-codes"}).encode(),
+                "bridged body over 2744 bytes", [("content-type", "application/json")])
         # RFC 8291 4: one record, whose keyid is the sender's 65-byte public key.
         if len(req.body) < 21 or req.body[20] != 65 or len(req.body) - 86 >= int.from_bytes(req.body[16:20], "big"):
             return no(400, "not a single aes128gcm record keyed by a P-256 public key")
@@ -983,8 +1035,8 @@ class WebPushStandIn(StandIn):
         except ValueError:
             parsed = None
         response = Response(201, [("location", f"{self.url}/message/{uuid.uuid4().hex}"), ("ttl", ttl)])
-        return self._accept(req, {"subscription": sid, "headers": req.headers, "plaintext": plaintext, "json": parsed},
-                            response)
+        return self._accept(req, {"subscription": sid, "headers": req.headers, "plaintext": plaintext, "json": parsed,
+                                  "size": len(req.body)}, response)
 
 
 # ---------------------------------------------------------------- as a process

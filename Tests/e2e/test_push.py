@@ -5,15 +5,19 @@ test_push_standins.py)."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
+import subprocess
 import time
 import uuid
+from pathlib import Path
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric import ec
 
-from herald_helpers import APPS, Gateway, herald_binary, uid, uid_in, wait_until
-from push_standins import APNsStandIn, FCMStandIn, Outcome, WebPushStandIn
+from herald_helpers import APPS, Gateway, complete_lines, herald_binary, reload, uid, uid_in, wait_until
+from push_standins import APNsStandIn, FCMStandIn, Outcome, WebPushStandIn, pem_private
 
 APP = "app.one"
 
@@ -37,9 +41,6 @@ def push_config(apns: APNsStandIn, fcm: FCMStandIn, web: WebPushStandIn, vapid_f
 
 @pytest.fixture
 def vapid_file(tmp_path):
-    from cryptography.hazmat.primitives.asymmetric import ec
-
-    from push_standins import pem_private
     f = tmp_path / "vapid.pem"
     f.write_bytes(pem_private(ec.generate_private_key(ec.SECP256R1())))
     return f
@@ -133,7 +134,7 @@ def test_a_dead_handle_is_removed_and_gets_nothing_more(pushing):
     fcm.wait_for(2)  # the same commit would have recorded the phone's
     wait_until(lambda: gw.metric('herald_push_sent_total{service="fcm",outcome="delivered"}') == 2, "both FCM pushes answered")
     assert apns.accepted == [] and len(apns.refused) == 1
-    assert gw.metric('herald_push_sent_total{service="apns",outcome="unregistered"}') == 1
+    assert gw.metric('herald_push_sent_total{service="apns",outcome="unregistered",reason="Unregistered"}') == 1
 
 
 def test_429_and_503_are_retried_no_sooner_than_retry_after(pushing):
@@ -203,7 +204,7 @@ def test_device_given_urls_never_make_herald_post_elsewhere(pushing, tmp_path):
         web.redirect_to = elsewhere.url + "/push/x"
         register(gw, user, "browser", {"service": "webpush", "subscription": sub}, platform="web")
         gw.publish(user, payload={"title": "t", "body": "b"})
-        wait_until(lambda: gw.metric('herald_push_sent_total{service="webpush",outcome="rejected"}') == 1, "the redirect refused")
+        wait_until(lambda: gw.metric('herald_push_sent_total{service="webpush",outcome="rejected",reason="302"}', absent=0) == 1, "the redirect refused")
         assert elsewhere.connections == 0
 
 
@@ -291,3 +292,190 @@ def test_a_connection_lost_without_a_close_handshake_gets_a_tap(pushing):
     [tap] = apns.wait_for(1)
     assert tap["token"] == token and tap["headers"]["apns-push-type"] == "background"
     assert tap["payload"]["herald"]["cursor"] == out["seq"]
+
+
+# ---------------------------------------------------------------- what the real services answer
+
+def test_a_large_web_push_carries_the_change_only_within_2744_bytes(pushing):
+    """Firefox for Android (autopush through FCM) refuses bodies over 2,744
+    bytes with 413: the change rides only in bodies within that, and a 413 is
+    answered by sending the push again without the change, its text cut."""
+    gw, _, _, web = pushing
+    user = uid("u")
+    android = web.new_subscription(bridged=True)
+    # Keys as some libraries give them, with `=` padding.
+    padded = {**android, "keys": {k: v + "=" * (-len(v) % 4) for k, v in android["keys"].items()}}
+    assert padded["keys"] != android["keys"]
+    register(gw, user, "android", {"service": "webpush", "subscription": padded}, platform="web")
+    small = gw.publish(user, payload={"title": "small", "body": "b"})
+    [m] = web.wait_for(1)
+    assert m["json"]["change"]["notification"]["id"] == small["notification"]["id"] and m["size"] <= 2744
+    gw.publish(user, payload={"title": "large change", "body": "b", "pad": "x" * 2700})
+    [_, m] = web.wait_for(2)
+    assert "change" not in m["json"] and m["json"]["title"] == "large change" and m["size"] <= 2744
+    # A text too long for 2,744 bytes fits the usual 4,096: refused once, then sent cut.
+    gw.publish(user, payload={"title": "t" * 3000, "body": "b"})
+    [_, _, m] = web.wait_for(3)
+    assert m["json"]["title"].endswith("…") and m["size"] <= 2744
+    [refusal] = web.refused
+    assert refusal["status"] == 413
+    wait_until(lambda: gw.metric('herald_push_sent_total{service="webpush",outcome="delivered"}') == 3, "all three answered")
+    assert gw.metric('herald_push_sent_total{service="webpush",outcome="rejected",reason="413"}', absent=0) == 0
+
+
+def test_fcm_sender_id_mismatch_removes_the_handle_not_the_credentials(pushing):
+    gw, _, fcm, _ = pushing
+    user = uid("u")
+    register(gw, user, "pixel", {"service": "fcm", "token": "fcm-other-project"}, platform="android")
+    fcm.script(Outcome(403, "SENDER_ID_MISMATCH"), key="fcm-other-project")
+    gw.publish(user, payload={"title": "t", "body": "b"})
+    wait_until(lambda: gw.devices(user)["pixel"]["push"] is None, "the handle removed")
+    assert fcm.refused[-1]["status"] == 403 and "SENDER_ID_MISMATCH" in fcm.refused[-1]["reason"]
+    assert gw.metric('herald_push_sent_total{service="fcm",outcome="unregistered",reason="SENDER_ID_MISMATCH"}') == 1
+    assert gw.request("GET", "/healthz").json()["push"] == "ok"
+
+
+def test_web_push_406_is_throttling_and_retried(pushing):
+    """WNS (Edge) answers 406 when it throttles."""
+    gw, _, _, web = pushing
+    user = uid("u")
+    sub = web.new_subscription()
+    web.script(Outcome(406, "Not Acceptable", 1), key=sub["endpoint"].rsplit("/", 1)[1])
+    register(gw, user, "edge", {"service": "webpush", "subscription": sub}, platform="web")
+    gw.publish(user, payload={"title": "t", "body": "b"})
+    [m] = web.wait_for(1)
+    [refusal] = web.refused
+    assert refusal["status"] == 406 and m["at"] - refusal["at"] >= 1, "Retry-After honoured"
+    wait_until(lambda: gw.metric('herald_push_sent_total{service="webpush",outcome="delivered"}') == 1, "answered")
+    assert gw.metric('herald_push_sent_total{service="webpush",outcome="retried"}') == 1
+
+
+def test_a_retry_leaving_under_a_second_of_lifetime_expires(pushing):
+    """A notification living 30 s whose push is throttled for 29 s: what
+    would be left of its lifetime by then is under a second, so it is not sent."""
+    gw, apns, _, _ = pushing
+    user, token = uid("u"), apns_token(9)
+    register(gw, user, "phone", apns_handle(token))
+    apns.script(Outcome(429, "TooManyRequests", 29), key=token)
+    gw.publish(user, payload={"title": "t", "body": "b"}, ttlSeconds=30)
+    wait_until(lambda: gw.metric('herald_push_sent_total{service="apns",outcome="expired"}') == 1, "the push given up")
+    assert gw.metric('herald_push_sent_total{service="apns",outcome="retried"}') == 0
+    assert apns.accepted == [] and len(apns.refused) == 1
+
+
+def test_fcm_quota_exceeded_waits_at_least_a_minute(pushing):
+    """No Retry-After: Herald's own backoff would try again in a second, but
+    Google asks for 60 s, which a push living 60 s does not have."""
+    gw, _, fcm, _ = pushing
+    user = uid("u")
+    register(gw, user, "pixel", {"service": "fcm", "token": "fcm-quota"}, platform="android")
+    fcm.script(Outcome(429), key="fcm-quota")
+    gw.publish(user, payload={"title": "t", "body": "b"}, ttlSeconds=60)
+    wait_until(lambda: gw.metric('herald_push_sent_total{service="fcm",outcome="expired"}') == 1, "the push given up")
+    [refusal] = fcm.refused
+    assert refusal["status"] == 429 and "QUOTA_EXCEEDED" in refusal["reason"] and fcm.accepted == []
+
+
+def test_most_answers_calling_handles_dead_for_one_reason_are_a_configuration_warning(pushing):
+    """A wrong topic makes Apple answer DeviceTokenNotForTopic for every
+    device: logged once as a likely configuration error, in /healthz, and
+    counted by reason."""
+    gw, apns, _, _ = pushing
+    users = [uid("u") for _ in range(10)]
+    for k, user in enumerate(users):
+        token = apns_token(200 + k)
+        register(gw, user, "phone", apns_handle(token))
+        apns.script(Outcome(400, "DeviceTokenNotForTopic"), key=token)
+        gw.publish(user, payload={"title": "t", "body": "b"})
+    health = wait_until(lambda: (h := gw.request("GET", "/healthz").json()).get("pushProblems") and h, "the warning")
+    assert health["pushProblems"] == [{"app": APP, "service": "apns", "problem": "handlesDead", "reason": "DeviceTokenNotForTopic"}]
+    assert health["push"] == "ok", "the credentials are fine"
+    wait_until(lambda: gw.metric('herald_push_sent_total{service="apns",outcome="unregistered",reason="DeviceTokenNotForTopic"}',
+                                 absent=0) == 10, "every answer counted")
+    # The log line follows the judgement /healthz shows.
+    warnings = wait_until(lambda: [l for l in complete_lines(gw) if "likely a configuration error" in l], "the log line")
+    assert len(warnings) == 1 and "DeviceTokenNotForTopic" in warnings[0] and APP in warnings[0], warnings
+
+
+def two_environments(apns: APNsStandIn, sandbox: APNsStandIn, tmp_path) -> dict:
+    """APNs settings reaching production at `apns` and the sandbox at `sandbox` (one CA file for both)."""
+    ca = tmp_path / "apns-ca.pem"
+    ca.write_text(Path(apns.ca_file).read_text() + Path(sandbox.ca_file).read_text())
+    a = apns.describe()
+    return {"teamId": a["teamId"], "keyId": a["keyId"], "keyFile": a["keyFile"], "topic": a["topic"],
+            "endpoint": apns.url, "developmentEndpoint": sandbox.url, "caFile": str(ca)}
+
+
+def test_an_environment_limited_key_fails_only_its_environment(gateway_factory, services, vapid_file, tmp_path):
+    apns, fcm, web = services
+    apns.limit_key(apns.key_id, "production")
+    with APNsStandIn(tmp_path / "sandbox", environment="development", team=apns) as sandbox:
+        config = push_config(apns, fcm, web, vapid_file)
+        config["apps"][0]["push"]["apns"] = two_environments(apns, sandbox, tmp_path)
+        gw = gateway_factory(config=config, store="sqlite:herald.db")
+        prod_user, dev_user = uid("prod"), uid("dev")
+        register(gw, prod_user, "phone", apns_handle(apns_token(10)))
+        register(gw, dev_user, "phone", {**apns_handle(apns_token(11)), "environment": "development"})
+        gw.publish(dev_user, payload={"title": "dev", "body": "b"})
+        [refusal] = sandbox.wait_for(1, refused=True)
+        assert refusal["reason"] == "BadEnvironmentKeyInToken"
+        problem = {"app": APP, "service": "apns", "environment": "development", "problem": "credentialsRefused"}
+        health = wait_until(lambda: (h := gw.request("GET", "/healthz").json()).get("pushProblems") and h, "the failure shown")
+        assert (health["push"], health["pushProblems"]) == ("failing", [problem])
+        [line] = wait_until(lambda: [l for l in complete_lines(gw) if "refused app" in l], "the log line")
+        assert "for development devices" in line and "BadEnvironmentKeyInToken" in line, line
+        # Production devices are served all along, and do not clear it.
+        gw.publish(prod_user, payload={"title": "prod", "body": "b"})
+        [p] = apns.wait_for(1)
+        assert p["keyId"] == apns.key_id
+        wait_until(lambda: gw.metric('herald_push_sent_total{service="apns",outcome="delivered"}') == 1, "answered")
+        assert gw.request("GET", "/healthz").json()["pushProblems"] == [problem]
+
+        # A sandbox-only key for development devices, read from its file at each reload.
+        dev_file = apns.add_key("DEVKEY0001", environment="development")
+        right = dev_file.read_bytes()
+        dev_file.write_bytes(pem_private(ec.generate_private_key(ec.SECP256R1())))  # a key Apple does not know
+        config["apps"][0]["push"]["apns"].update(developmentKeyId="DEVKEY0001", developmentKeyFile=str(dev_file))
+        assert "config reloaded from" in reload(gw, config)
+        wait_until(lambda: any(r["reason"] == "InvalidProviderToken" for r in sandbox.refused), "a push signed with the new file",
+                   timeout=60)
+        dev_file.write_bytes(right)
+        assert "config reloaded from" in reload(gw, config), "the same config, another key in its file"
+        [d] = sandbox.wait_for(1, timeout=60)
+        assert (d["keyId"], d["payload"]["aps"]["alert"]["title"]) == ("DEVKEY0001", "dev")
+        wait_until(lambda: gw.request("GET", "/healthz").json()["push"] == "ok", "the failure cleared")
+        assert "pushProblems" not in gw.request("GET", "/healthz").json()
+
+
+def serve_exit(herald_bin, tmp_path, config: dict) -> subprocess.CompletedProcess:
+    f = tmp_path / "herald.json"
+    f.write_text(json.dumps(config))
+    return subprocess.run([str(herald_bin), "serve", "--store", "memory", "--port", "0", "--config", str(f)],
+                          capture_output=True, timeout=30, stdin=subprocess.DEVNULL)
+
+
+@pytest.mark.parametrize("subject", ["mailto: ops@example.com", "mailto:<ops@example.com>", "mailto:Ops <ops@example.com>",
+                                     "mailto:ops@localhost", "mailto:ops@example.com,dev@example.com", "mailto:",
+                                     "https://localhost/contact", "https://127.0.0.1/", "https://", "ops@example.com"])
+def test_a_vapid_subject_apple_refuses_stops_the_start(herald_bin, services, vapid_file, tmp_path, subject):
+    config = push_config(*services, vapid_file)
+    config["apps"][0]["push"]["webpush"]["subject"] = subject
+    r = serve_exit(herald_bin, tmp_path, config)
+    assert r.returncode == 2, r.stderr
+    [line] = r.stderr.decode().splitlines()
+    assert "push.webpush.subject" in line, line
+
+
+def test_a_development_key_needs_its_id_and_file_together(herald_bin, services, vapid_file, tmp_path):
+    config = push_config(*services, vapid_file)
+    config["apps"][0]["push"]["apns"]["developmentKeyId"] = "DEVKEY0001"
+    r = serve_exit(herald_bin, tmp_path, config)
+    assert r.returncode == 2, r.stderr
+    [line] = r.stderr.decode().splitlines()
+    assert "developmentKeyId and developmentKeyFile" in line, line
+
+
+def test_an_https_vapid_subject_starts(gateway_factory, services, vapid_file):
+    config = push_config(*services, vapid_file)
+    config["apps"][0]["push"]["webpush"]["subject"] = "https://example.com/contact"
+    assert gateway_factory(config=config).request("GET", "/healthz").json()["push"] == "ok"

@@ -300,6 +300,30 @@ def test_apns_answers_scripted_outcomes(apns):
     assert [a["token"] for a in apns.accepted] == [other]
 
 
+def test_a_key_limited_to_one_environment_is_refused_in_the_other(apns, tmp_path):
+    def push(s: APNsStandIn, provider: str):
+        with h2_client(s) as c:  # a connection per token: APNs refuses a second one on a connection within 20 minutes
+            return apns_push(c, s, provider=provider)
+    with APNsStandIn(tmp_path / "sandbox", environment="development", team=apns) as sandbox:
+        dev_file = apns.add_key("DEVKEY0001", environment="development")
+        assert dev_file.read_text().startswith("-----BEGIN PRIVATE KEY-----")
+        dev_token = provider_token(apns, key=dev_file.read_text(), kid="DEVKEY0001")
+        r = push(apns, dev_token)
+        assert (r.status_code, r.json()) == (403, {"reason": "BadEnvironmentKeyInToken"})
+        assert push(sandbox, dev_token).status_code == 200
+        # The team's key serves both until it is limited to one.
+        team = provider_token(apns)
+        assert push(sandbox, team).status_code == 200
+        apns.limit_key(apns.key_id, "production")
+        assert push(apns, team).status_code == 200
+        r = push(sandbox, team)
+        assert (r.status_code, r.json()) == (403, {"reason": "BadEnvironmentKeyInToken"})
+        other = provider_token(apns, key=pem_private(ec.generate_private_key(ec.SECP256R1())).decode(), kid="NOTOURKEY1")
+        assert push(apns, other).json() == {"reason": "InvalidProviderToken"}
+        assert [a["keyId"] for a in sandbox.accepted] == ["DEVKEY0001", apns.key_id]
+        assert [a["keyId"] for a in apns.accepted] == [apns.key_id]
+
+
 # ---------------------------------------------------------------- FCM
 
 def fcm_assertion(sa: dict, *, key=None, now: float | None = None, lifetime: int = 3600, **claims) -> str:
@@ -441,6 +465,7 @@ def test_fcm_answers_scripted_outcomes_and_holds(fcm, fcm_access):
         (403, "PERMISSION_DENIED", "SENDER_ID_MISMATCH"), (401, "UNAUTHENTICATED", "THIRD_PARTY_AUTH_ERROR")]
     assert "registration token" in answers[1].json()["error"]["message"]
     assert answers[2].headers["retry-after"] == "7"
+    assert answers[4].json()["error"]["message"] == "SenderId mismatch"
     r = held_then_released(fcm, lambda: fcm_send(session, fcm, access, MESSAGE))
     assert r.status_code == 200 and r.json()["name"]
 
@@ -549,6 +574,22 @@ def test_web_push_takes_only_the_subscriptions_application_server_key(web, vapid
     assert web_post(web, sub, vapid_file).status_code == 201
     gone = dict(sub, endpoint=f"{web.url}/push/nosuchsubscription")
     assert web_post(web, gone, vapid_file).status_code == 404
+
+
+def test_a_bridged_subscription_takes_2744_bytes_and_no_more(web, vapid):
+    """Firefox for Android, reached through FCM: autopush refuses larger bodies with its own error form."""
+    vapid_file, _ = vapid
+    sub, desktop = web.new_subscription(bridged=True), web.new_subscription()
+    fits = WebPusher(sub).encode(b"x" * (2744 - 103), "aes128gcm")["body"]
+    over = WebPusher(sub).encode(b"x" * (2744 - 102), "aes128gcm")["body"]
+    assert (len(fits), len(over)) == (2744, 2745)
+    assert web_post(web, sub, vapid_file, body=fits).status_code == 201
+    r = web_post(web, sub, vapid_file, body=over)
+    assert r.status_code == 413
+    assert (r.json()["code"], r.json()["errno"], r.json()["error"]) == (413, 104, "Payload Too Large")
+    big = WebPusher(desktop).encode(b"x" * 3993, "aes128gcm")["body"]
+    assert len(big) == 4096 and web_post(web, desktop, vapid_file, body=big).status_code == 201, "others take 4096"
+    assert [m["plaintext"] for m in web.accepted] == [b"x" * 2641, b"x" * 3993]
 
 
 def test_web_push_answers_scripted_outcomes_and_holds(web, vapid):

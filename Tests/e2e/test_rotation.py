@@ -7,11 +7,10 @@ A reload is awaited through its log line, which the gateway writes once
 every loop has closed the connections the reload revoked."""
 
 import json
-import signal
 import threading
 
 import pytest
-from herald_helpers import Gateway, check_error, decode_jwt, mint_token, uid, verify_jwt, wait_until
+from herald_helpers import Gateway, check_error, complete_lines, decode_jwt, mint_token, reload, uid, verify_jwt, wait_until
 
 OLD = {"kid": "2026-05", "secret": "ts-old"}
 NEW = {"kid": "2026-11", "secret": "ts-new"}
@@ -22,22 +21,6 @@ def rot_token(user, secret, kid=None, **kw):
     """A token of rot.app signed with `secret`, its header naming `kid` (or none)."""
     header = {"alg": "HS256", "typ": "JWT", **({"kid": kid} if kid else {})}
     return mint_token(user, "rot.app", secret=secret, header=header, **kw)
-
-
-def complete_lines(gw) -> list[str]:
-    return gw.stderr_path.read_text().split("\n")[:-1]
-
-
-def reload(gw, config) -> str:
-    """Writes `config` (a dict, or raw text) over the gateway's config file
-    and sends SIGHUP; answers the log line that ends the reload (done, or
-    refused)."""
-    seen = len(complete_lines(gw))
-    gw.config_path.write_text(config if isinstance(config, str) else json.dumps(config))
-    gw.proc.send_signal(signal.SIGHUP)
-    return wait_until(lambda: next((l for l in complete_lines(gw)[seen:]
-                                    if "config reloaded from" in l or "config reload refused" in l), None),
-                      "the reload's log line")
 
 
 def publish(gw, app, key, user, anid="n"):
