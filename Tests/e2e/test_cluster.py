@@ -310,16 +310,16 @@ def test_a_node_frozen_in_a_transaction_is_fenced_and_the_others_write_on(nodes,
     frozen = threading.Thread(target=lambda: answer.update(
         r=n1.publish_raw(user, {"appNotificationId": "frozen", "payload": {}})))
     try:
-        # Node 1's batch waits for the feeds table, then claims the user's
-        # row and reads the heads, whose answer finds the process stopped.
-        blocker.run("BEGIN; LOCK TABLE feeds IN SHARE ROW EXCLUSIVE MODE;")
+        # Node 1's batch waits for the user's feeds row, then claims it and
+        # reads the heads, whose answer finds the process stopped. A row
+        # lock, not the table's: maintenance on the session (pruning, the
+        # expiry sweep) skips locked rows, where it would wait for a locked
+        # table, hold the session through a lock_timeout and leave it idle.
+        blocker.run(f"BEGIN; SELECT 1 FROM feeds WHERE app = 'app.one' AND user_id = '{user}' FOR UPDATE;")
         frozen.start()
-        # The batch's own statement, its first write (the feeds rows' lock):
-        # the session's maintenance (pruning updates feeds too) may wait for
-        # the table as well, and would then run to its end when let go,
-        # leaving the session idle rather than holding the user's row.
+        # The batch's own statement, its first write (the INSERT that locks its feeds rows).
         wait_until(lambda: node_sessions(n1, 0, "wait_event_type = 'Lock' AND query LIKE 'INSERT INTO feeds %unnest%'") == 1,
-                   "node 1's batch waiting for the table")
+                   "node 1's batch waiting for the user's row")
         n1.proc.send_signal(signal.SIGSTOP)
         blocker.run("COMMIT;")
         wait_until(lambda: node_sessions(n1, 0, "xact_start IS NOT NULL AND wait_event = 'ClientRead'") == 1,
