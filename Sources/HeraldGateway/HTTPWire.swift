@@ -108,7 +108,7 @@ public enum HTTPWire {
         var length: Int?
         var connection: [Substring] = []
         var expectsContinue = false
-        var hosts = 0
+        var hosts = 0, hostValid = true
         for line in lines.dropFirst() {
             guard let colon = line.firstIndex(of: UInt8(ascii: ":")), colon > line.startIndex,
                   line[..<colon].allSatisfy(isTokenChar)
@@ -122,6 +122,11 @@ public enum HTTPWire {
             guard let field = Field.named(line[..<colon]) else { continue }
             while let c = v.first, c == space || c == tab { v = v.dropFirst() }
             while let c = v.last, c == space || c == tab { v = v.dropLast() }
+            if case .host = field {
+                hosts += 1
+                hostValid = hostValid && v.allSatisfy(Self.isAuthorityByte)
+                continue
+            }
             let value = String(decoding: v, as: UTF8.self)
             switch field {
             case .contentLength:
@@ -135,8 +140,7 @@ public enum HTTPWire {
                 connection += value.lowercased().split(separator: ",").map(\.trimmingSpaces)
             case .expect:
                 expectsContinue = value.lowercased() == "100-continue"
-            case .host:
-                hosts += 1
+            case .host: break  // above
             case .kept(let name):
                 request.headers[name] = request.headers[name].map { $0 + "," + value } ?? value
             }
@@ -147,9 +151,12 @@ public enum HTTPWire {
         h.http10 = http10
         h.expectsContinue = expectsContinue && !h.http10
         // RFC 9112 3.2: an HTTP/1.1 request without Host, or any with more
-        // than one, is 400. Well framed: the connection is kept.
+        // than one or an invalid one (not an authority, RFC 9110 7.2), is
+        // 400. Well framed: the connection is kept.
         if hosts > 1 {
             h.refusal = .badRequest("more than one Host header field")
+        } else if !hostValid {
+            h.refusal = .badRequest("the Host header field is not a host and port")
         } else if hosts == 0, !http10 {
             h.refusal = .badRequest("an HTTP/1.1 request needs a Host header field")
         }
@@ -184,6 +191,14 @@ public enum HTTPWire {
     /// Whether `bytes` are `lowerCased` (lower-case ASCII) in any case, as
     /// field names and authentication schemes are compared (RFC 9110 5.1,
     /// 11.1); only A–Z fold, so no other byte passes for a letter.
+    /// A byte of `uri-host [":" port]` (RFC 3986 3.2.2: reg-name or IP literal).
+    static func isAuthorityByte(_ c: UInt8) -> Bool {
+        switch c {
+        case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "A")...UInt8(ascii: "Z"), UInt8(ascii: "0")...UInt8(ascii: "9"): true
+        default: "-._~!$&'()*+,;=:[]%".utf8.contains(c)
+        }
+    }
+
     static func equalsIgnoringCase(_ bytes: some Collection<UInt8>, _ lowerCased: some Collection<UInt8>) -> Bool {
         bytes.count == lowerCased.count
             && zip(bytes, lowerCased).allSatisfy { ($0 &- UInt8(ascii: "A") < 26 ? $0 | 0x20 : $0) == $1 }

@@ -55,7 +55,7 @@ public final class WebSocketSession {
     /// ping, proves nothing: the kernel takes it whether or not anyone reads.)
     private var lastDraining: Millis = 0
     public private(set) var closeRequest: (code: CloseCode, reason: String)?
-    /// Messages and control frames from the client (SPEC section 13).
+    /// Messages and control frames from the client (PROTOCOL section 13, Limits).
     private var messageBudget: TokenBucket
     /// Our keep-alive ping went out and no pong came since.
     private var pingUnanswered = false

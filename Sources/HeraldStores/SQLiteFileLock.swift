@@ -15,9 +15,7 @@ final class SQLiteFileLock {
 
     /// Takes the lock, or throws naming the file and, where it wrote it, the holder's pid.
     init(databasePath: String) throws(StoreError) {
-        // Through symlinks, so two names of one file take one lock.
-        let db = URL(fileURLWithPath: databasePath).resolvingSymlinksInPath().path
-        path = db + ".lock"
+        path = Self.canonical(databasePath) + ".lock"
         fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0o644)  // never truncate what a link points at
         guard fd >= 0 else { throw StoreError("sqlite (\(databasePath)): cannot open the lock file \(path): \(Self.lastError)") }
         guard flock(fd, LOCK_EX | LOCK_NB) == 0 else {
@@ -42,6 +40,22 @@ final class SQLiteFileLock {
     }
 
     deinit { release() }
+
+    /// The file `path` names, through links (dangling ones too: the file may
+    /// not exist yet) and `..`, so that every path to one file gives one lock
+    /// (a hard link excepted: it is another name, not a link).
+    static func canonical(_ path: String) -> String {
+        var p = path.hasPrefix("/") ? path : FileManager.default.currentDirectoryPath + "/" + path
+        for _ in 0..<40 {  // the kernel's own bound on links followed
+            guard let target = try? FileManager.default.destinationOfSymbolicLink(atPath: p) else { break }
+            p = target.hasPrefix("/") ? target : (p as NSString).deletingLastPathComponent + "/" + target
+        }
+        let dir = (p as NSString).deletingLastPathComponent, name = (p as NSString).lastPathComponent
+        guard let resolved = realpath(dir, nil) else { return p }
+        defer { free(resolved) }
+        let base = String(cString: resolved)
+        return (base == "/" ? "" : base) + "/" + name
+    }
 
     private static func holder(_ fd: Int32) -> Int32? {
         var buffer = [UInt8](repeating: 0, count: 16)

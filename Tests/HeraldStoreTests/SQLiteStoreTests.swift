@@ -672,6 +672,24 @@ final class SQLiteStoreTests: XCTestCase {
         XCTAssertEqual(try b.feed(alice).head, first.seq)
     }
 
+    /// Every path to one file names one lock: through a link to a file not
+    /// made yet, and through `..` after a linked folder (the kernel's `..`,
+    /// the link target's parent, not the text's).
+    func testEveryPathToOneFileTakesOneLock() throws {
+        let fm = FileManager.default
+        let real = dir.appendingPathComponent("real").path, etc = dir.appendingPathComponent("etc").path
+        try fm.createDirectory(atPath: real, withIntermediateDirectories: true)
+        try fm.createDirectory(atPath: etc, withIntermediateDirectories: true)
+        try fm.createSymbolicLink(atPath: etc + "/herald.db", withDestinationPath: real + "/herald.db")  // dangling
+        let first = try SQLiteStore(path: etc + "/herald.db")
+        XCTAssertThrowsError(try SQLiteStore(path: real + "/herald.db"), "the same file, by its own name")
+        try fm.createDirectory(atPath: real + "/sub", withIntermediateDirectories: true)
+        try fm.createSymbolicLink(atPath: etc + "/sub", withDestinationPath: real + "/sub")
+        XCTAssertThrowsError(try SQLiteStore(path: etc + "/sub/../herald.db"), "`..` of a linked folder is its target's parent")
+        first.close()
+        XCTAssertEqual(SQLiteFileLock.canonical(etc + "/sub/../herald.db"), SQLiteFileLock.canonical(real + "/herald.db"))
+    }
+
     /// A write lock held by another connection (an operator's `sqlite3`
     /// shell, say) fails a write after the busy timeout; reads go on.
     func testLockedDatabaseIsAStoreError() throws {

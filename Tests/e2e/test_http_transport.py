@@ -291,10 +291,12 @@ def test_empty_lines_before_a_request_are_ignored(gateway):
     assert [r.status_code for r in rs] == [200], [r.text[:200] for r in rs]
 
 
-def test_an_http_1_1_request_without_host_or_with_two_is_400_and_changes_nothing(gateway, user):
+def test_an_http_1_1_request_without_host_with_two_or_with_a_bad_one_is_400_and_changes_nothing(gateway, user):
     """RFC 9112 3.2. The request is well framed, so the connection goes on:
     the next request on it is answered."""
-    for bad in (publish_request(user, "a", Host=None), publish_request(user, "b").replace(b"Host: x", b"Host: x\r\nHost: y")):
+    bad_hosts = [publish_request(user, anid).replace(b"Host: x", b"Host: " + value)
+                 for anid, value in (("c", b"a b"), ("d", b"x, y"), ("e", b"user@x"), ("f", b"x/y"))]
+    for bad in [publish_request(user, "a", Host=None), publish_request(user, "b").replace(b"Host: x", b"Host: x\r\nHost: y")] + bad_hosts:
         answers = pipeline(gateway, bad + request("GET", "/healthz", Connection="close"))
         assert [a.status_code for a in answers] == [400, 200], answers
         body = check_raw_error(answers[0], 400, "bad_request")
@@ -303,6 +305,9 @@ def test_an_http_1_1_request_without_host_or_with_two_is_400_and_changes_nothing
     # HTTP/1.0 has no Host requirement
     r = raw_http(gateway, "GET", "/healthz", headers={"Host": None}, version="HTTP/1.0")
     assert r.status_code == 200, r.content
+    # An authority in its forms: name, IPv4 and IPv6 literals, with a port, and empty (RFC 9110 7.2).
+    for value in ("herald.example", "127.0.0.1:8080", "[::1]:8080", ""):
+        assert raw_http(gateway, "GET", "/healthz", headers={"Host": value}).status_code == 200, value
 
 
 def test_a_flood_of_empty_lines_is_refused_at_once(gateway_factory):
