@@ -181,11 +181,12 @@ public protocol NotificationStore: StoreReading {
     // The push outbox (SPEC section 10): written in the same transactions
     // as the changes it wakes devices for, taken by whichever node claims it.
 
-    /// Records a push for `deviceId` of `user`, due now. A tap joins the
-    /// device's tap already waiting or in flight, if any (`PushJob`).
-    /// With `claimUntil`, a new row is also claimed until then, as
-    /// `claimPushes` would, and returned: its sender need not ask again
-    /// (nil when the push joined a row that was there).
+    /// Records a push for `deviceId` of `user`, due now; a new tap, no
+    /// sooner than `spaceTaps` said. A tap joins the device's tap already
+    /// waiting or in flight, if any (`PushJob`). With `claimUntil`, a new
+    /// row due now is also claimed until then, as `claimPushes` would, and
+    /// returned: its sender need not ask again (nil when the push joined a
+    /// row that was there, or waits).
     @discardableResult
     func enqueuePush(_ user: UserKey, deviceId: String, _ message: PushMessage, at: Millis,
                      claimUntil: Millis?) throws(StoreError) -> PushJob?
@@ -199,6 +200,10 @@ public protocol NotificationStore: StoreReading {
     func finishPush(_ job: PushJob) throws(StoreError)
     /// A push to send again at `at`, one more attempt counted.
     func retryPush(_ job: PushJob, at: Millis) throws(StoreError)
+    /// A tap to `deviceId` was just sent: the device's next tap is due no
+    /// sooner than `until`, the one waiting (if any) included. Kept until
+    /// `pruneDevices` passes `until`.
+    func spaceTaps(_ user: UserKey, deviceId: String, until: Millis) throws(StoreError)
     /// Drops every push waiting for `deviceId`: its handle is dead, removed or moved.
     func dropPushes(_ user: UserKey, deviceId: String) throws(StoreError)
     /// The registration holding the handle whose `PushHandle.key` is `key` in `app`.

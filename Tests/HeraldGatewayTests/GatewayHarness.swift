@@ -150,6 +150,7 @@ final class FailingStore: NotificationStore {
     }
     func finishPush(_ job: PushJob) throws(StoreError) { try inner.finishPush(job) }
     func retryPush(_ job: PushJob, at: Millis) throws(StoreError) { try inner.retryPush(job, at: at) }
+    func spaceTaps(_ u: UserKey, deviceId: String, until: Millis) throws(StoreError) { try inner.spaceTaps(u, deviceId: deviceId, until: until) }
     func dropPushes(_ u: UserKey, deviceId: String) throws(StoreError) { try inner.dropPushes(u, deviceId: deviceId) }
     func pushHolder(app: String, key: String) throws(StoreError) -> (user: String, deviceId: String)? {
         try inner.pushHolder(app: app, key: key)

@@ -152,10 +152,46 @@ final class PushOutboxTests: XCTestCase {
         dispatch()
         XCTAssertEqual(transport.sent.count, 1, "at most one tap in flight")
         transport.answerAll(.delivered)
+        h.settle()
+        h.clock.advance(seconds: 15)
         dispatch()
         XCTAssertEqual(transport.sent.map(\.job.message.cursor), [1, 4], "the taps recorded in flight go after it, as one")
         transport.answerAll(.delivered)
         dispatch()
+        XCTAssertEqual(pending, 0)
+    }
+
+    /// iOS budgets background pushes: taps to one device go at least
+    /// `tapIntervalSeconds` apart, counted from the last one delivered.
+    func testTapsToOneDeviceAreSpacedByTheAppsInterval() {
+        var push = Self.push
+        push.tapIntervalSeconds = 30
+        h = Harness(apps: [AppConfig(id: Self.app.id, serverKey: "sk", tokenSecret: "ts", push: push)], push: transport)
+        _ = register("u", "tablet", apns())
+        _ = register("u", "phone", apns(String(repeating: "0b", count: 32)))
+        _ = publish("u", "n1", title: nil)
+        dispatch()
+        XCTAssertEqual(transport.sent.map(\.job.deviceId).sorted(), ["phone", "tablet"])
+        transport.answerAll(.delivered)
+        h.settle()
+        h.clock.advance(seconds: 10)
+        _ = publish("u", "n2", title: nil)
+        _ = publish("u", "n3", title: nil)
+        _ = publish("u", "n4")
+        dispatch()
+        XCTAssertEqual(transport.sent.map(\.job.message.kind), [.tap, .tap, .alert, .alert], "alerts are not spaced")
+        transport.answerAll(.delivered)
+        h.settle()
+        h.clock.advance(millis: 19_999)
+        dispatch()
+        XCTAssertEqual(transport.sent.count, 4, "the taps wait out the 30 s")
+        XCTAssertEqual(pending, 2, "one waiting per device")
+        h.clock.advance(millis: 1)
+        dispatch()
+        XCTAssertEqual(transport.sent.count, 6)
+        XCTAssertEqual(transport.sent.suffix(2).map(\.job.message.cursor), [3, 3], "each device's tap carries the last change")
+        transport.answerAll(.delivered)
+        h.settle()
         XCTAssertEqual(pending, 0)
     }
 

@@ -5,8 +5,10 @@ test_push_standins.py)."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
+import subprocess
 import time
 import uuid
 
@@ -66,6 +68,19 @@ def register(gw, user: str, device: str, push, platform: str = "ios"):
 
 def apns_handle(token: str) -> dict:
     return {"service": "apns", "token": token}
+
+
+@pytest.mark.parametrize("value", [-1, 3601, 1.5, "15", None])
+def test_a_bad_tap_interval_stops_the_start_with_one_line(services, vapid_file, tmp_path, value):
+    cfg = push_config(*services, vapid_file)
+    cfg["apps"][0]["push"]["tapIntervalSeconds"] = value
+    path = tmp_path / "herald.json"
+    path.write_text(json.dumps(cfg))
+    r = subprocess.run([herald_binary(), "serve", "--store", "memory", "--port", "0", "--config", path],
+                       capture_output=True, timeout=30)
+    lines = r.stderr.decode().splitlines()
+    assert (r.returncode, len(lines)) == (2, 1), r.stderr
+    assert "push.tapIntervalSeconds must be a whole number from 0 to 3600" in lines[0]
 
 
 def test_a_disconnected_device_gets_an_alert_a_connected_one_nothing(pushing):
