@@ -39,6 +39,13 @@ public struct TargetingCounts: Sendable, Equatable {
     }
 }
 
+/// A token shared through the store (`NotificationStore.sharedToken`), and when it was made.
+public struct SharedToken: Sendable, Equatable {
+    public let value: String
+    public let issuedAt: Millis
+    public init(value: String, issuedAt: Millis) { self.value = value; self.issuedAt = issuedAt }
+}
+
 /// The reads every store serves. A `StoreReader` serves them on another thread.
 public protocol StoreReading: AnyObject {
     /// Opaque, stable for as long as the store's history lasts.
@@ -210,6 +217,17 @@ public protocol NotificationStore: StoreReading {
     func pushHolder(app: String, key: String) throws(StoreError) -> (user: String, deviceId: String)?
     /// How many pushes wait or are in flight (`herald_push_pending`).
     func pendingPushes() throws(StoreError) -> Int
+
+    // Tokens every process and node of the deployment signs with at a time
+    // (SPEC section 10: one APNs provider token per key), by name.
+
+    /// The token kept under `name`, nil when none is.
+    func sharedToken(_ name: String) throws(StoreError) -> SharedToken?
+    /// Keeps `token` under `name` in place of the one issued at `replacing`
+    /// (nil: in place of none), unless another writer replaced that one
+    /// first: then false, and nothing changed. So of processes renewing at
+    /// once, one wins and the others read its token.
+    func replaceSharedToken(_ name: String, with token: SharedToken, replacing: Millis?) throws(StoreError) -> Bool
 
     /// Whether the store's data is one database that other partitions and
     /// nodes write too (PostgreSQL), rather than this partition's alone:

@@ -25,6 +25,7 @@ public final class MemoryStore: NotificationStore {
     private var lastPushId: Int64 = 0
     /// Per device, when its next tap may be sent (`spaceTaps`).
     private var tapsNotBefore: [DeviceKey: Millis] = [:]
+    private var sharedTokens: [String: SharedToken] = [:]
 
     struct DeviceKey: Hashable {
         let user: UserKey
@@ -336,6 +337,16 @@ extension MemoryStore {
     }
 
     public func pendingPushes() throws(StoreError) -> Int { pushes.count }
+
+    public func sharedToken(_ name: String) throws(StoreError) -> SharedToken? { sharedTokens[name] }
+
+    public func replaceSharedToken(_ name: String, with token: SharedToken, replacing: Millis?) throws(StoreError) -> Bool {
+        let old = sharedTokens[name]
+        guard old?.issuedAt == replacing else { return false }
+        sharedTokens[name] = token
+        onRollback { s in s.sharedTokens[name] = old }
+        return true
+    }
 }
 
 extension Array where Element: Comparable {

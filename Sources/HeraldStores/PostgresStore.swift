@@ -829,4 +829,24 @@ extension PostgresStore {
         try check()
         return Int(try db.query("SELECT count(*) FROM push_outbox").int64(0, 0))
     }
+
+    public func sharedToken(_ name: String) throws(StoreError) -> SharedToken? {
+        try check()
+        let r = try db.query("SELECT value, issued_at FROM shared_tokens WHERE name = $1", [.text(name)])
+        guard r.count > 0 else { return nil }
+        guard let v = r.text(0, 0) else { throw reads.corrupt("shared token") }
+        return SharedToken(value: v, issuedAt: r.int64(0, 1))
+    }
+
+    /// Under READ COMMITTED an UPDATE that waited for another's renewal
+    /// sees the row it committed, whose issued_at no longer matches.
+    public func replaceSharedToken(_ name: String, with token: SharedToken, replacing: Millis?) throws(StoreError) -> Bool {
+        try check()
+        guard let replacing else {
+            return try db.execute("INSERT INTO shared_tokens (name, value, issued_at) VALUES ($1, $2, $3) ON CONFLICT (name) DO NOTHING",
+                                  [.text(name), .text(token.value), .int(token.issuedAt)]) == 1
+        }
+        return try db.execute("UPDATE shared_tokens SET value = $2, issued_at = $3 WHERE name = $1 AND issued_at = $4",
+                              [.text(name), .text(token.value), .int(token.issuedAt), .int(replacing)]) == 1
+    }
 }

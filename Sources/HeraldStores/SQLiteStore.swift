@@ -44,7 +44,7 @@ public final class SQLiteStore: NotificationStore {
 
     /// The schema version this code writes; `migrations[v - 1]` brings a
     /// database from version `v - 1` to `v`.
-    public static let schemaVersion: Int64 = 7
+    public static let schemaVersion: Int64 = 8
 
     public let epoch: String
     public let path: String
@@ -352,6 +352,14 @@ public final class SQLiteStore: NotificationStore {
             device_id  TEXT NOT NULL,
             not_before INTEGER NOT NULL,
             PRIMARY KEY (app, user, device_id)
+        ) WITHOUT ROWID;
+        """,
+        // 8: tokens every process signs with (an APNs provider token), by name.
+        """
+        CREATE TABLE shared_tokens (
+            name      TEXT PRIMARY KEY,
+            value     TEXT NOT NULL,
+            issued_at INTEGER NOT NULL
         ) WITHOUT ROWID;
         """,
     ]
@@ -943,5 +951,26 @@ extension SQLiteStore {
     public func pendingPushes() throws(StoreError) -> Int {
         try check()
         return Int(try db.int("SELECT count(*) FROM push_outbox") ?? 0)
+    }
+
+    public func sharedToken(_ name: String) throws(StoreError) -> SharedToken? {
+        try check()
+        var out: SharedToken?
+        try db.query("SELECT value, issued_at FROM shared_tokens WHERE name = ?", [.text(name)]) { r throws(StoreError) in
+            guard let v = r.text(0) else { throw reads.corrupt("shared token") }
+            out = SharedToken(value: v, issuedAt: r.int64(1))
+            return false
+        }
+        return out
+    }
+
+    public func replaceSharedToken(_ name: String, with token: SharedToken, replacing: Millis?) throws(StoreError) -> Bool {
+        try check()
+        guard let replacing else {
+            return try db.execute("INSERT INTO shared_tokens (name, value, issued_at) VALUES (?, ?, ?) ON CONFLICT (name) DO NOTHING",
+                                  [.text(name), .text(token.value), .int(token.issuedAt)]) == 1
+        }
+        return try db.execute("UPDATE shared_tokens SET value = ?, issued_at = ? WHERE name = ? AND issued_at = ?",
+                              [.text(token.value), .int(token.issuedAt), .text(name), .int(replacing)]) == 1
     }
 }

@@ -156,6 +156,10 @@ final class FailingStore: NotificationStore {
         try inner.pushHolder(app: app, key: key)
     }
     func pendingPushes() throws(StoreError) -> Int { try inner.pendingPushes() }
+    func sharedToken(_ name: String) throws(StoreError) -> SharedToken? { try inner.sharedToken(name) }
+    func replaceSharedToken(_ name: String, with t: SharedToken, replacing: Millis?) throws(StoreError) -> Bool {
+        try inner.replaceSharedToken(name, with: t, replacing: replacing)
+    }
     func makeReader() throws(StoreError) -> StoreReader? { offersReader ? MemoryReader(self) : nil }
     /// Set to make the engine sync commits on its sync thread.
     var commitSync: CommitSync?

@@ -18,6 +18,7 @@ final class HeldPushes: PushTransport, @unchecked Sendable {  // test thread onl
         sent.append(push)
         waiting.append((push, completion))
     }
+    func share(_ tokens: SharedTokens) {}
     func reload(_ apps: [AppConfig]) { reloads += 1 }
     func stop() {}
 
@@ -466,6 +467,36 @@ final class PushOutboxTests: XCTestCase {
         XCTAssertEqual(sent.count, 20)
         XCTAssertEqual(Set(sent.map(\.job.id)).count, 20, "none twice")
         XCTAssertEqual(Set(sent.map(\.job.message.cursor)), Set<Int64>(1...10), "each user's ten changes")
+    }
+
+    /// Two nodes on one store share one token (`SharedTokens`, what APNs
+    /// provider tokens are kept in): the first to ask makes it, the other
+    /// reads it, and once it is due the first to ask again renews it.
+    func testTwoNodesShareOneTokenAndOneRenewsIt() {
+        let store = MemoryStore(), hub = MemoryBus.Hub()
+        let nodes = ["a", "b"].map { ($0, Harness(store: store, bus: MemoryBus(hub: hub), apps: [Self.app], push: HeldPushes())) }
+        let made = Locked<[String]>([])
+        func ask(_ node: Int) -> SharedToken? {
+            let (name, h) = nodes[node]
+            let got = Locked<SharedToken??>(nil)
+            StoreTokens(engine: h.gateway.soleEngine).token("apns:T:K", renewAfter: 40 * 60_000, make: { now in
+                made.withLock { $0.append(name) }
+                return "\(name)@\(now)"
+            }) { t in got.withLock { $0 = .some(t) } }
+            h.settle()
+            return got.withLock { $0 } ?? nil
+        }
+        func advance(seconds: Int64) { for (_, h) in nodes { h.clock.advance(seconds: seconds) } }
+        let first = ask(0)
+        XCTAssertNotNil(first)
+        XCTAssertEqual(ask(1), first, "the other node reads it")
+        advance(seconds: 40 * 60 - 1)
+        XCTAssertEqual(ask(1), first, "not due yet")
+        advance(seconds: 1)
+        let renewed = ask(1)
+        XCTAssertEqual(ask(0), renewed)
+        XCTAssertEqual(renewed?.issuedAt, nodes[1].1.clock.now())
+        XCTAssertEqual(made.withLock { $0 }, ["a", "b"], "one token made per renewal")
     }
 
     /// Found in review: the old token's death (APNs 410 for a push sent

@@ -783,6 +783,29 @@ class StoreConformanceTests: XCTestCase {
         try store.commit()
     }
 
+    func checkSharedTokensAreReplacedOnlyInPlaceOfTheOneRead() throws {
+        let name = "apns:TEAM:KEY"
+        let a = SharedToken(value: "a", issuedAt: Self.t0), b = SharedToken(value: "b", issuedAt: Self.t0 + 1)
+        let c = SharedToken(value: "c", issuedAt: Self.t0 + 2)
+        XCTAssertNil(try store.sharedToken(name))
+        try store.begin()
+        XCTAssertTrue(try store.replaceSharedToken(name, with: a, replacing: nil))
+        XCTAssertFalse(try store.replaceSharedToken(name, with: b, replacing: nil), "another process made one first")
+        try store.commit()
+        XCTAssertEqual(try store.sharedToken(name), a)
+        try store.begin()
+        XCTAssertFalse(try store.replaceSharedToken(name, with: c, replacing: Self.t0 - 5), "renewed since that was read")
+        XCTAssertTrue(try store.replaceSharedToken(name, with: b, replacing: Self.t0))
+        XCTAssertTrue(try store.replaceSharedToken("apns:TEAM:KEY2", with: c, replacing: nil), "each name has its own")
+        store.rollback()
+        XCTAssertEqual(try store.sharedToken(name), a, "a rolled-back renewal never happened")
+        XCTAssertNil(try store.sharedToken("apns:TEAM:KEY2"))
+        try store.begin()
+        XCTAssertTrue(try store.replaceSharedToken(name, with: b, replacing: Self.t0))
+        try store.commit()
+        XCTAssertEqual(try store.sharedToken(name), b)
+    }
+
     func checkDroppedAndRolledBackPushesLeaveNothing() throws {
         try store.saveDevice(alice, Device(deviceId: "phone", lastSeenAt: 1))
         try store.begin()
@@ -828,6 +851,7 @@ final class MemoryStoreConformanceTests: StoreConformanceTests {
     func testPushClaimedAsItIsRecorded() throws { try checkPushClaimedAsItIsRecorded() }
     func testDroppedAndRolledBackPushesLeaveNothing() throws { try checkDroppedAndRolledBackPushesLeaveNothing() }
     func testTapsWaitOutTheirSpacing() throws { try checkTapsWaitOutTheirSpacing() }
+    func testSharedTokensAreReplacedOnlyInPlaceOfTheOneRead() throws { try checkSharedTokensAreReplacedOnlyInPlaceOfTheOneRead() }
     func testHeadsOfManyFeeds() throws { try checkHeadsOfManyFeeds() }
     func testDevicesOfManyUsers() throws { try checkDevicesOfManyUsers() }
 }
@@ -862,6 +886,7 @@ final class SQLiteStoreConformanceTests: StoreConformanceTests {
     func testPushClaimedAsItIsRecorded() throws { try checkPushClaimedAsItIsRecorded() }
     func testDroppedAndRolledBackPushesLeaveNothing() throws { try checkDroppedAndRolledBackPushesLeaveNothing() }
     func testTapsWaitOutTheirSpacing() throws { try checkTapsWaitOutTheirSpacing() }
+    func testSharedTokensAreReplacedOnlyInPlaceOfTheOneRead() throws { try checkSharedTokensAreReplacedOnlyInPlaceOfTheOneRead() }
     func testHeadsOfManyFeeds() throws { try checkHeadsOfManyFeeds() }
     func testDevicesOfManyUsers() throws { try checkDevicesOfManyUsers() }
 

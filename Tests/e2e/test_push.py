@@ -164,6 +164,22 @@ def test_429_and_503_are_retried_no_sooner_than_retry_after(pushing):
     wait_until(lambda: gw.metric('herald_push_sent_total{service="apns",outcome="retried"}') == 2, "two retries counted")
 
 
+def test_too_many_provider_token_updates_is_retried_with_the_same_token(pushing):
+    """Apple's 429 TooManyProviderTokenUpdates: Herald keeps its token (a
+    new one would be refused the same way), waits and sends again."""
+    gw, apns, _, _ = pushing
+    user, token = uid("u"), apns_token(9)
+    register(gw, user, "phone", apns_handle(token))
+    apns.script(Outcome(429, "TooManyProviderTokenUpdates"), key=token)
+    gw.publish(user, payload={"title": "t", "body": "b"})
+    [p] = apns.wait_for(1)
+    [refused] = apns.refused
+    assert refused["reason"] == "TooManyProviderTokenUpdates"
+    assert p["headers"]["authorization"] == refused["authorization"], "the same provider token"
+    assert p["at"] - refused["at"] >= 1, "after the backoff"
+    wait_until(lambda: gw.metric('herald_push_sent_total{service="apns",outcome="retried"}') == 1, "the retry counted")
+
+
 def handle_moves(gw, apns, alice: str, bob: str, token: str) -> None:
     """Alice's phone registers `token`, then the app server gives it to
     bob's iPad: alice's registration loses it, and only bob's notification
@@ -240,26 +256,50 @@ def test_a_hung_service_delays_no_live_delivery(pushing):
     apns.release_held()
 
 
-@pytest.mark.skipif(not os.environ.get("HERALD_TEST_POSTGRES_URL") or not os.environ.get("HERALD_TEST_REDIS_URL"),
-                    reason="needs scripts/test-servers (PostgreSQL and Redis)")
-def test_two_nodes_send_each_push_once(gateway_factory, services, vapid_file):
-    apns, fcm, web = services
-    config = push_config(apns, fcm, web, vapid_file)
+needs_cluster = pytest.mark.skipif(not os.environ.get("HERALD_TEST_POSTGRES_URL") or not os.environ.get("HERALD_TEST_REDIS_URL"),
+                                   reason="needs scripts/test-servers (PostgreSQL and Redis)")
+
+
+def two_nodes_push(gateway_factory, services, vapid_file, n: int):
+    """Two nodes on one PostgreSQL store and Redis bus, and `n` users' phones
+    registered and published to through each in turn: the nodes, and the
+    notifications' ids."""
+    config = push_config(*services, vapid_file)
     pg, redis = os.environ["HERALD_TEST_POSTGRES_URL"], os.environ["HERALD_TEST_REDIS_URL"]
     nodes = [gateway_factory(config=config, store=pg, extra_args=["--bus", redis]) for _ in range(2)]
     prefix = uid("pair")
-    n = 1000
     for i in range(n):
-        node = nodes[i % 2]
-        r = node.server("PUT", f"/users/{prefix}-{i}/devices/phone", json={"platform": "ios", "push": apns_handle(f"{i:064x}")})
+        r = nodes[i % 2].server("PUT", f"/users/{prefix}-{i}/devices/phone", json={"platform": "ios", "push": apns_handle(f"{i:064x}")})
         assert r.status_code == 200, r.text
     ids = {nodes[i % 2].publish(f"{prefix}-{i}", payload={"title": f"n{i}", "body": "b"})["notification"]["id"] for i in range(n)}
+    return nodes, ids
+
+
+@needs_cluster
+def test_two_nodes_send_each_push_once(gateway_factory, services, vapid_file):
+    apns = services[0]
+    n = 1000
+    nodes, ids = two_nodes_push(gateway_factory, services, vapid_file, n)
     got = apns.wait_for(n, timeout=120)
     collapse = [g["collapseId"] for g in got]
     assert set(collapse) == ids and len(collapse) == n, "every push once"
     delivered = lambda: sum(node.metric('herald_push_sent_total{service="apns",outcome="delivered"}') for node in nodes)
     wait_until(lambda: delivered() == n, "every push answered")
     assert len(apns.accepted) == n, "none twice"
+
+
+@needs_cluster
+def test_two_nodes_sign_with_one_provider_token(gateway_factory, services, vapid_file):
+    """Apple asks for few provider tokens per team: the nodes of one
+    deployment share the one in the store, whichever made it. Each node
+    sends the pushes it records, so both ask for a token at once."""
+    apns = services[0]
+    n = 20
+    two_nodes_push(gateway_factory, services, vapid_file, n)
+    got = apns.wait_for(n)
+    assert len({g["connection"] for g in got}) == 2, "each node sent over its own connection"
+    assert {g["headers"]["authorization"] for g in got} == {got[0]["headers"]["authorization"]}, "one provider token"
+    assert apns.refused == []
 
 
 def test_a_handle_moves_between_the_partitions_of_one_database(gateway_factory, services, vapid_file):
