@@ -46,8 +46,8 @@ final class PushDispatch {
     private var wake = true
     private var nextPoll: Millis = 0
     private var nextPending: Millis = 0
-    /// The earliest time a push this node retried or spaced falls due.
-    private var nextDue: Millis?
+    /// The earliest time a push this node retried, or a tap it spaced, falls due.
+    private var nextRetry: Millis?
     /// This partition's outbox length, as last added to `herald_push_pending`.
     private var countedPending = 0
 
@@ -156,11 +156,11 @@ final class PushDispatch {
         e.thread.assertCurrent()
         guard let transport else { return }
         let room = capacity(e) - inFlight
-        let due = nextDue.map { now >= $0 } ?? false
-        guard room > 0, wake || due || tick >= nextPoll else { return }
+        let retryDue = nextRetry.map { now >= $0 } ?? false
+        guard room > 0, wake || retryDue || tick >= nextPoll else { return }
         wake = false
         nextPoll = tick + Self.pollEvery
-        if due { nextDue = nil }
+        if retryDue { nextRetry = nil }
         let countPending = tick >= nextPending && e.doesStoreWideWork
         if countPending { nextPending = tick + Self.pendingEvery }
         var claimed = 0
@@ -227,7 +227,7 @@ final class PushDispatch {
             if o.job.message.kind == .tap, o.settings.tapIntervalSeconds > 0 {
                 let until = now + Millis(o.settings.tapIntervalSeconds) * 1_000
                 try e.store.spaceTaps(o.job.user, deviceId: o.job.deviceId, until: until)
-                nextDue = min(nextDue ?? until, until)
+                nextRetry = min(nextRetry ?? until, until)
             }
             metrics.count(service, .delivered)
             metrics.latency.observe(nanos: UInt64(max(0, now - o.job.committedAt)) * 1_000_000)
@@ -271,7 +271,7 @@ final class PushDispatch {
         }
         try e.store.retryPush(o.job, at: at)
         metrics.count(o.handle.service, .retried)
-        nextDue = min(nextDue ?? at, at)
+        nextRetry = min(nextRetry ?? at, at)
     }
 }
 
