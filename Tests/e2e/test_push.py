@@ -329,6 +329,7 @@ def test_a_push_acknowledged_before_kill_9_is_sent_after_the_restart(gateway_fac
     try:
         pushes = apns.wait_for(2, timeout=30)
         assert pushes[1]["collapseId"] == out["notification"]["id"] and not pushes[1].get("held")
+        assert pushes[1]["headers"]["authorization"] == pushes[0]["headers"]["authorization"], "the stored provider token"
     finally:
         again.terminate()
 
