@@ -218,8 +218,8 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
 
     /// Queues a write for another thread that waits for its result:
     /// `reply` runs once, on the engine thread, with `body`'s result once
-    /// its batch committed, or with nil when the batch rolled back or the
-    /// engine is stopping.
+    /// its batch committed, or with nil when the batch rolled back; at once
+    /// on the caller's, with nil, when the engine is stopping.
     func exchange<T: Sendable>(_ body: @escaping @Sendable (Engine) throws(StoreError) -> T,
                                reply: @escaping @Sendable (T?) -> Void) {
         enqueue(Command(run: { e in

@@ -48,8 +48,9 @@ public protocol PushTransport: AnyObject, Sendable {
 public protocol SharedTokens: Sendable {
     /// The token kept under `name` if it was made less than `renewAfter`
     /// ago; else one `make(now)` signs, kept in its place, unless another
-    /// process renewed it first (then that one). `completion` runs once, on
-    /// the engine's thread: nil when the store could not be reached.
+    /// process renewed it first (then that one). `completion` runs once,
+    /// on the engine's thread (`Engine.exchange`): nil when the store could
+    /// not be reached or the gateway is stopping.
     func token(_ name: String, renewAfter: Millis, make: @escaping @Sendable (Millis) -> String,
                completion: @escaping @Sendable (SharedToken?) -> Void)
 }

@@ -54,7 +54,7 @@ final class ProviderToken: Sendable {
                 defer { s.waiting = nil }
                 return s.waiting ?? []
             }
-            // Off the engine's thread, which answered: each waiting send builds its request.
+            // Off the thread that answered (the engine's): each waiting send builds its request.
             DispatchQueue.global().async { for w in waiting { w(token?.value) } }
         }
     }
