@@ -196,6 +196,30 @@ final class PushOutboxTests: XCTestCase {
         XCTAssertEqual(pending, 0)
     }
 
+    /// A reload's interval holds for the taps sent after it; the spacing a
+    /// tap sent before it wrote stands.
+    func testAReloadedTapIntervalSpacesTheTapsSentAfterIt() {
+        _ = register("u", "tablet", apns())
+        _ = publish("u", "n1", title: nil)
+        dispatch()
+        transport.answerAll(.delivered)
+        h.settle()
+        var push = Self.push
+        push.tapIntervalSeconds = 0
+        h.gateway.reload(apps: [AppConfig(id: Self.app.id, serverKey: "sk", tokenSecret: "ts", push: push)]) { _ in }
+        _ = publish("u", "n2", title: nil)
+        dispatch()
+        XCTAssertEqual(transport.sent.count, 1, "the 15 s written before the reload stand")
+        h.clock.advance(seconds: 15)
+        dispatch()
+        XCTAssertEqual(transport.sent.count, 2)
+        transport.answerAll(.delivered)
+        h.settle()
+        _ = publish("u", "n3", title: nil)
+        dispatch()
+        XCTAssertEqual(transport.sent.map(\.job.message.cursor), [1, 2, 3], "no spacing after a tap sent under 0")
+    }
+
     func testTapsWaitingForRoomCoalesceAndAreClaimedWhenThereIsSome() {
         narrow(1)
         _ = register("u", "tablet", apns())
