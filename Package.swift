@@ -90,7 +90,7 @@ let package = Package(
         // The libcurl client against local TLS servers (HTTP/1.1 and HTTP/2).
         .testTarget(name: "HeraldCurlTests", dependencies: ["HeraldCurl"], exclude: ["tls_test_server.py"]),
         // Push crypto against the RFCs' vectors, and the services' request forms.
-        .testTarget(name: "HeraldPushTests", dependencies: ["HeraldCore", "HeraldCrypto", "HeraldPush", "CCrypto"]),
+        .testTarget(name: "HeraldPushTests", dependencies: ["HeraldCore", "HeraldCrypto", "HeraldCurl", "HeraldGateway", "HeraldPush", "CCrypto"]),
         // HeraldClient against a real `herald` process (built by `swift build`).
         .testTarget(name: "HeraldClientTests", dependencies: ["HeraldClient", "HeraldClientLWS", "HeraldCore", "HeraldCrypto"]),
     ],
