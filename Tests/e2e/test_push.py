@@ -83,6 +83,25 @@ def test_a_bad_tap_interval_stops_the_start_with_one_line(services, vapid_file, 
     assert "push.tapIntervalSeconds must be a whole number from 0 to 3600" in lines[0]
 
 
+def test_taps_to_one_device_go_the_tap_interval_apart(gateway_factory, services, vapid_file):
+    """The second tap waits out the interval from the first one's answer,
+    then carries the last change."""
+    apns = services[0]
+    cfg = push_config(*services, vapid_file)
+    cfg["apps"][0]["push"]["tapIntervalSeconds"] = 2
+    gw = gateway_factory(config=cfg, store="sqlite:herald.db")
+    user, token = uid("u"), apns_token(10)
+    register(gw, user, "tablet", apns_handle(token))
+    gw.publish(user, payload={"x": 1})  # no alert fields: a tap
+    [first] = apns.wait_for(1)
+    wait_until(lambda: gw.metric('herald_push_sent_total{service="apns",outcome="delivered"}') == 1, "the first tap answered")
+    gw.publish(user, payload={"x": 2})
+    last = gw.publish(user, payload={"x": 3})
+    [_, second] = apns.wait_for(2)
+    assert second["at"] - first["at"] >= 2 - 0.001, "spaced (Herald's clock counts whole milliseconds)"
+    assert second["payload"]["herald"]["cursor"] == last["seq"], "one tap for both changes"
+
+
 def test_a_disconnected_device_gets_an_alert_a_connected_one_nothing(pushing):
     gw, apns, fcm, _ = pushing
     user = uid("u")
