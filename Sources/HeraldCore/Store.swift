@@ -39,6 +39,13 @@ public struct TargetingCounts: Sendable, Equatable {
     }
 }
 
+/// A token shared through the store (`NotificationStore.sharedToken`), and when it was made.
+public struct SharedToken: Sendable, Equatable {
+    public let value: String
+    public let issuedAt: Millis
+    public init(value: String, issuedAt: Millis) { self.value = value; self.issuedAt = issuedAt }
+}
+
 /// The reads every store serves. A `StoreReader` serves them on another thread.
 public protocol StoreReading: AnyObject {
     /// Opaque, stable for as long as the store's history lasts.
@@ -181,11 +188,12 @@ public protocol NotificationStore: StoreReading {
     // The push outbox (SPEC section 10): written in the same transactions
     // as the changes it wakes devices for, taken by whichever node claims it.
 
-    /// Records a push for `deviceId` of `user`, due now. A tap joins the
-    /// device's tap already waiting or in flight, if any (`PushJob`).
-    /// With `claimUntil`, a new row is also claimed until then, as
-    /// `claimPushes` would, and returned: its sender need not ask again
-    /// (nil when the push joined a row that was there).
+    /// Records a push for `deviceId` of `user`, due now; a new tap, no
+    /// sooner than `spaceTaps` said. A tap joins the device's tap already
+    /// waiting or in flight, if any (`PushJob`). With `claimUntil`, a new
+    /// row due now is also claimed until then, as `claimPushes` would, and
+    /// returned: its sender need not ask again (nil when the push joined a
+    /// row that was there, or waits).
     @discardableResult
     func enqueuePush(_ user: UserKey, deviceId: String, _ message: PushMessage, at: Millis,
                      claimUntil: Millis?) throws(StoreError) -> PushJob?
@@ -199,12 +207,27 @@ public protocol NotificationStore: StoreReading {
     func finishPush(_ job: PushJob) throws(StoreError)
     /// A push to send again at `at`, one more attempt counted.
     func retryPush(_ job: PushJob, at: Millis) throws(StoreError)
+    /// A tap to `deviceId` was just sent: the device's next tap is due no
+    /// sooner than `until`, the one waiting (if any) included. Kept until
+    /// `pruneDevices` passes `until`.
+    func spaceTaps(_ user: UserKey, deviceId: String, until: Millis) throws(StoreError)
     /// Drops every push waiting for `deviceId`: its handle is dead, removed or moved.
     func dropPushes(_ user: UserKey, deviceId: String) throws(StoreError)
     /// The registration holding the handle whose `PushHandle.key` is `key` in `app`.
     func pushHolder(app: String, key: String) throws(StoreError) -> (user: String, deviceId: String)?
     /// How many pushes wait or are in flight (`herald_push_pending`).
     func pendingPushes() throws(StoreError) -> Int
+
+    // Tokens every process and node of the deployment signs with at a time
+    // (SPEC section 10: one APNs provider token per key), by name.
+
+    /// The token kept under `name`, nil when none is.
+    func sharedToken(_ name: String) throws(StoreError) -> SharedToken?
+    /// Keeps `token` under `name` in place of the one issued at `replacing`
+    /// (nil: in place of none), unless another writer replaced that one
+    /// first: then false, and nothing changed. So of processes renewing at
+    /// once, one wins and the others read its token.
+    func replaceSharedToken(_ name: String, with token: SharedToken, replacing: Millis?) throws(StoreError) -> Bool
 
     /// Whether the store's data is one database that other partitions and
     /// nodes write too (PostgreSQL), rather than this partition's alone:

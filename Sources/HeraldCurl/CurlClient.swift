@@ -16,8 +16,16 @@ public final class CurlClient: Sendable {
     ///   - caFile: PEM certificates to trust instead of the system's.
     ///   - http2: HTTP/2 by ALPN, one connection per host; else HTTP/1.1.
     ///   - maxInFlight: requests on the wire at once; more wait their turn.
-    public init(name: String, caFile: String?, http2: Bool, maxInFlight: Int, maxResponseBytes: Int = 64 * 1024) throws {
-        loop = try CurlLoop(caFile: caFile, http2: http2, maxInFlight: max(1, maxInFlight), maxResponseBytes: maxResponseBytes)
+    ///   - idleLimit: how long an idle connection may be taken again; nil:
+    ///     however long (libcurl's own limit, 118 s, would reconnect after
+    ///     every quiet two minutes, which APNs asks senders not to do).
+    ///     curl counts whole seconds. A connection the server closed, or
+    ///     whose peer TCP keepalive found gone, is replaced whatever the limit.
+    public init(name: String, caFile: String?, http2: Bool, maxInFlight: Int, maxResponseBytes: Int = 64 * 1024,
+                idleLimit: Duration? = nil) throws {
+        let idleSeconds = idleLimit.map { Int(($0 / .seconds(1)).rounded(.down)) } ?? Int.max
+        loop = try CurlLoop(caFile: caFile, http2: http2, maxInFlight: max(1, maxInFlight), maxResponseBytes: maxResponseBytes,
+                            idleSeconds: idleSeconds)
         loop.start(name: name)
     }
 

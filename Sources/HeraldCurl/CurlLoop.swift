@@ -38,6 +38,7 @@ final class CurlLoop: @unchecked Sendable {  // `shared` only under `lock`; `mul
     private let http2: Bool
     private let maxInFlight: Int
     private let maxResponseBytes: Int
+    private let idleSeconds: Int
     /// A pthread mutex rather than Synchronization.Mutex, whose futex calls
     /// ThreadSanitizer cannot see (it would report races that are not there).
     private let lock = NSLock()
@@ -48,7 +49,7 @@ final class CurlLoop: @unchecked Sendable {  // `shared` only under `lock`; `mul
 
     private static let globalInit: Void = { curl_global_init(Int(CURL_GLOBAL_DEFAULT)) }()
 
-    init(caFile: String?, http2: Bool, maxInFlight: Int, maxResponseBytes: Int) throws {
+    init(caFile: String?, http2: Bool, maxInFlight: Int, maxResponseBytes: Int, idleSeconds: Int) throws {
         _ = Self.globalInit
         guard let m = curl_multi_init() else { throw CurlFailure.other("curl_multi_init failed") }
         let codes = [
@@ -64,6 +65,7 @@ final class CurlLoop: @unchecked Sendable {  // `shared` only under `lock`; `mul
         }
         multi = m
         self.caFile = caFile; self.http2 = http2; self.maxInFlight = maxInFlight; self.maxResponseBytes = maxResponseBytes
+        self.idleSeconds = idleSeconds
     }
 
     func start(name: String) {
@@ -147,7 +149,7 @@ final class CurlLoop: @unchecked Sendable {  // `shared` only under `lock`; `mul
         guard let t = CurlTransfer(limit: maxResponseBytes, completion: w.completion) else {
             return complete(w.completion, .failure(.other("curl_easy_init failed")))
         }
-        if let failure = t.configure(w.request, timeout: left, caFile: caFile, http2: http2) {
+        if let failure = t.configure(w.request, timeout: left, caFile: caFile, http2: http2, idleSeconds: idleSeconds) {
             return complete(w.completion, .failure(failure))
         }
         let code = curl_multi_add_handle(multi, t.easy)

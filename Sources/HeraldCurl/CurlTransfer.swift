@@ -29,8 +29,9 @@ final class CurlTransfer {
         errorText.deallocate()
     }
 
-    /// Sets the handle up for `r` with `timeout` left; nil when it is ready to go.
-    func configure(_ r: CurlRequest, timeout: Duration, caFile: String?, http2: Bool) -> CurlFailure? {
+    /// Sets the handle up for `r` with `timeout` left, taking a connection
+    /// idle at most `idleSeconds`; nil when it is ready to go.
+    func configure(_ r: CurlRequest, timeout: Duration, caFile: String?, http2: Bool, idleSeconds: Int) -> CurlFailure? {
         if let problem = Self.problem(r) { return .refused(problem) }
         for (name, value) in r.headers {
             // "Name;" is how curl sends an empty value: "Name:" would drop the header.
@@ -55,7 +56,12 @@ final class CurlTransfer {
             herald_curl_setopt_long(easy, CURLOPT_NOSIGNAL, 1),
             herald_curl_setopt_long(easy, CURLOPT_TIMEOUT_MS, ms),
             herald_curl_setopt_long(easy, CURLOPT_CONNECTTIMEOUT_MS, min(ms, 10_000)),
-            // Idle connections are kept for the next request: notice the ones that died.
+            // Idle connections are kept for the next request (CURLOPT_MAXAGE_CONN, the
+            // one this request may take): TCP keepalive holds middleboxes' state for
+            // them and notices the ones whose peer went. (libcurl 7.88 sends HTTP/2
+            // PINGs only from curl_easy_upkeep, which reaches the easy interface's
+            // connections, not a multi handle's.)
+            herald_curl_setopt_long(easy, CURLOPT_MAXAGE_CONN, idleSeconds),
             herald_curl_setopt_long(easy, CURLOPT_TCP_KEEPALIVE, 1),
             herald_curl_setopt_long(easy, CURLOPT_HTTP_VERSION, Int(http2 ? CURL_HTTP_VERSION_2TLS : CURL_HTTP_VERSION_1_1)),
             // Wait for a connection still being set up and multiplex on it, rather than open another.

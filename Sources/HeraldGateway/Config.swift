@@ -101,6 +101,9 @@ public struct PushSettings: Sendable, Equatable {
     public var apns: APNs?
     public var fcm: FCM?
     public var webPush: WebPush?
+    /// The least time between two taps to one device (iOS budgets
+    /// background pushes and silently drops those over budget).
+    public var tapIntervalSeconds = 15
 
     public init(alert: AlertPointers? = nil, apns: APNs? = nil, fcm: FCM? = nil, webPush: WebPush? = nil) {
         self.alert = alert; self.apns = apns; self.fcm = fcm; self.webPush = webPush

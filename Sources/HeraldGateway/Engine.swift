@@ -216,6 +216,18 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
         enqueue(Command(run: { e in try body(e) }, failed: { _ in }, early: taken), evenWhenStopping: true)
     }
 
+    /// Queues a write for another thread that waits for its result:
+    /// `reply` runs once, on the engine thread, with `body`'s result once
+    /// its batch committed, or with nil when the batch rolled back; at once
+    /// on the caller's, with nil, when the engine is stopping.
+    func exchange<T: Sendable>(_ body: @escaping @Sendable (Engine) throws(StoreError) -> T,
+                               reply: @escaping @Sendable (T?) -> Void) {
+        enqueue(Command(run: { e in
+            let value = try body(e)
+            e.afterCommit { reply(value) }
+        }, failed: { _ in reply(nil) }), evenWhenStopping: false)
+    }
+
     private func enqueue(_ c: Command, evenWhenStopping: Bool) {
         cond.lock()
         let accepted = !stopping || evenWhenStopping

@@ -71,6 +71,7 @@ public final class Gateway: Sendable {
             e.push.configure(config.allApps)
             e.push.transport = push
         }
+        push?.share(StoreTokens(engine: partitions[0]))
         reads = Reads(partitions: partitions, reader: reader)
     }
 

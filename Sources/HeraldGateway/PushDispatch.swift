@@ -51,6 +51,7 @@ final class PushDispatch {
     private var wake = true
     private var nextPoll: Millis = 0
     private var nextPending: Millis = 0
+    /// The earliest time a push this node retried, or a tap it spaced, falls due.
     private var nextRetry: Millis?
     /// This partition's outbox length, as last added to `herald_push_pending`.
     private var countedPending = 0
@@ -232,6 +233,12 @@ final class PushDispatch {
         switch outcome {
         case .delivered:
             try e.store.finishPush(o.job)
+            // The device's next tap waits out the interval, in the store: every node holds to it.
+            if o.job.message.kind == .tap, o.settings.tapIntervalSeconds > 0 {
+                let until = now + Millis(o.settings.tapIntervalSeconds) * 1_000
+                try e.store.spaceTaps(o.job.user, deviceId: o.job.deviceId, until: until)
+                nextRetry = min(nextRetry ?? until, until)
+            }
             metrics.count(service, .delivered)
             metrics.latency.observe(nanos: UInt64(max(0, now - o.job.committedAt)) * 1_000_000)
             if metrics.health.accepted(credentials) { Log.info("push: \(service.rawValue) accepts \(credentials.description) again") }

@@ -35,11 +35,47 @@ public protocol PushTransport: AnyObject, Sendable {
     /// keeps the rest in the store.
     var capacity: Int { get }
     func send(_ push: OutgoingPush, completion: @escaping @Sendable (PushOutcome) -> Void)
+    /// Where the senders keep what every process and node of the
+    /// deployment shares; given by the gateway once, before any `send`.
+    func share(_ tokens: SharedTokens)
     /// Reads every app's credentials again (SIGHUP); an app whose files do
     /// not read keeps the ones it had.
     func reload(_ apps: [AppConfig])
     /// Ends every request in flight (each completes with a retry) and the threads.
     func stop()
+}
+
+/// Tokens the push senders share with every process and node of the
+/// deployment (SPEC section 10: Apple asks for few APNs provider tokens per
+/// team, and refuses one renewed within 20 minutes), kept in the store.
+public protocol SharedTokens: Sendable {
+    /// The token kept under `name` if it was made less than `renewAfter`
+    /// ago; else one `make(now)` signs, kept in its place, unless another
+    /// process renewed it first (then that one). `completion` runs once,
+    /// on the engine's thread (`Engine.exchange`): nil when the store could
+    /// not be reached or the gateway is stopping.
+    func token(_ name: String, renewAfter: Millis, make: @escaping @Sendable (Millis) -> String,
+               completion: @escaping @Sendable (SharedToken?) -> Void)
+}
+
+/// `SharedTokens` in the first partition's store: the database every node
+/// of a PostgreSQL deployment shares, the SQLite file, a memory store's
+/// process.
+struct StoreTokens: SharedTokens {
+    let engine: Engine
+
+    func token(_ name: String, renewAfter: Millis, make: @escaping @Sendable (Millis) -> String,
+               completion: @escaping @Sendable (SharedToken?) -> Void) {
+        engine.exchange({ e throws(StoreError) in
+            let now = e.clock.now()
+            let kept = try e.store.sharedToken(name)
+            if let kept, now - kept.issuedAt < renewAfter { return kept }
+            let made = SharedToken(value: make(now), issuedAt: now)
+            if try e.store.replaceSharedToken(name, with: made, replacing: kept?.issuedAt) { return made }
+            // Another process renewed it a moment ago.
+            return try e.store.sharedToken(name)
+        }, reply: { completion($0 ?? nil) })
+    }
 }
 
 /// `herald_push_*` (SPEC section 10): shown once an app configures push.

@@ -4,16 +4,14 @@ import HeraldGateway
 
 /// Apple Push Notification service, token-based provider authentication
 /// (Apple: "Sending notification requests to APNs"): HTTP/2 over one
-/// multiplexed connection per environment, an ES256 provider token renewed
-/// every 40 minutes (Apple takes 20 to 60), the headers SPEC section 10 names.
+/// multiplexed connection per environment, an ES256 provider token shared
+/// by the deployment and renewed every 40 minutes (`ProviderToken`), the
+/// headers SPEC section 10 names.
 final class APNsSender: Sendable {
     let credentials: LoadedCredentials.APNs
     private let clients: [APNsEnvironment: CurlClient]
-    private let token: Locked<(jwt: String, issuedAt: Millis)?>
+    private let token: ProviderToken
 
-    static let renewEvery: Millis = 40 * 60_000
-    /// Apple refuses a new token more often than this (TooManyProviderTokenUpdates).
-    static let renewAtMostEvery: Millis = 20 * 60_000
     static let maxBody = 4_096
 
     /// Sends to devices of `environments` only (an environment-limited key serves one).
@@ -25,30 +23,27 @@ final class APNsSender: Sendable {
                                           maxInFlight: PushSenders.maxInFlight)
         }
         self.clients = clients
-        token = Locked(nil)
+        token = ProviderToken(teamId: c.settings.teamId, keyId: c.settings.keyId, key: c.key)
     }
 
     func stop() { for c in clients.values { c.shutdown() } }
 
-    /// The provider token, made anew once it is `renewEvery` old (or, after
-    /// Apple called it expired, once it is `renewAtMostEvery` old).
-    private func providerToken(now: Millis, expired: Bool = false) -> String {
-        token.withLock { t in
-            if let t, now - t.issuedAt < (expired ? Self.renewAtMostEvery : Self.renewEvery) { return t.jwt }
-            let jwt = JWS.sign(header: ["alg": "ES256", "kid": .string(credentials.settings.keyId)],
-                               claims: ["iss": .string(credentials.settings.teamId), "iat": .int(now / 1000)],
-                               es256: credentials.key)
-            t = (jwt, now)
-            return jwt
+    /// `tokens`: where the provider token is kept.
+    func send(_ o: OutgoingPush, token deviceToken: String, environment: APNsEnvironment, tokens: SharedTokens,
+              completion: @escaping @Sendable (PushOutcome) -> Void) {
+        token.use(now: WallClock.now(), in: tokens) { [self] jwt in
+            guard let jwt else {
+                return completion(.retry("APNs: no provider token (the store did not answer)", retryAfterSeconds: nil))
+            }
+            send(o, deviceToken, environment, jwt, completion)
         }
     }
 
-    func send(_ o: OutgoingPush, token deviceToken: String, environment: APNsEnvironment,
-              completion: @escaping @Sendable (PushOutcome) -> Void) {
-        let now = WallClock.now()
+    private func send(_ o: OutgoingPush, _ deviceToken: String, _ environment: APNsEnvironment, _ jwt: String,
+                      _ completion: @escaping @Sendable (PushOutcome) -> Void) {
         let m = o.job.message
         let alert = m.kind == .alert
-        var headers = [("authorization", "bearer " + providerToken(now: now)),
+        var headers = [("authorization", "bearer " + jwt),
                        ("apns-topic", credentials.settings.topic),
                        ("apns-push-type", alert ? "alert" : "background"),
                        ("apns-priority", alert && m.high ? "10" : "5"),
@@ -58,11 +53,10 @@ final class APNsSender: Sendable {
         let base = environment == .production ? credentials.settings.endpoint : credentials.settings.developmentEndpoint
         let request = CurlRequest(method: "POST", url: base + "/3/device/" + deviceToken, headers: headers,
                                   body: Self.body(m), timeout: PushSenders.requestTimeout)
-        clients[environment]!.send(request) { [self] result in
+        // TooManyProviderTokenUpdates is a 429 like any: the token is kept, the push retried.
+        clients[environment]!.send(request) { [token] result in
             let outcome = Self.outcome(result)
-            if case .credentialsRefused(let why) = outcome, why.contains("ExpiredProviderToken") {
-                _ = providerToken(now: WallClock.now(), expired: true)
-            }
+            if case .credentialsRefused(let why) = outcome, why.contains("ExpiredProviderToken") { token.expired(jwt) }
             completion(outcome)
         }
     }

@@ -42,6 +42,7 @@ public final class PushSenders: PushTransport {
     }
 
     private let apps = Locked<[String: App]>([:])
+    private let tokens = Locked<SharedTokens?>(nil)
 
     /// Requests in flight, in all and so per client.
     static let maxInFlight = 1_000
@@ -82,6 +83,8 @@ public final class PushSenders: PushTransport {
     /// A push this transport has no sender for (stopping, or an app's
     /// service added by a reload a moment ago) goes back to the outbox to be
     /// sent again, never dropped: the gateway claimed it for a configured service.
+    public func share(_ tokens: SharedTokens) { self.tokens.withLock { $0 = tokens } }
+
     public func send(_ push: OutgoingPush, completion: @escaping @Sendable (PushOutcome) -> Void) {
         // Encoding, signing and Web Push's encryption happen here, off the caller's (the engine's) thread.
         encoder.async { [self] in encode(push, completion) }
@@ -95,8 +98,8 @@ public final class PushSenders: PushTransport {
                                        retryAfterSeconds: nil)
         switch push.handle {
         case .apns(let token, let env):
-            guard let s = app?.apns(env) else { return completion(notYet) }
-            s.send(push, token: token, environment: env, completion: completion)
+            guard let s = app?.apns(env), let tokens = tokens.withLock({ $0 }) else { return completion(notYet) }
+            s.send(push, token: token, environment: env, tokens: tokens, completion: completion)
         case .fcm(let token):
             guard let s = app?.fcm else { return completion(notYet) }
             s.send(push, token: token, completion: completion)

@@ -23,6 +23,14 @@ public final class MemoryStore: NotificationStore {
     /// The push outbox by id (ids ascend in the order recorded).
     private var pushes: [Int64: PushRow] = [:]
     private var lastPushId: Int64 = 0
+    /// Per device, when its next tap may be sent (`spaceTaps`).
+    private var tapsNotBefore: [DeviceKey: Millis] = [:]
+    private var sharedTokens: [String: SharedToken] = [:]
+
+    struct DeviceKey: Hashable {
+        let user: UserKey
+        let deviceId: String
+    }
 
     struct PushRow {
         var job: PushJob
@@ -246,6 +254,7 @@ public final class MemoryStore: NotificationStore {
             n += list.count - kept.count
             setDevices(k, kept.isEmpty ? nil : kept)
         }
+        for (k, at) in tapsNotBefore where at < before { setTapsNotBefore(k, nil) }
         return n
     }
 }
@@ -270,8 +279,24 @@ extension MemoryStore {
         }
         lastPushId += 1
         let job = PushJob(id: lastPushId, user: user, deviceId: deviceId, message: message, committedAt: at)
-        setPush(lastPushId, PushRow(job: job, dueAt: at, claimedUntil: claimUntil ?? 0))
-        return claimUntil == nil ? nil : job
+        let due = message.kind == .tap ? max(at, tapsNotBefore[DeviceKey(user: user, deviceId: deviceId)] ?? at) : at
+        let claimed = due == at ? claimUntil : nil
+        setPush(lastPushId, PushRow(job: job, dueAt: due, claimedUntil: claimed ?? 0))
+        return claimed == nil ? nil : job
+    }
+
+    private func setTapsNotBefore(_ k: DeviceKey, _ at: Millis?) {
+        let old = tapsNotBefore[k]
+        tapsNotBefore[k] = at
+        onRollback { s in s.tapsNotBefore[k] = old }
+    }
+
+    public func spaceTaps(_ user: UserKey, deviceId: String, until: Millis) throws(StoreError) {
+        setTapsNotBefore(DeviceKey(user: user, deviceId: deviceId), until)
+        for var row in pushes.values where row.job.user == user && row.job.deviceId == deviceId && row.job.message.kind == .tap {
+            row.dueAt = max(row.dueAt, until)
+            setPush(row.job.id, row)
+        }
     }
 
     public func claimPushes(now: Millis, until: Millis, limit: Int) throws(StoreError) -> [PushJob] {
@@ -312,6 +337,16 @@ extension MemoryStore {
     }
 
     public func pendingPushes() throws(StoreError) -> Int { pushes.count }
+
+    public func sharedToken(_ name: String) throws(StoreError) -> SharedToken? { sharedTokens[name] }
+
+    public func replaceSharedToken(_ name: String, with token: SharedToken, replacing: Millis?) throws(StoreError) -> Bool {
+        let old = sharedTokens[name]
+        guard old?.issuedAt == replacing else { return false }
+        sharedTokens[name] = token
+        onRollback { s in s.sharedTokens[name] = old }
+        return true
+    }
 }
 
 extension Array where Element: Comparable {

@@ -205,12 +205,33 @@ enum PostgresSchema {
         END
         $$;
         """,
+        // 7: when each device's next tap may go, as SQLite's version 7.
+        // Older nodes never read it, so it may run beside them.
+        """
+        CREATE TABLE push_tap_spacing (
+            app        text COLLATE "C" NOT NULL,
+            user_id    text COLLATE "C" NOT NULL,
+            device_id  text COLLATE "C" NOT NULL,
+            not_before bigint NOT NULL,
+            PRIMARY KEY (app, user_id, device_id)
+        );
+        """,
+        // 8: tokens every node signs with (an APNs provider token), by
+        // name, as SQLite's version 8. Older nodes never read it.
+        """
+        CREATE TABLE shared_tokens (
+            name      text COLLATE "C" PRIMARY KEY,
+            value     text NOT NULL,
+            issued_at bigint NOT NULL
+        );
+        """,
     ]
 
     /// The versions an older node would misread: since version 3 a
     /// notification's JSON is in its change, and an older node's pruning
     /// would drop changes notifications point at. Version 4 only adds a
-    /// function older nodes never call, as does version 6.
+    /// function older nodes never call, as does version 6; versions 7 and 8
+    /// tables they never read.
     static let misreadByOlderNodes: Set<Int64> = [3]
 
     /// Migrates through a version of `misreadByOlderNodes` only once every

@@ -668,6 +668,7 @@ public final class PostgresStore: NotificationStore {
 
     public func pruneDevices(lastSeenBefore before: Millis) throws(StoreError) -> Int {
         try check()
+        try db.send("DELETE FROM push_tap_spacing WHERE not_before < $1", [.int(before)])
         return try db.execute("DELETE FROM devices WHERE last_seen_at < $1", [.int(before)])
     }
 
@@ -748,7 +749,10 @@ extension PostgresStore {
                                        .int(claimUntil ?? 0)]
         let sql = """
             INSERT INTO push_outbox (app, user_id, device_id, kind, message, committed_at, due_at, claimed_until)
-            VALUES ($1, $2, $3, $4, $5, $6, $6, $7)
+            SELECT $1::text, $2::text, $3::text, $4::text, $5::text, $6::bigint, due,
+                   CASE WHEN due = $6::bigint THEN $7::bigint ELSE 0 END
+            FROM (SELECT greatest($6::bigint, (SELECT not_before FROM push_tap_spacing
+                                               WHERE $4::text = 'tap' AND app = $1 AND user_id = $2 AND device_id = $3)) AS due) d
             ON CONFLICT (app, user_id, device_id) WHERE kind = 'tap' DO UPDATE SET
                 message = excluded.message, generation = push_outbox.generation + 1
             """
@@ -758,8 +762,8 @@ extension PostgresStore {
             return nil
         }
         // A new row has generation 0; a tap joined to one there has more.
-        let r = try db.query(sql + " RETURNING id, generation", values)
-        guard r.count > 0, r.int64(0, 1) == 0 else { return nil }
+        let r = try db.query(sql + " RETURNING id, generation, claimed_until", values)
+        guard r.count > 0, r.int64(0, 1) == 0, r.int64(0, 2) != 0 else { return nil }
         return PushJob(id: r.int64(0, 0), user: user, deviceId: deviceId, message: message, committedAt: at)
     }
 
@@ -798,6 +802,17 @@ extension PostgresStore {
                     [.int(at), .int(Int64(job.attempts + 1)), .int(job.id)])
     }
 
+    public func spaceTaps(_ user: UserKey, deviceId: String, until: Millis) throws(StoreError) {
+        try check()
+        let args = Self.key(user) + [.text(deviceId), .int(until)]
+        try db.send("""
+            INSERT INTO push_tap_spacing (app, user_id, device_id, not_before) VALUES ($1, $2, $3, $4)
+            ON CONFLICT (app, user_id, device_id) DO UPDATE SET not_before = excluded.not_before
+            """, args)
+        try db.send("UPDATE push_outbox SET due_at = greatest(due_at, $4) WHERE app = $1 AND user_id = $2 AND device_id = $3 AND kind = 'tap'",
+                    args)
+    }
+
     public func dropPushes(_ user: UserKey, deviceId: String) throws(StoreError) {
         try check()
         try db.send("DELETE FROM push_outbox WHERE app = $1 AND user_id = $2 AND device_id = $3", Self.key(user) + [.text(deviceId)])
@@ -813,5 +828,25 @@ extension PostgresStore {
     public func pendingPushes() throws(StoreError) -> Int {
         try check()
         return Int(try db.query("SELECT count(*) FROM push_outbox").int64(0, 0))
+    }
+
+    public func sharedToken(_ name: String) throws(StoreError) -> SharedToken? {
+        try check()
+        let r = try db.query("SELECT value, issued_at FROM shared_tokens WHERE name = $1", [.text(name)])
+        guard r.count > 0 else { return nil }
+        guard let v = r.text(0, 0) else { throw reads.corrupt("shared token") }
+        return SharedToken(value: v, issuedAt: r.int64(0, 1))
+    }
+
+    /// Under READ COMMITTED an UPDATE that waited for another's renewal
+    /// sees the row it committed, whose issued_at no longer matches.
+    public func replaceSharedToken(_ name: String, with token: SharedToken, replacing: Millis?) throws(StoreError) -> Bool {
+        try check()
+        guard let replacing else {
+            return try db.execute("INSERT INTO shared_tokens (name, value, issued_at) VALUES ($1, $2, $3) ON CONFLICT (name) DO NOTHING",
+                                  [.text(name), .text(token.value), .int(token.issuedAt)]) == 1
+        }
+        return try db.execute("UPDATE shared_tokens SET value = $2, issued_at = $3 WHERE name = $1 AND issued_at = $4",
+                              [.text(name), .text(token.value), .int(token.issuedAt), .int(replacing)]) == 1
     }
 }

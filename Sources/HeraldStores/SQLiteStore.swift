@@ -44,7 +44,7 @@ public final class SQLiteStore: NotificationStore {
 
     /// The schema version this code writes; `migrations[v - 1]` brings a
     /// database from version `v - 1` to `v`.
-    public static let schemaVersion: Int64 = 6
+    public static let schemaVersion: Int64 = 8
 
     public let epoch: String
     public let path: String
@@ -349,6 +349,24 @@ public final class SQLiteStore: NotificationStore {
         CREATE UNIQUE INDEX push_outbox_taps ON push_outbox (app, user, device_id) WHERE kind = 'tap';
         CREATE INDEX push_outbox_by_device ON push_outbox (app, user, device_id);
         CREATE INDEX push_outbox_due ON push_outbox (due_at);
+        """,
+        // 7: when each device's next tap may go (PushSettings.tapIntervalSeconds).
+        """
+        CREATE TABLE push_tap_spacing (
+            app        TEXT NOT NULL,
+            user       TEXT NOT NULL,
+            device_id  TEXT NOT NULL,
+            not_before INTEGER NOT NULL,
+            PRIMARY KEY (app, user, device_id)
+        ) WITHOUT ROWID;
+        """,
+        // 8: tokens every process signs with (an APNs provider token), by name.
+        """
+        CREATE TABLE shared_tokens (
+            name      TEXT PRIMARY KEY,
+            value     TEXT NOT NULL,
+            issued_at INTEGER NOT NULL
+        ) WITHOUT ROWID;
         """,
     ]
 
@@ -845,6 +863,7 @@ public final class SQLiteStore: NotificationStore {
 
     public func pruneDevices(lastSeenBefore before: Millis) throws(StoreError) -> Int {
         try check()
+        try db.execute("DELETE FROM push_tap_spacing WHERE not_before < ?", [.int(before)])
         return try db.execute("DELETE FROM devices WHERE last_seen_at < ?", [.int(before)])
     }
 }
@@ -857,15 +876,19 @@ extension SQLiteStore {
         try check()
         var job: PushJob?
         // A new row has generation 0; a tap joined to one there has more.
+        // ("WHERE true" tells SQLite's parser the ON CONFLICT is the upsert's.)
         try db.query("""
             INSERT INTO push_outbox (app, user, device_id, kind, message, committed_at, due_at, claimed_until)
-            VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+            SELECT ?1, ?2, ?3, ?4, ?5, ?6, due, CASE WHEN due = ?6 THEN ?7 ELSE 0 END
+            FROM (SELECT max(?6, coalesce((SELECT not_before FROM push_tap_spacing
+                                           WHERE ?4 = 'tap' AND app = ?1 AND user = ?2 AND device_id = ?3), ?6)) AS due)
+            WHERE true
             ON CONFLICT (app, user, device_id) WHERE kind = 'tap' DO UPDATE SET
                 message = excluded.message, generation = generation + 1
-            RETURNING id, generation
+            RETURNING id, generation, claimed_until
             """, [.text(user.app), .text(user.user), .text(deviceId), .text(message.kind.rawValue),
-                  .utf8(message.json.encoded[...]), .int(at), .int(at), .int(claimUntil ?? 0)]) { r throws(StoreError) in
-            if claimUntil != nil, r.int64(1) == 0 {
+                  .utf8(message.json.encoded[...]), .int(at), .int(claimUntil ?? 0)]) { r throws(StoreError) in
+            if r.int64(1) == 0, r.int64(2) != 0 {
                 job = PushJob(id: r.int64(0), user: user, deviceId: deviceId, message: message, committedAt: at)
             }
             return false
@@ -904,6 +927,17 @@ extension SQLiteStore {
                        [.int(at), .int(Int64(job.attempts + 1)), .int(job.id)])
     }
 
+    public func spaceTaps(_ user: UserKey, deviceId: String, until: Millis) throws(StoreError) {
+        try check()
+        let args: [SQLiteValue] = [.text(user.app), .text(user.user), .text(deviceId), .int(until)]
+        try db.execute("""
+            INSERT INTO push_tap_spacing (app, user, device_id, not_before) VALUES (?1, ?2, ?3, ?4)
+            ON CONFLICT (app, user, device_id) DO UPDATE SET not_before = excluded.not_before
+            """, args)
+        try db.execute("UPDATE push_outbox SET due_at = max(due_at, ?4) WHERE app = ?1 AND user = ?2 AND device_id = ?3 AND kind = 'tap'",
+                       args)
+    }
+
     public func dropPushes(_ user: UserKey, deviceId: String) throws(StoreError) {
         try check()
         try db.execute("DELETE FROM push_outbox WHERE app = ? AND user = ? AND device_id = ?",
@@ -923,5 +957,26 @@ extension SQLiteStore {
     public func pendingPushes() throws(StoreError) -> Int {
         try check()
         return Int(try db.int("SELECT count(*) FROM push_outbox") ?? 0)
+    }
+
+    public func sharedToken(_ name: String) throws(StoreError) -> SharedToken? {
+        try check()
+        var out: SharedToken?
+        try db.query("SELECT value, issued_at FROM shared_tokens WHERE name = ?", [.text(name)]) { r throws(StoreError) in
+            guard let v = r.text(0) else { throw reads.corrupt("shared token") }
+            out = SharedToken(value: v, issuedAt: r.int64(1))
+            return false
+        }
+        return out
+    }
+
+    public func replaceSharedToken(_ name: String, with token: SharedToken, replacing: Millis?) throws(StoreError) -> Bool {
+        try check()
+        guard let replacing else {
+            return try db.execute("INSERT INTO shared_tokens (name, value, issued_at) VALUES (?, ?, ?) ON CONFLICT (name) DO NOTHING",
+                                  [.text(name), .text(token.value), .int(token.issuedAt)]) == 1
+        }
+        return try db.execute("UPDATE shared_tokens SET value = ?, issued_at = ? WHERE name = ? AND issued_at = ?",
+                              [.text(token.value), .int(token.issuedAt), .text(name), .int(replacing)]) == 1
     }
 }

@@ -54,6 +54,7 @@ extension ConfigFile {
             try a.finish()
             settings.webPush = web
         }
+        if let t = try f.int("tapIntervalSeconds", in: 0...3600) { settings.tapIntervalSeconds = t }
         try f.finish()
         guard !settings.services.isEmpty else { throw UsageError("app \(id): push names no service (apns, fcm or webpush)") }
         do { try PushCredentials.check(&settings) } catch { throw UsageError("app \(id): \(error.description)") }
@@ -97,6 +98,15 @@ extension ConfigFile {
                 throw UsageError("\(what).\(k) must be an array of non-empty strings")
             }
             return list.map { $0.stringValue! }
+        }
+
+        mutating func int(_ k: String, in range: ClosedRange<Int>) throws(UsageError) -> Int? {
+            seen.insert(k)
+            guard let v = o[k] else { return nil }
+            guard let n = v.int64Value, range.contains(Int(n)) else {
+                throw UsageError("\(what).\(k) must be a whole number from \(range.lowerBound) to \(range.upperBound)")
+            }
+            return Int(n)
         }
 
         /// A service's base URL: `https://host[:port]`, nothing after it.

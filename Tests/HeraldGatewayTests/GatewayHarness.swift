@@ -150,11 +150,16 @@ final class FailingStore: NotificationStore {
     }
     func finishPush(_ job: PushJob) throws(StoreError) { try inner.finishPush(job) }
     func retryPush(_ job: PushJob, at: Millis) throws(StoreError) { try inner.retryPush(job, at: at) }
+    func spaceTaps(_ u: UserKey, deviceId: String, until: Millis) throws(StoreError) { try inner.spaceTaps(u, deviceId: deviceId, until: until) }
     func dropPushes(_ u: UserKey, deviceId: String) throws(StoreError) { try inner.dropPushes(u, deviceId: deviceId) }
     func pushHolder(app: String, key: String) throws(StoreError) -> (user: String, deviceId: String)? {
         try inner.pushHolder(app: app, key: key)
     }
     func pendingPushes() throws(StoreError) -> Int { try inner.pendingPushes() }
+    func sharedToken(_ name: String) throws(StoreError) -> SharedToken? { try inner.sharedToken(name) }
+    func replaceSharedToken(_ name: String, with t: SharedToken, replacing: Millis?) throws(StoreError) -> Bool {
+        try inner.replaceSharedToken(name, with: t, replacing: replacing)
+    }
     func makeReader() throws(StoreError) -> StoreReader? { offersReader ? MemoryReader(self) : nil }
     /// Set to make the engine sync commits on its sync thread.
     var commitSync: CommitSync?

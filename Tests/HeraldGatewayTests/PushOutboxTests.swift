@@ -18,6 +18,7 @@ final class HeldPushes: PushTransport, @unchecked Sendable {  // test thread onl
         sent.append(push)
         waiting.append((push, completion))
     }
+    func share(_ tokens: SharedTokens) {}
     func reload(_ apps: [AppConfig]) { reloads += 1 }
     func stop() {}
 
@@ -157,11 +158,71 @@ final class PushOutboxTests: XCTestCase {
         dispatch()
         XCTAssertEqual(transport.sent.count, 1, "at most one tap in flight")
         transport.answerAll(.delivered)
+        h.settle()
+        h.clock.advance(seconds: 15)
         dispatch()
         XCTAssertEqual(transport.sent.map(\.job.message.cursor), [1, 4], "the taps recorded in flight go after it, as one")
         transport.answerAll(.delivered)
         dispatch()
         XCTAssertEqual(pending, 0)
+    }
+
+    /// iOS budgets background pushes: taps to one device go at least
+    /// `tapIntervalSeconds` apart, counted from the last one delivered.
+    func testTapsToOneDeviceAreSpacedByTheAppsInterval() {
+        var push = Self.push
+        push.tapIntervalSeconds = 30
+        h = Harness(apps: [AppConfig(id: Self.app.id, serverKey: "sk", tokenSecret: "ts", push: push)], push: transport)
+        _ = register("u", "tablet", apns())
+        _ = register("u", "phone", apns(String(repeating: "0b", count: 32)))
+        _ = publish("u", "n1", title: nil)
+        dispatch()
+        XCTAssertEqual(transport.sent.map(\.job.deviceId).sorted(), ["phone", "tablet"])
+        transport.answerAll(.delivered)
+        h.settle()
+        h.clock.advance(seconds: 10)
+        _ = publish("u", "n2", title: nil)
+        _ = publish("u", "n3", title: nil)
+        _ = publish("u", "n4")
+        dispatch()
+        XCTAssertEqual(transport.sent.map(\.job.message.kind), [.tap, .tap, .alert, .alert], "alerts are not spaced")
+        transport.answerAll(.delivered)
+        h.settle()
+        h.clock.advance(millis: 19_999)
+        dispatch()
+        XCTAssertEqual(transport.sent.count, 4, "the taps wait out the 30 s")
+        XCTAssertEqual(pending, 2, "one waiting per device")
+        h.clock.advance(millis: 1)
+        dispatch()
+        XCTAssertEqual(transport.sent.count, 6)
+        XCTAssertEqual(transport.sent.suffix(2).map(\.job.message.cursor), [3, 3], "each device's tap carries the last change")
+        transport.answerAll(.delivered)
+        h.settle()
+        XCTAssertEqual(pending, 0)
+    }
+
+    /// A reload's interval holds for the taps sent after it; the spacing a
+    /// tap sent before it wrote stands.
+    func testAReloadedTapIntervalSpacesTheTapsSentAfterIt() {
+        _ = register("u", "tablet", apns())
+        _ = publish("u", "n1", title: nil)
+        dispatch()
+        transport.answerAll(.delivered)
+        h.settle()
+        var push = Self.push
+        push.tapIntervalSeconds = 0
+        h.gateway.reload(apps: [AppConfig(id: Self.app.id, serverKey: "sk", tokenSecret: "ts", push: push)]) { _ in }
+        _ = publish("u", "n2", title: nil)
+        dispatch()
+        XCTAssertEqual(transport.sent.count, 1, "the 15 s written before the reload stand")
+        h.clock.advance(seconds: 15)
+        dispatch()
+        XCTAssertEqual(transport.sent.count, 2)
+        transport.answerAll(.delivered)
+        h.settle()
+        _ = publish("u", "n3", title: nil)
+        dispatch()
+        XCTAssertEqual(transport.sent.map(\.job.message.cursor), [1, 2, 3], "no spacing after a tap sent under 0")
     }
 
     func testTapsWaitingForRoomCoalesceAndAreClaimedWhenThereIsSome() {
@@ -531,6 +592,36 @@ final class PushOutboxTests: XCTestCase {
         XCTAssertEqual(sent.count, 20)
         XCTAssertEqual(Set(sent.map(\.job.id)).count, 20, "none twice")
         XCTAssertEqual(Set(sent.map(\.job.message.cursor)), Set<Int64>(1...10), "each user's ten changes")
+    }
+
+    /// Two nodes on one store share one token (`SharedTokens`, what APNs
+    /// provider tokens are kept in): the first to ask makes it, the other
+    /// reads it, and once it is due the first to ask again renews it.
+    func testTwoNodesShareOneTokenAndOneRenewsIt() {
+        let store = MemoryStore(), hub = MemoryBus.Hub()
+        let nodes = ["a", "b"].map { ($0, Harness(store: store, bus: MemoryBus(hub: hub), apps: [Self.app], push: HeldPushes())) }
+        let made = Locked<[String]>([])
+        func ask(_ node: Int) -> SharedToken? {
+            let (name, h) = nodes[node]
+            let got = Locked<SharedToken??>(nil)
+            StoreTokens(engine: h.gateway.soleEngine).token("apns:T:K", renewAfter: 40 * 60_000, make: { now in
+                made.withLock { $0.append(name) }
+                return "\(name)@\(now)"
+            }) { t in got.withLock { $0 = .some(t) } }
+            h.settle()
+            return got.withLock { $0 } ?? nil
+        }
+        func advance(seconds: Int64) { for (_, h) in nodes { h.clock.advance(seconds: seconds) } }
+        let first = ask(0)
+        XCTAssertNotNil(first)
+        XCTAssertEqual(ask(1), first, "the other node reads it")
+        advance(seconds: 40 * 60 - 1)
+        XCTAssertEqual(ask(1), first, "not due yet")
+        advance(seconds: 1)
+        let renewed = ask(1)
+        XCTAssertEqual(ask(0), renewed)
+        XCTAssertEqual(renewed?.issuedAt, nodes[1].1.clock.now())
+        XCTAssertEqual(made.withLock { $0 }, ["a", "b"], "one token made per renewal")
     }
 
     /// Found in review: the old token's death (APNs 410 for a push sent

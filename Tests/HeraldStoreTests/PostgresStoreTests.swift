@@ -32,6 +32,8 @@ final class PostgresStoreConformanceTests: StoreConformanceTests {
     func testTapsToOneDeviceShareOneRow() throws { try checkTapsToOneDeviceShareOneRow() }
     func testPushClaimedAsItIsRecorded() throws { try checkPushClaimedAsItIsRecorded() }
     func testDroppedAndRolledBackPushesLeaveNothing() throws { try checkDroppedAndRolledBackPushesLeaveNothing() }
+    func testTapsWaitOutTheirSpacing() throws { try checkTapsWaitOutTheirSpacing() }
+    func testSharedTokensAreReplacedOnlyInPlaceOfTheOneRead() throws { try checkSharedTokensAreReplacedOnlyInPlaceOfTheOneRead() }
     func testHeadsOfManyFeeds() throws { try checkHeadsOfManyFeeds() }
     func testDevicesOfManyUsers() throws { try checkDevicesOfManyUsers() }
 
@@ -679,10 +681,10 @@ final class PostgresStoreTests: XCTestCase {
         XCTAssertEqual(try store.history(alice, after: nil, limit: 10).map(\.id).sorted(), ["n_0", "n_2"])
     }
 
-    /// Turns a database of this version into what version 4 wrote: no push handles, no outbox.
+    /// Turns a database of this version into what version 4 wrote: no push handles, no outbox, no tap spacing, no shared tokens.
     func downgradeToVersion4(_ store: PostgresStore) throws {
         try store.db.script("""
-            DROP FUNCTION herald_partition;
+            DROP FUNCTION herald_partition; DROP TABLE push_tap_spacing; DROP TABLE shared_tokens;
             DROP TABLE push_outbox; DROP INDEX devices_by_push_key;
             ALTER TABLE devices DROP COLUMN push; ALTER TABLE devices DROP COLUMN push_key;
             DELETE FROM herald_schema WHERE version >= 5;

@@ -206,7 +206,7 @@ final class SQLiteStoreTests: XCTestCase {
     /// not name their notification.
     func downgradeToVersion4(_ s: SQLiteStore) throws {
         try s.db.script("""
-            DROP TABLE push_outbox; DROP INDEX devices_by_push_key;
+            DROP TABLE shared_tokens; DROP TABLE push_tap_spacing; DROP TABLE push_outbox; DROP INDEX devices_by_push_key;
             ALTER TABLE devices DROP COLUMN push; ALTER TABLE devices DROP COLUMN push_key;
             """)
         let prefix = #"length('{"seq":' || c.seq || ',"op":"upsert","notification":')"#

@@ -739,6 +739,73 @@ class StoreConformanceTests: XCTestCase {
         XCTAssertEqual(try store.pendingPushes(), 2, "a rolled-back claimed push was never recorded")
     }
 
+    func checkTapsWaitOutTheirSpacing() throws {
+        let alert = PushMessage(kind: .alert, op: .upsert, cursor: 2, epoch: "e", notificationId: "n_2", title: "T", body: "B",
+                                threadId: nil, high: false, change: nil, expiresAt: Self.t0 + Self.day)
+        try store.begin()
+        let sent = try store.enqueuePush(alice, deviceId: "phone", tap(1), at: Self.t0, claimUntil: Self.t0 + 1000)
+        try store.finishPush(sent!)
+        try store.spaceTaps(alice, deviceId: "phone", until: Self.t0 + 15_000)
+        try store.commit()
+        try store.begin()
+        let held = try store.enqueuePush(alice, deviceId: "phone", tap(2), at: Self.t0 + 5_000, claimUntil: Self.t0 + 6_000)
+        let alerted = try store.enqueuePush(alice, deviceId: "phone", alert, at: Self.t0 + 5_000, claimUntil: Self.t0 + Self.day)
+        let other = try store.enqueuePush(alice, deviceId: "tablet", tap(2), at: Self.t0 + 5_000, claimUntil: Self.t0 + Self.day)
+        try store.commit()
+        XCTAssertNil(held, "a tap within the spacing is not claimed as it is recorded")
+        XCTAssertNotNil(alerted, "an alert is not spaced")
+        XCTAssertNotNil(other, "another device's taps are not spaced")
+        try store.begin()
+        XCTAssertEqual(try store.claimPushes(now: Self.t0 + 14_999, until: Self.t0 + 20_000, limit: 10), [])
+        let due = try store.claimPushes(now: Self.t0 + 15_000, until: Self.t0 + 20_000, limit: 10)
+        XCTAssertEqual(due.map(\.message.cursor), [2], "due when the spacing ends")
+        // A tap recorded while that one is in flight: after it, spaced again.
+        try store.enqueuePush(alice, deviceId: "phone", tap(3), at: Self.t0 + 15_500, claimUntil: nil)
+        try store.finishPush(due[0])
+        try store.spaceTaps(alice, deviceId: "phone", until: Self.t0 + 31_000)
+        try store.commit()
+        try store.begin()
+        XCTAssertEqual(try store.claimPushes(now: Self.t0 + 30_999, until: Self.t0 + 40_000, limit: 10), [])
+        XCTAssertEqual(try store.claimPushes(now: Self.t0 + 31_000, until: Self.t0 + 40_000, limit: 10).map(\.message.cursor), [3])
+        try store.commit()
+        try store.begin()
+        try store.spaceTaps(bob, deviceId: "tab", until: Self.t0 + 60_000)
+        store.rollback()
+        try store.begin()
+        try store.spaceTaps(bob, deviceId: "phone", until: Self.t0 + 60_000)
+        _ = try store.pruneDevices(lastSeenBefore: Self.t0 + 60_001)
+        try store.commit()
+        try store.begin()
+        XCTAssertNotNil(try store.enqueuePush(bob, deviceId: "tab", tap(1), at: Self.t0 + 3_000, claimUntil: Self.t0 + 4_000),
+                        "a rolled-back spacing holds no tap")
+        XCTAssertNotNil(try store.enqueuePush(bob, deviceId: "phone", tap(1), at: Self.t0 + 3_000, claimUntil: Self.t0 + 4_000),
+                        "nor one pruned")
+        try store.commit()
+    }
+
+    func checkSharedTokensAreReplacedOnlyInPlaceOfTheOneRead() throws {
+        let name = "apns:TEAM:KEY"
+        let a = SharedToken(value: "a", issuedAt: Self.t0), b = SharedToken(value: "b", issuedAt: Self.t0 + 1)
+        let c = SharedToken(value: "c", issuedAt: Self.t0 + 2)
+        XCTAssertNil(try store.sharedToken(name))
+        try store.begin()
+        XCTAssertTrue(try store.replaceSharedToken(name, with: a, replacing: nil))
+        XCTAssertFalse(try store.replaceSharedToken(name, with: b, replacing: nil), "another process made one first")
+        try store.commit()
+        XCTAssertEqual(try store.sharedToken(name), a)
+        try store.begin()
+        XCTAssertFalse(try store.replaceSharedToken(name, with: c, replacing: Self.t0 - 5), "renewed since that was read")
+        XCTAssertTrue(try store.replaceSharedToken(name, with: b, replacing: Self.t0))
+        XCTAssertTrue(try store.replaceSharedToken("apns:TEAM:KEY2", with: c, replacing: nil), "each name has its own")
+        store.rollback()
+        XCTAssertEqual(try store.sharedToken(name), a, "a rolled-back renewal never happened")
+        XCTAssertNil(try store.sharedToken("apns:TEAM:KEY2"))
+        try store.begin()
+        XCTAssertTrue(try store.replaceSharedToken(name, with: b, replacing: Self.t0))
+        try store.commit()
+        XCTAssertEqual(try store.sharedToken(name), b)
+    }
+
     func checkDroppedAndRolledBackPushesLeaveNothing() throws {
         try store.saveDevice(alice, Device(deviceId: "phone", lastSeenAt: 1))
         try store.begin()
@@ -783,6 +850,8 @@ final class MemoryStoreConformanceTests: StoreConformanceTests {
     func testTapsToOneDeviceShareOneRow() throws { try checkTapsToOneDeviceShareOneRow() }
     func testPushClaimedAsItIsRecorded() throws { try checkPushClaimedAsItIsRecorded() }
     func testDroppedAndRolledBackPushesLeaveNothing() throws { try checkDroppedAndRolledBackPushesLeaveNothing() }
+    func testTapsWaitOutTheirSpacing() throws { try checkTapsWaitOutTheirSpacing() }
+    func testSharedTokensAreReplacedOnlyInPlaceOfTheOneRead() throws { try checkSharedTokensAreReplacedOnlyInPlaceOfTheOneRead() }
     func testHeadsOfManyFeeds() throws { try checkHeadsOfManyFeeds() }
     func testDevicesOfManyUsers() throws { try checkDevicesOfManyUsers() }
 }
@@ -816,6 +885,8 @@ final class SQLiteStoreConformanceTests: StoreConformanceTests {
     func testTapsToOneDeviceShareOneRow() throws { try checkTapsToOneDeviceShareOneRow() }
     func testPushClaimedAsItIsRecorded() throws { try checkPushClaimedAsItIsRecorded() }
     func testDroppedAndRolledBackPushesLeaveNothing() throws { try checkDroppedAndRolledBackPushesLeaveNothing() }
+    func testTapsWaitOutTheirSpacing() throws { try checkTapsWaitOutTheirSpacing() }
+    func testSharedTokensAreReplacedOnlyInPlaceOfTheOneRead() throws { try checkSharedTokensAreReplacedOnlyInPlaceOfTheOneRead() }
     func testHeadsOfManyFeeds() throws { try checkHeadsOfManyFeeds() }
     func testDevicesOfManyUsers() throws { try checkDevicesOfManyUsers() }
 

@@ -568,7 +568,7 @@ class StandIn:
     def _refuse(self, req: Request, status: int, body: bytes, reason: str, headers=None) -> Response:
         with self.changed:
             self.refused.append({"path": req.path, "status": status, "reason": reason, "at": req.at,
-                                 "connection": req.connection})
+                                 "connection": req.connection, "authorization": req.headers.get("authorization")})
             self._counted()
         return Response(status, headers or [], body)
 

@@ -69,6 +69,38 @@ def apns_handle(token: str) -> dict:
     return {"service": "apns", "token": token}
 
 
+@pytest.mark.parametrize("value", [-1, 3601, 1.5, "15", None])
+def test_a_bad_tap_interval_stops_the_start_with_one_line(services, vapid_file, tmp_path, value):
+    cfg = push_config(*services, vapid_file)
+    cfg["apps"][0]["push"]["tapIntervalSeconds"] = value
+    path = tmp_path / "herald.json"
+    path.write_text(json.dumps(cfg))
+    r = subprocess.run([herald_binary(), "serve", "--store", "memory", "--port", "0", "--config", path],
+                       capture_output=True, timeout=30)
+    lines = r.stderr.decode().splitlines()
+    assert (r.returncode, len(lines)) == (2, 1), r.stderr
+    assert "push.tapIntervalSeconds must be a whole number from 0 to 3600" in lines[0]
+
+
+def test_taps_to_one_device_go_the_tap_interval_apart(gateway_factory, services, vapid_file):
+    """The second tap waits out the interval from the first one's answer,
+    then carries the last change."""
+    apns = services[0]
+    cfg = push_config(*services, vapid_file)
+    cfg["apps"][0]["push"]["tapIntervalSeconds"] = 2
+    gw = gateway_factory(config=cfg, store="sqlite:herald.db")
+    user, token = uid("u"), apns_token(10)
+    register(gw, user, "tablet", apns_handle(token))
+    gw.publish(user, payload={"x": 1})  # no alert fields: a tap
+    [first] = apns.wait_for(1)
+    wait_until(lambda: gw.metric('herald_push_sent_total{service="apns",outcome="delivered"}') == 1, "the first tap answered")
+    gw.publish(user, payload={"x": 2})
+    last = gw.publish(user, payload={"x": 3})
+    [_, second] = apns.wait_for(2)
+    assert second["at"] - first["at"] >= 2 - 0.001, "spaced (Herald's clock counts whole milliseconds)"
+    assert second["payload"]["herald"]["cursor"] == last["seq"], "one tap for both changes"
+
+
 def test_a_disconnected_device_gets_an_alert_a_connected_one_nothing(pushing):
     gw, apns, fcm, _ = pushing
     user = uid("u")
@@ -150,6 +182,22 @@ def test_429_and_503_are_retried_no_sooner_than_retry_after(pushing):
     wait_until(lambda: gw.metric('herald_push_sent_total{service="apns",outcome="retried"}') == 2, "two retries counted")
 
 
+def test_too_many_provider_token_updates_is_retried_with_the_same_token(pushing):
+    """Apple's 429 TooManyProviderTokenUpdates: Herald keeps its token (a
+    new one would be refused the same way), waits and sends again."""
+    gw, apns, _, _ = pushing
+    user, token = uid("u"), apns_token(9)
+    register(gw, user, "phone", apns_handle(token))
+    apns.script(Outcome(429, "TooManyProviderTokenUpdates"), key=token)
+    gw.publish(user, payload={"title": "t", "body": "b"})
+    [p] = apns.wait_for(1)
+    [refused] = apns.refused
+    assert refused["reason"] == "TooManyProviderTokenUpdates"
+    assert p["headers"]["authorization"] == refused["authorization"], "the same provider token"
+    assert p["at"] - refused["at"] >= 1, "after the backoff"
+    wait_until(lambda: gw.metric('herald_push_sent_total{service="apns",outcome="retried"}') == 1, "the retry counted")
+
+
 def handle_moves(gw, apns, alice: str, bob: str, token: str) -> None:
     """Alice's phone registers `token`, then the app server gives it to
     bob's iPad: alice's registration loses it, and only bob's notification
@@ -226,26 +274,50 @@ def test_a_hung_service_delays_no_live_delivery(pushing):
     apns.release_held()
 
 
-@pytest.mark.skipif(not os.environ.get("HERALD_TEST_POSTGRES_URL") or not os.environ.get("HERALD_TEST_REDIS_URL"),
-                    reason="needs scripts/test-servers (PostgreSQL and Redis)")
-def test_two_nodes_send_each_push_once(gateway_factory, services, vapid_file):
-    apns, fcm, web = services
-    config = push_config(apns, fcm, web, vapid_file)
+needs_cluster = pytest.mark.skipif(not os.environ.get("HERALD_TEST_POSTGRES_URL") or not os.environ.get("HERALD_TEST_REDIS_URL"),
+                                   reason="needs scripts/test-servers (PostgreSQL and Redis)")
+
+
+def two_nodes_push(gateway_factory, services, vapid_file, n: int):
+    """Two nodes on one PostgreSQL store and Redis bus, and `n` users' phones
+    registered and published to through each in turn: the nodes, and the
+    notifications' ids."""
+    config = push_config(*services, vapid_file)
     pg, redis = os.environ["HERALD_TEST_POSTGRES_URL"], os.environ["HERALD_TEST_REDIS_URL"]
     nodes = [gateway_factory(config=config, store=pg, extra_args=["--bus", redis]) for _ in range(2)]
     prefix = uid("pair")
-    n = 1000
     for i in range(n):
-        node = nodes[i % 2]
-        r = node.server("PUT", f"/users/{prefix}-{i}/devices/phone", json={"platform": "ios", "push": apns_handle(f"{i:064x}")})
+        r = nodes[i % 2].server("PUT", f"/users/{prefix}-{i}/devices/phone", json={"platform": "ios", "push": apns_handle(f"{i:064x}")})
         assert r.status_code == 200, r.text
     ids = {nodes[i % 2].publish(f"{prefix}-{i}", payload={"title": f"n{i}", "body": "b"})["notification"]["id"] for i in range(n)}
+    return nodes, ids
+
+
+@needs_cluster
+def test_two_nodes_send_each_push_once(gateway_factory, services, vapid_file):
+    apns = services[0]
+    n = 1000
+    nodes, ids = two_nodes_push(gateway_factory, services, vapid_file, n)
     got = apns.wait_for(n, timeout=120)
     collapse = [g["collapseId"] for g in got]
     assert set(collapse) == ids and len(collapse) == n, "every push once"
     delivered = lambda: sum(node.metric('herald_push_sent_total{service="apns",outcome="delivered"}') for node in nodes)
     wait_until(lambda: delivered() == n, "every push answered")
     assert len(apns.accepted) == n, "none twice"
+
+
+@needs_cluster
+def test_two_nodes_sign_with_one_provider_token(gateway_factory, services, vapid_file):
+    """Apple asks for few provider tokens per team: the nodes of one
+    deployment share the one in the store, whichever made it. Each node
+    sends the pushes it records, so both ask for a token at once."""
+    apns = services[0]
+    n = 20
+    two_nodes_push(gateway_factory, services, vapid_file, n)
+    got = apns.wait_for(n)
+    assert len({g["connection"] for g in got}) == 2, "each node sent over its own connection"
+    assert {g["headers"]["authorization"] for g in got} == {got[0]["headers"]["authorization"]}, "one provider token"
+    assert apns.refused == []
 
 
 def test_a_handle_moves_between_the_partitions_of_one_database(gateway_factory, services, vapid_file):
@@ -275,6 +347,7 @@ def test_a_push_acknowledged_before_kill_9_is_sent_after_the_restart(gateway_fac
     try:
         pushes = apns.wait_for(2, timeout=30)
         assert pushes[1]["collapseId"] == out["notification"]["id"] and not pushes[1].get("held")
+        assert pushes[1]["headers"]["authorization"] == pushes[0]["headers"]["authorization"], "the stored provider token"
     finally:
         again.terminate()
 
