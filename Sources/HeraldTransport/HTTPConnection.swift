@@ -137,6 +137,13 @@ final class HTTPConnection: Flushable, RawConnection {
                 }
                 state = .receivingBody(h)
                 if h.expectsContinue, input.count - inputStart < h.bodyLength {
+                    // A refused request's body is not wanted: the answer goes
+                    // now, and the connection closes (the client sends the
+                    // body after a 100 only, or after a wait of its own).
+                    if let (r, _) = refusal(h) {
+                        answer(r, keepAlive: false)
+                        return true
+                    }
                     output = HTTPWire.continueHead
                     written = 0
                     return true  // `pump` sends it, then waits for the body

@@ -130,6 +130,18 @@ final class HTTPConnectionTests: XCTestCase {
         assertLastAnswer(s, 413)
     }
 
+    /// A head refused as it is (here: no Host) wants no body: its answer
+    /// goes at once, with no 100, and the connection closes.
+    func testNoContinueForARefusedHead() {
+        let h = TransportHarness()
+        let s = h.connect()
+        let p = request("POST", "/v1/apps/app.test/users/u/notifications",
+                        headers: [("Authorization", "Bearer sk"), ("Expect", "100-continue"), ("Content-Length", "10")], host: false)
+        s.clientSends(p)
+        h.settle(s)
+        assertLastAnswer(s, 400)
+    }
+
     /// HTTP/1.0 knows no 100: the body just follows.
     func testNoContinueToHTTP10() {
         let h = TransportHarness()
