@@ -48,6 +48,8 @@ final class HTTPConnection: Flushable, RawConnection {
     private var headScanned = 0
     /// The request being answered is a HEAD: its answer is the head alone.
     private var answeringHead = false
+    /// In the loop's table of connections with deadlines (its to set).
+    var deadlineWatched = false
     /// Bytes to write, from `written` on.
     private var output: [UInt8] = []
     private var written = 0
@@ -332,9 +334,11 @@ final class HTTPConnection: Flushable, RawConnection {
         return min(w, readDeadline ?? w)
     }
 
+    /// Clearing a deadline costs no call to the loop: the next check
+    /// drops a connection that has none left.
     private func setReadDeadline(seconds: Int?) {
         readDeadline = seconds.map { loop.gateway.clock.ticks() + Millis($0) * 1000 }
-        loop.deadlineChanged(self)
+        if readDeadline != nil { loop.deadlineChanged(self) }
     }
 
     private func watchWrite() {
@@ -342,16 +346,13 @@ final class HTTPConnection: Flushable, RawConnection {
         loop.deadlineChanged(self)
     }
 
-    private func unwatchWrite() {
-        guard writeDeadline != nil else { return }
-        writeDeadline = nil
-        loop.deadlineChanged(self)
-    }
+    private func unwatchWrite() { writeDeadline = nil }
 
+    /// No deadline from here on: the connection is closing, or a WebSocket.
     private func clearDeadlines() {
         readDeadline = nil
         writeDeadline = nil
-        loop.deadlineChanged(self)
+        loop.unwatchDeadlines(self)
     }
 
     func deadlinePassed(now: Millis) {

@@ -57,8 +57,10 @@ final class ServiceLoop: LoopExecutor, @unchecked Sendable {  // loop-thread sta
     /// (two epoll_ctl calls).
     private var draining = false
     private var flushAfterDrain: [Flushable] = []
-    /// HTTP connections with a `deadline`, and the earliest time one of
-    /// those may have passed (`Clock.ticks`).
+    /// HTTP connections that set a `deadline`, and the earliest time one of
+    /// those may have passed (`Clock.ticks`). One that has none left stays
+    /// until the next check, so that a kept-alive connection costs no table
+    /// update per request.
     private var deadlines: [ObjectIdentifier: HTTPConnection] = [:]
     private var nextDeadlineCheck = Millis.max
 
@@ -265,25 +267,38 @@ final class ServiceLoop: LoopExecutor, @unchecked Sendable {  // loop-thread sta
         webSockets[ObjectIdentifier(c)] = nil
     }
 
-    /// `c` set or cleared a deadline.
+    /// `c` set a deadline.
     func deadlineChanged(_ c: HTTPConnection) {
-        if let d = c.deadline {
+        guard let d = c.deadline else { return }
+        if !c.deadlineWatched {
+            c.deadlineWatched = true
             deadlines[ObjectIdentifier(c)] = c
-            nextDeadlineCheck = min(nextDeadlineCheck, d)
-        } else {
-            deadlines[ObjectIdentifier(c)] = nil
         }
+        nextDeadlineCheck = min(nextDeadlineCheck, d)
     }
 
-    /// Tells the HTTP connections whose deadline passed (`now`: `Clock.ticks`).
+    /// `c` will have no deadline again (it closed, or became a WebSocket).
+    func unwatchDeadlines(_ c: HTTPConnection) {
+        guard c.deadlineWatched else { return }
+        c.deadlineWatched = false
+        deadlines[ObjectIdentifier(c)] = nil
+    }
+
+    /// Tells the HTTP connections whose deadline passed (`now`: `Clock.ticks`),
+    /// and drops those that have none.
     func expireDeadlines(now: Millis) {
         guard now >= nextDeadlineCheck else { return }
         nextDeadlineCheck = .max
         var late: [HTTPConnection] = []
+        var without: [HTTPConnection] = []
         for c in deadlines.values {
-            guard let d = c.deadline else { continue }
+            guard let d = c.deadline else {
+                without.append(c)
+                continue
+            }
             if d <= now { late.append(c) } else { nextDeadlineCheck = min(nextDeadlineCheck, d) }
         }
+        for c in without { unwatchDeadlines(c) }
         for c in late { c.deadlinePassed(now: now) }
     }
 

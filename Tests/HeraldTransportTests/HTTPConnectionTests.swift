@@ -309,6 +309,19 @@ final class HTTPConnectionTests: XCTestCase {
         XCTAssertTrue(h.loop.httpConnections.isEmpty)
     }
 
+    /// The loop keeps no connection that closed, whatever deadlines it had.
+    func testAClosedConnectionIsLetGo() {
+        let h = TransportHarness()
+        let s = h.connect()
+        weak var conn = s.connection as? HTTPConnection
+        s.clientSends(healthz + Array("GET /healthz".utf8))  // kept alive, a request begun
+        h.settle(s)
+        s.close()
+        s.service()
+        XCTAssertNil(conn)
+        XCTAssertTrue(h.loop.httpConnections.isEmpty)
+    }
+
     func testHTTP10WithoutKeepAliveClosesAfterItsAnswer() {
         let h = TransportHarness()
         let s = h.connect()

@@ -76,6 +76,7 @@ final class MemorySocket: ConnectionSocket {
         while let c = connection, !isClosed {
             if closing {
                 isClosed = true
+                connection = nil
                 loop.closed(c)
             } else if reading, !pending.isEmpty {
                 let n = min(Self.readSize, pending.count)
