@@ -2,9 +2,9 @@ import HeraldCore
 import HeraldGateway
 
 /// One HTTP/1.1 connection on a raw socket (`ConnectionSocket`: lws's, or a
-/// test's in memory). Herald frames requests
-/// itself (`HTTPWire`): lws 4.1.6's HTTP server rewrites paths (`;` and `&`
-/// end a segment, `%2F` becomes a separator, dot segments collapse), loops
+/// test's in memory). Herald frames requests itself (`HTTPWire`): lws
+/// 4.1.6's HTTP server rewrites paths (`;` and `&` end a segment, `%2F`
+/// becomes a separator, dot segments collapse), loops
 /// forever on a pipelined request with a body (it feeds the buffered bytes
 /// to the body twice), and reads nothing from a connection while its answer
 /// is pending, so a client leaving a held poll or an event stream went
@@ -48,7 +48,7 @@ final class HTTPConnection: Flushable, RawConnection {
     private var headScanned = 0
     /// The request being answered is a HEAD: its answer is the head alone.
     private var answeringHead = false
-    /// In the loop's table of connections with deadlines (its to set).
+    /// Whether the loop's table of deadlines holds this connection (the loop sets it).
     var deadlineWatched = false
     /// Bytes to write, from `written` on.
     private var output: [UInt8] = []

@@ -253,7 +253,7 @@ final class HTTPConnectionTests: XCTestCase {
         XCTAssertFalse(s.isClosed)
         h.advance(millis: 1, s)
         XCTAssertTrue(s.isClosed)
-        XCTAssertEqual(h.gateway.metrics.drops.withLock { $0[Metrics.DropReason.allCases.firstIndex(of: .slowConsumer)!] }, 1)
+        XCTAssertEqual(h.slowConsumerDrops, 1)
     }
 
     /// Every byte the socket takes moves the write deadline on.
@@ -358,6 +358,27 @@ final class HTTPConnectionTests: XCTestCase {
         let event = String(decoding: s.clientReads(), as: UTF8.self)
         XCTAssertTrue(event.contains("event: "), event)
         XCTAssertFalse(event.hasPrefix("0") || event.contains("\r\n"), "no chunk framing: \(event)")
+    }
+
+    /// An event stream with nothing to send has no deadline; one whose
+    /// client stopped reading is cut at the write timeout, as a slow consumer.
+    func testAnEventStreamIsCutOnlyWhenItsOutputWaits() {
+        let h = TransportHarness { $0.writeTimeoutSeconds = 2 }
+        let s = h.connect()
+        s.clientSends(request("GET", "/v1/me/events?cursor=0", headers: [("Authorization", "Bearer \(h.token("u"))")]))
+        h.settle(s)
+        XCTAssertTrue(String(decoding: s.clientReads(), as: UTF8.self).contains("Transfer-Encoding: chunked"))
+        for _ in 0..<30 { h.advance(millis: 1000, s); h.settle(s); s.clientReads() }
+        XCTAssertFalse(s.isClosed, "idle for 30 s")
+        s.room = 0
+        let p = h.connect()
+        p.clientSends(publish("u", "a"))
+        h.settle(s, p)
+        h.advance(millis: 1999, s)
+        XCTAssertFalse(s.isClosed)
+        h.advance(millis: 1, s)
+        XCTAssertTrue(s.isClosed)
+        XCTAssertEqual(h.slowConsumerDrops, 1)
     }
 
     // MARK: Limits and refusals

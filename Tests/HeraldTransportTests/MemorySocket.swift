@@ -145,6 +145,8 @@ final class TransportHarness {
                                 secret: s.secret, kid: s.kid)
     }
 
+    var slowConsumerDrops: Int { gateway.metrics.drops.withLock { $0[Metrics.DropReason.allCases.firstIndex(of: .slowConsumer)!] } }
+
     /// Whether the store holds `user`'s notification `anid`.
     func stored(_ user: String, _ anid: String) -> Bool {
         (try! store.notification(UserKey(app: Self.app.id, user: user), appNotificationId: anid)) != nil
