@@ -313,7 +313,7 @@ final class HTTPConnectionTests: XCTestCase {
     func testAClosedConnectionIsLetGo() {
         let h = TransportHarness()
         let s = h.connect()
-        weak var conn = s.connection as? HTTPConnection
+        weak let conn = s.connection as? HTTPConnection
         s.clientSends(healthz + Array("GET /healthz".utf8))  // kept alive, a request begun
         h.settle(s)
         s.close()
