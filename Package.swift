@@ -75,13 +75,17 @@ let package = Package(
         // What a client costs a device: memory per cached notification, resume time (bench/client.sh).
         .executableTarget(name: "herald-client-bench", dependencies: ["HeraldClient", "HeraldClientLWS"], path: "bench/client"),
 
-        // What several test targets share (a reproducible PRNG).
-        .target(name: "HeraldTestSupport", path: "Tests/HeraldTestSupport"),
+        // What several test targets share (a reproducible PRNG, a clock the test moves).
+        .target(name: "HeraldTestSupport", dependencies: ["HeraldCore", "HeraldGateway"], path: "Tests/HeraldTestSupport"),
         // The domain, and the device tokens HeraldCrypto signs from its claims.
         .testTarget(name: "HeraldCoreTests", dependencies: ["HeraldCore", "HeraldCrypto"]),
         .testTarget(name: "HeraldStoreTests", dependencies: ["HeraldCore", "HeraldStores", "HeraldTestSupport"]),
         // The gateway in-process: inline loop, engine on the test's thread, manual clock.
         .testTarget(name: "HeraldGatewayTests", dependencies: ["HeraldCore", "HeraldCrypto", "HeraldStores", "HeraldGateway", "HeraldTestSupport"]),
+        // HTTPConnection in-process: bytes in and out through a socket in memory,
+        // a real gateway behind it, deadlines on the manual clock.
+        .testTarget(name: "HeraldTransportTests",
+                    dependencies: ["HeraldCore", "HeraldCrypto", "HeraldStores", "HeraldGateway", "HeraldTransport", "HeraldTestSupport"]),
         // The Redis bus against a real redis-server (HERALD_TEST_REDIS_URL, scripts/test-servers).
         .testTarget(name: "HeraldRedisTests", dependencies: ["HeraldCore", "HeraldGateway", "HeraldRedis"]),
         // Seeded mutation fuzzing of the parsers, bounded in time; corpus in Tests/HeraldFuzzTests/corpus.

@@ -1,11 +1,10 @@
-import CLibWebSockets
-import Glibc
 import HeraldCore
 import HeraldGateway
 
-/// One HTTP/1.1 connection on an lws raw socket. Herald frames requests
-/// itself (`HTTPWire`): lws 4.1.6's HTTP server rewrites paths (`;` and `&`
-/// end a segment, `%2F` becomes a separator, dot segments collapse), loops
+/// One HTTP/1.1 connection on a raw socket (`ConnectionSocket`: lws's, or a
+/// test's in memory). Herald frames requests itself (`HTTPWire`): lws
+/// 4.1.6's HTTP server rewrites paths (`;` and `&` end a segment, `%2F`
+/// becomes a separator, dot segments collapse), loops
 /// forever on a pipelined request with a body (it feeds the buffered bytes
 /// to the body twice), and reads nothing from a connection while its answer
 /// is pending, so a client leaving a held poll or an event stream went
@@ -33,7 +32,7 @@ final class HTTPConnection: Flushable, RawConnection {
         case closed
     }
 
-    private let wsi: OpaquePointer
+    private let socket: ConnectionSocket
     unowned let loop: ServiceLoop
     private var state = State.idle
     /// Numbers requests on this connection, so a late answer to an earlier
@@ -49,10 +48,12 @@ final class HTTPConnection: Flushable, RawConnection {
     private var headScanned = 0
     /// The request being answered is a HEAD: its answer is the head alone.
     private var answeringHead = false
+    /// Whether the loop's table of deadlines holds this connection (the loop sets it).
+    var deadlineWatched = false
     /// Bytes to write, from `written` on.
     private var output: [UInt8] = []
     private var written = 0
-    /// lws stopped reading: a request's worth of input waits already.
+    /// Reading stopped: a request's worth of input waits already.
     private var readingPaused = false
     private var closeHook: (() -> Void)?
     private var drainWaiters: [(below: Int, run: () -> Void)] = []
@@ -62,22 +63,25 @@ final class HTTPConnection: Flushable, RawConnection {
     /// The request being read has its deadline: `requestTimeoutSeconds`
     /// from its first byte to its last, however slowly they come.
     private var requestTimed = false
+    /// When the request being read, the keep-alive wait for the next one,
+    /// or the linger after the last answer ends (`Clock.ticks`).
+    private var readDeadline: Millis?
     /// While output waits for the socket: when the socket must have taken
     /// some of it (`writeTimeoutSeconds` after it last did, or after the
-    /// output was queued). The loop closes the connection past it.
-    private(set) var writeDeadline: Millis?
+    /// output was queued).
+    private var writeDeadline: Millis?
     /// Whether the answer being given may be chunked (not to HTTP/1.0).
     private var streamsChunked = true
 
-    static let keepAliveSeconds: UInt32 = 5
-    static let lingerSeconds: UInt32 = 2
+    static let keepAliveSeconds = 5
+    static let lingerSeconds = 2
 
     /// Accepted past the process's connection cap: every request is
     /// answered 503 and the connection closed.
     private let overCapacity: Bool
 
-    init(wsi: OpaquePointer, loop: ServiceLoop, overCapacity: Bool) {
-        self.wsi = wsi
+    init(socket: ConnectionSocket, loop: ServiceLoop, overCapacity: Bool) {
+        self.socket = socket
         self.loop = loop
         self.overCapacity = overCapacity
         // The first request is due within the request timeout of the accept.
@@ -108,7 +112,7 @@ final class HTTPConnection: Flushable, RawConnection {
         input.append(contentsOf: data)
         if !readingPaused, input.count - inputStart > HTTPWire.maxHead + loop.gateway.config.limits.maxBodyBytes {
             readingPaused = true
-            lws_rx_flow_control(wsi, 0)
+            socket.setReading(false)
         }
         pump()
     }
@@ -135,6 +139,13 @@ final class HTTPConnection: Flushable, RawConnection {
                 }
                 state = .receivingBody(h)
                 if h.expectsContinue, input.count - inputStart < h.bodyLength {
+                    // A refused request's body is not wanted: the answer goes
+                    // now, and the connection closes (the client sends the
+                    // body after a 100 only, or after a wait of its own).
+                    if let (r, _) = refusal(h) {
+                        answer(r, keepAlive: false)
+                        return true
+                    }
                     output = HTTPWire.continueHead
                     written = 0
                     return true  // `pump` sends it, then waits for the body
@@ -144,14 +155,8 @@ final class HTTPConnection: Flushable, RawConnection {
         guard case .receivingBody(var h) = state, input.count - inputStart >= h.bodyLength else { return false }
         h.request.body = Array(input[inputStart..<inputStart + h.bodyLength])
         inputStart += h.bodyLength
-        if let refusal = h.refusal {
-            answer(.error(refusal), keepAlive: h.keepAlive)
-            return true
-        }
-        if overCapacity {
-            // A load balancer or client moves on to another process or node.
-            answer(.error(HeraldError(.unavailable, "this gateway process is at its connection limit", retryAfterSeconds: 5)),
-                   keepAlive: false)
+        if let (r, keepAlive) = refusal(h) {
+            answer(r, keepAlive: keepAlive)
             return true
         }
         switch WebSocketHandshake.answer(h) {
@@ -176,17 +181,27 @@ final class HTTPConnection: Flushable, RawConnection {
         return true
     }
 
+    /// The answer to a request the gateway is not to see, and whether the
+    /// connection may go on after it.
+    private func refusal(_ h: HTTPWire.Head) -> (HTTPResponse, keepAlive: Bool)? {
+        if let e = h.refusal { return (.error(e), h.keepAlive) }
+        // A load balancer or client moves on to another process or node.
+        if overCapacity {
+            return (.error(HeraldError(.unavailable, "this gateway process is at its connection limit", retryAfterSeconds: 5)), false)
+        }
+        return nil
+    }
+
     /// Hands the socket to a WebSocket, with the frames that came behind the
     /// handshake. This connection is done.
     private func upgrade(_ head: [UInt8], origin: String?) {
-        stopRequestTimer()
-        if readingPaused { lws_rx_flow_control(wsi, 1) }
+        clearDeadlines()
+        if readingPaused { socket.setReading(true) }
         let early = Array(input[inputStart...])
         state = .closed
         input = []
-        let ws = WebSocketConnection(wsi: wsi, loop: loop, handshake: head, origin: origin)
-        loop.upgraded(self, to: ws, wsi: wsi)
-        if !early.isEmpty { early.withUnsafeBytes { ws.receive($0) } }
+        loop.forget(self)
+        socket.upgrade(handshake: head, origin: origin, early: early)
     }
 
     /// Back to reading requests after a kept-alive answer.
@@ -204,22 +219,22 @@ final class HTTPConnection: Flushable, RawConnection {
             timeRequest() // a pipelined request: its deadline starts now
         } else {
             requestTimed = false
-            lws_set_timeout(wsi, PENDING_TIMEOUT_HTTP_KEEPALIVE_IDLE, Int32(Self.keepAliveSeconds))
+            setReadDeadline(seconds: Self.keepAliveSeconds)
         }
         if readingPaused {
             readingPaused = false
-            lws_rx_flow_control(wsi, 1)
+            socket.setReading(true)
         }
     }
 
     private func timeRequest() {
         requestTimed = true
-        lws_set_timeout(wsi, PENDING_TIMEOUT_HTTP_CONTENT, Int32(loop.gateway.config.limits.requestTimeoutSeconds))
+        setReadDeadline(seconds: loop.gateway.config.limits.requestTimeoutSeconds)
     }
 
     private func stopRequestTimer() {
         requestTimed = false
-        lws_set_timeout(wsi, NO_PENDING_TIMEOUT, 0)
+        setReadDeadline(seconds: nil)
     }
 
     // MARK: Answers (from `Exchange`, on the loop thread)
@@ -308,26 +323,48 @@ final class HTTPConnection: Flushable, RawConnection {
         // Output is queued now: the socket must take some of it in time,
         // even if it never says it has room.
         if writeDeadline == nil { watchWrite() }
-        loop.requestWrite(self, wsi: wsi, queued: &flushQueued)
+        loop.requestWrite(self, socket: socket, queued: &flushQueued)
+    }
+
+    // MARK: Deadlines (watched by the loop's tick)
+
+    /// The earlier deadline, past which the loop calls `deadlinePassed`.
+    var deadline: Millis? {
+        guard let w = writeDeadline else { return readDeadline }
+        return min(w, readDeadline ?? w)
+    }
+
+    /// Clearing a deadline costs no call to the loop: the next check
+    /// drops a connection that has none left.
+    private func setReadDeadline(seconds: Int?) {
+        readDeadline = seconds.map { loop.gateway.clock.ticks() + Millis($0) * 1000 }
+        if readDeadline != nil { loop.deadlineChanged(self) }
     }
 
     private func watchWrite() {
-        writeDeadline = ServiceLoop.monotonicMillis() + Millis(loop.gateway.config.limits.writeTimeoutSeconds) * 1000
-        loop.watchWrite(self, deadline: writeDeadline!)
+        writeDeadline = loop.gateway.clock.ticks() + Millis(loop.gateway.config.limits.writeTimeoutSeconds) * 1000
+        loop.deadlineChanged(self)
     }
 
-    private func unwatchWrite() {
-        guard writeDeadline != nil else { return }
+    private func unwatchWrite() { writeDeadline = nil }
+
+    /// No deadline from here on: the connection is closing, or a WebSocket.
+    private func clearDeadlines() {
+        readDeadline = nil
         writeDeadline = nil
-        loop.unwatchWrite(self)
+        loop.unwatchDeadlines(self)
     }
 
-    /// The socket took none of the output for `writeTimeoutSeconds`: the
-    /// client is not reading (its answer, or its event stream).
-    func writeTimedOut() {
-        unwatchWrite()
-        // A stream the gateway ended (an expired token, a deleted device)
-        // was counted when it was ended.
+    func deadlinePassed(now: Millis) {
+        guard let w = writeDeadline, w <= now else {
+            // The request took too long to come, or the client kept an
+            // idle connection or a linger past its time.
+            return kill()
+        }
+        // The socket took none of the output for `writeTimeoutSeconds`: the
+        // client is not reading (its answer, or its event stream). A stream
+        // the gateway ended (an expired token, a deleted device) was counted
+        // when it was ended.
         if case .streaming(finishing: true) = state {} else { loop.gateway.metrics.dropped(.slowConsumer) }
         kill()
     }
@@ -380,7 +417,7 @@ final class HTTPConnection: Flushable, RawConnection {
         while written < output.count {
             let n = min(output.count - written, ServiceLoop.outputLimit)
             let from = written
-            let r = output.withUnsafeBytes { writeSocket(wsi, UnsafeRawBufferPointer(rebasing: $0[from..<from + n])) }
+            let r = output.withUnsafeBytes { socket.write(UnsafeRawBufferPointer(rebasing: $0[from..<from + n])) }
             if case .wrote(let sent) = r {
                 written += sent
                 moved = true
@@ -393,7 +430,7 @@ final class HTTPConnection: Flushable, RawConnection {
             }
         }
         guard written == output.count else {
-            lws_callback_on_writable(wsi)
+            socket.wantWritable()
             if moved || writeDeadline == nil { watchWrite() }
             return false
         }
@@ -404,16 +441,15 @@ final class HTTPConnection: Flushable, RawConnection {
     }
 
     /// After the last answer: shut our side, read until the client closes.
-    /// (Under TLS the socket is not shut: lws ends the session at close.)
     private func linger() {
         state = .lingering
         input = []
         inputStart = 0
-        if lws_get_ssl(wsi) == nil { _ = Glibc.shutdown(lws_get_socket_fd(wsi), Int32(SHUT_WR)) }
-        lws_set_timeout(wsi, PENDING_TIMEOUT_CLOSE_SEND, Int32(Self.lingerSeconds))
+        socket.shutdownWrite()
+        setReadDeadline(seconds: Self.lingerSeconds)
         if readingPaused {
             readingPaused = false
-            lws_rx_flow_control(wsi, 1)
+            socket.setReading(true)
         }
     }
 
@@ -427,12 +463,13 @@ final class HTTPConnection: Flushable, RawConnection {
 
     private func kill() {
         if case .closed = state { return }
-        closeSoon(wsi)
+        clearDeadlines()
+        socket.close()
     }
 
     func closed() {
         state = .closed
-        unwatchWrite()
+        clearDeadlines()
         drainWaiters = []
         let hook = closeHook
         closeHook = nil

@@ -119,11 +119,7 @@ func heraldCallback(wsi: OpaquePointer?, reason: lws_callback_reasons, user: Uns
 
     case LWS_CALLBACK_RAW_ADOPT:
         let loop = loopOf(wsi)
-        let admitted = loop.admission.admit()
-        if !admitted { loop.refused(.capacity) }
-        let c = HTTPConnection(wsi: wsi!, loop: loop, overCapacity: !admitted)
-        attach(user, c)
-        loop.httpConnections[ObjectIdentifier(c)] = c
+        attach(user, loop.adopt(LWSSocket(wsi!, loop: loop)))
         return 0
 
     case LWS_CALLBACK_RAW_RX:
@@ -134,12 +130,7 @@ func heraldCallback(wsi: OpaquePointer?, reason: lws_callback_reasons, user: Uns
         return attached(user)?.writable() ?? 0
 
     case LWS_CALLBACK_RAW_CLOSE:
-        if let c = detach(user) as? RawConnection {
-            c.closed()
-            let loop = loopOf(wsi)
-            loop.forget(c)
-            loop.admission.release()
-        }
+        if let c = detach(user) as? RawConnection { loopOf(wsi).closed(c) }
         return 0
 
     default:

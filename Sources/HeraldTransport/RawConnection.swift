@@ -1,7 +1,4 @@
-import CLibWebSockets
-import Glibc
-
-/// What lives on an lws raw socket: an HTTP connection, or the WebSocket it
+/// What lives on a raw socket: an HTTP connection, or the WebSocket it
 /// became. lws accepts, runs TLS and reads; Herald frames and writes.
 protocol RawConnection: AnyObject {
     func receive(_ data: UnsafeRawBufferPointer)
@@ -17,25 +14,24 @@ enum SocketWrite {
     case failed
 }
 
-/// Writes to a connection's socket, through its TLS session if it has one.
-/// Straight to the socket, not through lws_write (which holds what the
-/// socket did not take where Herald cannot see it go): every byte taken is
-/// progress the caller sees.
-func writeSocket(_ wsi: OpaquePointer, _ bytes: UnsafeRawBufferPointer) -> SocketWrite {
-    guard let base = bytes.baseAddress, !bytes.isEmpty else { return .wrote(0) }
-    if let ssl = lws_get_ssl(wsi) {
-        let n = herald_tls_write(ssl, base, Int32(min(bytes.count, Int(Int32.max))))
-        return n > 0 ? .wrote(Int(n)) : n == 0 ? .full : .failed
-    }
-    while true {
-        let n = send(lws_get_socket_fd(wsi), base, bytes.count, Int32(MSG_NOSIGNAL | MSG_DONTWAIT))
-        if n >= 0 { return n == 0 ? .full : .wrote(n) }
-        if errno == EINTR { continue }
-        return errno == EAGAIN || errno == EWOULDBLOCK ? .full : .failed
-    }
-}
-
-/// Closes a connection from lws's side, after the current callback.
-func closeSoon(_ wsi: OpaquePointer) {
-    lws_set_timeout(wsi, PENDING_TIMEOUT_CLOSE_SEND, LWS_TO_KILL_ASYNC)
+/// All an HTTP connection does to its socket. `LWSSocket` is the lws raw
+/// socket; the in-process tests give an in-memory one, and drive the
+/// connection's deadlines with the gateway's clock.
+protocol ConnectionSocket: AnyObject {
+    /// Writes what the socket takes now, without waiting. Every byte taken
+    /// is progress the caller sees (nothing is held out of its sight).
+    func write(_ bytes: UnsafeRawBufferPointer) -> SocketWrite
+    /// Asks for `writable()` once the socket has room.
+    func wantWritable()
+    /// Stops or resumes `receive`: stopped, input waits in the kernel and
+    /// the client's TCP window closes.
+    func setReading(_ on: Bool)
+    /// Shuts our sending side: the client reads the end of the stream after
+    /// the last answer, and may still send (which is read and dropped).
+    func shutdownWrite()
+    /// Closes after the current callback; `closed()` follows.
+    func close()
+    /// Gives the socket to a WebSocket: `handshake` is the `101` head it
+    /// writes first, `early` the bytes read behind the upgrade request.
+    func upgrade(handshake: [UInt8], origin: String?, early: [UInt8])
 }

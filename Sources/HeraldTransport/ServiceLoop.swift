@@ -57,21 +57,23 @@ final class ServiceLoop: LoopExecutor, @unchecked Sendable {  // loop-thread sta
     /// (two epoll_ctl calls).
     private var draining = false
     private var flushAfterDrain: [Flushable] = []
-    /// HTTP connections whose output waits for their socket (each with its
-    /// `writeDeadline`), and the earliest time one of those may have passed.
-    private var writesWaiting: [ObjectIdentifier: HTTPConnection] = [:]
-    private var nextWriteCheck = Millis.max
+    /// HTTP connections that set a `deadline`, and the earliest time one of
+    /// those may have passed (`Clock.ticks`). One that has none left stays
+    /// until the next check, so that a kept-alive connection costs no table
+    /// update per request.
+    private var deadlines: [ObjectIdentifier: HTTPConnection] = [:]
+    private var nextDeadlineCheck = Millis.max
 
     /// Asks for `c` to write: at the end of the drain (once), or, outside a
-    /// drain, from lws's writable callback.
-    func requestWrite(_ c: Flushable, wsi: OpaquePointer, queued: inout Bool) {
+    /// drain, from the socket's writable callback.
+    func requestWrite(_ c: Flushable, socket: ConnectionSocket, queued: inout Bool) {
         if draining {
             if !queued {
                 queued = true
                 flushAfterDrain.append(c)
             }
         } else {
-            lws_callback_on_writable(wsi)
+            socket.wantWritable()
         }
     }
     /// Reused for WebSocket output: framed messages, up to about `outputLimit`
@@ -155,7 +157,9 @@ final class ServiceLoop: LoopExecutor, @unchecked Sendable {  // loop-thread sta
 
     // MARK: Loop-thread work
 
-    func drainInbox() {
+    /// Runs the jobs posted; false if there were none.
+    @discardableResult func drainInbox() -> Bool {
+        var ran = false
         defer {
             if let evLoop, !running.load(ordering: .relaxed) {
                 inbox.withLock { $0.context = 0 }
@@ -169,6 +173,7 @@ final class ServiceLoop: LoopExecutor, @unchecked Sendable {  // loop-thread sta
                 return j
             }
             if jobs.isEmpty { break }
+            ran = true
             draining = true
             for j in jobs { j() }
             draining = false
@@ -176,6 +181,7 @@ final class ServiceLoop: LoopExecutor, @unchecked Sendable {  // loop-thread sta
         let flush = flushAfterDrain
         flushAfterDrain.removeAll(keepingCapacity: true)
         for c in flush { c.flush() }
+        return ran
     }
 
     /// The listener is readable: every waiting connection becomes an lws
@@ -238,46 +244,69 @@ final class ServiceLoop: LoopExecutor, @unchecked Sendable {  // loop-thread sta
             : "out of file descriptors: new connections are closed unanswered (raise the descriptor limit or lower maxConnections)")
     }
 
-    /// A connection closed.
+    /// A new connection on `socket`: an HTTP connection, answering 503 past
+    /// the process's connection cap.
+    func adopt(_ socket: ConnectionSocket) -> HTTPConnection {
+        let admitted = admission.admit()
+        if !admitted { refused(.capacity) }
+        let c = HTTPConnection(socket: socket, loop: self, overCapacity: !admitted)
+        httpConnections[ObjectIdentifier(c)] = c
+        return c
+    }
+
+    /// A connection's socket closed.
+    func closed(_ c: RawConnection) {
+        c.closed()
+        forget(c)
+        admission.release()
+    }
+
+    /// A connection closed, or an HTTP connection became a WebSocket.
     func forget(_ c: RawConnection) {
         httpConnections[ObjectIdentifier(c)] = nil
         webSockets[ObjectIdentifier(c)] = nil
     }
 
-    /// An HTTP connection became a WebSocket: the socket's object changes.
-    func upgraded(_ http: HTTPConnection, to ws: WebSocketConnection, wsi: OpaquePointer) {
-        Protocols.replaceAttached(wsi, with: ws)
-        httpConnections[ObjectIdentifier(http)] = nil
-        webSockets[ObjectIdentifier(ws)] = ws
-    }
-
-    func watchWrite(_ c: HTTPConnection, deadline: Millis) {
-        writesWaiting[ObjectIdentifier(c)] = c
-        nextWriteCheck = min(nextWriteCheck, deadline)
-    }
-
-    func unwatchWrite(_ c: HTTPConnection) {
-        writesWaiting[ObjectIdentifier(c)] = nil
-    }
-
-    /// Closes HTTP connections whose socket took none of their output in
-    /// time (`now` from `monotonicMillis`).
-    func expireWrites(now: Millis) {
-        guard now >= nextWriteCheck else { return }
-        nextWriteCheck = .max
-        var late: [HTTPConnection] = []
-        for c in writesWaiting.values {
-            guard let d = c.writeDeadline else { continue }
-            if d <= now { late.append(c) } else { nextWriteCheck = min(nextWriteCheck, d) }
+    /// `c` set a deadline.
+    func deadlineChanged(_ c: HTTPConnection) {
+        guard let d = c.deadline else { return }
+        if !c.deadlineWatched {
+            c.deadlineWatched = true
+            deadlines[ObjectIdentifier(c)] = c
         }
-        for c in late { c.writeTimedOut() }
+        nextDeadlineCheck = min(nextDeadlineCheck, d)
     }
 
-    /// Milliseconds of a clock that never jumps, for deadlines.
-    static func monotonicMillis() -> Millis {
-        var ts = timespec()
-        clock_gettime(CLOCK_MONOTONIC, &ts)
-        return Millis(ts.tv_sec) * 1000 + Millis(ts.tv_nsec / 1_000_000)
+    /// `c` will have no deadline again (it closed, or became a WebSocket).
+    func unwatchDeadlines(_ c: HTTPConnection) {
+        guard c.deadlineWatched else { return }
+        c.deadlineWatched = false
+        deadlines[ObjectIdentifier(c)] = nil
+    }
+
+    /// Tells the HTTP connections whose deadline passed (`now`: `Clock.ticks`),
+    /// and drops those that have none.
+    func expireDeadlines(now: Millis) {
+        guard now >= nextDeadlineCheck else { return }
+        nextDeadlineCheck = .max
+        var late: [HTTPConnection] = []
+        var without: [HTTPConnection] = []
+        for c in deadlines.values {
+            guard let d = c.deadline else {
+                without.append(c)
+                continue
+            }
+            if d <= now { late.append(c) } else { nextDeadlineCheck = min(nextDeadlineCheck, d) }
+        }
+        for c in without { unwatchDeadlines(c) }
+        for c in late { c.deadlinePassed(now: now) }
+    }
+
+    /// What the loop does every 100 ms.
+    func runTick() {
+        shard.runTimers()
+        resumeAccepting()
+        expireDeadlines(now: gateway.clock.ticks())
     }
 
     private func scheduleTick() {
@@ -295,9 +324,7 @@ final class ServiceLoop: LoopExecutor, @unchecked Sendable {  // loop-thread sta
                 guard let sul else { return }
                 let owner = sul.withMemoryRebound(to: herald_tick.self, capacity: 1) { $0.pointee.owner }
                 let loop = Unmanaged<ServiceLoop>.fromOpaque(owner!).takeUnretainedValue()
-                loop.shard.runTimers()
-                loop.resumeAccepting()
-                loop.expireWrites(now: ServiceLoop.monotonicMillis())
+                loop.runTick()
                 loop.armTick()
             }, 100_000)
         }

@@ -1,4 +1,3 @@
-import CLibWebSockets
 import HeraldGateway
 
 /// A WebSocket on an lws raw socket, after the handshake `HTTPConnection`
@@ -6,7 +5,8 @@ import HeraldGateway
 /// session's frames (as many to a write as are queued) and closes with the
 /// close handshake (RFC 6455 section 7).
 final class WebSocketConnection: WebSocketOutput, Flushable, RawConnection {
-    private var wsi: OpaquePointer?
+    /// Nil once the socket closed.
+    private var socket: LWSSocket?
     unowned let loop: ServiceLoop
     private(set) var session: WebSocketSession!
     private var reader: WebSocketFrameReader
@@ -21,16 +21,16 @@ final class WebSocketConnection: WebSocketOutput, Flushable, RawConnection {
 
     /// `handshake`: the `101` head, written first; `origin`: the upgrade's
     /// `Origin`, which the session checks against the token's app.
-    init(wsi: OpaquePointer, loop: ServiceLoop, handshake: [UInt8], origin: String?) {
-        self.wsi = wsi
+    init(socket: LWSSocket, loop: ServiceLoop, handshake: [UInt8], origin: String?) {
+        self.socket = socket
         self.loop = loop
         reader = WebSocketFrameReader(maxMessage: loop.gateway.config.limits.maxMessageBytes)
         session = loop.gateway.openWebSocket(shard: loop.shard, transport: self, origin: origin)
-        if !handshake.withUnsafeBytes({ write($0, wsi) }) { closeSoon(wsi) }
+        if !handshake.withUnsafeBytes({ write($0, socket) }) { socket.close() }
     }
 
     func receive(_ data: UnsafeRawBufferPointer) {
-        guard wsi != nil else { return }
+        guard socket != nil else { return }
         session.heard()
         reader.read(data) { event in
             switch event {
@@ -49,42 +49,42 @@ final class WebSocketConnection: WebSocketOutput, Flushable, RawConnection {
 
     /// Queued frames merge into one write per drain (see ServiceLoop.requestWrite).
     func requestWrite() {
-        if let wsi { loop.requestWrite(self, wsi: wsi, queued: &flushQueued) }
+        if let socket { loop.requestWrite(self, socket: socket, queued: &flushQueued) }
     }
 
     func hangUp() {
-        if let wsi { closeSoon(wsi) }
+        socket?.close()
     }
 
     /// End of a drain: write what the session has queued, now.
     func flush() {
         flushQueued = false
-        guard let wsi, !lwsHoldsOutput else { return }
-        if !writePending(wsi) { closeSoon(wsi) }
+        guard let socket, !lwsHoldsOutput else { return }
+        if !writePending(socket) { socket.close() }
     }
 
     /// lws calls this when the socket has room, and once it has sent what it
     /// held for us.
     func writable() -> Int32 {
-        guard let wsi else { return -1 }
+        guard let socket else { return -1 }
         lwsHoldsOutput = false
-        return writePending(wsi) ? 0 : -1
+        return writePending(socket) ? 0 : -1
     }
 
     /// Writes every queued frame, then (once nothing is left) the close
     /// frame the session asked for. False when the connection is to close
     /// now: the socket failed, or the close handshake is done.
-    private func writePending(_ wsi: OpaquePointer) -> Bool {
+    private func writePending(_ socket: LWSSocket) -> Bool {
         var rounds = 0
         while session.hasPendingOutput {
             guard rounds < 4 else {
-                lws_callback_on_writable(wsi)
+                socket.wantWritable()
                 return true
             }
             rounds += 1
             loop.output.removeAll(keepingCapacity: true)
             session.writePending(into: &loop.output, limit: ServiceLoop.outputLimit)
-            guard loop.output.withUnsafeBytes({ write($0, wsi) }) else { return false }
+            guard loop.output.withUnsafeBytes({ write($0, socket) }) else { return false }
             if lwsHoldsOutput { return true }
         }
         guard let close = session.closeRequest else { return true }
@@ -92,34 +92,33 @@ final class WebSocketConnection: WebSocketOutput, Flushable, RawConnection {
             closeSent = true
             loop.output.removeAll(keepingCapacity: true)
             WebSocketOutbox.appendClose(code: close.code.rawValue, reason: close.reason, to: &loop.output)
-            guard loop.output.withUnsafeBytes({ write($0, wsi) }) else { return false }
+            guard loop.output.withUnsafeBytes({ write($0, socket) }) else { return false }
             if lwsHoldsOutput { return true }
         }
         // Ours is out: wait for the client's close frame, unless it came
         // already (or its frames are no longer read).
         guard !reader.stopped else { return false }
-        lws_set_timeout(wsi, PENDING_TIMEOUT_CLOSE_ACK, Self.closeAckSeconds)
+        socket.closeUnlessClosed(within: Self.closeAckSeconds)
         return true
     }
 
     /// Writes `bytes`; what the socket does not take now lws holds and
     /// sends ahead of anything else (`LWS_WRITE_HTTP` is its raw write), so
     /// frames never interleave. False when the socket failed.
-    private func write(_ bytes: UnsafeRawBufferPointer, _ wsi: OpaquePointer) -> Bool {
+    private func write(_ bytes: UnsafeRawBufferPointer, _ socket: LWSSocket) -> Bool {
         var done = 0
-        switch writeSocket(wsi, bytes) {
+        switch socket.write(bytes) {
         case .wrote(let n) where n == bytes.count: return true
         case .wrote(let n): done = n
         case .full: break
         case .failed: return false
         }
         lwsHoldsOutput = true
-        let tail = UnsafeMutableRawPointer(mutating: bytes.baseAddress! + done).assumingMemoryBound(to: UInt8.self)
-        return lws_write(wsi, tail, bytes.count - done, LWS_WRITE_HTTP) >= 0
+        return socket.hold(UnsafeRawBufferPointer(rebasing: bytes[done...]))
     }
 
     func closed() {
-        wsi = nil
+        socket = nil
         session.transportClosed()
     }
 }

@@ -4,19 +4,7 @@ import HeraldCore
 import HeraldCrypto
 import HeraldStores
 @testable import HeraldGateway
-
-/// A clock the test moves.
-final class ManualClock: Clock {
-    private let ms = Atomic<Int64>(1_795_000_000_000)
-    /// How far the wall clock was set away from real time (`stepWall`).
-    private let wallStep = Atomic<Int64>(0)
-    func now() -> Millis { ms.load(ordering: .relaxed) + wallStep.load(ordering: .relaxed) }
-    func ticks() -> Millis { ms.load(ordering: .relaxed) }
-    /// The system clock set forward or back (NTP, a VM resumed): no time passes.
-    func stepWall(seconds: Int64) { wallStep.add(seconds * 1000, ordering: .relaxed) }
-    func advance(seconds: Int64) { advance(millis: seconds * 1000) }
-    func advance(millis: Int64) { ms.add(millis, ordering: .relaxed) }
-}
+import HeraldTestSupport
 
 /// A service loop that runs its jobs only when the test drains it, on the test's thread.
 final class InlineLoop: LoopExecutor {
