@@ -225,7 +225,8 @@ public enum HTTPWire {
 
     /// The status line and header fields of an answer; without a `length`
     /// the body follows as chunks, or, not `chunked`, until the connection closes.
-    public static func responseHead(_ r: HTTPResponse, length: Int?, chunked: Bool = true, close: Bool) -> [UInt8] {
+    /// `keepAlive`: say `Connection: keep-alive`, which an HTTP/1.0 client needs to keep the connection.
+    public static func responseHead(_ r: HTTPResponse, length: Int?, chunked: Bool = true, close: Bool, keepAlive: Bool = false) -> [UInt8] {
         // Appended as bytes: built by interpolation it cost 9,000 instructions an answer.
         var out: [UInt8] = []
         out.reserveCapacity(160)
@@ -237,7 +238,7 @@ public enum HTTPWire {
             if let length { field("Content-Length", String(length)) } else if chunked { field("Transfer-Encoding", "chunked") }
         }
         for (name, value) in r.headers { field(name, value) }
-        if close { field("Connection", "close") }
+        if close { field("Connection", "close") } else if keepAlive { field("Connection", "keep-alive") }
         put("\r\n")
         return out
     }

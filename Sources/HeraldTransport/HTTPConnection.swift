@@ -251,7 +251,9 @@ final class HTTPConnection: Flushable, RawConnection {
         let keepAlive = keepAlive && !loop.shuttingDown
         // A refusal while reading: from here on the write timeout rules.
         if requestTimed { stopRequestTimer() }
-        output = HTTPWire.responseHead(r, length: r.body.count, close: !keepAlive) + (answeringHead ? [] : r.body)
+        // HTTP/1.0 closes unless told otherwise (RFC 9112 9.3): a kept connection says so.
+        output = HTTPWire.responseHead(r, length: r.body.count, close: !keepAlive, keepAlive: keepAlive && !streamsChunked)
+            + (answeringHead ? [] : r.body)
         written = 0
         closeHook = nil
         state = .writingAnswer(keepAlive: keepAlive)

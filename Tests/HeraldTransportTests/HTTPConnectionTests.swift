@@ -339,6 +339,7 @@ final class HTTPConnectionTests: XCTestCase {
         let a = answers(s.clientReads())
         XCTAssertEqual(a.map(\.status), [200, 200])
         XCTAssertEqual(a.map(\.closes), [false, true])
+        XCTAssertEqual(a.first?.headers["connection"], "keep-alive", "HTTP/1.0 closes unless told it is kept")
     }
 
     /// An event stream to HTTP/1.0 goes raw (no chunks, which it knows not),
