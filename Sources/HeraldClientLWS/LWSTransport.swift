@@ -30,7 +30,7 @@ public struct LWSTransport: HeraldTransport {
 /// A WebSocket connection. Loop-thread state (`writes`, `message`, close
 /// details) is touched only on the connection's thread; what other threads
 /// touch is in `shared`.
-final class LWSChannel: LWSClientConnection, WebSocketChannel, @unchecked Sendable {  // see above
+final class LWSChannel: LWSClientConnection, WebSocketChannel, @unchecked Sendable {  // loop state is its thread's; what other threads touch is behind a Mutex
     struct Shared {
         var outbox: [String] = []
         var closeRequested = false

@@ -1,12 +1,11 @@
 import CCurl
 import Foundation
 import HeraldCore
-import Synchronization
 
 /// The thread behind a `CurlClient`: one curl multi handle, driven by
 /// curl_multi_poll / perform / info_read. Requests come in from any thread
 /// through `shared` and a curl_multi_wakeup (which curl makes thread-safe).
-final class CurlLoop: @unchecked Sendable {  // `shared` only under `lock`; `multi` and `running` only on the loop thread (asserted)
+final class CurlLoop: @unchecked Sendable {  // `shared` only under `lock`; `multi` and `running` only on the loop thread (`owner` checks it)
     private struct Waiting {
         let request: CurlRequest
         let completion: CurlClient.Completion
@@ -43,7 +42,7 @@ final class CurlLoop: @unchecked Sendable {  // `shared` only under `lock`; `mul
     /// ThreadSanitizer cannot see (it would report races that are not there).
     private let lock = NSLock()
     private var shared = Shared()
-    private let owner = Atomic<UInt>(0)
+    private let owner = ThreadOwner("curl loop")
     private let finished = DispatchGroup()
     private var running: [UnsafeMutableRawPointer: CurlTransfer] = [:]
 
@@ -72,7 +71,7 @@ final class CurlLoop: @unchecked Sendable {  // `shared` only under `lock`; `mul
         finished.enter()
         Thread { [self] in
             nameCurrentThread(name)
-            owner.store(currentThreadID(), ordering: .releasing)
+            owner.claim()
             run()
         }.start()
     }
@@ -104,14 +103,10 @@ final class CurlLoop: @unchecked Sendable {  // `shared` only under `lock`; `mul
             curl_multi_wakeup(multi)
         }
         // A completion that stops its own client cannot wait for the loop it runs on.
-        if owner.load(ordering: .acquiring) != currentThreadID() { finished.wait() }
+        if !owner.isCurrent { finished.wait() }
     }
 
     // MARK: The loop thread
-
-    private func assertOnLoop() {
-        assert(owner.load(ordering: .acquiring) == currentThreadID(), "curl handles are used on their client's thread only")
-    }
 
     private func run() {
         var active: Int32 = 0
@@ -143,7 +138,7 @@ final class CurlLoop: @unchecked Sendable {  // `shared` only under `lock`; `mul
 
     /// Hands `w` to curl, or completes it when it cannot go.
     private func begin(_ w: Waiting) {
-        assertOnLoop()
+        owner.preconditionCurrent()
         let left = w.deadline - .now
         guard left > .zero else { return complete(w.completion, .failure(.timedOut)) }
         guard let t = CurlTransfer(limit: maxResponseBytes, completion: w.completion) else {
@@ -161,7 +156,7 @@ final class CurlLoop: @unchecked Sendable {  // `shared` only under `lock`; `mul
 
     /// Completes the transfers that ended.
     private func collect() {
-        assertOnLoop()
+        owner.preconditionCurrent()
         var left: Int32 = 0
         while let m = curl_multi_info_read(multi, &left) {
             guard m.pointee.msg == CURLMSG_DONE, let easy = m.pointee.easy_handle, let t = running.removeValue(forKey: easy) else { continue }
@@ -173,7 +168,7 @@ final class CurlLoop: @unchecked Sendable {  // `shared` only under `lock`; `mul
     }
 
     private func finish() {
-        assertOnLoop()
+        owner.preconditionCurrent()
         for t in running.values {
             curl_multi_remove_handle(multi, t.easy)
             complete(t.completion, .failure(.stopped))

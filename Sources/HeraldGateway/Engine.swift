@@ -16,7 +16,7 @@ public protocol LoopExecutor: AnyObject, Sendable {
 ///
 /// Invariants (docs/ARCHITECTURE.md):
 /// - Only the engine thread touches `store`, `registry` and the effects
-///   (checked in debug builds through `thread`); of `registry`, the bus's
+///   (checked through `thread`, in release builds too); of `registry`, the bus's
 ///   thread reads `followedForBus` alone, behind its lock.
 /// - Nothing a batch did is visible to anyone until its commit returned and
 ///   is durable: replies and fan-out are effects queued during the batch and
@@ -125,8 +125,8 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
          partition: Int = 0) {
         self.store = store; self.reader = reader; self.bus = bus; self.limits = limits; self.metrics = metrics; self.clock = clock
         self.partition = partition
-        registry = FollowerRegistry(bus: bus != nil)
         thread = ThreadOwner("engine \(partition)")
+        registry = FollowerRegistry(bus: bus != nil, thread: thread)
         health = StoreHealth(clock: clock)
         push = PushDispatch(metrics: metrics.push)
         if let bus, let directory = store as? ClusterDirectory {
@@ -244,7 +244,7 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
 
     /// Runs `f` after the current batch commits.
     func afterCommit(_ f: @escaping () -> Void) {
-        thread.assertCurrent()
+        thread.preconditionCurrent()
         effects.append(.run(f))
     }
 
@@ -252,14 +252,14 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
     /// and records the pushes it gives before (`published`: a notification
     /// created or replaced by its app, which may show an alert).
     func deliverAfterCommit(_ user: UserKey, _ record: ChangeRecord, published: Bool = false) {
-        thread.assertCurrent()
+        thread.preconditionCurrent()
         effects.append(.deliver(user, record))
         push.note(user, record, published: published)
     }
 
     /// Runs `f` if the current batch rolls back.
     func onRollback(_ f: @escaping () -> Void) {
-        thread.assertCurrent()
+        thread.preconditionCurrent()
         undo.append(f)
     }
 
@@ -458,7 +458,7 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
     /// unless `vouches` is false (a body that may not reach the store).
     func readAside<T: Sendable>(_ body: @escaping @Sendable (StoreReading) throws(StoreError) -> T, vouches: Bool = true,
                                 reply: @escaping @Sendable (Engine, Result<T, StoreError>) -> Void) {
-        thread.assertCurrent()
+        thread.preconditionCurrent()
         guard let reader else { return reply(self, Result { () throws(StoreError) in try body(store) }) }
         reader.submit { [self] r in
             let result = Result { () throws(StoreError) in try body(r) }
@@ -472,6 +472,7 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
     /// whether it committed. Run again, as a batch is, when it loses a
     /// conflict (a head another node moved since this one cached it).
     @discardableResult func transaction(_ what: String, _ body: () throws(StoreError) -> Void) -> Bool {
+        thread.preconditionCurrent()
         let t0 = DispatchTime.now().uptimeNanoseconds
         defer { metrics.maintenanceLatency.observe(nanos: DispatchTime.now().uptimeNanoseconds - t0) }
         for attempt in 1...Self.conflictAttempts {

@@ -5,7 +5,8 @@ public enum TransportKind: String, CaseIterable, Sendable { case websocket, sse,
 
 /// Who follows which user, and which devices are connected: the engine's
 /// record, so the engine knows which shards to deliver a user's changes to
-/// and the devices listing can say who is connected. Engine thread only.
+/// and the devices listing can say who is connected. Engine thread only:
+/// each entry point checks `thread`, the engine's.
 ///
 /// The maps are flat (keyed by user and shard, or user and device) rather
 /// than a small dictionary per user: with one device per user, per-user
@@ -33,19 +34,30 @@ final class FollowerRegistry {
     /// (or, at worst, the gap check) has it. Without a bus nil: its entry
     /// would cost every idle connection about 80 bytes for nothing.
     let followedForBus: Locked<Set<UserKey>>?
+    let thread: ThreadOwner
 
-    init(bus: Bool) { followedForBus = bus ? Locked([]) : nil }
+    init(bus: Bool, thread: ThreadOwner) {
+        followedForBus = bus ? Locked([]) : nil
+        self.thread = thread
+    }
 
     /// Live followers of `user` on every shard.
-    func followers(of user: UserKey) -> Int { following[user]?.total ?? 0 }
+    func followers(of user: UserKey) -> Int {
+        thread.preconditionCurrent()
+        return following[user]?.total ?? 0
+    }
 
-    func shards(following user: UserKey) -> ShardSet { following[user]?.shards ?? ShardSet() }
+    func shards(following user: UserKey) -> ShardSet {
+        thread.preconditionCurrent()
+        return following[user]?.shards ?? ShardSet()
+    }
 
     /// `head`: with a bus, the user's feed head read in the batch that
     /// follows (under the user's lock, so every later change has a larger
     /// seq). For a user no one followed yet it is the last seq delivered:
     /// the next change is then no gap and needs no catch-up from the store.
     func follow(_ user: UserKey, shard: Int, head: Int64? = nil) {
+        thread.preconditionCurrent()
         guard var f = following[user] else {
             if let head { delivered[user] = head }
             following[user] = Following(total: 1, shards: ShardSet(shard))
@@ -62,6 +74,7 @@ final class FollowerRegistry {
     }
 
     func unfollow(_ user: UserKey, shard: Int) {
+        thread.preconditionCurrent()
         guard var f = following[user], f.shards.contains(shard) else { return }
         f.total -= 1
         guard f.total > 0 else {
@@ -90,6 +103,7 @@ final class FollowerRegistry {
     /// the followers must be caught up from the store, whose
     /// snapshot, read after this record committed, holds what is missing.
     func sequence(_ user: UserKey, _ records: [ChangeRecord]) -> (fresh: [ChangeRecord], gap: Bool) {
+        thread.preconditionCurrent()
         var last = delivered[user]
         var gap = last == nil
         let fresh = records.filter { r in
@@ -104,25 +118,34 @@ final class FollowerRegistry {
     }
 
     /// Every followed user.
-    var followedUsers: [UserKey] { Array(following.keys) }
+    var followedUsers: [UserKey] {
+        thread.preconditionCurrent()
+        return Array(following.keys)
+    }
 
     /// The last seq of `user` handed to its shards, when known.
-    func lastDelivered(_ user: UserKey) -> Int64? { delivered[user] }
+    func lastDelivered(_ user: UserKey) -> Int64? {
+        thread.preconditionCurrent()
+        return delivered[user]
+    }
 
     /// `user`'s followers are catching up from a store snapshot holding
     /// every change through `head`: records up to it are not delivered again.
     func caughtUp(_ user: UserKey, through head: Int64) {
+        thread.preconditionCurrent()
         guard following[user] != nil else { return }
         delivered[user] = max(delivered[user] ?? head, head)
     }
 
     func opened(_ user: UserKey, device: String?, _ transport: TransportKind, now: Millis) {
+        thread.preconditionCurrent()
         guard let device else { return }
         devices[DeviceKey(user: user, device: device), default: DeviceConnections()].open(transport, now: now)
         presenceDirty?[user, default: []].insert(device)
     }
 
     func closed(_ user: UserKey, device: String?, _ transport: TransportKind, now: Millis) {
+        thread.preconditionCurrent()
         guard let device else { return }
         let key = DeviceKey(user: user, device: device)
         guard devices[key] != nil else { return }
@@ -132,6 +155,7 @@ final class FollowerRegistry {
 
     /// A poll that was answered at once: the device shows as `poll` for 60 s.
     func polled(_ user: UserKey, device: String?, now: Millis) {
+        thread.preconditionCurrent()
         guard let device else { return }
         devices[DeviceKey(user: user, device: device), default: DeviceConnections()].lastPollAt = now
         seen(user, device: device, at: now)
@@ -139,23 +163,29 @@ final class FollowerRegistry {
     }
 
     func seen(_ user: UserKey, device: String, at: Millis) {
+        thread.preconditionCurrent()
         devices[DeviceKey(user: user, device: device), default: DeviceConnections()].seen(at: at)
     }
 
     /// The devices whose lastSeenAt moved since the last flush, by user.
     var unsavedSeen: [UserKey: Set<String>] {
+        thread.preconditionCurrent()
         var out: [UserKey: Set<String>] = [:]
         for (key, c) in devices where c.unsaved { out[key.user, default: []].insert(key.device) }
         return out
     }
 
-    func connections(_ user: UserKey, device: String) -> DeviceConnections? { devices[DeviceKey(user: user, device: device)] }
+    func connections(_ user: UserKey, device: String) -> DeviceConnections? {
+        thread.preconditionCurrent()
+        return devices[DeviceKey(user: user, device: device)]
+    }
 
     /// After a flush of lastSeenAt to the store: forgets the devices with
     /// nothing open and no poll within the listing's minute, so the map
     /// holds connected devices, not every device ever seen. Answers what
     /// undoes it, for a flush whose transaction rolls back (it runs again).
     @discardableResult func flushed(now: Millis) -> () -> Void {
+        thread.preconditionCurrent()
         let before = devices
         devices = devices.compactMapValues { c in
             guard c.transport(now: now) != nil else { return nil }
@@ -166,10 +196,14 @@ final class FollowerRegistry {
         return { self.devices = before }
     }
 
-    var knownDevices: Int { devices.count }
+    var knownDevices: Int {
+        thread.preconditionCurrent()
+        return devices.count
+    }
 
     /// Every device with a connection or a recent poll.
     var connectedDevices: [UserKey: Set<String>] {
+        thread.preconditionCurrent()
         var out: [UserKey: Set<String>] = [:]
         for key in devices.keys { out[key.user, default: []].insert(key.device) }
         return out

@@ -10,7 +10,7 @@ extension Gateway {
     public static let upgradeExpected = HeraldError(.badRequest, "GET /v1/ws expects a WebSocket upgrade")
 
     public func handle(_ req: HTTPRequest, shard: Shard, responder: HTTPResponder) {
-        shard.thread.assertCurrent()
+        shard.thread.preconditionCurrent()
         let matched = Route.match(method: req.method, path: req.path, demo: config.demo)
         let (responder, admitted) = crossOrigin(req, try? matched.get(), responder)
         guard admitted else { return responder.respond(.error(Self.originRefused)) }

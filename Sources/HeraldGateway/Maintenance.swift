@@ -49,7 +49,7 @@ final class Maintenance {
     /// (`Clock.ticks`): when each task is next due, so a step of the wall
     /// clock neither stops nor floods them.
     func run(_ e: Engine, now: Millis, tick: Millis, force: Bool) {
-        e.thread.assertCurrent()
+        e.thread.preconditionCurrent()
         if tick >= nextSweep || force {
             nextSweep = tick + Self.sweepEvery
             if force { expiryDue = true } else { checkExpiry(e, now: now, tick: tick) }

@@ -162,7 +162,7 @@ final class PushDispatch {
 
     /// Claims due pushes and hands them to the transport, when something may be due.
     func run(_ e: Engine, now: Millis, tick: Millis) {
-        e.thread.assertCurrent()
+        e.thread.preconditionCurrent()
         guard let transport else { return }
         let room = capacity(e) - inFlight
         let retryDue = nextRetry.map { now >= $0 } ?? false

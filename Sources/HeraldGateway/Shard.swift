@@ -5,7 +5,7 @@ import HeraldCore
 /// and their timers.
 ///
 /// Thread ownership: everything here is touched only on the shard's loop
-/// thread (checked in debug builds), except `post`, which any thread may
+/// thread (checked through `thread`), except `post`, which any thread may
 /// call. The engine reaches a shard only through `post`.
 public final class Shard: @unchecked Sendable {  // loop-thread state, checked by `thread`; `post` is the executor's
     public let index: Int
@@ -31,19 +31,19 @@ public final class Shard: @unchecked Sendable {  // loop-thread state, checked b
     public func post(_ job: @escaping @Sendable () -> Void) { executor.post(job) }
 
     func add(_ s: Subscription) {
-        thread.assertCurrent()
+        thread.preconditionCurrent()
         subscriptions[s.user] = subscriptions[s.user].map { $0.adding(s) } ?? .one(s)
     }
 
     func remove(_ s: Subscription) {
-        thread.assertCurrent()
+        thread.preconditionCurrent()
         guard let m = subscriptions[s.user] else { return }
         subscriptions[s.user] = m.removing(s)
     }
 
     /// `committedAt`: monotonic nanoseconds when the records' batch committed.
     func deliver(_ user: UserKey, _ records: [ChangeRecord], committedAt: UInt64) {
-        thread.assertCurrent()
+        thread.preconditionCurrent()
         guard let m = subscriptions[user] else { return }
         m.forEach { $0.deliver(records) }
         gateway.metrics.deliveryLatency.observe(nanos: DispatchTime.now().uptimeNanoseconds &- committedAt)
@@ -52,19 +52,19 @@ public final class Shard: @unchecked Sendable {  // loop-thread state, checked b
     /// Changes of `user` may have been missed on their way here: its
     /// subscriptions catch up from the store.
     func recover(_ user: UserKey) {
-        thread.assertCurrent()
+        thread.preconditionCurrent()
         subscriptions[user]?.forEach { $0.recover() }
     }
 
     /// The same for every user here that `included` says (one partition's,
     /// after its bus was away).
     func recover(where included: (UserKey) -> Bool) {
-        thread.assertCurrent()
+        thread.preconditionCurrent()
         for (user, m) in subscriptions where included(user) { m.forEach { $0.recover() } }
     }
 
     func viewerChanged(_ user: UserKey, deviceId: String, viewer: Viewer) {
-        thread.assertCurrent()
+        thread.preconditionCurrent()
         subscriptions[user]?.forEach { s in if s.deviceId == deviceId { s.viewerChanged(viewer) } }
     }
 
@@ -74,14 +74,14 @@ public final class Shard: @unchecked Sendable {  // loop-thread state, checked b
     /// with every other change of that device. The read itself may be older
     /// than what the connection has, so it is never applied as it is.
     func checkViewer(_ user: UserKey, deviceId: String, read viewer: Viewer) {
-        thread.assertCurrent()
+        thread.preconditionCurrent()
         var differs = false
         subscriptions[user]?.forEach { s in if s.deviceId == deviceId && s.viewer != viewer { differs = true } }
         if differs { gateway.engine(for: user).deviceChanged(user, deviceId: deviceId) }
     }
 
     func deviceDeleted(_ user: UserKey, deviceId: String) {
-        thread.assertCurrent()
+        thread.preconditionCurrent()
         subscriptions[user]?.forEach { s in if s.deviceId == deviceId { s.end(.deviceDeleted) } }
     }
 
@@ -89,7 +89,7 @@ public final class Shard: @unchecked Sendable {  // loop-thread state, checked b
     /// verifies (WebSockets 4001, held polls 401, event streams closed);
     /// answers how many.
     func endRevoked() -> Int {
-        thread.assertCurrent()
+        thread.preconditionCurrent()
         let apps = gateway.apps
         var ended = 0
         for m in subscriptions.values {
@@ -109,7 +109,7 @@ public final class Shard: @unchecked Sendable {  // loop-thread state, checked b
     /// polls answered empty, event streams closed), also those whose
     /// admission is still on its way.
     public func shutdownSubscriptions() {
-        thread.assertCurrent()
+        thread.preconditionCurrent()
         isShuttingDown = true
         for m in subscriptions.values { m.forEach { $0.end(.shutdown) } }
     }
@@ -141,13 +141,13 @@ public final class Shard: @unchecked Sendable {  // loop-thread state, checked b
     }
 
     private func timer(_ at: Millis, _ fire: @escaping () -> Void) -> TimerEntry {
-        thread.assertCurrent()
+        thread.preconditionCurrent()
         timerSerial += 1
         return TimerEntry(at: at, serial: timerSerial, fire: fire)
     }
 
     func cancel(_ id: TimerID?) {
-        thread.assertCurrent()
+        thread.preconditionCurrent()
         guard let id, id.serial > 0, id.serial <= timerSerial else { return }
         cancelled.insert(id.serial)
         if cancelled.count > 64, cancelled.count * 2 > timers.count + wallTimers.count {
@@ -169,7 +169,7 @@ public final class Shard: @unchecked Sendable {  // loop-thread state, checked b
     /// Fires the timers that are due. The transport calls it several times a
     /// second; tests call it after moving their clock.
     public func runTimers() {
-        thread.assertCurrent()
+        thread.preconditionCurrent()
         fireDue(\.timers, now: gateway.clock.ticks())
         fireDue(\.wallTimers, now: gateway.clock.now())
     }

@@ -159,7 +159,7 @@ final class Subscription {
 
     /// `registration`: what a WebSocket's `hello` registers for its device.
     func start(registering registration: DeviceRegistration? = nil) {
-        shard.thread.assertCurrent()
+        shard.thread.preconditionCurrent()
         let r = terms, index = shard.index, now = gateway.clock.now()
         gateway.engine(for: r.user).perform(on: shard, users: [r.user], { e throws(StoreError) in
             try e.admit(r, registering: registration, shard: index, now: now)

@@ -63,7 +63,7 @@ public final class WebSocketSession {
     static let maxQueuedSyncs = 8
 
     init(gateway: Gateway, shard: Shard, transport: WebSocketOutput, origin: String?) {
-        shard.thread.assertCurrent()
+        shard.thread.preconditionCurrent()
         self.gateway = gateway; self.shard = shard; self.transport = transport; self.origin = origin
         let now = gateway.clock.ticks(), limits = gateway.config.limits
         let rate = Double(limits.messagesPerSecondPerConnection)

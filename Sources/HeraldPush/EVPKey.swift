@@ -2,7 +2,7 @@ import CCrypto
 
 /// Owns one libcrypto EVP_PKEY. Sendable because nothing changes a key once
 /// built, and libcrypto 3 lets many threads use one key at a time.
-final class EVPKey: @unchecked Sendable {
+final class EVPKey: @unchecked Sendable {  // the key never changes once built, and libcrypto 3 lets threads share it
     let pointer: OpaquePointer
 
     init(_ pointer: OpaquePointer) { self.pointer = pointer }

@@ -14,7 +14,7 @@ import HeraldCore
 /// log (and, like SQLite, a directory that cannot be synced is not an
 /// error). Nothing here takes file locks (SQLite's are on the database file
 /// and the `-shm` file), so closing the descriptor cannot drop SQLite's.
-final class SQLiteLogSync: CommitSync, @unchecked Sendable {  // `fd` is set once in init; sync() runs on one thread at a time (CommitSync's contract)
+final class SQLiteLogSync: CommitSync {
     let path: String
     private let fd: Int32
 

@@ -98,6 +98,7 @@ final class HTTPConnection: Flushable, RawConnection {
     // MARK: Input
 
     func receive(_ data: UnsafeRawBufferPointer) {
+        loop.owner.preconditionCurrent()
         switch state {
         case .streaming, .lingering, .closed:
             return // nothing after a stream or a last answer is answered
@@ -237,9 +238,11 @@ final class HTTPConnection: Flushable, RawConnection {
         setReadDeadline(seconds: nil)
     }
 
-    // MARK: Answers (from `Exchange`, on the loop thread)
+    // MARK: Answers (from `Exchange`, on the loop thread: checked, as the
+    // answer may come from a reply that crossed to an engine and back)
 
     func respond(_ r: HTTPResponse, serial: Int) {
+        loop.owner.preconditionCurrent()
         guard serial == self.serial, case .awaitingAnswer(let keepAlive) = state else { return }
         answer(r, keepAlive: keepAlive)
     }
@@ -263,6 +266,7 @@ final class HTTPConnection: Flushable, RawConnection {
     /// Streams go out chunked (raw to an HTTP/1.0 client) and end by
     /// closing the connection.
     func startStream(contentType: String, headers: [(String, String)], serial: Int) {
+        loop.owner.preconditionCurrent()
         guard serial == self.serial, case .awaitingAnswer = state else { return }
         output = HTTPWire.responseHead(HTTPResponse(status: 200, contentType: contentType, headers: headers, body: []),
                                        length: nil, chunked: streamsChunked, close: true)
@@ -273,6 +277,7 @@ final class HTTPConnection: Flushable, RawConnection {
     }
 
     func send(_ bytes: [UInt8], serial: Int) {
+        loop.owner.preconditionCurrent()
         guard serial == self.serial, case .streaming(finishing: false) = state, !bytes.isEmpty else { return }
         if written >= 65536 {
             output.removeFirst(written)
@@ -283,6 +288,7 @@ final class HTTPConnection: Flushable, RawConnection {
     }
 
     func finish(serial: Int) {
+        loop.owner.preconditionCurrent()
         guard serial == self.serial, case .streaming(finishing: false) = state else { return }
         if streamsChunked { output += HTTPWire.lastChunk }
         state = .streaming(finishing: true)
@@ -291,11 +297,13 @@ final class HTTPConnection: Flushable, RawConnection {
     }
 
     func queuedBytes(serial: Int) -> Int {
+        loop.owner.preconditionCurrent()
         guard serial == self.serial, case .streaming = state else { return 0 }
         return output.count - written
     }
 
     func onClose(_ f: @escaping () -> Void, serial: Int) {
+        loop.owner.preconditionCurrent()
         guard serial == self.serial else { return }
         switch state {
         case .awaitingAnswer, .streaming: closeHook = f
@@ -304,6 +312,7 @@ final class HTTPConnection: Flushable, RawConnection {
     }
 
     func whenDrained(below bytes: Int, _ f: @escaping () -> Void, serial: Int) {
+        loop.owner.preconditionCurrent()
         guard serial == self.serial, case .streaming(finishing: false) = state else { return }
         if output.count - written < bytes { f() } else { drainWaiters.append((bytes, f)) }
     }
@@ -358,6 +367,7 @@ final class HTTPConnection: Flushable, RawConnection {
     }
 
     func deadlinePassed(now: Millis) {
+        loop.owner.preconditionCurrent()
         guard let w = writeDeadline, w <= now else {
             // The request took too long to come, or the client kept an
             // idle connection or a linger past its time.
@@ -373,12 +383,14 @@ final class HTTPConnection: Flushable, RawConnection {
 
     /// End of a drain: write now what the socket takes.
     func flush() {
+        loop.owner.preconditionCurrent()
         flushQueued = false
         pump()
     }
 
     /// lws sent what it held for us, or the socket has room.
     func writable() -> Int32 {
+        loop.owner.preconditionCurrent()
         pump()
         return 0
     }
@@ -460,6 +472,7 @@ final class HTTPConnection: Flushable, RawConnection {
     /// Gateway shutdown: a connection that owes no answer closes now; the
     /// others close after theirs (`Connection: close`).
     func shutDown() {
+        loop.owner.preconditionCurrent()
         if !isBusy { kill() }
     }
 
@@ -470,6 +483,7 @@ final class HTTPConnection: Flushable, RawConnection {
     }
 
     func closed() {
+        loop.owner.preconditionCurrent()
         state = .closed
         clearDeadlines()
         drainWaiters = []
@@ -480,7 +494,7 @@ final class HTTPConnection: Flushable, RawConnection {
 }
 
 /// One request's way back to its connection.
-final class Exchange: HTTPResponder, @unchecked Sendable {  // crosses threads inside LoopBound replies; used on its loop only
+final class Exchange: HTTPResponder, @unchecked Sendable {  // crosses threads inside LoopBound replies; each call checks the loop thread
     private weak var conn: HTTPConnection?
     private let serial: Int
 

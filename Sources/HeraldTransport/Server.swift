@@ -73,7 +73,7 @@ public struct ListeningSocket: Sendable {
 }
 
 /// Serves a gateway on `threads` libwebsockets loops sharing one port.
-public final class Server: @unchecked Sendable {  // started and stopped from the main thread only; loops are reached by `post`
+public final class Server {
     let gateway: Gateway
     private var loops: [ServiceLoop] = []
     public private(set) var port: Int

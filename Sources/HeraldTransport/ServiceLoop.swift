@@ -25,6 +25,8 @@ final class ServiceLoop: LoopExecutor, @unchecked Sendable {  // loop-thread sta
     let admission: Admission
     let eventLoop: EventLoopKind
     var shard: Shard!
+    /// The loop thread's owner (the shard's), which every connection's entry points check.
+    var owner: ThreadOwner { shard.thread }
     private let inbox = Locked(Inbox())
     private var context: OpaquePointer?
     private var evLoop: OpaquePointer?
@@ -159,6 +161,7 @@ final class ServiceLoop: LoopExecutor, @unchecked Sendable {  // loop-thread sta
 
     /// Runs the jobs posted; false if there were none.
     @discardableResult func drainInbox() -> Bool {
+        owner.preconditionCurrent()
         var ran = false
         defer {
             if let evLoop, !running.load(ordering: .relaxed) {
@@ -247,6 +250,7 @@ final class ServiceLoop: LoopExecutor, @unchecked Sendable {  // loop-thread sta
     /// A new connection on `socket`: an HTTP connection, answering 503 past
     /// the process's connection cap.
     func adopt(_ socket: ConnectionSocket) -> HTTPConnection {
+        owner.preconditionCurrent()
         let admitted = admission.admit()
         if !admitted { refused(.capacity) }
         let c = HTTPConnection(socket: socket, loop: self, overCapacity: !admitted)
@@ -256,6 +260,7 @@ final class ServiceLoop: LoopExecutor, @unchecked Sendable {  // loop-thread sta
 
     /// A connection's socket closed.
     func closed(_ c: RawConnection) {
+        owner.preconditionCurrent()
         c.closed()
         forget(c)
         admission.release()
@@ -304,6 +309,7 @@ final class ServiceLoop: LoopExecutor, @unchecked Sendable {  // loop-thread sta
 
     /// What the loop does every 100 ms.
     func runTick() {
+        owner.preconditionCurrent()
         shard.runTimers()
         resumeAccepting()
         expireDeadlines(now: gateway.clock.ticks())
@@ -336,6 +342,7 @@ final class ServiceLoop: LoopExecutor, @unchecked Sendable {  // loop-thread sta
     /// held polls answered, event streams ended, HTTP connections once they
     /// owe no answer). Loop thread.
     func beginShutdown() {
+        owner.preconditionCurrent()
         shuttingDown = true
         // lws closes the listening socket with its watcher (in every loop:
         // closing an fd twice is harmless only while no new one took it).

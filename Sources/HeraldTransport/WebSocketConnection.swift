@@ -30,6 +30,7 @@ final class WebSocketConnection: WebSocketOutput, Flushable, RawConnection {
     }
 
     func receive(_ data: UnsafeRawBufferPointer) {
+        loop.owner.preconditionCurrent()
         guard socket != nil else { return }
         session.heard()
         reader.read(data) { event in
@@ -49,15 +50,18 @@ final class WebSocketConnection: WebSocketOutput, Flushable, RawConnection {
 
     /// Queued frames merge into one write per drain (see ServiceLoop.requestWrite).
     func requestWrite() {
+        loop.owner.preconditionCurrent()
         if let socket { loop.requestWrite(self, socket: socket, queued: &flushQueued) }
     }
 
     func hangUp() {
+        loop.owner.preconditionCurrent()
         socket?.close()
     }
 
     /// End of a drain: write what the session has queued, now.
     func flush() {
+        loop.owner.preconditionCurrent()
         flushQueued = false
         guard let socket, !lwsHoldsOutput else { return }
         if !writePending(socket) { socket.close() }
@@ -66,6 +70,7 @@ final class WebSocketConnection: WebSocketOutput, Flushable, RawConnection {
     /// lws calls this when the socket has room, and once it has sent what it
     /// held for us.
     func writable() -> Int32 {
+        loop.owner.preconditionCurrent()
         guard let socket else { return -1 }
         lwsHoldsOutput = false
         return writePending(socket) ? 0 : -1
@@ -118,6 +123,7 @@ final class WebSocketConnection: WebSocketOutput, Flushable, RawConnection {
     }
 
     func closed() {
+        loop.owner.preconditionCurrent()
         socket = nil
         session.transportClosed()
     }

@@ -6,8 +6,15 @@ import HeraldCore
 final class FollowerRegistryTests: XCTestCase {
     let alice = UserKey(app: "a", user: "alice"), bob = UserKey(app: "a", user: "bob")
 
+    /// A registry whose engine thread is the test's.
+    func registry(bus: Bool) -> FollowerRegistry {
+        let engine = ThreadOwner("engine 0")
+        engine.claim()
+        return FollowerRegistry(bus: bus, thread: engine)
+    }
+
     func testFollowersPerShardAcrossSixtyFourShards() {
-        let r = FollowerRegistry(bus: true)
+        let r = registry(bus: true)
         for shard in [63, 0, 3, 3] { r.follow(alice, shard: shard) }
         r.follow(bob, shard: 1)
         XCTAssertEqual(Array(r.shards(following: alice)), [0, 3, 63])
@@ -27,7 +34,7 @@ final class FollowerRegistryTests: XCTestCase {
     /// What the bus's thread reads to skip other users' records: the users
     /// with a follower on any shard, no more and no less.
     func testTheBusSeesTheFollowedUsers() {
-        let r = FollowerRegistry(bus: true)
+        let r = registry(bus: true)
         func seen() -> Set<UserKey> { r.followedForBus!.withLock { $0 } }
         r.follow(alice, shard: 0)
         r.follow(alice, shard: 4)
@@ -39,13 +46,13 @@ final class FollowerRegistryTests: XCTestCase {
         r.unfollow(alice, shard: 4)
         XCTAssertEqual(seen(), [bob])
         XCTAssertEqual(Set(r.followedUsers), seen())
-        XCTAssertNil(FollowerRegistry(bus: false).followedForBus, "a single node keeps no such set")
+        XCTAssertNil(registry(bus: false).followedForBus, "a single node keeps no such set")
     }
 
     /// Per-shard counts exist only while a user is followed on several
     /// shards: going from one shard to two and back must keep each count.
     func testCountsSurviveMovesBetweenOneShardAndSeveral() {
-        let r = FollowerRegistry(bus: true)
+        let r = registry(bus: true)
         r.follow(alice, shard: 2)
         r.follow(alice, shard: 2)
         r.follow(alice, shard: 5)
@@ -66,7 +73,7 @@ final class FollowerRegistryTests: XCTestCase {
     }
 
     func testAFirstFollowStartsAtTheHeadAndTheLastUnfollowForgetsIt() {
-        let r = FollowerRegistry(bus: true)
+        let r = registry(bus: true)
         func record(_ seq: Int64) -> ChangeRecord {
             ChangeRecord(change: Change(seq: seq, op: .delete(id: "n", appNotificationId: "x", reason: .deleted)),
                          before: nil, after: nil, at: 0)
@@ -81,7 +88,7 @@ final class FollowerRegistryTests: XCTestCase {
     }
 
     func testDevicesAreListedByUserAndForgottenOnceIdle() {
-        let r = FollowerRegistry(bus: true)
+        let r = registry(bus: true)
         r.opened(alice, device: "phone", .websocket, now: 1_000)
         r.opened(alice, device: "laptop", .sse, now: 1_000)
         r.opened(bob, device: "phone", .websocket, now: 1_000)
