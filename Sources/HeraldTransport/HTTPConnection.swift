@@ -34,6 +34,9 @@ final class HTTPConnection: Flushable, RawConnection {
 
     private let socket: ConnectionSocket
     unowned let loop: ServiceLoop
+    /// The loop's thread, which every entry point checks: held here, as a
+    /// check through `loop` would cost an unowned reference's retain.
+    private let owner: ThreadOwner
     private var state = State.idle
     /// Numbers requests on this connection, so a late answer to an earlier
     /// one is never written into a later exchange.
@@ -83,6 +86,7 @@ final class HTTPConnection: Flushable, RawConnection {
     init(socket: ConnectionSocket, loop: ServiceLoop, overCapacity: Bool) {
         self.socket = socket
         self.loop = loop
+        owner = loop.owner
         self.overCapacity = overCapacity
         // The first request is due within the request timeout of the accept.
         timeRequest()
@@ -98,7 +102,7 @@ final class HTTPConnection: Flushable, RawConnection {
     // MARK: Input
 
     func receive(_ data: UnsafeRawBufferPointer) {
-        loop.owner.preconditionCurrent()
+        owner.preconditionCurrent()
         switch state {
         case .streaming, .lingering, .closed:
             return // nothing after a stream or a last answer is answered
@@ -242,7 +246,7 @@ final class HTTPConnection: Flushable, RawConnection {
     // answer may come from a reply that crossed to an engine and back)
 
     func respond(_ r: HTTPResponse, serial: Int) {
-        loop.owner.preconditionCurrent()
+        owner.preconditionCurrent()
         guard serial == self.serial, case .awaitingAnswer(let keepAlive) = state else { return }
         answer(r, keepAlive: keepAlive)
     }
@@ -266,7 +270,7 @@ final class HTTPConnection: Flushable, RawConnection {
     /// Streams go out chunked (raw to an HTTP/1.0 client) and end by
     /// closing the connection.
     func startStream(contentType: String, headers: [(String, String)], serial: Int) {
-        loop.owner.preconditionCurrent()
+        owner.preconditionCurrent()
         guard serial == self.serial, case .awaitingAnswer = state else { return }
         output = HTTPWire.responseHead(HTTPResponse(status: 200, contentType: contentType, headers: headers, body: []),
                                        length: nil, chunked: streamsChunked, close: true)
@@ -277,7 +281,7 @@ final class HTTPConnection: Flushable, RawConnection {
     }
 
     func send(_ bytes: [UInt8], serial: Int) {
-        loop.owner.preconditionCurrent()
+        owner.preconditionCurrent()
         guard serial == self.serial, case .streaming(finishing: false) = state, !bytes.isEmpty else { return }
         if written >= 65536 {
             output.removeFirst(written)
@@ -288,7 +292,7 @@ final class HTTPConnection: Flushable, RawConnection {
     }
 
     func finish(serial: Int) {
-        loop.owner.preconditionCurrent()
+        owner.preconditionCurrent()
         guard serial == self.serial, case .streaming(finishing: false) = state else { return }
         if streamsChunked { output += HTTPWire.lastChunk }
         state = .streaming(finishing: true)
@@ -297,13 +301,13 @@ final class HTTPConnection: Flushable, RawConnection {
     }
 
     func queuedBytes(serial: Int) -> Int {
-        loop.owner.preconditionCurrent()
+        owner.preconditionCurrent()
         guard serial == self.serial, case .streaming = state else { return 0 }
         return output.count - written
     }
 
     func onClose(_ f: @escaping () -> Void, serial: Int) {
-        loop.owner.preconditionCurrent()
+        owner.preconditionCurrent()
         guard serial == self.serial else { return }
         switch state {
         case .awaitingAnswer, .streaming: closeHook = f
@@ -312,7 +316,7 @@ final class HTTPConnection: Flushable, RawConnection {
     }
 
     func whenDrained(below bytes: Int, _ f: @escaping () -> Void, serial: Int) {
-        loop.owner.preconditionCurrent()
+        owner.preconditionCurrent()
         guard serial == self.serial, case .streaming(finishing: false) = state else { return }
         if output.count - written < bytes { f() } else { drainWaiters.append((bytes, f)) }
     }
@@ -367,7 +371,7 @@ final class HTTPConnection: Flushable, RawConnection {
     }
 
     func deadlinePassed(now: Millis) {
-        loop.owner.preconditionCurrent()
+        owner.preconditionCurrent()
         guard let w = writeDeadline, w <= now else {
             // The request took too long to come, or the client kept an
             // idle connection or a linger past its time.
@@ -383,14 +387,14 @@ final class HTTPConnection: Flushable, RawConnection {
 
     /// End of a drain: write now what the socket takes.
     func flush() {
-        loop.owner.preconditionCurrent()
+        owner.preconditionCurrent()
         flushQueued = false
         pump()
     }
 
     /// lws sent what it held for us, or the socket has room.
     func writable() -> Int32 {
-        loop.owner.preconditionCurrent()
+        owner.preconditionCurrent()
         pump()
         return 0
     }
@@ -472,7 +476,7 @@ final class HTTPConnection: Flushable, RawConnection {
     /// Gateway shutdown: a connection that owes no answer closes now; the
     /// others close after theirs (`Connection: close`).
     func shutDown() {
-        loop.owner.preconditionCurrent()
+        owner.preconditionCurrent()
         if !isBusy { kill() }
     }
 
@@ -483,7 +487,7 @@ final class HTTPConnection: Flushable, RawConnection {
     }
 
     func closed() {
-        loop.owner.preconditionCurrent()
+        owner.preconditionCurrent()
         state = .closed
         clearDeadlines()
         drainWaiters = []

@@ -69,6 +69,7 @@ final class ServiceLoop: LoopExecutor, @unchecked Sendable {  // loop-thread sta
     /// Asks for `c` to write: at the end of the drain (once), or, outside a
     /// drain, from the socket's writable callback.
     func requestWrite(_ c: Flushable, socket: ConnectionSocket, queued: inout Bool) {
+        owner.preconditionCurrent()
         if draining {
             if !queued {
                 queued = true

@@ -48,9 +48,9 @@ final class WebSocketConnection: WebSocketOutput, Flushable, RawConnection {
         }
     }
 
-    /// Queued frames merge into one write per drain (see ServiceLoop.requestWrite).
+    /// Queued frames merge into one write per drain (see ServiceLoop.requestWrite,
+    /// which checks the thread).
     func requestWrite() {
-        loop.owner.preconditionCurrent()
         if let socket { loop.requestWrite(self, socket: socket, queued: &flushQueued) }
     }
 
@@ -59,9 +59,9 @@ final class WebSocketConnection: WebSocketOutput, Flushable, RawConnection {
         socket?.close()
     }
 
-    /// End of a drain: write what the session has queued, now.
+    /// End of a drain (`ServiceLoop.drainInbox`, which checks the thread):
+    /// write what the session has queued, now.
     func flush() {
-        loop.owner.preconditionCurrent()
         flushQueued = false
         guard let socket, !lwsHoldsOutput else { return }
         if !writePending(socket) { socket.close() }
@@ -122,8 +122,8 @@ final class WebSocketConnection: WebSocketOutput, Flushable, RawConnection {
         return socket.hold(UnsafeRawBufferPointer(rebasing: bytes[done...]))
     }
 
+    /// From `ServiceLoop.closed`, which checks the thread.
     func closed() {
-        loop.owner.preconditionCurrent()
         socket = nil
         session.transportClosed()
     }
