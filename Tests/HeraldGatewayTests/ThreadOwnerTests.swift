@@ -44,6 +44,35 @@ final class ThreadOwnerTests: XCTestCase {
         }, "herald-loop-7")
     }
 
+    /// The check itself, in a process of its own (it stops the one it
+    /// fails in): the shard's timers run from another thread end the
+    /// process, with a message naming the owner and that thread.
+    func testTouchingALoopsStateOffItsThreadStopsTheProcess() throws {
+        let name = "HeraldGatewayTests.ThreadOwnerTests/testTouchingALoopsStateOffItsThreadStopsTheProcess"
+        if ProcessInfo.processInfo.environment["HERALD_TOUCH_OFF_THREAD"] != nil {
+            let h = Harness(), shard = h.shard
+            _ = onAnotherThread { () -> Bool in
+                nameCurrentThread("herald-engine-1")
+                shard.runTimers()
+                return true
+            }
+            return XCTFail("the shard's state was touched off its thread unchecked")
+        }
+        let child = Process()
+        child.executableURL = URL(fileURLWithPath: CommandLine.arguments[0])
+        child.arguments = [name]
+        // No crash report: the stop is the expected outcome.
+        child.environment = ProcessInfo.processInfo.environment.merging(["HERALD_TOUCH_OFF_THREAD": "1", "SWIFT_BACKTRACE": "enable=no"]) { $1 }
+        let stderr = Pipe()
+        child.standardError = stderr
+        child.standardOutput = FileHandle.nullDevice
+        try child.run()
+        let said = String(decoding: stderr.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        child.waitUntilExit()
+        XCTAssertEqual(child.terminationReason, .uncaughtSignal, said)
+        XCTAssertTrue(said.contains("loop 0 state touched on thread herald-engine-1 (0x"), said)
+    }
+
     private func onAnotherThread<T: Sendable>(_ body: @escaping @Sendable () -> T) -> T {
         let result = Locked<T?>(nil)
         let done = DispatchSemaphore(value: 0)
