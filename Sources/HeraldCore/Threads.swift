@@ -20,6 +20,7 @@ public final class ThreadOwner: Sendable {
     /// The calling thread owns the state from now on.
     public func claim() { owner.store(currentThreadID(), ordering: .releasing) }
 
+    /// Whether the calling thread is the one that last claimed the state.
     @inlinable public var isCurrent: Bool { owner.load(ordering: .acquiring) == currentThreadID() }
 
     @inlinable @inline(__always)
