@@ -23,28 +23,28 @@ extension Gateway {
     /// calls its handler with what that credential proved.
     public func handle(_ req: HTTPRequest, shard: Shard, responder: HTTPResponder) {
         shard.thread.assertCurrent()
-        let matched = Route.match(method: req.method, path: req.path, demo: config.demo)
-        let (responder, admitted) = crossOrigin(req, try? matched.get(), responder)
-        guard admitted else { return responder.respond(.error(Self.originRefused)) }
-        let m: Route.Matched
-        switch matched {
+        switch Route.match(method: req.method, path: req.path, demo: config.demo) {
         case .failure(let e):
+            // No route proves an app, so every origin is admitted.
+            let responder = crossOrigin(req, nil, responder).0
             if let methods = e.allowedMethods, let answer = preflight(req, methods: methods) { return responder.respond(answer) }
-            return responder.respond(.error(e))
-        case .success(let ok): m = ok
-        }
-        let c = Call(req: req, values: m.values, x: Exchange(gateway: self, shard: shard, responder: responder))
-        do throws(HeraldError) {
-            // `Path` checks that a server route's path has its `{app}` (and `{user}`).
-            switch m.route.handler {
-            case .open(let h): try h(self, c)
-            case .app(let h): try h(self, c, try serverAuth(req, m.serverApp!))
-            case .user(let h): try h(self, c, try serverUser(req, m.serverApp!, m.serverUser!))
-            case .device(let inQuery, let namesDevice, let h):
-                try h(self, c, try deviceAuth(req, tokenInQuery: inQuery, namesDevice: namesDevice))
+            responder.respond(.error(e))
+        case .success(let m):
+            let (responder, admitted) = crossOrigin(req, m, responder)
+            guard admitted else { return responder.respond(.error(Self.originRefused)) }
+            let c = Call(req: req, values: m.values, x: Exchange(gateway: self, shard: shard, responder: responder))
+            do throws(HeraldError) {
+                // `Path` checks that a server route's path has its `{app}` (and `{user}`).
+                switch m.route.handler {
+                case .open(let h): try h(self, c)
+                case .app(let h): try h(self, c, try serverAuth(req, m.serverApp!))
+                case .user(let h): try h(self, c, try serverUser(req, m.serverApp!, m.serverUser!))
+                case .device(let inQuery, let namesDevice, let h):
+                    try h(self, c, try deviceAuth(req, tokenInQuery: inQuery, namesDevice: namesDevice))
+                }
+            } catch {
+                responder.respond(.error(error))
             }
-        } catch {
-            responder.respond(.error(error))
         }
     }
 

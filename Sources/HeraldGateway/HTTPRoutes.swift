@@ -4,8 +4,9 @@ import HeraldCore
 /// path of `Path.all`, and its handler, whose case is the credential the
 /// route takes. Matching comes before authentication: an unknown path is
 /// 404, a known path with another method 405; `Gateway.handle` then checks
-/// the credential and calls the handler with what it proved.
-struct Route: Sendable {
+/// the credential and calls the handler with what it proved. (Routes and
+/// paths are classes: a match holds them by reference, a retain each.)
+final class Route: Sendable {
     typealias Open = @Sendable (Gateway, Gateway.Call) throws(HeraldError) -> Void
     typealias App = @Sendable (Gateway, Gateway.Call, AppConfig) throws(HeraldError) -> Void
     typealias User = @Sendable (Gateway, Gateway.Call, UserKey) throws(HeraldError) -> Void
@@ -23,6 +24,7 @@ struct Route: Sendable {
     }
 
     enum Handler: Sendable {
+        /// No credential.
         case open(Open)
         /// A server key of the path's `{app}`: the handler gets that app.
         case app(App)
@@ -91,7 +93,7 @@ struct Route: Sendable {
     /// One path of the API and its routes by method. Its segments are
     /// literals or `{name}`, any non-empty segment, whose values go to the
     /// handler in order; `{app}` makes its routes server routes of that app.
-    struct Path: Sendable {
+    final class Path: Sendable {
         enum Segment: Sendable { case literal(String), value }
 
         let pattern: String
