@@ -75,12 +75,16 @@ extension Gateway {
 
     private func anyAppAllows(_ origin: String) -> Bool { apps.values.contains { $0.allows(origin: origin) } }
 
-    /// The app `req`'s credentials prove, checked: a server path's app with
-    /// its key, or a device token's app.
+    /// The app `req`'s credentials prove, checked, by the credential its
+    /// route takes: a server path's app with its key, or a device token's app.
     private func provenApp(_ m: Route.Matched, _ req: HTTPRequest) -> AppConfig? {
-        if let app = m.serverApp { return try? serverAuth(req, app) }
-        guard let token = deviceToken(req, inQuery: m.route.takesTokenInQuery), case .success(let v) = verify(token: token) else { return nil }
-        return apps[v.claims.app]
+        switch m.route.credential {
+        case .none: return nil
+        case .serverKey: return m.serverApp.flatMap { try? serverAuth(req, $0) }
+        case .deviceToken(let inQuery):
+            guard let token = deviceToken(req, inQuery: inQuery), case .success(let v) = verify(token: token) else { return nil }
+            return apps[v.claims.app]
+        }
     }
 }
 

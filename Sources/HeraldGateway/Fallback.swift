@@ -7,17 +7,19 @@ import HeraldCrypto
 extension Gateway {
     static let keepAliveMillis: Millis = 15_000
 
-    func fallback(_ route: Route, _ req: HTTPRequest, _ d: DeviceContext, shard: Shard, responder: HTTPResponder) throws(HeraldError) {
+    /// `GET /v1/me/events` (`events`) or `GET /v1/me/sync`.
+    func fallback(events: Bool, _ c: Call, _ d: DeviceContext) throws(HeraldError) {
+        let req = c.req, shard = c.x.shard, responder = c.x.responder
         let epoch = req.queryValue("epoch")
         if let epoch, epoch.utf8.count > 128 { throw HeraldError.badRequest("epoch is longer than 128 bytes") }
         var position = FeedPosition(cursor: nil, epoch: epoch)
         // An event stream's Last-Event-ID (EventSource resuming) wins over ?cursor=.
-        if route == .events, let last = req.headers["last-event-id"], !last.isEmpty {
+        if events, let last = req.headers["last-event-id"], !last.isEmpty {
             position.cursor = try Self.cursor(last, "Last-Event-ID")
-        } else if let c = req.queryValue("cursor") {
-            position.cursor = try Self.cursor(c, "cursor")
+        } else if let cursor = req.queryValue("cursor") {
+            position.cursor = try Self.cursor(cursor, "cursor")
         }
-        if route == .events {
+        if events {
             var r = Subscription.Request(user: d.user, deviceId: d.deviceId, position: position, transport: .sse)
             r.wholeReset = false
             return EventStream(gateway: self, shard: shard, responder: responder, tokenExpiresAt: d.claims.expiresAt * 1000)

@@ -9,166 +9,216 @@ import HeraldCrypto
 extension Gateway {
     public static let upgradeExpected = HeraldError(.badRequest, "GET /v1/ws expects a WebSocket upgrade")
 
+    /// A request on its route: the path's `{name}` values, and its hops.
+    struct Call {
+        let req: HTTPRequest
+        let values: [String]
+        let x: Exchange
+        /// The path's last value: the `{id}` or `{deviceId}` it names.
+        var id: String { values[values.count - 1] }
+    }
+
+    /// Matches `req` (`Route.match`), answers a preflight or refuses an
+    /// origin (`crossOrigin`), checks the credential the route takes, then
+    /// calls its handler with what that credential proved.
     public func handle(_ req: HTTPRequest, shard: Shard, responder: HTTPResponder) {
         shard.thread.preconditionCurrent()
-        let matched = Route.match(method: req.method, path: req.path, demo: config.demo)
-        let (responder, admitted) = crossOrigin(req, try? matched.get(), responder)
-        guard admitted else { return responder.respond(.error(Self.originRefused)) }
-        let route: Route
-        switch matched {
+        switch Route.match(method: req.method, path: req.path, demo: config.demo) {
         case .failure(let e):
+            // No route proves an app, so every origin is admitted.
+            let responder = crossOrigin(req, nil, responder).0
             if let methods = e.allowedMethods, let answer = preflight(req, methods: methods) { return responder.respond(answer) }
-            return responder.respond(.error(e))
-        case .success(let m): route = m.route
-        }
-        let x = Exchange(gateway: self, shard: shard, responder: responder)
-        let clock = self.clock
-        do throws(HeraldError) {
-            switch route {
-            case .health:
-                // 200 while the process serves: a store outage is every node's
-                // (they share it), so a load balancer gains nothing by draining.
-                var health = JSONObject()
-                health["status"] = "ok"
-                health["uptimeSeconds"] = .int((clock.ticks() - startedAt) / 1000)
-                health["store"] = .string(storeAvailable ? "ok" : "unavailable")
-                health["bus"] = bus.map { .string($0.state) }
-                if partitions[0].push.settings.withLock({ !$0.isEmpty }) {
-                    health["push"] = .string(metrics.push.health.isFailing ? "failing" : "ok")
-                    let problems = metrics.push.health.problems
-                    if !problems.isEmpty { health["pushProblems"] = .array(problems) }
+            responder.respond(.error(e))
+        case .success(let m):
+            let (responder, admitted) = crossOrigin(req, m, responder)
+            guard admitted else { return responder.respond(.error(Self.originRefused)) }
+            let c = Call(req: req, values: m.values, x: Exchange(gateway: self, shard: shard, responder: responder))
+            do throws(HeraldError) {
+                // `Path` checks that a server route's path has its `{app}` (and `{user}`).
+                switch m.route.handler {
+                case .open(let h): try h(self, c)
+                case .app(let h): try h(self, c, try serverAuth(req, m.serverApp!))
+                case .user(let h): try h(self, c, try serverUser(req, m.serverApp!, m.serverUser!))
+                case .device(let inQuery, let namesDevice, let h):
+                    try h(self, c, try deviceAuth(req, tokenInQuery: inQuery, namesDevice: namesDevice))
                 }
-                responder.respond(.json(200, .object(health)))
-            case .metrics:
-                let own = metrics.prometheusText()
-                let text = config.workerMetrics.map { $0.text(own: own) } ?? own
-                responder.respond(HTTPResponse(status: 200, contentType: "text/plain; version=0.0.4", body: Array(text.utf8)))
-            case .webSocket:
-                throw Self.upgradeExpected
-            case .staticFile(let name):
-                responder.respond(try staticFile(name))
-            case .demoToken:
-                let t = try TokenRequest(bytes: req.body)
-                // A configured app named `demo` is the demo app (allApps keeps it).
-                let demo = apps[config.demoApp.id] ?? config.demoApp
-                responder.respond(.json(200, issueToken(demo, t, extra: ["appId": .string(demo.id)])))
-            case .issueToken(let appId):
-                let app = try serverAuth(req, appId)
-                responder.respond(.json(200, issueToken(app, try TokenRequest(bytes: req.body))))
-            case .bulkSend(let appId):
-                let app = try serverAuth(req, appId)
-                let send = try BulkSend(bytes: req.body)
-                // By tags, the users are known only once the send runs.
-                var named: [UserKey]? = nil
-                if case .users(let ids) = send.audience { named = ids.map { UserKey(app: app.id, user: $0) } }
-                try admitPublishes(app.id, max(named?.count ?? 0, 1))
-                x.sendAppWide(app.id, send, to: named)
-            case .publish(let appId, let userId):
-                let user = try serverUser(req, appId, userId)
-                var f = try Fields(bytes: req.body)
-                let draft = try NotificationDraft(reading: &f)
-                try f.finish()
-                try admitPublishes(user.app, 1)
-                x.write(user, [.appNotificationId(user, draft.appNotificationId)]) { e throws(StoreError) in
-                    try e.upsertNotification(user, draft, now: clock.now()).map { (answer, created) in
-                        HTTPResponse(status: created ? 201 : 200, body: answer.httpBody)
-                    }
-                }
-            case .history(let owner):
-                let (user, device) = try self.owner(owner, req)
-                let q = try HistoryQuery(req)
-                x.read(user, device) { s, v throws(StoreError) in
-                    let page = try s.historyPage(user, viewer: v, filter: q.filter, after: q.before, limit: q.limit)
-                    var body = Array(#"{"notifications":"#.utf8)
-                    ServerFrame.appendArray(page.notifications, to: &body)
-                    body.append(contentsOf: #","next":"#.utf8)
-                    body.append(contentsOf: page.next.map(PageToken.encode).json.encoded)
-                    body.append(UInt8(ascii: "}"))
-                    return .success(HTTPResponse(status: 200, body: body))
-                }
-            case .getNotification(let owner, let id):
-                let (user, device) = try self.owner(owner, req, notification: id)
-                x.read(user, device) { s, v throws(StoreError) in
-                    guard let n = try s.visibleNotification(user, id: id, viewer: v) else { return .failure(.notFound) }
-                    var body = Array(#"{"notification":"#.utf8)
-                    n.encode(into: &body)
-                    body.append(UInt8(ascii: "}"))
-                    return .success(HTTPResponse(status: 200, body: body))
-                }
-            case .updateNotification(let owner, let id):
-                let (user, device) = try self.owner(owner, req, notification: id)
-                let u = try StateUpdate(bytes: req.body, ifMatch: req.headers["if-match"])
-                x.write(user, [.id(user, id)]) { e throws(StoreError) in
-                    let now = clock.now()
-                    return try e.withViewer(user, deviceId: device, now: now) { v throws(StoreError) in
-                        try e.updateState(user, id: id, u, viewer: v, now: now).map { HTTPResponse(status: 200, body: $0.httpBody) }
-                    }
-                }
-            case .deleteNotification(let owner, let id):
-                let (user, device) = try self.owner(owner, req, notification: id)
-                x.write(user, [.id(user, id)]) { e throws(StoreError) in
-                    let now = clock.now()
-                    return try e.withViewer(user, deviceId: device, now: now) { v throws(StoreError) in
-                        try e.deleteNotification(user, id: id, viewer: v, now: now).map { _ in .noContent }
-                    }
-                }
-            case .listDevices(let appId, let userId):
-                let user = try serverUser(req, appId, userId)
-                x.write(user) { e throws(StoreError) in .success(.json(200, ["devices": try e.deviceListing(user, now: clock.now())])) }
-            case .readAll:
-                let d = try deviceAuth(req)
-                x.write(d.user) { e throws(StoreError) in
-                    let now = clock.now()
-                    return try e.withViewer(d.user, deviceId: d.deviceId, now: now) { v throws(StoreError) in
-                        let (n, seq) = try e.markAllRead(d.user, viewer: v, now: now)
-                        return .success(.json(200, ["updated": .int(n), "seq": .int(seq)]))
-                    }
-                }
-            case .counts:
-                let d = try deviceAuth(req)
-                x.read(d.user, d.deviceId) { s, v throws(StoreError) in
-                    let c = try s.visibleCounts(d.user, viewer: v)
-                    return .success(.json(200, ["unread": .int(c.unread), "noInteraction": .int(c.noInteraction), "total": .int(c.total)]))
-                }
-            case .sync, .events:
-                let d = try deviceAuth(req, tokenInQuery: true)
-                try fallback(route, req, d, shard: shard, responder: responder)
-            case .registerDevice(let id), .deleteDevice(let id):
-                let d = try deviceAuth(req, namesDevice: false)
-                guard Identifiers.isUserId(id) else { throw HeraldError.badRequest("bad device id") }
-                if let bound = d.claims.device, bound != id {
-                    throw HeraldError(.forbidden, "the token is bound to another device")
-                }
-                try device(route, of: d.user, id, req, x)
-            case .serverRegisterDevice(let appId, let userId, let id), .serverDeleteDevice(let appId, let userId, let id):
-                let user = try serverUser(req, appId, userId)
-                guard Identifiers.isUserId(id) else { throw HeraldError.badRequest("bad device id") }
-                try device(route, of: user, id, req, x)
-            case .pushServices:
-                let d = try deviceAuth(req, namesDevice: false)
-                let settings = apps[d.user.app]?.push
-                responder.respond(.json(200, ["services": .array((settings?.services ?? []).map { .string($0.rawValue) }),
-                                              "webPushPublicKey": settings?.webPush.map { .string($0.publicKey) } ?? .null]))
+            } catch {
+                responder.respond(.error(error))
             }
-        } catch {
-            responder.respond(.error(error))
         }
     }
 
-    /// `PUT` or `DELETE` of a device registration, by the device or its app's server.
-    private func device(_ route: Route, of user: UserKey, _ id: String, _ req: HTTPRequest, _ x: Exchange) throws(HeraldError) {
+    // MARK: Handlers (the routes of `Route.Path.all`)
+
+    func health(_ c: Call) {
+        // 200 while the process serves: a store outage is every node's
+        // (they share it), so a load balancer gains nothing by draining.
+        var health = JSONObject()
+        health["status"] = "ok"
+        health["uptimeSeconds"] = .int((clock.ticks() - startedAt) / 1000)
+        health["store"] = .string(storeAvailable ? "ok" : "unavailable")
+        health["bus"] = bus.map { .string($0.state) }
+        if partitions[0].push.settings.withLock({ !$0.isEmpty }) {
+            health["push"] = .string(metrics.push.health.isFailing ? "failing" : "ok")
+            let problems = metrics.push.health.problems
+            if !problems.isEmpty { health["pushProblems"] = .array(problems) }
+        }
+        c.x.responder.respond(.json(200, .object(health)))
+    }
+
+    func metricsText(_ c: Call) {
+        let own = metrics.prometheusText()
+        let text = config.workerMetrics.map { $0.text(own: own) } ?? own
+        c.x.responder.respond(HTTPResponse(status: 200, contentType: "text/plain; version=0.0.4", body: Array(text.utf8)))
+    }
+
+    func demoToken(_ c: Call) throws(HeraldError) {
+        let t = try TokenRequest(bytes: c.req.body)
+        // A configured app named `demo` is the demo app (allApps keeps it).
+        let demo = apps[config.demoApp.id] ?? config.demoApp
+        c.x.responder.respond(.json(200, issueToken(demo, t, extra: ["appId": .string(demo.id)])))
+    }
+
+    func issueToken(_ c: Call, _ app: AppConfig) throws(HeraldError) {
+        c.x.responder.respond(.json(200, issueToken(app, try TokenRequest(bytes: c.req.body))))
+    }
+
+    func bulkSend(_ c: Call, _ app: AppConfig) throws(HeraldError) {
+        let send = try BulkSend(bytes: c.req.body)
+        // By tags, the users are known only once the send runs.
+        var named: [UserKey]? = nil
+        if case .users(let ids) = send.audience { named = ids.map { UserKey(app: app.id, user: $0) } }
+        try admitPublishes(app.id, max(named?.count ?? 0, 1))
+        c.x.sendAppWide(app.id, send, to: named)
+    }
+
+    func publish(_ c: Call, _ user: UserKey) throws(HeraldError) {
+        var f = try Fields(bytes: c.req.body)
+        let draft = try NotificationDraft(reading: &f)
+        try f.finish()
+        try admitPublishes(user.app, 1)
         let clock = self.clock
-        switch route {
-        case .registerDevice, .serverRegisterDevice:
-            let reg = try DeviceRegistration(bytes: req.body)
-            if let refusal = pushRefusal(app: user.app, reg) { throw refusal }
-            x.write(user) { e throws(StoreError) in
-                try e.registerDevice(user, deviceId: id, reg, now: clock.now()).map { .json(200, ["device": $0]) }
+        c.x.write(user, [.appNotificationId(user, draft.appNotificationId)]) { e throws(StoreError) in
+            try e.upsertNotification(user, draft, now: clock.now()).map { (answer, created) in
+                HTTPResponse(status: created ? 201 : 200, body: answer.httpBody)
             }
-        default:
-            x.write(user) { e throws(StoreError) in
-                try e.deleteDevice(user, deviceId: id) ? .success(.noContent) : .failure(HeraldError(.notFound, "no such device"))
+        }
+    }
+
+    /// `device`: the device the request names (a device's own view), nil for a server's.
+    func history(_ c: Call, _ user: UserKey, _ device: String?) throws(HeraldError) {
+        let q = try HistoryQuery(c.req)
+        c.x.read(user, device) { s, v throws(StoreError) in
+            let page = try s.historyPage(user, viewer: v, filter: q.filter, after: q.before, limit: q.limit)
+            var body = Array(#"{"notifications":"#.utf8)
+            ServerFrame.appendArray(page.notifications, to: &body)
+            body.append(contentsOf: #","next":"#.utf8)
+            body.append(contentsOf: page.next.map(PageToken.encode).json.encoded)
+            body.append(UInt8(ascii: "}"))
+            return .success(HTTPResponse(status: 200, body: body))
+        }
+    }
+
+    /// The `{id}` of a notification route; an id of no form the gateway
+    /// gives is unknown, and goes no further.
+    private func notificationId(_ c: Call) throws(HeraldError) -> String {
+        guard NotificationID.isWellFormed(c.id) else { throw .notFound }
+        return c.id
+    }
+
+    func getNotification(_ c: Call, _ user: UserKey, _ device: String?) throws(HeraldError) {
+        let id = try notificationId(c)
+        c.x.read(user, device) { s, v throws(StoreError) in
+            guard let n = try s.visibleNotification(user, id: id, viewer: v) else { return .failure(.notFound) }
+            var body = Array(#"{"notification":"#.utf8)
+            n.encode(into: &body)
+            body.append(UInt8(ascii: "}"))
+            return .success(HTTPResponse(status: 200, body: body))
+        }
+    }
+
+    func updateNotification(_ c: Call, _ user: UserKey, _ device: String?) throws(HeraldError) {
+        let id = try notificationId(c)
+        let u = try StateUpdate(bytes: c.req.body, ifMatch: c.req.headers["if-match"])
+        let clock = self.clock
+        c.x.write(user, [.id(user, id)]) { e throws(StoreError) in
+            let now = clock.now()
+            return try e.withViewer(user, deviceId: device, now: now) { v throws(StoreError) in
+                try e.updateState(user, id: id, u, viewer: v, now: now).map { HTTPResponse(status: 200, body: $0.httpBody) }
             }
+        }
+    }
+
+    func deleteNotification(_ c: Call, _ user: UserKey, _ device: String?) throws(HeraldError) {
+        let id = try notificationId(c)
+        let clock = self.clock
+        c.x.write(user, [.id(user, id)]) { e throws(StoreError) in
+            let now = clock.now()
+            return try e.withViewer(user, deviceId: device, now: now) { v throws(StoreError) in
+                try e.deleteNotification(user, id: id, viewer: v, now: now).map { _ in .noContent }
+            }
+        }
+    }
+
+    func listDevices(_ c: Call, _ user: UserKey) {
+        let clock = self.clock
+        c.x.write(user) { e throws(StoreError) in .success(.json(200, ["devices": try e.deviceListing(user, now: clock.now())])) }
+    }
+
+    func readAll(_ c: Call, _ d: DeviceContext) {
+        let clock = self.clock
+        c.x.write(d.user) { e throws(StoreError) in
+            let now = clock.now()
+            return try e.withViewer(d.user, deviceId: d.deviceId, now: now) { v throws(StoreError) in
+                let (n, seq) = try e.markAllRead(d.user, viewer: v, now: now)
+                return .success(.json(200, ["updated": .int(n), "seq": .int(seq)]))
+            }
+        }
+    }
+
+    func counts(_ c: Call, _ d: DeviceContext) {
+        c.x.read(d.user, d.deviceId) { s, v throws(StoreError) in
+            let n = try s.visibleCounts(d.user, viewer: v)
+            return .success(.json(200, ["unread": .int(n.unread), "noInteraction": .int(n.noInteraction), "total": .int(n.total)]))
+        }
+    }
+
+    func pushServices(_ c: Call, _ d: DeviceContext) {
+        let settings = apps[d.user.app]?.push
+        c.x.responder.respond(.json(200, ["services": .array((settings?.services ?? []).map { .string($0.rawValue) }),
+                                          "webPushPublicKey": settings?.webPush.map { .string($0.publicKey) } ?? .null]))
+    }
+
+    /// The `{deviceId}` of a device route, of a device or its app's server.
+    private func deviceId(_ c: Call) throws(HeraldError) -> String {
+        guard Identifiers.isUserId(c.id) else { throw HeraldError.badRequest("bad device id") }
+        return c.id
+    }
+
+    /// The `{deviceId}` a device acts on: its own, if its token is bound to one.
+    private func deviceId(_ c: Call, of d: DeviceContext) throws(HeraldError) -> String {
+        let id = try deviceId(c)
+        if let bound = d.claims.device, bound != id { throw HeraldError(.forbidden, "the token is bound to another device") }
+        return id
+    }
+
+    func registerDevice(_ c: Call, _ d: DeviceContext) throws(HeraldError) { try registerDevice(c, d.user, deviceId(c, of: d)) }
+    func registerDevice(_ c: Call, _ user: UserKey) throws(HeraldError) { try registerDevice(c, user, deviceId(c)) }
+    func deleteDevice(_ c: Call, _ d: DeviceContext) throws(HeraldError) { deleteDevice(c, d.user, try deviceId(c, of: d)) }
+    func deleteDevice(_ c: Call, _ user: UserKey) throws(HeraldError) { deleteDevice(c, user, try deviceId(c)) }
+
+    private func registerDevice(_ c: Call, _ user: UserKey, _ id: String) throws(HeraldError) {
+        let reg = try DeviceRegistration(bytes: c.req.body)
+        if let refusal = pushRefusal(app: user.app, reg) { throw refusal }
+        let clock = self.clock
+        c.x.write(user) { e throws(StoreError) in
+            try e.registerDevice(user, deviceId: id, reg, now: clock.now()).map { .json(200, ["device": $0]) }
+        }
+    }
+
+    private func deleteDevice(_ c: Call, _ user: UserKey, _ id: String) {
+        c.x.write(user) { e throws(StoreError) in
+            try e.deleteDevice(user, deviceId: id) ? .success(.noContent) : .failure(HeraldError(.notFound, "no such device"))
         }
     }
 
@@ -258,24 +308,6 @@ extension Gateway {
                 }
             }
         }
-    }
-
-    /// The user and naming device of a notification route.
-    private func owner(_ o: Route.Owner, _ req: HTTPRequest) throws(HeraldError) -> (UserKey, String?) {
-        switch o {
-        case .server(let app, let user): return (try serverUser(req, app, user), nil)
-        case .device:
-            let d = try deviceAuth(req)
-            return (d.user, d.deviceId)
-        }
-    }
-
-    /// The owner of a route that names notification `id`; an id of no form
-    /// the gateway gives is unknown, and goes no further.
-    private func owner(_ o: Route.Owner, _ req: HTTPRequest, notification id: String) throws(HeraldError) -> (UserKey, String?) {
-        let found = try owner(o, req)
-        guard NotificationID.isWellFormed(id) else { throw .notFound }
-        return found
     }
 
     // MARK: Authentication

@@ -1,37 +1,65 @@
 import HeraldCore
 
-/// The HTTP routes of SPEC sections 2-4, 6 and 10: one entry per method and
-/// path of `Path.all`. Matching comes before authentication: an unknown path
-/// is 404, a known path with another method 405.
-enum Route: Equatable {
-    /// Whose notifications: an app server's view of one user, or a device's own.
-    enum Owner: Equatable {
-        case server(app: String, user: String)
-        case device
+/// One route of the HTTP API (SPEC sections 2-4, 6 and 10): a method of a
+/// path of `Path.all`, and its handler, whose case is the credential the
+/// route takes. Matching comes before authentication: an unknown path is
+/// 404, a known path with another method 405; `Gateway.handle` then checks
+/// the credential and calls the handler with what it proved. (Routes and
+/// paths are classes: a match holds them by reference, a retain each.)
+final class Route: Sendable {
+    typealias Open = @Sendable (Gateway, Gateway.Call) throws(HeraldError) -> Void
+    typealias App = @Sendable (Gateway, Gateway.Call, AppConfig) throws(HeraldError) -> Void
+    typealias User = @Sendable (Gateway, Gateway.Call, UserKey) throws(HeraldError) -> Void
+    typealias Device = @Sendable (Gateway, Gateway.Call, Gateway.DeviceContext) throws(HeraldError) -> Void
+
+    /// What a request must carry, and so the app it proves (CORS).
+    enum Credential: Equatable, Sendable {
+        /// Nothing: the route proves no app.
+        case none
+        /// A server key of the path's `{app}`.
+        case serverKey
+        /// A device token as a bearer, or with `inQuery` also as `?token=`
+        /// (EventSource cannot set headers).
+        case deviceToken(inQuery: Bool)
     }
 
-    case health, metrics, webSocket, demoToken
-    case issueToken(app: String)
-    case bulkSend(app: String)
-    case publish(app: String, user: String)
-    case history(Owner)
-    case getNotification(Owner, id: String)
-    case updateNotification(Owner, id: String)
-    case deleteNotification(Owner, id: String)
-    case listDevices(app: String, user: String)
-    /// An app server registering or deleting a device (SPEC section 10, as Notification Hubs installations).
-    case serverRegisterDevice(app: String, user: String, id: String)
-    case serverDeleteDevice(app: String, user: String, id: String)
-    case readAll, counts, sync, events, pushServices
-    case registerDevice(id: String)
-    case deleteDevice(id: String)
-    case staticFile(name: String)
+    enum Handler: Sendable {
+        /// No credential.
+        case open(Open)
+        /// A server key of the path's `{app}`: the handler gets that app.
+        case app(App)
+        /// A server key of the path's `{app}`, and its `{user}` a user id
+        /// (else 400): the handler gets that user.
+        case user(User)
+        /// A device token; `namesDevice`: the request may name its device
+        /// (`Herald-Device`, `?deviceId=`), which the handler gets in the
+        /// context.
+        case device(inQuery: Bool = false, namesDevice: Bool = true, Device)
+    }
 
-    /// A request's route, and the app of a server route: the `{app}` of its
-    /// path, whose server key it takes (and whose origins it admits, CORS).
+    let method: String
+    let handler: Handler
+
+    init(_ method: String, _ handler: Handler) { self.method = method; self.handler = handler }
+
+    var credential: Credential {
+        switch handler {
+        case .open: .none
+        case .app, .user: .serverKey
+        case .device(let inQuery, _, _): .deviceToken(inQuery: inQuery)
+        }
+    }
+
+    /// A request's route, its path and the path's `{name}` values in order.
     struct Matched {
         let route: Route
-        let serverApp: String?
+        let path: Path
+        let values: [String]
+
+        /// The `{app}` of a server route's path: whose server key it takes
+        /// (and whose origins it admits, CORS).
+        var serverApp: String? { path.appIndex.map { values[$0] } }
+        var serverUser: String? { path.userIndex.map { values[$0] } }
     }
 
     static func match(method: String, path: String, demo: Bool) -> Result<Matched, HeraldError> {
@@ -47,39 +75,51 @@ enum Route: Equatable {
             }
             s.append(decoded)
         }
-        func notAllowed(_ allowed: [String]) -> Result<Matched, HeraldError> {
-            .failure(HeraldError(.methodNotAllowed, "\(method) is not allowed here; use \(allowed.joined(separator: ", "))",
-                                 allowedMethods: allowed))
-        }
-        guard let (p, values) = Path.find(s, demo: demo) else {
+        let p: Path, values: [String]
+        if let found = Path.find(s, demo: demo) {
+            (p, values) = found
+        } else {
             guard demo, let name = staticName(path) else { return .failure(notFound) }
-            return method == "GET" ? .success(Matched(route: .staticFile(name: name), serverApp: nil)) : notAllowed(["GET"])
+            (p, values) = path == "/" ? (Path.demoPages[0], [name]) : (Path.demoPages[1], [name])
         }
-        guard let make = p.methods.first(where: { $0.method == method })?.make else { return notAllowed(p.methods.map(\.method).sorted()) }
-        return .success(Matched(route: make(values), serverApp: p.appIndex.map { values[$0] }))
+        guard let route = p.routes.first(where: { $0.method == method }) else {
+            let allowed = p.routes.map(\.method).sorted()
+            return .failure(HeraldError(.methodNotAllowed, "\(method) is not allowed here; use \(allowed.joined(separator: ", "))",
+                                        allowedMethods: allowed))
+        }
+        return .success(Matched(route: route, path: p, values: values))
     }
 
     /// One path of the API and its routes by method. Its segments are
-    /// literals or `{name}`, any non-empty segment, whose values go to
-    /// `make` in order; `{app}` makes its routes server routes of that app.
-    struct Path: Sendable {
+    /// literals or `{name}`, any non-empty segment, whose values go to the
+    /// handler in order; `{app}` makes its routes server routes of that app.
+    final class Path: Sendable {
         enum Segment: Sendable { case literal(String), value }
-        typealias Make = @Sendable ([String]) -> Route
 
         let pattern: String
         let segments: [Segment]
-        /// Where `{app}` is among the values.
+        /// Where `{app}` and `{user}` are among the values.
         let appIndex: Int?
+        let userIndex: Int?
         let demoOnly: Bool
-        let methods: [(method: String, make: Make)]
+        let routes: [Route]
 
-        init(_ pattern: String, demoOnly: Bool = false, _ methods: [(String, Make)]) {
+        init(_ pattern: String, demoOnly: Bool = false, _ routes: [Route]) {
             let parts = pattern.split(separator: "/").map(String.init)
+            let names = parts.filter { $0.hasPrefix("{") }
             self.pattern = pattern
             segments = parts.map { $0.hasPrefix("{") ? .value : .literal($0) }
-            appIndex = parts.filter { $0.hasPrefix("{") }.firstIndex(of: "{app}")
+            appIndex = names.firstIndex(of: "{app}")
+            userIndex = names.firstIndex(of: "{user}")
             self.demoOnly = demoOnly
-            self.methods = methods.map { (method: $0.0, make: $0.1) }
+            self.routes = routes
+            for r in routes {
+                switch r.handler {
+                case .app: precondition(appIndex != nil, "\(r.method) \(pattern): a server key proves the path's {app}")
+                case .user: precondition(appIndex != nil && userIndex != nil, "\(r.method) \(pattern): a server route of a {user}")
+                case .open, .device: precondition(appIndex == nil, "\(r.method) \(pattern): a path's {app} takes its server key")
+                }
+            }
         }
 
         /// The first path `s` (decoded segments) is, and its values.
@@ -99,40 +139,55 @@ enum Route: Equatable {
             return nil
         }
 
-        static func notification(_ owner: @escaping @Sendable ([String]) -> Owner) -> [(String, Make)] {
-            [("GET", { .getNotification(owner($0), id: $0.last!) }), ("PATCH", { .updateNotification(owner($0), id: $0.last!) }),
-             ("DELETE", { .deleteNotification(owner($0), id: $0.last!) })]
+        /// A notification's routes, by its server or by its device.
+        static func notification(server: Bool) -> [Route] {
+            func one(_ method: String, _ h: @escaping @Sendable (Gateway, Gateway.Call, UserKey, String?) throws(HeraldError) -> Void) -> Route {
+                server ? Route(method, .user { g, c, user throws(HeraldError) in try h(g, c, user, nil) })
+                    : Route(method, .device { g, c, d throws(HeraldError) in try h(g, c, d.user, d.deviceId) })
+            }
+            return [one("GET") { g, c, user, device throws(HeraldError) in try g.getNotification(c, user, device) },
+                    one("PATCH") { g, c, user, device throws(HeraldError) in try g.updateNotification(c, user, device) },
+                    one("DELETE") { g, c, user, device throws(HeraldError) in try g.deleteNotification(c, user, device) }]
         }
 
-        /// SPEC sections 2-4, 6 and 10. The first match wins: `read-all`
-        /// before the notification ids.
+        /// SPEC sections 2-4, 6 and 10, as docs/openapi.yaml names them.
+        /// The first match wins: `read-all` before the notification ids.
         static let all: [Path] = [
-            Path("healthz", [("GET", { _ in .health })]),
-            Path("metrics", [("GET", { _ in .metrics })]),
-            Path("v1/ws", [("GET", { _ in .webSocket })]),
-            Path("v1/demo/token", demoOnly: true, [("POST", { _ in .demoToken })]),
-            Path("v1/me/notifications", [("GET", { _ in .history(.device) })]),
-            Path("v1/me/counts", [("GET", { _ in .counts })]),
-            Path("v1/me/sync", [("GET", { _ in .sync })]),
-            Path("v1/me/events", [("GET", { _ in .events })]),
-            Path("v1/me/push", [("GET", { _ in .pushServices })]),
-            Path("v1/me/notifications/read-all", [("POST", { _ in .readAll })]),
-            Path("v1/me/notifications/{id}", notification { _ in .device }),
-            Path("v1/me/devices/{id}", [("PUT", { .registerDevice(id: $0[0]) }), ("DELETE", { .deleteDevice(id: $0[0]) })]),
-            Path("v1/apps/{app}/tokens", [("POST", { .issueToken(app: $0[0]) })]),
-            Path("v1/apps/{app}/notifications", [("POST", { .bulkSend(app: $0[0]) })]),
+            Path("healthz", [Route("GET", .open { g, c in g.health(c) })]),
+            Path("metrics", [Route("GET", .open { g, c in g.metricsText(c) })]),
+            Path("v1/ws", [Route("GET", .open { _, _ throws(HeraldError) in throw Gateway.upgradeExpected })]),
+            Path("v1/demo/token", demoOnly: true, [Route("POST", .open { g, c throws(HeraldError) in try g.demoToken(c) })]),
+            Path("v1/me/notifications",
+                 [Route("GET", .device { g, c, d throws(HeraldError) in try g.history(c, d.user, d.deviceId) })]),
+            Path("v1/me/counts", [Route("GET", .device { g, c, d in g.counts(c, d) })]),
+            Path("v1/me/sync",
+                 [Route("GET", .device(inQuery: true) { g, c, d throws(HeraldError) in try g.fallback(events: false, c, d) })]),
+            Path("v1/me/events",
+                 [Route("GET", .device(inQuery: true) { g, c, d throws(HeraldError) in try g.fallback(events: true, c, d) })]),
+            Path("v1/me/push", [Route("GET", .device(namesDevice: false) { g, c, d in g.pushServices(c, d) })]),
+            Path("v1/me/notifications/read-all", [Route("POST", .device { g, c, d in g.readAll(c, d) })]),
+            Path("v1/me/notifications/{id}", notification(server: false)),
+            Path("v1/me/devices/{deviceId}",
+                 [Route("PUT", .device(namesDevice: false) { g, c, d throws(HeraldError) in try g.registerDevice(c, d) }),
+                  Route("DELETE", .device(namesDevice: false) { g, c, d throws(HeraldError) in try g.deleteDevice(c, d) })]),
+            Path("v1/apps/{app}/tokens", [Route("POST", .app { g, c, app throws(HeraldError) in try g.issueToken(c, app) })]),
+            Path("v1/apps/{app}/notifications", [Route("POST", .app { g, c, app throws(HeraldError) in try g.bulkSend(c, app) })]),
             Path("v1/apps/{app}/users/{user}/notifications",
-                 [("GET", { .history(.server(app: $0[0], user: $0[1])) }), ("POST", { .publish(app: $0[0], user: $0[1]) })]),
-            Path("v1/apps/{app}/users/{user}/devices", [("GET", { .listDevices(app: $0[0], user: $0[1]) })]),
-            Path("v1/apps/{app}/users/{user}/notifications/{id}", notification { .server(app: $0[0], user: $0[1]) }),
-            Path("v1/apps/{app}/users/{user}/devices/{id}",
-                 [("PUT", { .serverRegisterDevice(app: $0[0], user: $0[1], id: $0[2]) }),
-                  ("DELETE", { .serverDeleteDevice(app: $0[0], user: $0[1], id: $0[2]) })]),
+                 [Route("GET", .user { g, c, user throws(HeraldError) in try g.history(c, user, nil) }),
+                  Route("POST", .user { g, c, user throws(HeraldError) in try g.publish(c, user) })]),
+            Path("v1/apps/{app}/users/{user}/devices", [Route("GET", .user { g, c, user in g.listDevices(c, user) })]),
+            Path("v1/apps/{app}/users/{user}/notifications/{id}", notification(server: true)),
+            Path("v1/apps/{app}/users/{user}/devices/{deviceId}",
+                 [Route("PUT", .user { g, c, user throws(HeraldError) in try g.registerDevice(c, user) }),
+                  Route("DELETE", .user { g, c, user throws(HeraldError) in try g.deleteDevice(c, user) })]),
         ]
-    }
 
-    /// EventSource cannot set headers: these routes also take `?token=`.
-    var takesTokenInQuery: Bool { self == .sync || self == .events }
+        /// The demo page's files (`--demo`): `/` is `index.html`. Matched
+        /// on the raw path (`staticName`) once no path of `all` is.
+        static let demoPages: [Path] = ["", "{file}"].map {
+            Path($0, demoOnly: true, [Route("GET", .open { g, c throws(HeraldError) in c.x.responder.respond(try g.staticFile(c.values[0])) })])
+        }
+    }
 
     static let notFound = HeraldError(.notFound, "no such resource")
 

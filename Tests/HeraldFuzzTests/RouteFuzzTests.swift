@@ -29,36 +29,41 @@ final class RouteFuzzTests: XCTestCase {
         return (String(decoding: bytes[..<sp], as: UTF8.self), String(decoding: bytes[(sp + 1)...], as: UTF8.self))
     }
 
-    static func describe(_ r: Result<Route.Matched, HeraldError>) -> String { describe(r.map(\.route)) }
-
-    static func describe(_ r: Result<Route, HeraldError>) -> String {
+    /// A match as its path's pattern and values, `v1/me/devices/{deviceId} ["d1"]`, or its error's status.
+    static func describe(_ r: Result<Route.Matched, HeraldError>) -> String {
         switch r {
-        case .success(let route): return "\(route)"
+        case .success(let m): return route(m.path.pattern, m.values)
         case .failure(let e): return "\(e.code.httpStatus)"
         }
     }
+
+    static func describe(_ r: Result<String, HeraldError>) -> String {
+        switch r {
+        case .success(let route): return route
+        case .failure(let e): return "\(e.code.httpStatus)"
+        }
+    }
+
+    static func route(_ pattern: String, _ values: [String]) -> String { "\(pattern) \(values)" }
 
     static func check(_ bytes: [UInt8]) -> Outcome {
         let (method, path) = split(bytes)
         var accepted = false
         for demo in [false, true] {
-            let matched = Route.match(method: method, path: path, demo: demo)
-            let r = matched.map(\.route)
+            let r = Route.match(method: method, path: path, demo: demo)
             let expected = Reference.match(method: method, path: path, demo: demo)
             guard describe(r) == describe(expected) else {
                 return .failed("\(method) \(path.debugDescription) demo=\(demo): router says \(describe(r)), the SPEC says \(describe(expected))")
             }
             switch r {
-            case .success(let route):
+            case .success(let m):
                 accepted = true
-                // The app whose key and origins a route takes is its path's.
-                let app = Reference.serverApp(route)
-                guard (try? matched.get().serverApp) == app else {
-                    return .failed("\(route) names server app \(String(describing: try? matched.get().serverApp)), not \(String(describing: app))")
+                // The credential a route takes, and the app whose key and origins it takes: its path's.
+                let want = Reference.credential(m.path.pattern)
+                guard m.route.credential == want.0, m.serverApp == want.1.map({ m.values[$0] }) else {
+                    return .failed("\(describe(r)) takes \(m.route.credential) of \(String(describing: m.serverApp)), not \(want)")
                 }
-                if !demo, route == .demoToken || { if case .staticFile = route { true } else { false } }() {
-                    return .failed("demo route \(route) without --demo")
-                }
+                if !demo, m.path.demoOnly { return .failed("demo route \(describe(r)) without --demo") }
             case .failure(let e):
                 guard [.notFound, .methodNotAllowed, .badRequest].contains(e.code) else { return .failed("router answered \(e.code)") }
                 // 405 only where another method works; 404 for every method alike.
@@ -80,32 +85,31 @@ final class RouteFuzzTests: XCTestCase {
     }
 
     /// (path, its route for each allowed method) for random valid ids.
-    static func known(_ rng: inout SplitMix64) -> [(String, [String: Route])] {
+    static func known(_ rng: inout SplitMix64) -> [(String, [String: String])] {
         let app = id(&rng), user = id(&rng), note = "n_" + id(&rng), dev = id(&rng)
-        let server = Route.Owner.server(app: app, user: user)
+        func one(_ pattern: String, _ values: [String], _ methods: String...) -> (String, [String: String]) {
+            var path = pattern, rest = values[...]
+            while let name = path.firstRange(of: /\{[a-zA-Z]+\}/) { path.replaceSubrange(name, with: rest.removeFirst()) }
+            return ("/" + path, Dictionary(uniqueKeysWithValues: methods.map { ($0, route(pattern, values)) }))
+        }
         return [
-            ("/healthz", ["GET": .health]),
-            ("/metrics", ["GET": .metrics]),
-            ("/v1/ws", ["GET": .webSocket]),
-            ("/v1/apps/\(app)/tokens", ["POST": .issueToken(app: app)]),
-            ("/v1/apps/\(app)/notifications", ["POST": .bulkSend(app: app)]),
-            ("/v1/apps/\(app)/users/\(user)/notifications", ["GET": .history(server), "POST": .publish(app: app, user: user)]),
-            ("/v1/apps/\(app)/users/\(user)/notifications/\(note)",
-             ["GET": .getNotification(server, id: note), "PATCH": .updateNotification(server, id: note),
-              "DELETE": .deleteNotification(server, id: note)]),
-            ("/v1/apps/\(app)/users/\(user)/devices", ["GET": .listDevices(app: app, user: user)]),
-            ("/v1/apps/\(app)/users/\(user)/devices/\(dev)",
-             ["PUT": .serverRegisterDevice(app: app, user: user, id: dev), "DELETE": .serverDeleteDevice(app: app, user: user, id: dev)]),
-            ("/v1/me/notifications", ["GET": .history(.device)]),
-            ("/v1/me/notifications/\(note)",
-             ["GET": .getNotification(.device, id: note), "PATCH": .updateNotification(.device, id: note),
-              "DELETE": .deleteNotification(.device, id: note)]),
-            ("/v1/me/notifications/read-all", ["POST": .readAll]),
-            ("/v1/me/counts", ["GET": .counts]),
-            ("/v1/me/sync", ["GET": .sync]),
-            ("/v1/me/events", ["GET": .events]),
-            ("/v1/me/push", ["GET": .pushServices]),
-            ("/v1/me/devices/\(dev)", ["PUT": .registerDevice(id: dev), "DELETE": .deleteDevice(id: dev)]),
+            one("healthz", [], "GET"),
+            one("metrics", [], "GET"),
+            one("v1/ws", [], "GET"),
+            one("v1/apps/{app}/tokens", [app], "POST"),
+            one("v1/apps/{app}/notifications", [app], "POST"),
+            one("v1/apps/{app}/users/{user}/notifications", [app, user], "GET", "POST"),
+            one("v1/apps/{app}/users/{user}/notifications/{id}", [app, user, note], "GET", "PATCH", "DELETE"),
+            one("v1/apps/{app}/users/{user}/devices", [app, user], "GET"),
+            one("v1/apps/{app}/users/{user}/devices/{deviceId}", [app, user, dev], "PUT", "DELETE"),
+            one("v1/me/notifications", [], "GET"),
+            one("v1/me/notifications/{id}", [note], "GET", "PATCH", "DELETE"),
+            one("v1/me/notifications/read-all", [], "POST"),
+            one("v1/me/counts", [], "GET"),
+            one("v1/me/sync", [], "GET"),
+            one("v1/me/events", [], "GET"),
+            one("v1/me/push", [], "GET"),
+            one("v1/me/devices/{deviceId}", [dev], "PUT", "DELETE"),
         ]
     }
 
@@ -125,7 +129,7 @@ final class RouteFuzzTests: XCTestCase {
                     for m in Self.methods {
                         let r = Route.match(method: m, path: path, demo: demo)
                         if let route = routes[m] {
-                            XCTAssertEqual(Self.describe(r), "\(route)", "\(m) \(path)")
+                            XCTAssertEqual(Self.describe(r), route, "\(m) \(path)")
                         } else {
                             XCTAssertEqual(Self.describe(r), "405", "\(m) \(path)")
                         }
@@ -140,16 +144,16 @@ final class RouteFuzzTests: XCTestCase {
                 }
             }
         }
-        XCTAssertEqual(Self.describe(Route.match(method: "POST", path: "/v1/demo/token", demo: true)), "demoToken")
+        XCTAssertEqual(Self.describe(Route.match(method: "POST", path: "/v1/demo/token", demo: true)), "v1/demo/token []")
         XCTAssertEqual(Self.describe(Route.match(method: "POST", path: "/v1/demo/token", demo: false)), "404")
         XCTAssertEqual(Self.describe(Route.match(method: "GET", path: "/", demo: false)), "404")
-        XCTAssertEqual(Self.describe(Route.match(method: "GET", path: "/", demo: true)), "staticFile(name: \"index.html\")")
+        XCTAssertEqual(Self.describe(Route.match(method: "GET", path: "/", demo: true)), " [\"index.html\"]")
         XCTAssertEqual(Self.describe(Route.match(method: "GET", path: "/v1/me/notifications/read-all", demo: false)), "405")
     }
 
     /// SPEC sections 2-4 and 6 as a table, on byte segments.
     enum Reference {
-        static func match(method: String, path: String, demo: Bool) -> Result<Route, HeraldError> {
+        static func match(method: String, path: String, demo: Bool) -> Result<String, HeraldError> {
             let b = Array(path.utf8)
             guard b.first == UInt8(ascii: "/") else { return .failure(HeraldError(.notFound, "")) }
             let raw = b.split(separator: UInt8(ascii: "/"), omittingEmptySubsequences: false).dropFirst()
@@ -180,67 +184,60 @@ final class RouteFuzzTests: XCTestCase {
             return String(validating: out, as: UTF8.self)
         }
 
-        /// The app whose server key a route takes (SPEC sections 3, 9, 10).
-        /// Exhaustive: a new route is placed here before the test compiles.
-        static func serverApp(_ r: Route) -> String? {
-            switch r {
-            case .issueToken(let app), .bulkSend(let app), .publish(let app, _), .listDevices(let app, _),
-                 .serverRegisterDevice(let app, _, _), .serverDeleteDevice(let app, _, _),
-                 .history(.server(let app, _)), .getNotification(.server(let app, _), _),
-                 .updateNotification(.server(let app, _), _), .deleteNotification(.server(let app, _), _):
-                return app
-            case .health, .metrics, .webSocket, .demoToken, .history(.device), .getNotification(.device, _),
-                 .updateNotification(.device, _), .deleteNotification(.device, _), .readAll, .counts, .sync, .events,
-                 .pushServices, .registerDevice, .deleteDevice, .staticFile:
-                return nil
-            }
+        /// The credential a route of `pattern` takes, and where the app it
+        /// proves is among its values (SPEC sections 2, 3, 9, 10).
+        static func credential(_ pattern: String) -> (Route.Credential, Int?) {
+            if pattern.hasPrefix("v1/apps/") { return (.serverKey, 0) }
+            if ["healthz", "metrics", "v1/ws", "v1/demo/token", "", "{file}"].contains(pattern) { return (.none, nil) }
+            return (.deviceToken(inQuery: ["v1/me/sync", "v1/me/events"].contains(pattern)), nil)
         }
 
-        static func lookup(_ path: String, _ s: [String], demo: Bool) -> [String: Route] {
+        static func lookup(_ path: String, _ s: [String], demo: Bool) -> [String: String] {
             let b = Array(path.utf8)
+            func one(_ pattern: String, _ values: [String], _ methods: String...) -> [String: String] {
+                Dictionary(uniqueKeysWithValues: methods.map { ($0, route(pattern, values)) })
+            }
             switch s {
-            case ["healthz"]: return ["GET": .health]
-            case ["metrics"]: return ["GET": .metrics]
-            case ["v1", "ws"]: return ["GET": .webSocket]
-            case ["v1", "demo", "token"] where demo: return ["POST": .demoToken]
-            case ["v1", "me", "notifications"]: return ["GET": .history(.device)]
-            case ["v1", "me", "counts"]: return ["GET": .counts]
-            case ["v1", "me", "sync"]: return ["GET": .sync]
-            case ["v1", "me", "events"]: return ["GET": .events]
-            case ["v1", "me", "push"]: return ["GET": .pushServices]
-            case ["v1", "me", "notifications", "read-all"]: return ["POST": .readAll]
+            case ["healthz"]: return one("healthz", [], "GET")
+            case ["metrics"]: return one("metrics", [], "GET")
+            case ["v1", "ws"]: return one("v1/ws", [], "GET")
+            case ["v1", "demo", "token"] where demo: return one("v1/demo/token", [], "POST")
+            case ["v1", "me", "notifications"]: return one("v1/me/notifications", [], "GET")
+            case ["v1", "me", "counts"]: return one("v1/me/counts", [], "GET")
+            case ["v1", "me", "sync"]: return one("v1/me/sync", [], "GET")
+            case ["v1", "me", "events"]: return one("v1/me/events", [], "GET")
+            case ["v1", "me", "push"]: return one("v1/me/push", [], "GET")
+            case ["v1", "me", "notifications", "read-all"]: return one("v1/me/notifications/read-all", [], "POST")
             default: break
             }
-            func one(_ o: Route.Owner, _ id: String) -> [String: Route] {
-                ["GET": .getNotification(o, id: id), "PATCH": .updateNotification(o, id: id), "DELETE": .deleteNotification(o, id: id)]
+            if s.count == 4, s[0] == "v1", s[1] == "me", s[2] == "notifications", !s[3].isEmpty {
+                return one("v1/me/notifications/{id}", [s[3]], "GET", "PATCH", "DELETE")
             }
-            if s.count == 4, s[0] == "v1", s[1] == "me", s[2] == "notifications", !s[3].isEmpty { return one(.device, s[3]) }
             if s.count == 4, s[0] == "v1", s[1] == "me", s[2] == "devices", !s[3].isEmpty {
-                return ["PUT": .registerDevice(id: s[3]), "DELETE": .deleteDevice(id: s[3])]
+                return one("v1/me/devices/{deviceId}", [s[3]], "PUT", "DELETE")
             }
             if s.count >= 4, s[0] == "v1", s[1] == "apps", !s[2].isEmpty {
                 let app = s[2]
-                if s.count == 4, s[3] == "tokens" { return ["POST": .issueToken(app: app)] }
-                if s.count == 4, s[3] == "notifications" { return ["POST": .bulkSend(app: app)] }
+                if s.count == 4, s[3] == "tokens" { return one("v1/apps/{app}/tokens", [app], "POST") }
+                if s.count == 4, s[3] == "notifications" { return one("v1/apps/{app}/notifications", [app], "POST") }
                 if s.count >= 6, s[3] == "users", !s[4].isEmpty {
-                    let user = s[4], owner = Route.Owner.server(app: app, user: user)
-                    if s.count == 6, s[5] == "notifications" { return ["GET": .history(owner), "POST": .publish(app: app, user: user)] }
-                    if s.count == 6, s[5] == "devices" { return ["GET": .listDevices(app: app, user: user)] }
-                    if s.count == 7, s[5] == "notifications", !s[6].isEmpty { return one(owner, s[6]) }
-                    if s.count == 7, s[5] == "devices", !s[6].isEmpty {
-                        return ["PUT": .serverRegisterDevice(app: app, user: user, id: s[6]),
-                                "DELETE": .serverDeleteDevice(app: app, user: user, id: s[6])]
+                    let user = s[4], of = "v1/apps/{app}/users/{user}/"
+                    if s.count == 6, s[5] == "notifications" { return one(of + "notifications", [app, user], "GET", "POST") }
+                    if s.count == 6, s[5] == "devices" { return one(of + "devices", [app, user], "GET") }
+                    if s.count == 7, s[5] == "notifications", !s[6].isEmpty {
+                        return one(of + "notifications/{id}", [app, user, s[6]], "GET", "PATCH", "DELETE")
                     }
+                    if s.count == 7, s[5] == "devices", !s[6].isEmpty { return one(of + "devices/{deviceId}", [app, user, s[6]], "PUT", "DELETE") }
                 }
             }
             // Demo web root: `/` and plain file names (no dot first, <= 64).
             if demo {
-                if path == "/" { return ["GET": .staticFile(name: "index.html")] }
+                if path == "/" { return one("", ["index.html"], "GET") }
                 let name = b.dropFirst()
                 let ok = !name.isEmpty && name.count <= 64 && name.first != UInt8(ascii: ".") && name.allSatisfy {
                     ($0 >= 0x61 && $0 <= 0x7A) || ($0 >= 0x41 && $0 <= 0x5A) || ($0 >= 0x30 && $0 <= 0x39) || "_@#.-".utf8.contains($0)
                 }
-                if ok, s.count == 1 { return ["GET": .staticFile(name: String(decoding: name, as: UTF8.self))] }
+                if ok, s.count == 1 { return one("{file}", [String(decoding: name, as: UTF8.self)], "GET") }
             }
             return [:]
         }

@@ -76,6 +76,10 @@ final class CORSTests: XCTestCase {
         XCTAssertEqual(acao("GET", "/v1/me/counts", token: "forged"), Self.page)
         XCTAssertEqual(acao("GET", "/v1/apps/other/users/u/devices", token: "sk-l"), Self.page)
         XCTAssertEqual(acao("GET", "/healthz", token: "none"), Self.page)
+        // A route that takes no credential proves no app, whatever the request carries.
+        XCTAssertEqual(acao("GET", "/healthz", token: h.token("u", app: Self.other)), Self.page)
+        XCTAssertEqual(h.request("GET", "/healthz", token: h.token("u", app: Self.listed), headers: ["origin": "https://evil.example"])
+            .settled(h).response?.status, 200)
     }
 
     /// An app that lists origins refuses requests from others before doing
@@ -106,17 +110,18 @@ final class CORSTests: XCTestCase {
 
     /// Every route of the route table (`Route.Path.all`, so also one added
     /// later), with valid credentials of an app that lists origins, from an
-    /// origin it does not list: 403 before anything happens. A server path
-    /// proves its app with the app's key, any other with a device token; a
-    /// route that answers without credentials proves no app and is skipped,
+    /// origin it does not list: 403 before anything happens. A route proves
+    /// its app with the credential it takes (`Route.credential`); a route
+    /// that answers without credentials proves no app and is skipped,
     /// and those are named, so that a new route cannot slip out that way.
     func testEveryRouteOfTheTableRefusesAnOriginItsAppDoesNotList() throws {
         let h = harness([Self.listed, Self.open])
         var refused: [String] = [], open: Set<String> = []
         for p in Route.Path.all where !p.demoOnly {
-            let path = "/" + p.pattern.replacing("{app}", with: Self.listed.id).replacing(/\{[a-z]+\}/, with: "x1")
-            let credential = p.appIndex != nil ? "sk-l" : h.token("u", app: Self.listed)
-            for (method, _) in p.methods {
+            let path = "/" + p.pattern.replacing("{app}", with: Self.listed.id).replacing(/\{[a-zA-Z]+\}/, with: "x1")
+            for route in p.routes {
+                let method = route.method
+                let credential = route.credential == .serverKey ? "sk-l" : h.token("u", app: Self.listed)
                 guard h.request(method, path, token: "none").settled(h).response?.status == 401 else {
                     open.insert("\(method) \(p.pattern)")
                     continue
@@ -129,7 +134,7 @@ final class CORSTests: XCTestCase {
             }
         }
         XCTAssertEqual(open, ["GET healthz", "GET metrics", "GET v1/ws"], "the routes that take no credentials")
-        for route in ["PUT v1/apps/{app}/users/{user}/devices/{id}", "DELETE v1/apps/{app}/users/{user}/devices/{id}",
+        for route in ["PUT v1/apps/{app}/users/{user}/devices/{deviceId}", "DELETE v1/apps/{app}/users/{user}/devices/{deviceId}",
                       "POST v1/apps/{app}/users/{user}/notifications", "PATCH v1/me/notifications/{id}"] {
             XCTAssertTrue(refused.contains(route), "\(route) was walked: \(refused)")
         }
