@@ -44,7 +44,7 @@ public final class SQLiteStore: NotificationStore {
 
     /// The schema version this code writes; `migrations[v - 1]` brings a
     /// database from version `v - 1` to `v`.
-    public static let schemaVersion: Int64 = 8
+    public static let schemaVersion: Int64 = 9
 
     public let epoch: String
     public let path: String
@@ -367,6 +367,17 @@ public final class SQLiteStore: NotificationStore {
             value     TEXT NOT NULL,
             issued_at INTEGER NOT NULL
         ) WITHOUT ROWID;
+        """,
+        // 9: the outbox's length (`herald_push_pending`), kept by triggers
+        // in the transactions that add and remove its rows, so that reading
+        // it is no scan of a long outbox.
+        """
+        CREATE TABLE push_outbox_size (pushes INTEGER NOT NULL);
+        INSERT INTO push_outbox_size SELECT count(*) FROM push_outbox;
+        CREATE TRIGGER push_outbox_added AFTER INSERT ON push_outbox
+        BEGIN UPDATE push_outbox_size SET pushes = pushes + 1; END;
+        CREATE TRIGGER push_outbox_removed AFTER DELETE ON push_outbox
+        BEGIN UPDATE push_outbox_size SET pushes = pushes - 1; END;
         """,
     ]
 
@@ -956,7 +967,7 @@ extension SQLiteStore {
 
     public func pendingPushes() throws(StoreError) -> Int {
         try check()
-        return Int(try db.int("SELECT count(*) FROM push_outbox") ?? 0)
+        return Int(try db.int("SELECT pushes FROM push_outbox_size") ?? 0)
     }
 
     public func sharedToken(_ name: String) throws(StoreError) -> SharedToken? {

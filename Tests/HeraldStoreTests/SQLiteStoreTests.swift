@@ -206,7 +206,7 @@ final class SQLiteStoreTests: XCTestCase {
     /// not name their notification.
     func downgradeToVersion4(_ s: SQLiteStore) throws {
         try s.db.script("""
-            DROP TABLE shared_tokens; DROP TABLE push_tap_spacing; DROP TABLE push_outbox; DROP INDEX devices_by_push_key;
+            DROP TABLE push_outbox_size; DROP TABLE shared_tokens; DROP TABLE push_tap_spacing; DROP TABLE push_outbox; DROP INDEX devices_by_push_key;
             ALTER TABLE devices DROP COLUMN push; ALTER TABLE devices DROP COLUMN push_key;
             """)
         let prefix = #"length('{"seq":' || c.seq || ',"op":"upsert","notification":')"#
@@ -328,6 +328,29 @@ final class SQLiteStoreTests: XCTestCase {
         XCTAssertEqual(r.seq, 8)
         _ = try s.delete(alice, try XCTUnwrap(s.notification(alice, id: "n_1")), reason: .deleted, at: t0)
         try assertCountsMatchHistory(s, alice)
+    }
+
+    /// Version 9 keeps the outbox's length beside it: a version 8 file's
+    /// pushes are counted once by the migration, and every write moves it.
+    func testMigrationFromVersion8CountsTheOutboxOnce() throws {
+        let tap = PushMessage(kind: .tap, op: .state, cursor: 1, epoch: "e", notificationId: nil, expiresAt: t0 + 86_400_000)
+        do {
+            let raw = try SQLiteDatabase(path: path)
+            try SQLiteStore.migrate(raw, path: path, to: 8)
+            for d in ["phone", "tablet", "watch"] {
+                try raw.execute("""
+                    INSERT INTO push_outbox (app, user, device_id, kind, message, committed_at, due_at) VALUES (?, ?, ?, 'tap', ?, ?, ?)
+                    """, [.text(alice.app), .text(alice.user), .text(d), .utf8(tap.json.encoded[...]), .int(t0), .int(t0)])
+            }
+            raw.close()
+        }
+        let s = try SQLiteStore(path: path)
+        XCTAssertEqual(try s.db.int("PRAGMA user_version"), SQLiteStore.schemaVersion)
+        XCTAssertEqual(try s.pendingPushes(), 3)
+        try s.dropPushes(alice, deviceId: "phone")
+        try s.enqueuePush(alice, deviceId: "tablet", tap, at: t0 + 1, claimUntil: nil)
+        XCTAssertEqual(try s.pendingPushes(), 2, "a tap joined to the one waiting adds no row")
+        XCTAssertEqual(try s.db.int("SELECT count(*) FROM push_outbox"), 2)
     }
 
     /// Version 5 keeps a notification's JSON only in its change: a version
