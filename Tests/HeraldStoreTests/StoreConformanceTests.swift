@@ -577,7 +577,12 @@ class StoreConformanceTests: XCTestCase {
             if handle != nil { withPush[u] = [ds[1]] }
         }
         try store.saveDevice(aliceInApp2, Device(deviceId: "other-app", lastSeenAt: 1))
-        let asked = many + [alice]
+        // A holder of another app in the same ask.
+        let bobs = Device(deviceId: "b", lastSeenAt: 3, push: .fcm(token: "bob-token"))
+        try store.saveDevice(bob, bobs)
+        expected[bob] = [bobs]
+        withPush[bob] = [bobs]
+        let asked = many + [alice, bob]
         func known(_ d: [UserKey: [Device]]) -> [UserKey: [Device]] { d.filter { !$0.value.isEmpty } }
         XCTAssertEqual(known(try store.devices(of: asked)), expected)
         XCTAssertEqual(try store.devices(of: []), [:])
