@@ -231,8 +231,10 @@ enum PostgresSchema {
         // session that wrote some (`writer`, its backend's pid; 0 holds what
         // the migration found and what ended sessions left, folded in by
         // `PostgresStore.pendingPushes`). Each session moves only its own
-        // row, so writers never wait for each other on it. Older nodes'
-        // writes fire the triggers too, so it may run beside them.
+        // row, so writers never wait for each other on it. The function
+        // keeps this schema's search_path: a session of another deployment
+        // or an operator's writing the outbox moves this count. Older
+        // nodes' writes fire the triggers too, so it may run beside them.
         """
         CREATE TABLE push_outbox_size (
             writer integer PRIMARY KEY,
@@ -240,7 +242,7 @@ enum PostgresSchema {
         );
         INSERT INTO push_outbox_size SELECT 0, count(*) FROM push_outbox;
         CREATE FUNCTION herald_push_outbox_size() RETURNS trigger
-        LANGUAGE plpgsql AS $$
+        LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
         DECLARE
             moved bigint;
         BEGIN

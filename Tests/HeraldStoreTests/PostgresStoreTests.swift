@@ -792,9 +792,9 @@ final class PostgresStoreTests: XCTestCase {
         XCTAssertEqual(try store.pendingPushes(), 3)
     }
 
-    /// Every session keeps its own row of the count, one outside Herald
-    /// too; a session that ended has its row folded into the rest, and the
-    /// sum stays the outbox's length throughout.
+    /// Every session keeps its own row of the count, one outside Herald on
+    /// another search_path too; a session that ended has its row folded
+    /// into the rest, and the sum stays the outbox's length throughout.
     func testTheOutboxLengthIsKeptAcrossSessionsAndAnEndedOnesRowFolds() throws {
         let a = try PostgresStore(url: database.url)
         var ended: Int64 = 0
@@ -804,8 +804,9 @@ final class PostgresStoreTests: XCTestCase {
             for d in ["phone", "tablet"] { try b.enqueuePush(alice, deviceId: d, tap(1), at: t0, claimUntil: nil) }
         }
         try a.enqueuePush(alice, deviceId: "watch", tap(1), at: t0, claimUntil: nil)
-        let outside = try PostgresConnection(url: database.url)
-        try outside.execute("DELETE FROM push_outbox WHERE device_id = 'phone'")
+        // A session outside Herald, on another search_path.
+        let outside = try PostgresConnection(url: try XCTUnwrap(ProcessInfo.processInfo.environment[PostgresTestDatabase.urlVariable]))
+        try outside.execute("DELETE FROM \(database.schema).push_outbox WHERE device_id = 'phone'")
         let rows = { () throws -> Int64 in try a.db.query("SELECT count(*) FROM push_outbox_size").int64(0, 0) }
         // b's session is gone once the server says so.
         let deadline = Date().addingTimeInterval(20)
