@@ -215,7 +215,9 @@ public protocol NotificationStore: StoreReading {
     func dropPushes(_ user: UserKey, deviceId: String) throws(StoreError)
     /// The registration holding the handle whose `PushHandle.key` is `key` in `app`.
     func pushHolder(app: String, key: String) throws(StoreError) -> (user: String, deviceId: String)?
-    /// How many pushes wait or are in flight (`herald_push_pending`).
+    /// How many pushes wait or are in flight (`herald_push_pending`): a
+    /// count the store keeps in the transactions that add and remove them,
+    /// not a scan of the outbox, which may be long.
     func pendingPushes() throws(StoreError) -> Int
 
     // Tokens every process and node of the deployment signs with at a time

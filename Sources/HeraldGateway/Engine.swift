@@ -210,10 +210,13 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
     }
 
     /// Queues a write no one waits for (a push's outcome): it runs in the
-    /// next batch, and if that rolls back nothing of it happened. `taken`
-    /// runs once, when the engine takes it, whatever becomes of the batch.
-    func write(taken: @escaping @Sendable (Engine) -> Void, _ body: @escaping @Sendable (Engine) throws(StoreError) -> Void) {
-        enqueue(Command(run: { e in try body(e) }, failed: { _ in }, early: taken), evenWhenStopping: true)
+    /// next batch, and if that rolls back nothing of it happened. `users`
+    /// are those it writes, claimed with the batch's (as `perform`'s), so
+    /// that it locks none out of the shared order. `taken` runs once, when
+    /// the engine takes it, whatever becomes of the batch.
+    func write(users: [UserKey], taken: @escaping @Sendable (Engine) -> Void,
+               _ body: @escaping @Sendable (Engine) throws(StoreError) -> Void) {
+        enqueue(Command(users: users, run: { e in try body(e) }, failed: { _ in }, early: taken), evenWhenStopping: true)
     }
 
     /// Queues a write for another thread that waits for its result:

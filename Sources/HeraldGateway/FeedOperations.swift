@@ -117,7 +117,7 @@ extension Engine {
         guard partitions.count > 1, !store.isShared else { return }
         afterCommit { [self] in
             for p in partitions where p !== self {
-                p.write(taken: { _ in }) { e throws(StoreError) in try e.releaseHandle(key, to: user, deviceId) }
+                p.write(users: [], taken: { _ in }) { e throws(StoreError) in try e.releaseHandle(key, to: user, deviceId) }
             }
         }
     }

@@ -218,7 +218,7 @@ final class PushDispatch {
 
     private func send(_ e: Engine, _ transport: PushTransport, _ o: OutgoingPush) {
         transport.send(o) { outcome in
-            e.write(taken: { e in e.push.inFlight -= 1 }) { e throws(StoreError) in
+            e.write(users: [o.job.user], taken: { e in e.push.inFlight -= 1 }) { e throws(StoreError) in
                 try e.push.finished(e, o, outcome, now: e.clock.now())
             }
         }

@@ -383,7 +383,7 @@ final class Subscription {
         // After the release `finish` queued: the device counts as gone by then.
         if let tap, let device = deviceId {
             let user = self.user, epoch = self.epoch
-            gateway.engine(for: user).write(taken: { _ in }) { e throws(StoreError) in try e.push.tapAfterLoss(e, user, device, tap, epoch: epoch) }
+            gateway.engine(for: user).write(users: [user], taken: { _ in }) { e throws(StoreError) in try e.push.tapAfterLoss(e, user, device, tap, epoch: epoch) }
         }
     }
 

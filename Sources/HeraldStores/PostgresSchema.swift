@@ -225,13 +225,51 @@ enum PostgresSchema {
             issued_at bigint NOT NULL
         );
         """,
+        // 9: the outbox's length (`herald_push_pending`), kept by statement
+        // triggers in the transactions that add and remove its rows, so that
+        // reading it is no scan of a long outbox: the sum of one row per
+        // session that wrote some (`writer`, its backend's pid; 0 holds what
+        // the migration found and what ended sessions left, folded in by
+        // `PostgresStore.pendingPushes`). Each session moves only its own
+        // row, so writers never wait for each other on it. The function
+        // keeps this schema's search_path: a session of another deployment
+        // or an operator's writing the outbox moves this count. Older
+        // nodes' writes fire the triggers too, so it may run beside them.
+        """
+        CREATE TABLE push_outbox_size (
+            writer integer PRIMARY KEY,
+            pushes bigint NOT NULL
+        );
+        INSERT INTO push_outbox_size SELECT 0, count(*) FROM push_outbox;
+        CREATE FUNCTION herald_push_outbox_size() RETURNS trigger
+        LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+        DECLARE
+            moved bigint;
+        BEGIN
+            IF TG_OP = 'INSERT' THEN
+                SELECT count(*) INTO moved FROM added;
+            ELSE
+                SELECT -count(*) INTO moved FROM removed;
+            END IF;
+            IF moved <> 0 THEN
+                INSERT INTO push_outbox_size AS s (writer, pushes) VALUES (pg_backend_pid(), moved)
+                ON CONFLICT (writer) DO UPDATE SET pushes = s.pushes + excluded.pushes;
+            END IF;
+            RETURN NULL;
+        END
+        $$;
+        CREATE TRIGGER push_outbox_added AFTER INSERT ON push_outbox REFERENCING NEW TABLE AS added
+            FOR EACH STATEMENT EXECUTE FUNCTION herald_push_outbox_size();
+        CREATE TRIGGER push_outbox_removed AFTER DELETE ON push_outbox REFERENCING OLD TABLE AS removed
+            FOR EACH STATEMENT EXECUTE FUNCTION herald_push_outbox_size();
+        """,
     ]
 
     /// The versions an older node would misread: since version 3 a
     /// notification's JSON is in its change, and an older node's pruning
     /// would drop changes notifications point at. Version 4 only adds a
     /// function older nodes never call, as does version 6; versions 7 and 8
-    /// tables they never read.
+    /// tables they never read; version 9 a table their writes keep too.
     static let misreadByOlderNodes: Set<Int64> = [3]
 
     /// Migrates through a version of `misreadByOlderNodes` only once every

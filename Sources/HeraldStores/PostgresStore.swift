@@ -827,7 +827,23 @@ extension PostgresStore {
 
     public func pendingPushes() throws(StoreError) -> Int {
         try check()
-        return Int(try db.query("SELECT count(*) FROM push_outbox").int64(0, 0))
+        // The rows of sessions that ended fold into row 0, so the table stays
+        // as long as the sessions writing (SKIP LOCKED: two nodes folding at
+        // once take different rows). The sum is read from the statement's
+        // snapshot, before the fold, which moves no total.
+        return Int(try db.query("""
+            WITH ended AS (
+                DELETE FROM push_outbox_size WHERE writer IN (
+                    SELECT writer FROM push_outbox_size s
+                    WHERE writer <> 0 AND NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = s.writer)
+                    FOR UPDATE SKIP LOCKED)
+                RETURNING pushes
+            ), folded AS (
+                UPDATE push_outbox_size SET pushes = pushes + (SELECT sum(pushes) FROM ended)
+                WHERE writer = 0 AND EXISTS (SELECT 1 FROM ended)
+            )
+            SELECT coalesce(sum(pushes), 0)::bigint FROM push_outbox_size
+            """).int64(0, 0))
     }
 
     public func sharedToken(_ name: String) throws(StoreError) -> SharedToken? {

@@ -140,21 +140,18 @@ struct SQLiteReads {
         return out
     }
 
-    /// One statement for all of `users` (a JSON array of [app, user]),
-    /// each probed in `devices_by_id`: a statement per user cost ten times
-    /// as much, for every batch of an app with push.
+    /// One statement per app of `users` (a batch's are mostly of one app),
+    /// their ids a JSON array: a statement per user cost ten times as much,
+    /// for every batch of an app with push.
     func pushDevices(of users: [UserKey]) throws(StoreError) -> [UserKey: [Device]] {
-        guard !users.isEmpty else { return [:] }
-        let keys = JSON.array(users.map { .array([.string($0.app), .string($0.user)]) }).encodedString
         var out: [UserKey: [Device]] = [:]
-        try db.query("""
-            SELECT d.app, d.user, d.device_id, d.platform, d.tags, d.last_seen_at, d.view_generation, d.push
-            FROM json_each(?) AS k JOIN devices d ON d.app = json_extract(k.value, '$[0]') AND d.user = json_extract(k.value, '$[1]')
-            WHERE d.push IS NOT NULL ORDER BY d.rowid
-            """, [.text(keys)]) { r throws(StoreError) in
-            guard let app = r.text(0), let user = r.text(1) else { throw corrupt("device") }
-            out[UserKey(app: app, user: user), default: []].append(try device(r, 2))
-            return true
+        for (app, keys) in Dictionary(grouping: users, by: \.app) {
+            let ids = JSON.array(keys.map { .string($0.user) }).encodedString
+            try db.query(SQLiteStore.pushDevicesSQL, [.text(app), .text(ids)]) { r throws(StoreError) in
+                guard let user = r.text(0) else { throw corrupt("device") }
+                out[UserKey(app: app, user: user), default: []].append(try device(r, 1))
+                return true
+            }
         }
         return out
     }

@@ -44,7 +44,7 @@ public final class SQLiteStore: NotificationStore {
 
     /// The schema version this code writes; `migrations[v - 1]` brings a
     /// database from version `v - 1` to `v`.
-    public static let schemaVersion: Int64 = 8
+    public static let schemaVersion: Int64 = 10
 
     public let epoch: String
     public let path: String
@@ -59,12 +59,6 @@ public final class SQLiteStore: NotificationStore {
     private let busyTimeoutMillis: Int
     /// Inside `begin()` … `commit()`/`rollback()`.
     private var inTransaction = false
-    /// Users that may hold a push handle: read at open, joined by every
-    /// device saved with one, never left (one process writes the file, and a
-    /// superset is safe). Most users of a batch have no handle; this spares
-    /// them the query (`pushDevices`), which every batch of an app with push
-    /// asks.
-    private var mayHoldPush: Set<UserKey> = []
     /// Copies the log into the file off the engine thread; nil for an
     /// in-memory database. Internal for tests.
     private(set) var checkpointer: SQLiteCheckpointer?
@@ -130,11 +124,6 @@ public final class SQLiteStore: NotificationStore {
                 throw StoreError("sqlite (\(path)): the database has no epoch (damaged?)")
             }
             epoch = e
-            try db.query("SELECT DISTINCT app, user FROM devices WHERE push IS NOT NULL") { r throws(StoreError) in
-                guard let app = r.text(0), let user = r.text(1) else { throw StoreError("sqlite (\(path)): unreadable device") }
-                mayHoldPush.insert(UserKey(app: app, user: user))
-                return true
-            }
             if defers {
                 guard let log = db.logPath else { throw StoreError("sqlite (\(path)): no write-ahead log file") }
                 let sync = try SQLiteLogSync(logPath: log)
@@ -368,6 +357,24 @@ public final class SQLiteStore: NotificationStore {
             issued_at INTEGER NOT NULL
         ) WITHOUT ROWID;
         """,
+        // 9: the outbox's length (`herald_push_pending`), kept by triggers
+        // in the transactions that add and remove its rows, so that reading
+        // it is no scan of a long outbox.
+        """
+        CREATE TABLE push_outbox_size (pushes INTEGER NOT NULL);
+        INSERT INTO push_outbox_size SELECT count(*) FROM push_outbox;
+        CREATE TRIGGER push_outbox_added AFTER INSERT ON push_outbox
+        BEGIN UPDATE push_outbox_size SET pushes = pushes + 1; END;
+        CREATE TRIGGER push_outbox_removed AFTER DELETE ON push_outbox
+        BEGIN UPDATE push_outbox_size SET pushes = pushes - 1; END;
+        """,
+        // 10: the registrations holding a handle, by user: a batch finds
+        // which of its users hold one (`pushDevices`) in this index, which
+        // holds only them, so the many users without one cost a probe that
+        // finds nothing, and no set of holders is read at open.
+        """
+        CREATE INDEX devices_with_push ON devices (app, user) WHERE push IS NOT NULL;
+        """,
     ]
 
     /// Brings the database to version `target` (internal for tests, which
@@ -539,6 +546,16 @@ public final class SQLiteStore: NotificationStore {
         SELECT platforms, tags, unread, no_interaction, total FROM counts WHERE app = ?1 AND user = ?2
         """
 
+    /// The registrations holding a handle among users of app ?1 (?2: a
+    /// JSON array of their ids), in registration order: a probe per user of
+    /// `devices_with_push`, which holds only them, so a user without one
+    /// reads no device.
+    static let pushDevicesSQL = """
+        SELECT d.user, d.device_id, d.platform, d.tags, d.last_seen_at, d.view_generation, d.push
+        FROM json_each(?2) AS k JOIN devices d INDEXED BY devices_with_push ON d.app = ?1 AND d.user = k.value
+        WHERE d.push IS NOT NULL ORDER BY d.rowid
+        """
+
     // MARK: Reads (shared with readers)
 
     public func feed(_ user: UserKey) throws(StoreError) -> FeedState { try check(); return try reads.feed(user) }
@@ -576,8 +593,7 @@ public final class SQLiteStore: NotificationStore {
 
     public func pushDevices(of users: [UserKey]) throws(StoreError) -> [UserKey: [Device]] {
         try check()
-        let asked = users.filter(mayHoldPush.contains)
-        return asked.isEmpty ? [:] : try reads.pushDevices(of: asked)
+        return try reads.pushDevices(of: users)
     }
 
     public func nextExpiry() throws(StoreError) -> Millis? { try check(); return try reads.nextExpiry() }
@@ -841,7 +857,6 @@ public final class SQLiteStore: NotificationStore {
 
     public func saveDevice(_ user: UserKey, _ device: Device) throws(StoreError) {
         try check()
-        if device.push != nil { mayHoldPush.insert(user) }
         try db.execute("""
             INSERT INTO devices (app, user, device_id, platform, tags, last_seen_at, view_generation, push, push_key)
             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
@@ -956,7 +971,7 @@ extension SQLiteStore {
 
     public func pendingPushes() throws(StoreError) -> Int {
         try check()
-        return Int(try db.int("SELECT count(*) FROM push_outbox") ?? 0)
+        return Int(try db.int("SELECT pushes FROM push_outbox_size") ?? 0)
     }
 
     public func sharedToken(_ name: String) throws(StoreError) -> SharedToken? {

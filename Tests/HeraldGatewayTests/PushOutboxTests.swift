@@ -123,6 +123,36 @@ final class PushOutboxTests: XCTestCase {
         XCTAssertEqual(h.gateway.metrics.push.sent(.apns, .delivered), 1)
     }
 
+    /// `herald_push_pending` on a durable store, which keeps the outbox's
+    /// length in the batches that add and remove its rows: the gauge reads
+    /// what is waiting or in flight, again at the dispatcher's first poll
+    /// `pendingEvery` after the last read.
+    func testThePendingGaugeFollowsTheOutboxOfADurableStore() throws {
+        h = Harness(store: try SQLiteStore(path: ":memory:"), apps: [Self.app], push: transport)
+        var gauge: Int { h.gateway.metrics.push.pending.load(ordering: .relaxed) }
+        XCTAssertEqual(register("u", "phone", apns()).response?.status, 200)
+        XCTAssertEqual(register("u", "tablet", apns(String(repeating: "0b", count: 32))).response?.status, 200)
+        let published = (1...3).map { publish("u", "n\($0)") }
+        dispatch()
+        XCTAssertEqual(published.map { $0.response?.status }, [201, 201, 201])
+        XCTAssertEqual(transport.waiting.count, 6)
+        XCTAssertEqual(gauge, 6, "in flight until answered")
+        transport.answerFirst(.delivered)
+        transport.answerFirst(.retry("503", retryAfterSeconds: nil))
+        h.settle()
+        h.clock.advance(millis: PushDispatch.pendingEvery - 1)
+        dispatch()
+        XCTAssertEqual(gauge, 6, "read again only every pendingEvery")
+        h.clock.advance(millis: PushDispatch.pollEvery)
+        dispatch()
+        XCTAssertEqual(gauge, 5, "one delivered, one kept to retry")
+        XCTAssertEqual(transport.waiting.count, 5, "the retry is due again")
+        transport.answerAll(.delivered)
+        h.clock.advance(millis: PushDispatch.pendingEvery + PushDispatch.pollEvery)
+        dispatch()
+        XCTAssertEqual(gauge, 0)
+    }
+
     func testAPayloadWithoutTheAlertFieldsGivesATap() {
         _ = register("u", "phone", apns())
         _ = publish("u", "n1", title: nil)

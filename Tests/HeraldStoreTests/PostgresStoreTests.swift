@@ -32,6 +32,7 @@ final class PostgresStoreConformanceTests: StoreConformanceTests {
     func testTapsToOneDeviceShareOneRow() throws { try checkTapsToOneDeviceShareOneRow() }
     func testPushClaimedAsItIsRecorded() throws { try checkPushClaimedAsItIsRecorded() }
     func testDroppedAndRolledBackPushesLeaveNothing() throws { try checkDroppedAndRolledBackPushesLeaveNothing() }
+    func testPendingPushesFollowEveryWrite() throws { try checkPendingPushesFollowEveryWrite() }
     func testTapsWaitOutTheirSpacing() throws { try checkTapsWaitOutTheirSpacing() }
     func testSharedTokensAreReplacedOnlyInPlaceOfTheOneRead() throws { try checkSharedTokensAreReplacedOnlyInPlaceOfTheOneRead() }
     func testHeadsOfManyFeeds() throws { try checkHeadsOfManyFeeds() }
@@ -683,11 +684,19 @@ final class PostgresStoreTests: XCTestCase {
 
     /// Turns a database of this version into what version 4 wrote: no push handles, no outbox, no tap spacing, no shared tokens.
     func downgradeToVersion4(_ store: PostgresStore) throws {
+        try downgradeToVersion8(store)
         try store.db.script("""
             DROP FUNCTION herald_partition; DROP TABLE push_tap_spacing; DROP TABLE shared_tokens;
             DROP TABLE push_outbox; DROP INDEX devices_by_push_key;
             ALTER TABLE devices DROP COLUMN push; ALTER TABLE devices DROP COLUMN push_key;
             DELETE FROM herald_schema WHERE version >= 5;
+            """)
+    }
+
+    func downgradeToVersion8(_ store: PostgresStore) throws {
+        try store.db.script("""
+            DROP TABLE push_outbox_size; DROP FUNCTION herald_push_outbox_size CASCADE;
+            DELETE FROM herald_schema WHERE version >= 9;
             """)
     }
 
@@ -760,6 +769,56 @@ final class PostgresStoreTests: XCTestCase {
         XCTAssertEqual(try store.pruneChanges(before: t0 + 10), 3)
         XCTAssertEqual(try store.history(alice, after: nil, limit: 10).sorted { $0.id < $1.id }, [note("n_0"), n1])
         XCTAssertEqual(try store.counts(alice).map(\.unread), [1])
+    }
+
+    func tap(_ cursor: Int64) -> PushMessage {
+        PushMessage(kind: .tap, op: .state, cursor: cursor, epoch: "e", notificationId: nil, expiresAt: t0 + 86_400_000)
+    }
+
+    /// Version 9 keeps the outbox's length: a version 8 database's pushes
+    /// are counted once by the migration (beside a running older node).
+    func testMigrationFromVersion8CountsTheOutboxOnce() throws {
+        do {
+            let store = try PostgresStore(url: database.url)
+            for d in ["phone", "tablet", "watch"] { try store.enqueuePush(alice, deviceId: d, tap(1), at: t0, claimUntil: nil) }
+            try downgradeToVersion8(store)
+            try store.enqueuePush(alice, deviceId: "laptop", tap(1), at: t0, claimUntil: nil)
+            _ = try store.renewLease(node: "old-node", millis: 60_000)
+        }
+        let store = try PostgresStore(url: database.url)
+        XCTAssertEqual(try store.db.query("SELECT max(version) FROM herald_schema").int64(0, 0), PostgresSchema.version)
+        XCTAssertEqual(try store.pendingPushes(), 4)
+        try store.dropPushes(alice, deviceId: "phone")
+        XCTAssertEqual(try store.pendingPushes(), 3)
+    }
+
+    /// Every session keeps its own row of the count, one outside Herald on
+    /// another search_path too; a session that ended has its row folded
+    /// into the rest, and the sum stays the outbox's length throughout.
+    func testTheOutboxLengthIsKeptAcrossSessionsAndAnEndedOnesRowFolds() throws {
+        let a = try PostgresStore(url: database.url)
+        var ended: Int64 = 0
+        do {
+            let b = try PostgresStore(url: database.url)
+            ended = try b.db.query("SELECT pg_backend_pid()").int64(0, 0)
+            for d in ["phone", "tablet"] { try b.enqueuePush(alice, deviceId: d, tap(1), at: t0, claimUntil: nil) }
+        }
+        try a.enqueuePush(alice, deviceId: "watch", tap(1), at: t0, claimUntil: nil)
+        // A session outside Herald, on another search_path.
+        let outside = try PostgresConnection(url: try XCTUnwrap(ProcessInfo.processInfo.environment[PostgresTestDatabase.urlVariable]))
+        try outside.execute("DELETE FROM \(database.schema).push_outbox WHERE device_id = 'phone'")
+        let rows = { () throws -> Int64 in try a.db.query("SELECT count(*) FROM push_outbox_size").int64(0, 0) }
+        // b's session is gone once the server says so.
+        let deadline = Date().addingTimeInterval(20)
+        while try a.db.query("SELECT count(*) FROM pg_stat_activity WHERE pid = $1", [.int(ended)]).int64(0, 0) > 0
+                && Date() < deadline {
+            Thread.sleep(forTimeInterval: 0.02)
+        }
+        XCTAssertEqual(try rows(), 4, "the migration's row and one per session that wrote")
+        XCTAssertEqual(try a.pendingPushes(), 2)
+        XCTAssertEqual(try rows(), 3, "b's row was folded into row 0")
+        XCTAssertEqual(try a.pendingPushes(), 2)
+        XCTAssertEqual(try a.db.query("SELECT count(*) FROM push_outbox").int64(0, 0), 2)
     }
 
     // MARK: Readers

@@ -157,4 +157,48 @@ final class SQLiteStoreBenchmarkTests: XCTestCase {
                      total, secs, Double(total) / secs, batch))
         store.close()
     }
+
+    /// Registrations and push holders: 100,000 users with a device each,
+    /// one in ten holding a handle. Times opening the file (median of 5)
+    /// and `pushDevices(of:)` for batches of 500 users, as a publishing
+    /// batch asks: random users (about 50 holders each) and users none of
+    /// whom holds one.
+    func testPushHoldersAmongManyDevices() throws {
+        guard ProcessInfo.processInfo.environment["HERALD_BIG"] == "1" else { throw XCTSkip("set HERALD_BIG=1 to run") }
+        let dir = ProcessInfo.processInfo.environment["HERALD_BIG_DIR"] ?? FileManager.default.temporaryDirectory.path
+        let path = dir + "/herald-bench-devices.db"
+        func remove() { for s in ["", "-wal", "-shm"] { try? FileManager.default.removeItem(atPath: path + s) } }
+        remove()
+        defer { remove() }
+        let users = 100_000
+        func user(_ u: Int) -> UserKey { UserKey(app: "bench", user: "user-\(u)") }
+        do {
+            let store = try SQLiteStore(path: path, durability: .off)
+            try store.begin()
+            for u in 0..<users {
+                let token = String(format: "%064x", u)
+                try store.saveDevice(user(u), Device(deviceId: "d", platform: .ios, lastSeenAt: Self.t0,
+                                                     push: u % 10 == 0 ? .apns(token: token, environment: .production) : nil))
+            }
+            try store.commit()
+            store.close()
+        }
+        var opens: [Double] = []
+        var store: SQLiteStore?
+        for _ in 0..<5 {
+            store?.close()
+            store = nil
+            let t = clock()
+            store = try SQLiteStore(path: path, durability: .full)
+            opens.append(Double(clock() - t) / 1_000_000)
+        }
+        print(String(format: "BENCH open with %d devices: median %.1f ms", users, opens.sorted()[2]))
+        let s = try XCTUnwrap(store)
+        try bench("pushDevices, 500 random users", n: 500) { _ in
+            try s.pushDevices(of: (0..<500).map { _ in user(Int.random(in: 0..<users)) }).count
+        }
+        try bench("pushDevices, 500 users without a handle", n: 500) { _ in
+            try s.pushDevices(of: (0..<500).map { _ in user(Int.random(in: 0..<users / 10) * 10 + 1) }).count
+        }
+    }
 }

@@ -206,7 +206,7 @@ final class SQLiteStoreTests: XCTestCase {
     /// not name their notification.
     func downgradeToVersion4(_ s: SQLiteStore) throws {
         try s.db.script("""
-            DROP TABLE shared_tokens; DROP TABLE push_tap_spacing; DROP TABLE push_outbox; DROP INDEX devices_by_push_key;
+            DROP INDEX devices_with_push; DROP TABLE push_outbox_size; DROP TABLE shared_tokens; DROP TABLE push_tap_spacing; DROP TABLE push_outbox; DROP INDEX devices_by_push_key;
             ALTER TABLE devices DROP COLUMN push; ALTER TABLE devices DROP COLUMN push_key;
             """)
         let prefix = #"length('{"seq":' || c.seq || ',"op":"upsert","notification":')"#
@@ -328,6 +328,54 @@ final class SQLiteStoreTests: XCTestCase {
         XCTAssertEqual(r.seq, 8)
         _ = try s.delete(alice, try XCTUnwrap(s.notification(alice, id: "n_1")), reason: .deleted, at: t0)
         try assertCountsMatchHistory(s, alice)
+    }
+
+    /// Version 9 keeps the outbox's length beside it: a version 8 file's
+    /// pushes are counted once by the migration, and every write moves it.
+    func testMigrationFromVersion8CountsTheOutboxOnce() throws {
+        let tap = PushMessage(kind: .tap, op: .state, cursor: 1, epoch: "e", notificationId: nil, expiresAt: t0 + 86_400_000)
+        do {
+            let raw = try SQLiteDatabase(path: path)
+            try SQLiteStore.migrate(raw, path: path, to: 8)
+            for d in ["phone", "tablet", "watch"] {
+                try raw.execute("""
+                    INSERT INTO push_outbox (app, user, device_id, kind, message, committed_at, due_at) VALUES (?, ?, ?, 'tap', ?, ?, ?)
+                    """, [.text(alice.app), .text(alice.user), .text(d), .utf8(tap.json.encoded[...]), .int(t0), .int(t0)])
+            }
+            raw.close()
+        }
+        let s = try SQLiteStore(path: path)
+        XCTAssertEqual(try s.db.int("PRAGMA user_version"), SQLiteStore.schemaVersion)
+        XCTAssertEqual(try s.pendingPushes(), 3)
+        try s.dropPushes(alice, deviceId: "phone")
+        try s.enqueuePush(alice, deviceId: "tablet", tap, at: t0 + 1, claimUntil: nil)
+        XCTAssertEqual(try s.pendingPushes(), 2, "a tap joined to the one waiting adds no row")
+        XCTAssertEqual(try s.db.int("SELECT count(*) FROM push_outbox"), 2)
+    }
+
+    /// Version 10 finds push holders in an index: the registrations a
+    /// version 9 file holds are in it, and so is each one saved after.
+    func testMigrationFromVersion9FindsTheHoldersRegisteredBefore() throws {
+        let bob = UserKey(app: alice.app, user: "bob"), carol = UserKey(app: alice.app, user: "carol")
+        func phone(_ token: String) -> Device {
+            Device(deviceId: "phone", platform: .ios, lastSeenAt: t0,
+                   push: .apns(token: String(repeating: token, count: 32), environment: .production))
+        }
+        do {
+            let s = try SQLiteStore(path: path)
+            try s.saveDevice(alice, phone("0a"))
+            try s.saveDevice(bob, Device(deviceId: "tablet", lastSeenAt: t0))
+            try s.db.script("DROP INDEX devices_with_push; PRAGMA user_version = 9")
+            s.close()
+        }
+        let s = try SQLiteStore(path: path)
+        XCTAssertEqual(try s.db.int("PRAGMA user_version"), SQLiteStore.schemaVersion)
+        XCTAssertEqual(try s.pushDevices(of: [alice, bob, carol]), [alice: [phone("0a")]])
+        try s.saveDevice(carol, phone("0b"))
+        var cleared = phone("0a")
+        cleared.push = nil
+        try s.saveDevice(alice, cleared)
+        XCTAssertEqual(try s.pushDevices(of: [alice, bob, carol]), [carol: [phone("0b")]], "a handle removed leaves the index")
     }
 
     /// Version 5 keeps a notification's JSON only in its change: a version
@@ -841,6 +889,8 @@ final class SQLiteStoreTests: XCTestCase {
         XCTAssertTrue(prune.contains("SEARCH changes USING PRIMARY KEY (app=? AND user=? AND seq>? AND seq<?)")
                       && prune.contains("SEARCH n USING INDEX notifications_by_id (app=? AND user=? AND id=?)"), prune)
         XCTAssertTrue(try plan(s, SQLiteStore.changesAfterSQL, 4).contains("SEARCH changes USING PRIMARY KEY (app=? AND user=? AND seq>?)"))
+        let holders = try plan(s, SQLiteStore.pushDevicesSQL, 2)
+        XCTAssertTrue(holders.contains("SEARCH d USING INDEX devices_with_push (app=? AND user=?)"), holders)
         let history = try plan(s, SQLiteStore.historyAfterSQL, 7)
         XCTAssertTrue(history.contains("created_at<?"), "the range is bounded by the index: \(history)")
     }

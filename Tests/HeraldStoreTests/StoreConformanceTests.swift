@@ -577,7 +577,12 @@ class StoreConformanceTests: XCTestCase {
             if handle != nil { withPush[u] = [ds[1]] }
         }
         try store.saveDevice(aliceInApp2, Device(deviceId: "other-app", lastSeenAt: 1))
-        let asked = many + [alice]
+        // A holder of another app in the same ask.
+        let bobs = Device(deviceId: "b", lastSeenAt: 3, push: .fcm(token: "bob-token"))
+        try store.saveDevice(bob, bobs)
+        expected[bob] = [bobs]
+        withPush[bob] = [bobs]
+        let asked = many + [alice, bob]
         func known(_ d: [UserKey: [Device]]) -> [UserKey: [Device]] { d.filter { !$0.value.isEmpty } }
         XCTAssertEqual(known(try store.devices(of: asked)), expected)
         XCTAssertEqual(try store.devices(of: []), [:])
@@ -806,6 +811,38 @@ class StoreConformanceTests: XCTestCase {
         XCTAssertEqual(try store.sharedToken(name), b)
     }
 
+    /// The outbox's length is kept, not counted: statements that add or
+    /// remove many rows at once, a tap replaced in flight (its row stays)
+    /// and a rollback each leave it equal to the pushes there are.
+    func checkPendingPushesFollowEveryWrite() throws {
+        try store.begin()
+        for d in 0..<20 { try store.enqueuePush(alice, deviceId: "d\(d % 4)", tap(1), at: Self.t0, claimUntil: nil) }
+        for k in 0..<6 {
+            try store.enqueuePush(bob, deviceId: "phone", PushMessage(kind: .alert, op: .upsert, cursor: Int64(k), epoch: "e",
+                                                                      notificationId: "n_\(k)", expiresAt: Self.t0 + Self.day),
+                                  at: Self.t0, claimUntil: nil)
+        }
+        try store.commit()
+        XCTAssertEqual(try store.pendingPushes(), 10, "four taps (one per device) and six alerts")
+        try store.begin()
+        let claimed = try store.claimPushes(now: Self.t0, until: Self.t0 + 1000, limit: 100)
+        XCTAssertEqual(claimed.count, 10)
+        try store.enqueuePush(alice, deviceId: "d0", tap(2), at: Self.t0 + 1, claimUntil: nil)
+        for job in claimed { try store.finishPush(job) }
+        XCTAssertEqual(try store.pendingPushes(), 1, "d0's tap, replaced in flight, stays")
+        store.rollback()
+        XCTAssertEqual(try store.pendingPushes(), 10, "a rollback undoes the count with the rows")
+        try store.begin()
+        try store.dropPushes(bob, deviceId: "phone")
+        try store.finishPush(claimed[0])
+        try store.commit()
+        XCTAssertEqual(try store.pendingPushes(), 3)
+        try store.begin()
+        for d in 1..<4 { try store.dropPushes(alice, deviceId: "d\(d)") }
+        try store.commit()
+        XCTAssertEqual(try store.pendingPushes(), 0)
+    }
+
     func checkDroppedAndRolledBackPushesLeaveNothing() throws {
         try store.saveDevice(alice, Device(deviceId: "phone", lastSeenAt: 1))
         try store.begin()
@@ -850,6 +887,7 @@ final class MemoryStoreConformanceTests: StoreConformanceTests {
     func testTapsToOneDeviceShareOneRow() throws { try checkTapsToOneDeviceShareOneRow() }
     func testPushClaimedAsItIsRecorded() throws { try checkPushClaimedAsItIsRecorded() }
     func testDroppedAndRolledBackPushesLeaveNothing() throws { try checkDroppedAndRolledBackPushesLeaveNothing() }
+    func testPendingPushesFollowEveryWrite() throws { try checkPendingPushesFollowEveryWrite() }
     func testTapsWaitOutTheirSpacing() throws { try checkTapsWaitOutTheirSpacing() }
     func testSharedTokensAreReplacedOnlyInPlaceOfTheOneRead() throws { try checkSharedTokensAreReplacedOnlyInPlaceOfTheOneRead() }
     func testHeadsOfManyFeeds() throws { try checkHeadsOfManyFeeds() }
@@ -885,6 +923,7 @@ final class SQLiteStoreConformanceTests: StoreConformanceTests {
     func testTapsToOneDeviceShareOneRow() throws { try checkTapsToOneDeviceShareOneRow() }
     func testPushClaimedAsItIsRecorded() throws { try checkPushClaimedAsItIsRecorded() }
     func testDroppedAndRolledBackPushesLeaveNothing() throws { try checkDroppedAndRolledBackPushesLeaveNothing() }
+    func testPendingPushesFollowEveryWrite() throws { try checkPendingPushesFollowEveryWrite() }
     func testTapsWaitOutTheirSpacing() throws { try checkTapsWaitOutTheirSpacing() }
     func testSharedTokensAreReplacedOnlyInPlaceOfTheOneRead() throws { try checkSharedTokensAreReplacedOnlyInPlaceOfTheOneRead() }
     func testHeadsOfManyFeeds() throws { try checkHeadsOfManyFeeds() }

@@ -14,7 +14,8 @@ Each runs in threads of the test process (start()/stop(), or `with`) on
 127.0.0.1 over TLS with a CA of its own (`ca_file`). What it took is in
 `accepted`, what it refused (with why) in `refused`. `script(Outcome(...))`
 queues answers, `default_outcome` answers once the queue is empty, `hold`
-keeps answers back until `release_held()` or `stop()`.
+keeps answers (those of accepted pushes and scripted ones) back until
+`release_held()` or `stop()`.
 
 As a process (for benchmarks):
 
@@ -565,6 +566,11 @@ class StandIn:
                 return q.pop(0)
             return self.outcomes.pop(0) if self.outcomes else self.default_outcome
 
+    def _scripted(self, response: Response) -> Response | Held:
+        """A scripted answer: held, as an accepted push's is, when `hold` is on."""
+        with self.lock:
+            return self.server.hold(response) if self.hold else response
+
     def _refuse(self, req: Request, status: int, body: bytes, reason: str, headers=None) -> Response:
         with self.changed:
             self.refused.append({"path": req.path, "status": status, "reason": reason, "at": req.at,
@@ -762,7 +768,7 @@ class APNsStandIn(StandIn):
         outcome = self._next_outcome(token)
         if outcome is not None and outcome.status != 200:
             reason = outcome.reason or APNS_REASONS.get(outcome.status) or _phrase(outcome.status).replace(" ", "")
-            return self._error(req, outcome.status, reason, outcome.retry_after)
+            return self._scripted(self._error(req, outcome.status, reason, outcome.retry_after))
         key_id = jwt.get_unverified_header(req.headers["authorization"].partition(" ")[2])["kid"]
         return self._accept(req, {"token": token, "headers": req.headers, "payload": payload, "collapseId": collapse,
                                   "keyId": key_id}, Response(200, [("apns-id", self._apns_id(req))]))
@@ -895,7 +901,8 @@ class FCMStandIn(StandIn):
         outcome = self._next_outcome(token)
         if outcome is not None and outcome.status != 200:
             code = outcome.reason or FCM_ERRORS.get(outcome.status, (None, None))[1]
-            return self._google_error(req, outcome.status, FCM_MESSAGES.get(code, "scripted"), code, outcome.retry_after)
+            return self._scripted(self._google_error(req, outcome.status, FCM_MESSAGES.get(code, "scripted"), code,
+                                                     outcome.retry_after))
         name = f"projects/{self.project_id}/messages/{uuid.uuid4().int % 10 ** 19}"
         response = Response(200, [("content-type", "application/json")], json.dumps({"name": name}).encode())
         if request.get("validate_only", request.get("validateOnly")):
@@ -1029,7 +1036,7 @@ class WebPushStandIn(StandIn):
             return no(400, f"cannot decrypt: {e!r}")
         outcome = self._next_outcome(sid)
         if outcome is not None and outcome.status not in (200, 201):
-            return no(outcome.status, outcome.reason or _phrase(outcome.status), outcome.retry_after)
+            return self._scripted(no(outcome.status, outcome.reason or _phrase(outcome.status), outcome.retry_after))
         try:
             parsed = json.loads(plaintext)
         except ValueError:

@@ -16,7 +16,11 @@ from typing import Callable
 
 import pytest
 
+from cryptography.hazmat.primitives.asymmetric import ec
+
 from herald_helpers import CONFIG, Gateway, assert_ids_of_no_form_are_unknown, uid, uid_in, wait_until
+from push_standins import APNsStandIn, FCMStandIn, Outcome, WebPushStandIn, pem_private
+from test_push import apns_handle, apns_token, push_config, register
 
 URL = os.environ.get("HERALD_TEST_POSTGRES_URL")
 pytestmark = pytest.mark.skipif(not URL, reason="no test PostgreSQL: set HERALD_TEST_POSTGRES_URL "
@@ -239,6 +243,41 @@ def test_a_batch_locks_its_users_in_one_order_so_it_never_deadlocks_with_one_tha
     finally:
         other.close()
         assert gw.terminate(10) == 0, gw.stderr_tail()
+
+
+def test_a_push_answer_claims_its_user_with_the_batch_so_it_never_deadlocks(herald_bin, tmp_path, store_url):
+    """A push service's answer is a write in the engine's next batch, and
+    one calling the handle dead rewrites its user's registration. Naming no
+    users, it locked its user on first touch: in a batch after a publish to
+    bob it held bob and waited for alice, and another node's batch holding
+    alice and then taking bob deadlocked with it (a conflict retry and a 1 s
+    stall). Claimed with the batch's users, in order, it waits for alice
+    holding nothing."""
+    vapid = tmp_path / "vapid.pem"
+    vapid.write_bytes(pem_private(ec.generate_private_key(ec.SECP256R1())))
+    with APNsStandIn(tmp_path / "apns") as apns, FCMStandIn(tmp_path / "fcm") as fcm, WebPushStandIn(tmp_path / "web") as web:
+        gw = Gateway(herald_bin, tmp_path / "a", push_config(apns, fcm, web, vapid), store=store_url,
+                     extra_args=["--partitions", "2"]).start()
+        alice, bob, hold = in_first("alice", "bob", "hold")
+        other = PsqlSession(store_url)
+        try:
+            for u in (alice, bob, hold):
+                gw.publish(u, "first")
+            token = apns_token(9)
+            register(gw, alice, "phone", apns_handle(token))
+            apns.script(Outcome(410, "Unregistered"), key=token)
+            apns.hold = True
+            gw.publish(alice, payload={"title": "t", "body": "b"})
+            apns.wait_for(1, refused=True)  # its answer held
+            answers = run_behind_a_held_batch(gw, other, first=alice, hold=hold, then=bob, queued=[
+                ("dead", apns.release_held),
+                (bob, lambda: gw.publish_raw(bob, {"appNotificationId": "x", "payload": {}}))])
+            assert answers[bob].status_code == 201, answers[bob].text
+            wait_until(lambda: gw.devices(alice)["phone"]["push"] is None, "the dead handle removed")
+            assert gw.metric("herald_store_conflict_retries_total") == 0
+        finally:
+            other.close()
+            assert gw.terminate(10) == 0, gw.stderr_tail()
 
 
 def test_two_partitions_on_one_database_each_write_and_expire_their_own_users(herald_bin, tmp_path, store_url):
