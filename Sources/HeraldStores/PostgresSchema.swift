@@ -240,6 +240,10 @@ enum PostgresSchema {
             writer integer PRIMARY KEY,
             pushes bigint NOT NULL
         );
+        -- Older nodes' open writes finish first, and new ones wait for the
+        -- triggers: a row written between the count and the triggers would
+        -- be missed by both, and the count would drift for good.
+        LOCK TABLE push_outbox IN SHARE ROW EXCLUSIVE MODE;
         INSERT INTO push_outbox_size SELECT 0, count(*) FROM push_outbox;
         CREATE FUNCTION herald_push_outbox_size() RETURNS trigger
         LANGUAGE plpgsql SET search_path FROM CURRENT AS $$

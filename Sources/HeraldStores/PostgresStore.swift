@@ -828,12 +828,15 @@ extension PostgresStore {
     public func pendingPushes() throws(StoreError) -> Int {
         try check()
         // The rows of sessions that ended fold into row 0, so the table stays
-        // as long as the sessions writing (SKIP LOCKED: two nodes folding at
-        // once take different rows). The sum is read from the statement's
-        // snapshot, before the fold, which moves no total.
+        // as long as the sessions writing (SKIP LOCKED, row 0 too: a node
+        // folding while another does skips it rather than wait inside its
+        // claim). The sum is read from the statement's snapshot, before the
+        // fold, which moves no total.
         return Int(try db.query("""
-            WITH ended AS (
-                DELETE FROM push_outbox_size WHERE writer IN (
+            WITH zero AS (
+                SELECT writer FROM push_outbox_size WHERE writer = 0 FOR UPDATE SKIP LOCKED
+            ), ended AS (
+                DELETE FROM push_outbox_size WHERE EXISTS (SELECT 1 FROM zero) AND writer IN (
                     SELECT writer FROM push_outbox_size s
                     WHERE writer <> 0 AND NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = s.writer)
                     FOR UPDATE SKIP LOCKED)

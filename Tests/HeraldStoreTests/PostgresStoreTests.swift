@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 import XCTest
 import HeraldCore
 @testable import HeraldStores
@@ -790,6 +791,43 @@ final class PostgresStoreTests: XCTestCase {
         XCTAssertEqual(try store.pendingPushes(), 4)
         try store.dropPushes(alice, deviceId: "phone")
         XCTAssertEqual(try store.pendingPushes(), 3)
+    }
+
+    /// An older node's push written but not committed when the migration
+    /// starts is counted once: the migration waits for it.
+    func testMigrationFromVersion8CountsAPushCommittingBesideIt() throws {
+        let old = try PostgresStore(url: database.url)
+        try old.enqueuePush(alice, deviceId: "phone", tap(1), at: t0, claimUntil: nil)
+        try downgradeToVersion8(old)
+        let pid = try old.db.query("SELECT pg_backend_pid()").int64(0, 0)
+        try old.db.execute("BEGIN")
+        try old.db.execute("""
+            INSERT INTO push_outbox (app, user_id, device_id, kind, message, committed_at, due_at)
+            SELECT app, user_id, 'tablet', kind, message, committed_at, due_at FROM push_outbox WHERE device_id = 'phone'
+            """)
+        let migrated = DispatchSemaphore(value: 0)
+        let failure = Mutex<String?>(nil)
+        let url = database.url
+        Thread.detachNewThread {
+            do { _ = try PostgresStore(url: url) } catch { failure.withLock { $0 = "\(error)" } }
+            migrated.signal()
+        }
+        // The migration waits for the open insert (its lock), then goes on.
+        let deadline = Date().addingTimeInterval(20)
+        while try old.db.query("""
+                SELECT count(*) FROM pg_locks l JOIN pg_locks h ON h.relation = l.relation AND h.granted
+                WHERE NOT l.granted AND h.pid = $1
+                """, [.int(pid)]).int64(0, 0) == 0 && Date() < deadline {
+            Thread.sleep(forTimeInterval: 0.02)
+        }
+        try old.db.execute("COMMIT")
+        XCTAssertEqual(migrated.wait(timeout: .now() + 30), .success)
+        XCTAssertNil(failure.withLock { $0 })
+        let store = try PostgresStore(url: database.url)
+        XCTAssertEqual(try store.pendingPushes(), 2)
+        try store.dropPushes(alice, deviceId: "tablet")
+        try store.dropPushes(alice, deviceId: "phone")
+        XCTAssertEqual(try store.pendingPushes(), 0, "no drift below the outbox")
     }
 
     /// Every session keeps its own row of the count, one outside Herald on
