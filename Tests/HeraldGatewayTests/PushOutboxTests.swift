@@ -334,11 +334,16 @@ final class PushOutboxTests: XCTestCase {
         XCTAssertEqual(h.request("GET", "/healthz").json?["push"], "ok")
     }
 
-    func testAPushPastItsLifetimeIsDropped() {
+    /// An alert to u's phone that lives 5 s, handed to the transport.
+    private func sendAlertLiving5s() {
         _ = register("u", "phone", apns())
         _ = h.request("POST", "/v1/apps/\(Self.app.id)/users/u/notifications",
                       body: ["appNotificationId": "short", "payload": ["title": "t", "body": "b"], "ttlSeconds": 5])
         dispatch()
+    }
+
+    func testAPushPastItsLifetimeIsDropped() {
+        sendAlertLiving5s()
         transport.answerAll(.retry("503", retryAfterSeconds: 10))
         h.settle()
         XCTAssertEqual(pending, 0)
@@ -346,10 +351,7 @@ final class PushOutboxTests: XCTestCase {
     }
 
     func testAPushWithLessThanASecondLeftIsNotSent() {
-        _ = register("u", "phone", apns())
-        _ = h.request("POST", "/v1/apps/\(Self.app.id)/users/u/notifications",
-                      body: ["appNotificationId": "short", "payload": ["title": "t", "body": "b"], "ttlSeconds": 5])
-        dispatch()
+        sendAlertLiving5s()
         // Its answer comes 0.5 s on; Retry-After 4 would leave it 0.5 s.
         h.clock.advance(millis: 500)
         transport.answerAll(.retry("503", retryAfterSeconds: 4))
@@ -360,10 +362,7 @@ final class PushOutboxTests: XCTestCase {
     }
 
     func testAPushClaimedWithLessThanASecondLeftIsNotSent() {
-        _ = register("u", "phone", apns())
-        _ = h.request("POST", "/v1/apps/\(Self.app.id)/users/u/notifications",
-                      body: ["appNotificationId": "short", "payload": ["title": "t", "body": "b"], "ttlSeconds": 5])
-        dispatch()
+        sendAlertLiving5s()
         // Due at 4 s, with exactly 1 s left: kept.
         transport.answerAll(.retry("503", retryAfterSeconds: 4))
         h.settle()
