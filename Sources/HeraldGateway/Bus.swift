@@ -98,6 +98,9 @@ public final class MemoryBus: Bus {
     /// While paused: what reaches this node, held in order (`pause`).
     private let held = Locked<[@Sendable (BusReceiver) -> Void]?>(nil)
     public let node = Random.hex(8)
+    /// How many times the engine handed this bus records (Redis: one
+    /// write each), for tests to count its flushes.
+    public let recordWrites = Atomic<Int>(0)
 
     public init(hub: Hub) { self.hub = hub }
 
@@ -107,7 +110,10 @@ public final class MemoryBus: Bus {
         receiver.subscribed()
     }
 
-    public func publish(_ records: [(UserKey, ChangeRecord)]) { toOthers { $0.received(records) } }
+    public func publish(_ records: [(UserKey, ChangeRecord)]) {
+        recordWrites.add(1, ordering: .relaxed)
+        toOthers { $0.received(records) }
+    }
 
     public func publish(device deviceId: String, of user: UserKey) { toOthers { $0.deviceChanged(user, deviceId: deviceId) } }
 

@@ -20,8 +20,9 @@ public protocol LoopExecutor: AnyObject, Sendable {
 ///   thread reads `followedForBus` alone, behind its lock.
 /// - Nothing a batch did is visible to anyone until its commit returned and
 ///   is durable: replies and fan-out are effects queued during the batch and
-///   run after the commit, in the order they were queued, batch after
-///   batch. With a store whose commit leaves its sync to `CommitSync`, a
+///   run after the commit, batch after batch, in one flush (`run(_:)`):
+///   one bus write, one post per shard with its deliveries, then its
+///   replies. With a store whose commit leaves its sync to `CommitSync`, a
 ///   batch's effects wait for the sync thread (`CommitSyncer`) while the
 ///   next batch runs. A failed commit rolls the batch back and answers each
 ///   of its commands `unavailable`; one that lost a conflict with another
@@ -53,6 +54,9 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
 
     enum Effect {
         case deliver(UserKey, ChangeRecord)
+        /// A reply to a shard: it goes in that shard's one post of the
+        /// flush, after the flush's deliveries.
+        case reply(Shard, @Sendable () -> Void)
         case run(() -> Void)
     }
 
@@ -188,7 +192,7 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
         let reply = LoopBound(reply, owner: shard.thread)
         let command = Command(users: users ?? [], lookups: lookups, alone: users == nil, run: { e in
             let value = try body(e)
-            e.afterCommit { shard.post { reply.value(.success(value)) } }
+            e.replyAfterCommit(on: shard) { reply.value(.success(value)) }
         }, failed: { err in shard.post { reply.value(.failure(err)) } })
         enqueue(command, evenWhenStopping: false)
     }
@@ -249,6 +253,13 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
     func afterCommit(_ f: @escaping () -> Void) {
         thread.preconditionCurrent()
         effects.append(.run(f))
+    }
+
+    /// Runs `f` on `shard`'s loop after the current batch commits, behind
+    /// the batch's deliveries to that shard.
+    func replyAfterCommit(on shard: Shard, _ f: @escaping @Sendable () -> Void) {
+        thread.preconditionCurrent()
+        effects.append(.reply(shard, f))
     }
 
     /// Delivers `record` to the user's followers after the batch commits,
@@ -519,24 +530,27 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
         }
     }
 
-    /// Runs a committed, durable batch's effects.
+    /// Runs a committed, durable batch's effects in one flush: the bus takes
+    /// all its records in one write, and each shard one post holding its
+    /// deliveries, then its replies. Only a `.run` effect (bookkeeping in
+    /// order with the batch) flushes what came before it first.
     private func run(_ batch: Committed) {
         if let began = batch.began { metrics.storeLatency.observe(nanos: DispatchTime.now().uptimeNanoseconds - began) }
         metrics.publishes.add(batch.published, ordering: .relaxed)
-        // Each user's records in commit order, users in order of first change:
-        // one post per user and shard.
+        // Each user's records in commit order, users in order of first change.
         var pending: [(UserKey, [ChangeRecord])] = []
         var slot: [UserKey: Int] = [:]
-        // The same records in commit order, for the other nodes: handed to
-        // the bus together, so Redis takes them in one write.
+        // The same records in commit order, for the other nodes.
         var toBus: [(UserKey, ChangeRecord)] = []
+        var posts = ShardPosts(count: shards.count)
         let committed = DispatchTime.now().uptimeNanoseconds
         func flush() {
             if !toBus.isEmpty { bus?.publish(toBus) }
             toBus.removeAll()
-            for (user, records) in pending { fanOut(user, records, committedAt: committed) }
+            for (user, records) in pending { fanOut(user, records, committedAt: committed, into: &posts) }
             pending.removeAll()
             slot.removeAll()
+            posts.post(to: shards)
         }
         for e in batch.effects {
             switch e {
@@ -548,6 +562,8 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
                     slot[u] = pending.count
                     pending.append((u, [r]))
                 }
+            case .reply(let shard, let f):
+                posts.reply(on: shard.index, f)
             case .run(let f):
                 flush()
                 f()
@@ -556,23 +572,52 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
         flush()
     }
 
-    /// Hands a user's committed records, in seq order, to each shard that
+    /// Queues a user's committed records, in seq order, for each shard that
     /// follows the user: the one way in for every change, this node's (after
     /// its commit) and other nodes' (from the bus). With a bus, changes of a
     /// user come from several nodes: `FollowerRegistry.sequence` drops what
     /// was delivered already and catches the followers up from the store
     /// when something may be missing, before delivering more.
-    private func fanOut(_ user: UserKey, _ records: [ChangeRecord], committedAt: UInt64) {
+    private func fanOut(_ user: UserKey, _ records: [ChangeRecord], committedAt: UInt64, into posts: inout ShardPosts) {
         let following = registry.shards(following: user)
         guard !following.isEmpty else { return }
         let (fresh, gap) = bus == nil ? (records, false) : registry.sequence(user, records)
         guard !fresh.isEmpty else { return }
         if gap { metrics.bus.catchUps.add(1, ordering: .relaxed) }
-        for shard in following.map({ shards[$0] }) {
-            shard.post {
+        for i in following {
+            let shard = shards[i]
+            posts.deliver(on: i) {
                 if gap { shard.recover(user) }
                 shard.deliver(user, fresh, committedAt: committedAt)
             }
+        }
+    }
+}
+
+/// What one flush hands the shards: per shard, its deliveries, then its
+/// replies, so a writer's acknowledgement follows the change it
+/// acknowledges on the shard that sends it.
+struct ShardPosts {
+    private var deliveries: [[@Sendable () -> Void]]
+    private var replies: [[@Sendable () -> Void]]
+
+    init(count: Int) {
+        deliveries = Array(repeating: [], count: count)
+        replies = Array(repeating: [], count: count)
+    }
+
+    mutating func deliver(on shard: Int, _ job: @escaping @Sendable () -> Void) { deliveries[shard].append(job) }
+    mutating func reply(on shard: Int, _ job: @escaping @Sendable () -> Void) { replies[shard].append(job) }
+
+    /// One post per shard with something to do. Shards with deliveries alone
+    /// go first, so every delivery is on its way before any reply is.
+    mutating func post(to shards: [Shard]) {
+        let order = shards.indices.filter { replies[$0].isEmpty } + shards.indices.filter { !replies[$0].isEmpty }
+        for i in order where !deliveries[i].isEmpty || !replies[i].isEmpty {
+            let jobs = deliveries[i] + replies[i]
+            shards[i].post { for job in jobs { job() } }
+            deliveries[i].removeAll(keepingCapacity: true)
+            replies[i].removeAll(keepingCapacity: true)
         }
     }
 }
@@ -588,10 +633,12 @@ extension Engine {
                 if byUser[u] == nil { order.append(u) }
                 byUser[u, default: []].append(r)
             }
+            var posts = ShardPosts(count: e.shards.count)
             for u in order {
                 e.store.noteCommitted(u, byUser[u]!)
-                e.fanOut(u, byUser[u]!, committedAt: at)
+                e.fanOut(u, byUser[u]!, committedAt: at, into: &posts)
             }
+            posts.post(to: e.shards)
         }
     }
 

@@ -41,6 +41,26 @@ final class BusTests: XCTestCase {
         XCTAssertEqual(seqs(s), Array(1...6), "both nodes' changes, in order, once")
     }
 
+    /// A batch flushes once: publishes committed together take one bus
+    /// write and one post to the shard, which carries the deliveries and
+    /// then the replies.
+    func testABatchOfPublishesTakesOneBusWriteAndOnePostPerShard() {
+        let local = a.webSocket()
+        a.hello(local, user: "u", cursor: 0)
+        let remote = deviceOnB()
+        let writes = busA.recordWrites.load(ordering: .relaxed)
+        let answers = (0..<5).map { a.publish("u", "n\($0)") }
+        let posts = a.loop.capture { a.runEngine() }
+        XCTAssertEqual(posts.count, 1, "one post to the shard")
+        XCTAssertEqual(busA.recordWrites.load(ordering: .relaxed) - writes, 1, "one bus write")
+        XCTAssertTrue(answers.allSatisfy { $0.response == nil }, "nothing answered before the post runs")
+        a.loop.post(contentsOf: posts)
+        settle()
+        XCTAssertEqual(answers.map { $0.response?.status }, Array(repeating: 201, count: 5))
+        XCTAssertEqual(seqs(local), Array(1...5))
+        XCTAssertEqual(seqs(remote), Array(1...5), "the one bus write carried all five")
+    }
+
     /// A message lost on the bus shows as a gap at the user's next change.
     func testAMissedMessageIsCaughtUpAtTheNextChange() {
         let s = deviceOnB()
