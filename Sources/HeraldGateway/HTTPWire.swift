@@ -122,12 +122,8 @@ public enum HTTPWire {
             guard let field = Field.named(line[..<colon]) else { continue }
             while let c = v.first, c == space || c == tab { v = v.dropFirst() }
             while let c = v.last, c == space || c == tab { v = v.dropLast() }
-            if case .host = field {
-                hosts += 1
-                hostValid = hostValid && v.allSatisfy(Self.isAuthorityByte)
-                continue
-            }
-            let value = String(decoding: v, as: UTF8.self)
+            // Made only for the fields that keep or compare it as text.
+            var value: String { String(decoding: v, as: UTF8.self) }
             switch field {
             case .contentLength:
                 guard !v.isEmpty, v.count <= 18, v.allSatisfy({ $0 >= 0x30 && $0 <= 0x39 }), let n = Int(value),
@@ -140,7 +136,9 @@ public enum HTTPWire {
                 connection += value.lowercased().split(separator: ",").map(\.trimmingSpaces)
             case .expect:
                 expectsContinue = value.lowercased() == "100-continue"
-            case .host: break  // above
+            case .host:
+                hosts += 1
+                hostValid = hostValid && v.allSatisfy(Self.isAuthorityByte)
             case .kept(let name):
                 request.headers[name] = request.headers[name].map { $0 + "," + value } ?? value
             }
