@@ -139,7 +139,26 @@ public protocol StoreReader: StoreReading {
 ///   or, for a store with a `commitSync`, once a later `sync()` returned.
 /// - Only one thread calls a store at a time (the engine's); other threads
 ///   read through their own `makeReader()`.
-public protocol NotificationStore: StoreReading {
+/// What a transaction reads besides `StoreReading`: lookups that writes
+/// depend on. The gateway hands these to everything that runs in a batch,
+/// and the writes only to its feed transaction (`FeedTransaction`), which
+/// records each write's effects.
+public protocol StoreLookups: StoreReading {
+    func notification(_ user: UserKey, appNotificationId: String) throws(StoreError) -> Notification?
+    /// Every user of `app` with at least one registered device.
+    func usersWithDevices(app: String) throws(StoreError) -> [(user: String, devices: [Device])]
+    /// The registration holding the handle whose `PushHandle.key` is `key` in `app`.
+    func pushHolder(app: String, key: String) throws(StoreError) -> (user: String, deviceId: String)?
+    /// How many pushes wait or are in flight (`herald_push_pending`): a
+    /// count the store keeps in the transactions that add and remove them,
+    /// not a scan of the outbox, which may be long.
+    func pendingPushes() throws(StoreError) -> Int
+    /// The token kept under `name` (SPEC section 10: one APNs provider
+    /// token per key for the deployment), nil when none is.
+    func sharedToken(_ name: String) throws(StoreError) -> SharedToken?
+}
+
+public protocol NotificationStore: StoreLookups {
     func begin() throws(StoreError)
     func commit() throws(StoreError)
     /// Whether the last `commit()` reached the store: only then does it say
@@ -158,8 +177,6 @@ public protocol NotificationStore: StoreReading {
     /// (from the bus): a store that keeps what it knows of feeds between
     /// transactions (PostgreSQL) may follow. Outside a transaction or in one.
     func noteCommitted(_ user: UserKey, _ records: [ChangeRecord])
-
-    func notification(_ user: UserKey, appNotificationId: String) throws(StoreError) -> Notification?
 
     /// Saves `n` (new, or replacing the stored notification with its id) and
     /// appends an upsert change with the user's next seq.
@@ -180,8 +197,6 @@ public protocol NotificationStore: StoreReading {
 
     func saveDevice(_ user: UserKey, _ device: Device) throws(StoreError)
     func deleteDevice(_ user: UserKey, id: String) throws(StoreError) -> Bool
-    /// Every user of `app` with at least one registered device.
-    func usersWithDevices(app: String) throws(StoreError) -> [(user: String, devices: [Device])]
     /// Drops registrations not seen since `before`.
     func pruneDevices(lastSeenBefore before: Millis) throws(StoreError) -> Int
 
@@ -213,18 +228,10 @@ public protocol NotificationStore: StoreReading {
     func spaceTaps(_ user: UserKey, deviceId: String, until: Millis) throws(StoreError)
     /// Drops every push waiting for `deviceId`: its handle is dead, removed or moved.
     func dropPushes(_ user: UserKey, deviceId: String) throws(StoreError)
-    /// The registration holding the handle whose `PushHandle.key` is `key` in `app`.
-    func pushHolder(app: String, key: String) throws(StoreError) -> (user: String, deviceId: String)?
-    /// How many pushes wait or are in flight (`herald_push_pending`): a
-    /// count the store keeps in the transactions that add and remove them,
-    /// not a scan of the outbox, which may be long.
-    func pendingPushes() throws(StoreError) -> Int
 
     // Tokens every process and node of the deployment signs with at a time
     // (SPEC section 10: one APNs provider token per key), by name.
 
-    /// The token kept under `name`, nil when none is.
-    func sharedToken(_ name: String) throws(StoreError) -> SharedToken?
     /// Keeps `token` under `name` in place of the one issued at `replacing`
     /// (nil: in place of none), unless another writer replaced that one
     /// first: then false, and nothing changed. So of processes renewing at

@@ -60,7 +60,7 @@ final class ClusterConnections {
         nextFlush = tick + Self.flushEvery
         let renew = tick >= nextRenew, prune = tick >= nextPrune
         guard renew || prune || e.registry.presenceDirty?.isEmpty == false else { return }
-        e.transaction("presence") { () throws(StoreError) in
+        e.transaction("presence") { tx throws(StoreError) in
             var base = written
             var dirty = e.registry.presenceDirty ?? [:]
             if renew, try !directory.renewLease(node: node, millis: Self.leaseMillis) {
@@ -87,7 +87,7 @@ final class ClusterConnections {
                     return kept.isEmpty ? nil : kept
                 }
             }
-            e.afterCommit { [self] in
+            tx.afterCommit { [self] in
                 written = next
                 e.registry.presenceDirty = [:]
                 if renew { nextRenew = tick + Self.renewEvery }
@@ -109,7 +109,7 @@ final class ClusterConnections {
 
     /// The gateway stops: its devices are shown disconnected at once.
     func retire(_ e: Engine) {
-        e.transaction("presence (retiring the node)") { () throws(StoreError) in try directory.retire(node: node) }
+        e.transaction("presence (retiring the node)") { _ throws(StoreError) in try directory.retire(node: node) }
     }
 }
 

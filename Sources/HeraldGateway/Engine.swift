@@ -52,24 +52,14 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
         var bookkeeping: Bool { control != nil || early != nil }
     }
 
-    enum Effect {
-        case deliver(UserKey, ChangeRecord)
-        /// A reply to a shard: it goes in that shard's one post of the
-        /// flush, after the flush's deliveries.
-        case reply(Shard, @Sendable () -> Void)
-        case run(() -> Void)
-    }
+    typealias Committed = FeedTransaction.Committed
 
-    /// A committed batch's effects, run once it is durable.
-    struct Committed {
-        let effects: [Effect]
-        let published: Int
-        /// When the batch began, for the store latency (begin to durable);
-        /// nil for maintenance.
-        let began: UInt64?
-    }
-
-    public let store: NotificationStore
+    /// The store, whose writes go through `tx` alone.
+    private let store: NotificationStore
+    /// The open batch's writes and their effects.
+    let tx: FeedTransaction
+    /// What runs in a batch may read.
+    var reads: StoreLookups { store }
     /// The store's reader thread, if it has one: maintenance reads there
     /// (`readAside`).
     private let reader: ReaderThread?
@@ -94,9 +84,6 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
     private let finished = DispatchSemaphore(value: 0)
 
     // Engine-thread state.
-    private var effects: [Effect] = []
-    /// Undoes the open batch's bookkeeping outside the store if it rolls back.
-    private var undo: [() -> Void] = []
     /// Users with changes that may have committed unseen (the answer to a
     /// COMMIT was lost): their followers here catch up from the store at the
     /// next commit, before any later change of theirs reaches them.
@@ -104,8 +91,6 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
     /// The registrations a resubscription had to read back were unreadable:
     /// maintenance tries again (`refreshConnectedDevices`).
     var devicesStale = false
-    /// Notifications the open batch published: `herald_publishes_total` once it commits.
-    var publishedInBatch = 0
     /// Who follows which user, and which devices are connected.
     let registry: FollowerRegistry
     /// In a cluster: this node's devices as the other nodes see them.
@@ -132,7 +117,6 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
         thread = ThreadOwner("engine \(partition)")
         registry = FollowerRegistry(bus: bus != nil, thread: thread)
         health = StoreHealth(clock: clock)
-        push = PushDispatch(metrics: metrics.push)
         if let bus, let directory = store as? ClusterDirectory {
             // A partition records its users' devices as a node of its own:
             // its lease, its records, and its database session to fence.
@@ -140,7 +124,10 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
         } else {
             cluster = nil
         }
+        push = PushDispatch(metrics: metrics.push, clock: clock, registry: registry, cluster: cluster)
+        tx = FeedTransaction(store: store, thread: thread, push: push)
         syncer = store.commitSync.map(CommitSyncer.init)
+        push.engine = self
     }
 
     /// Starts the sync thread, if the store syncs apart. (Tests that run the
@@ -192,7 +179,7 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
         let reply = LoopBound(reply, owner: shard.thread)
         let command = Command(users: users ?? [], lookups: lookups, alone: users == nil, run: { e in
             let value = try body(e)
-            e.replyAfterCommit(on: shard) { reply.value(.success(value)) }
+            e.tx.reply(on: shard) { reply.value(.success(value)) }
         }, failed: { err in shard.post { reply.value(.failure(err)) } })
         enqueue(command, evenWhenStopping: false)
     }
@@ -201,7 +188,7 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
     /// bus): it runs after the batch it lands in, in order with that batch's
     /// effects, committed or not, and also while the gateway stops.
     func control(_ f: @escaping @Sendable (Engine) -> Void) {
-        enqueue(Command(run: { e in e.afterCommit { f(e) } }, failed: { _ in }, control: f), evenWhenStopping: true)
+        enqueue(Command(run: { e in e.tx.afterCommit { f(e) } }, failed: { _ in }, control: f), evenWhenStopping: true)
     }
 
     /// Queues the bookkeeping of a connection that went away. It takes
@@ -231,7 +218,7 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
                                reply: @escaping @Sendable (T?) -> Void) {
         enqueue(Command(run: { e in
             let value = try body(e)
-            e.afterCommit { reply(value) }
+            e.tx.afterCommit { reply(value) }
         }, failed: { _ in reply(nil) }), evenWhenStopping: false)
     }
 
@@ -247,65 +234,25 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
         if !accepted { c.failed(HeraldError.shuttingDown) }
     }
 
-    // MARK: Effects (engine thread)
-
-    /// Runs `f` after the current batch commits.
-    func afterCommit(_ f: @escaping () -> Void) {
-        thread.preconditionCurrent()
-        effects.append(.run(f))
-    }
-
-    /// Runs `f` on `shard`'s loop after the current batch commits, behind
-    /// the batch's deliveries to that shard.
-    func replyAfterCommit(on shard: Shard, _ f: @escaping @Sendable () -> Void) {
-        thread.preconditionCurrent()
-        effects.append(.reply(shard, f))
-    }
-
-    /// Delivers `record` to the user's followers after the batch commits,
-    /// and records the pushes it gives before (`published`: a notification
-    /// created or replaced by its app, which may show an alert).
-    func deliverAfterCommit(_ user: UserKey, _ record: ChangeRecord, published: Bool = false) {
-        thread.preconditionCurrent()
-        effects.append(.deliver(user, record))
-        push.note(user, record, published: published)
-    }
-
-    /// Runs `f` if the current batch rolls back.
-    func onRollback(_ f: @escaping () -> Void) {
-        thread.preconditionCurrent()
-        undo.append(f)
-    }
+    // MARK: Commit (engine thread)
 
     private func rolledBack(after error: any Error) {
-        if (error as? StoreError)?.outcomeUnknown == true {
-            for case .deliver(let u, _) in effects { uncertain.insert(u) }
-        }
-        store.rollback()
-        effects.removeAll()
-        push.rolledBack()
-        publishedInBatch = 0
-        for f in undo.reversed() { f() }
-        undo.removeAll()
+        uncertain.formUnion(tx.rollback(after: error))
     }
 
     /// Commits the open transaction; its effects run once it is durable.
     /// A commit that throws left the transaction for `rolledBack`.
     private func commit(began: UInt64?) throws(StoreError) {
-        try push.record(self)
-        let generation = syncer?.beginCommit()
+        var generation: UInt64?
+        let batch: Committed
         do {
-            try store.commit()
+            batch = try tx.commit(began: began) { generation = syncer?.beginCommit() }
         } catch {
             // Readers that took a snapshot meanwhile wait for this generation.
             if let generation { syncer?.request(generation) }
             throw error
         }
-        undo.removeAll()
         recoverUncertain()
-        let batch = Committed(effects: effects, published: publishedInBatch, began: began)
-        effects.removeAll(keepingCapacity: true)
-        publishedInBatch = 0
         guard let syncer, let generation else { return run(batch) }
         unsynced.append((generation, batch))
         syncer.request(generation)
@@ -419,18 +366,18 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
         var attempt = 1
         while true {
             do {
-                try store.begin()
+                try tx.begin()
                 // Every user the batch names, locked up front in the store's
                 // one order, so batches on different nodes never deadlock on
                 // each other; and the notifications it will look up, read in
                 // one go.
-                try store.claim(batch.flatMap(\.users), lookups: batch.flatMap(\.lookups))
+                try tx.claim(batch.flatMap(\.users), lookups: batch.flatMap(\.lookups))
                 for c in batch { try c.run(self) }
                 // Only stores that sync apart join (SQLite: one writer, and
                 // its claim takes no locks, so `alone` is moot there).
                 while let joined = joinWhileSyncing(room: Self.maxBatch - batch.count) {
                     let more = taken(joined)
-                    try store.claim(more.flatMap(\.users), lookups: more.flatMap(\.lookups))
+                    try tx.claim(more.flatMap(\.users), lookups: more.flatMap(\.lookups))
                     batch += more
                     for c in more { try c.run(self) }
                 }
@@ -458,7 +405,7 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
         }
         // A batch that sent the store nothing (bookkeeping, or a reader's
         // failure handed back by `readAside`) says nothing of its health.
-        if store.lastCommitReachedStore && !batch.allSatisfy(\.bookkeeping) { health.succeeded() }
+        if tx.lastCommitReachedStore && !batch.allSatisfy(\.bookkeeping) { health.succeeded() }
         return true
     }
 
@@ -485,16 +432,16 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
     /// Runs `body` as its own transaction (maintenance), then its effects;
     /// whether it committed. Run again, as a batch is, when it loses a
     /// conflict (a head another node moved since this one cached it).
-    @discardableResult func transaction(_ what: String, _ body: () throws(StoreError) -> Void) -> Bool {
+    @discardableResult func transaction(_ what: String, _ body: (FeedTransaction) throws(StoreError) -> Void) -> Bool {
         thread.preconditionCurrent()
         let t0 = DispatchTime.now().uptimeNanoseconds
         defer { metrics.maintenanceLatency.observe(nanos: DispatchTime.now().uptimeNanoseconds - t0) }
         for attempt in 1...Self.conflictAttempts {
             do {
-                try store.begin()
-                try body()
+                try tx.begin()
+                try body(tx)
                 try commit(began: nil)
-                if store.lastCommitReachedStore { health.succeeded() }
+                if tx.lastCommitReachedStore { health.succeeded() }
                 return true
             } catch {
                 rolledBack(after: error)
@@ -564,6 +511,11 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
                 }
             case .reply(let shard, let f):
                 posts.reply(on: shard.index, f)
+            case .device(let user, let deviceId, let device):
+                // Behind the deliveries before it, as every effect in order.
+                flush()
+                tell(shards, user, deviceId, device)
+                bus?.publish(device: deviceId, of: user)
             case .run(let f):
                 flush()
                 f()
@@ -689,7 +641,10 @@ extension Engine {
     /// Whether this engine does what spans its whole store (pruning,
     /// counting the pushes waiting): each engine over a store of its own;
     /// the first alone over a store the partitions share.
-    var doesStoreWideWork: Bool { partition == 0 || !store.isShared }
+    var doesStoreWideWork: Bool { partition == 0 || !storeIsShared }
+
+    /// Whether the partitions share one store (`NotificationStore.isShared`).
+    var storeIsShared: Bool { store.isShared }
 
     /// Tells the connections of every device connected here what its
     /// registration is now (closed with 4003 if it is gone); false when the

@@ -1,26 +1,25 @@
 import HeraldCore
 
-/// The write operations, run on the engine thread inside a batch. Each
-/// queues the changes it made for delivery after the commit.
+/// The write operations, run on the engine thread inside a batch. Their
+/// writes go through the batch's `FeedTransaction`, which records what
+/// each leaves to do after the commit.
 extension Engine {
     /// Creates or replaces the notification with the draft's
     /// appNotificationId (SPEC section 3).
     func upsertNotification(_ user: UserKey, _ draft: NotificationDraft, now: Millis) throws(StoreError)
         -> Result<(WriteAnswer, created: Bool), HeraldError>
     {
-        let existing = try store.notification(user, appNotificationId: draft.appNotificationId)
+        let existing = try reads.notification(user, appNotificationId: draft.appNotificationId)
         let n: Notification
         do { n = try draft.notification(replacing: existing, userId: user.user, now: now) } catch { return .failure(error) }
-        let r = try store.upsert(user, n, previous: existing, at: now)
-        deliverAfterCommit(user, r, published: true)
-        publishedInBatch += 1
+        let r = try tx.upsert(user, n, previous: existing, at: now, published: true)
         return .success((WriteAnswer(r), existing == nil))
     }
 
     /// The users of this partition that an app-wide send by tags reaches:
     /// every one with a registered device matching the expression.
     func audience(app: String, matching expr: TagExpression) throws(StoreError) -> [UserKey] {
-        try store.usersWithDevices(app: app).filter { entry in
+        try reads.usersWithDevices(app: app).filter { entry in
             entry.devices.contains { expr.matches(Set($0.allTags(userId: entry.user))) }
         }.map { UserKey(app: app, user: $0.user) }.filter(owns)
     }
@@ -32,7 +31,7 @@ extension Engine {
         var users = named ?? []
         if named == nil, case .tags(let expr) = send.audience {
             users = try audience(app: app, matching: expr)
-            try store.claim(users)  // those found by tags, in the shared order
+            try tx.claim(users)  // those found by tags, in the shared order
         }
         for u in users {
             if case .failure(let err) = try upsertNotification(u, send.draft, now: now) {
@@ -45,20 +44,18 @@ extension Engine {
     func updateState(_ user: UserKey, id: String, _ u: StateUpdate, viewer: Viewer, now: Millis) throws(StoreError)
         -> Result<WriteAnswer, HeraldError>
     {
-        guard let n = try store.visibleNotification(user, id: id, viewer: viewer) else { return .failure(.notFound) }
+        guard let n = try reads.visibleNotification(user, id: id, viewer: viewer) else { return .failure(.notFound) }
         if let v = u.ifVersion, v != n.version {
             return .failure(HeraldError(.preconditionFailed, "version is \(n.version), not \(v)"))
         }
-        guard let m = u.applied(to: n, now: now) else { return .success(WriteAnswer(unchanged: n, seq: try store.feed(user).head)) }
-        let r = try store.upsert(user, m, previous: n, at: now)
-        deliverAfterCommit(user, r)
+        guard let m = u.applied(to: n, now: now) else { return .success(WriteAnswer(unchanged: n, seq: try reads.feed(user).head)) }
+        let r = try tx.upsert(user, m, previous: n, at: now)
         return .success(WriteAnswer(r))
     }
 
     func deleteNotification(_ user: UserKey, id: String, viewer: Viewer, now: Millis) throws(StoreError) -> Result<WriteAnswer, HeraldError> {
-        guard let n = try store.visibleNotification(user, id: id, viewer: viewer) else { return .failure(.notFound) }
-        let r = try store.delete(user, n, reason: .deleted, at: now)
-        deliverAfterCommit(user, r)
+        guard let n = try reads.visibleNotification(user, id: id, viewer: viewer) else { return .failure(.notFound) }
+        let r = try tx.delete(user, n, reason: .deleted, at: now)
         return .success(WriteAnswer(r))
     }
 
@@ -66,16 +63,16 @@ extension Engine {
         var updated = 0
         var after: HistoryKey? = nil
         while true {
-            let page = try store.history(user, after: after, limit: 1000)
+            let page = try reads.history(user, after: after, limit: 1000)
             for n in page where n.readState == .unread && n.targeting.admits(viewer) {
                 let m = StateUpdate(readState: .read).applied(to: n, now: now)!
-                deliverAfterCommit(user, try store.upsert(user, m, previous: n, at: now))
+                _ = try tx.upsert(user, m, previous: n, at: now)
                 updated += 1
             }
             guard page.count == 1000, let last = page.last else { break }
             after = HistoryKey(last)
         }
-        return (updated, try store.feed(user).head)
+        return (updated, try reads.feed(user).head)
     }
 
     /// The viewer of a named device: registers the device if it is new (or
@@ -85,7 +82,7 @@ extension Engine {
     func registerViewer(_ user: UserKey, deviceId: String?, registration: DeviceRegistration? = nil,
                         now: Millis) throws(StoreError) -> Result<Viewer, HeraldError> {
         guard let deviceId else { return .success(.unnamed) }
-        let all = try store.devices(user)
+        let all = try reads.devices(user)
         let existing = all.first { $0.deviceId == deviceId }
         if existing == nil, all.count >= limits.maxDevicesPerUser, !(try makeRoom(user, among: all, now: now)) {
             return .failure(HeraldError(.rateLimited, "this user has reached its limit of \(limits.maxDevicesPerUser) registered devices, "
@@ -94,10 +91,7 @@ extension Engine {
         var device = existing ?? Device(deviceId: deviceId, lastSeenAt: now)
         if let registration { device = registration.applied(to: existing, deviceId: deviceId, now: now) }
         if existing?.push != device.push { try handOver(push: device.push, to: user, deviceId, from: existing?.push) }
-        if existing == nil || existing != device {
-            try store.saveDevice(user, device)
-            if let existing, existing.viewGeneration != device.viewGeneration { registrationChanged(user, deviceId, to: device) }
-        }
+        if existing == nil || existing != device { try tx.saveDevice(user, device, was: existing) }
         registry.seen(user, device: deviceId, at: now)
         return .success(Viewer(userId: user.user, device: device))
     }
@@ -107,15 +101,15 @@ extension Engine {
     private func handOver(push handle: PushHandle?, to user: UserKey, _ deviceId: String, from old: PushHandle?) throws(StoreError) {
         // Waiting pushes read the handle when they go: a new token of the
         // same service takes them, another service (or none) does not.
-        if let old, old.service != handle?.service { try store.dropPushes(user, deviceId: deviceId) }
+        if let old, old.service != handle?.service { try tx.dropPushes(user, deviceId: deviceId) }
         guard let handle else { return }
         let key = handle.key
         try releaseHandle(key, to: user, deviceId)
         // The other partitions' registrations are in their own stores
         // (memory): each gives the handle up in its next batch once this one
         // committed. In a store they share, the release above found it.
-        guard partitions.count > 1, !store.isShared else { return }
-        afterCommit { [self] in
+        guard partitions.count > 1, !storeIsShared else { return }
+        tx.afterCommit { [self] in
             for p in partitions where p !== self {
                 p.write(users: [], taken: { _ in }) { e throws(StoreError) in try e.releaseHandle(key, to: user, deviceId) }
             }
@@ -125,12 +119,13 @@ extension Engine {
     /// A registration in this partition's store, other than `deviceId` of
     /// `user`, that holds the handle `key` gives it up, with its waiting pushes.
     private func releaseHandle(_ key: String, to user: UserKey, _ deviceId: String) throws(StoreError) {
-        guard let holder = try store.pushHolder(app: user.app, key: key) else { return }
+        guard let holder = try reads.pushHolder(app: user.app, key: key) else { return }
         let other = UserKey(app: user.app, user: holder.user)
-        guard other != user || holder.deviceId != deviceId, var d = try store.device(other, id: holder.deviceId) else { return }
+        guard other != user || holder.deviceId != deviceId, var d = try reads.device(other, id: holder.deviceId) else { return }
+        let was = d
         d.push = nil
-        try store.saveDevice(other, d)
-        try store.dropPushes(other, deviceId: holder.deviceId)
+        try tx.saveDevice(other, d, was: was)
+        try tx.dropPushes(other, deviceId: holder.deviceId)
     }
 
     /// `body` with the viewer of `deviceId`, unless its registration is refused.
@@ -161,7 +156,7 @@ extension Engine {
     /// `PUT /v1/me/devices/{id}`: the device as the listing shows it.
     func registerDevice(_ user: UserKey, deviceId: String, _ reg: DeviceRegistration, now: Millis) throws(StoreError) -> Result<JSON, HeraldError> {
         try withViewer(user, deviceId: deviceId, registration: reg, now: now) { _ throws(StoreError) in
-            guard let d = try store.device(user, id: deviceId) else { throw StoreError("device \(deviceId) vanished after saving") }
+            guard let d = try reads.device(user, id: deviceId) else { throw StoreError("device \(deviceId) vanished after saving") }
             return .success(deviceJSON(user, d, elsewhere: try cluster?.elsewhere(user)[deviceId], now: now))
         }
     }
@@ -170,7 +165,7 @@ extension Engine {
     /// in a cluster, to another live one.
     func deviceListing(_ user: UserKey, now: Millis) throws(StoreError) -> JSON {
         let elsewhere = try cluster?.elsewhere(user) ?? [:]
-        return .array(try store.devices(user).map { deviceJSON(user, $0, elsewhere: elsewhere[$0.deviceId], now: now) })
+        return .array(try reads.devices(user).map { deviceJSON(user, $0, elsewhere: elsewhere[$0.deviceId], now: now) })
     }
 
     private func deviceJSON(_ user: UserKey, _ d: Device, elsewhere: TransportKind?, now: Millis) -> JSON {
@@ -184,21 +179,9 @@ extension Engine {
                 "push": d.push?.listing ?? .null]
     }
 
-    /// Deletes a registration; its open connections close with 4003.
+    /// Deletes a registration; its open connections, on every node, close with 4003.
     func deleteDevice(_ user: UserKey, deviceId: String) throws(StoreError) -> Bool {
-        guard try store.deleteDevice(user, id: deviceId) else { return false }
-        registrationChanged(user, deviceId, to: nil)
-        return true
-    }
-
-    /// After the commit: the device's connections on every node end with
-    /// 4003 (`device` nil: deleted) or take its new view; this node's at
-    /// once, the others' through the bus (`deviceChanged`).
-    private func registrationChanged(_ user: UserKey, _ deviceId: String, to device: Device?) {
-        afterCommit { [self] in
-            tell(shards, user, deviceId, device)
-            bus?.publish(device: deviceId, of: user)
-        }
+        try tx.deleteDevice(user, id: deviceId)
     }
 
     /// Tells `shards` that `deviceId` is now registered as `device` (nil: deleted).

@@ -69,7 +69,7 @@ public final class Gateway: Sendable {
         for e in partitions {
             e.partitions = partitions
             e.push.configure(config.allApps)
-            e.push.transport = push
+            e.push.connect(push, partitions: partitions.count)
         }
         push?.share(StoreTokens(engine: partitions[0]))
         reads = Reads(partitions: partitions, reader: reader)

@@ -56,12 +56,12 @@ final class Maintenance {
         }
         if expiryDue {
             expiryDue = false
-            e.transaction("expiry sweep") { () throws(StoreError) in try Self.sweepExpired(e, now: now) }
+            e.transaction("expiry sweep") { tx throws(StoreError) in try Self.sweepExpired(tx, e.share, now: now) }
         }
         e.cluster?.flush(e, now: now, tick: tick)
         if tick >= nextSeenFlush || force {
             nextSeenFlush = tick + 30_000
-            e.transaction("lastSeen flush") { () throws(StoreError) in try Self.flushSeen(e, now: now) }
+            e.transaction("lastSeen flush") { tx throws(StoreError) in try Self.flushSeen(tx, e.registry, now: now) }
         }
         if tick >= nextPrune && e.doesStoreWideWork { prune(e, now: now, tick: tick) }
         if tick >= nextStatistics {
@@ -104,9 +104,10 @@ final class Maintenance {
     private func prune(_ e: Engine, now: Millis, tick: Millis) {
         var pruned = Pruned(changes: 0, more: false), lapsed = 0
         let devicesDue = tick >= nextDevicePrune
-        let committed = e.transaction("pruning") { () throws(StoreError) in
-            if devicesDue { lapsed = try e.store.pruneDevices(lastSeenBefore: now - e.limits.deviceLapseSeconds * 1000) }
-            pruned = try e.store.pruneChanges(before: now - e.limits.changeRetentionSeconds * 1000, limit: Self.pruneChunk)
+        let limits = e.limits
+        let committed = e.transaction("pruning") { tx throws(StoreError) in
+            if devicesDue { lapsed = try tx.pruneDevices(lastSeenBefore: now - limits.deviceLapseSeconds * 1000) }
+            pruned = try tx.pruneChanges(before: now - limits.changeRetentionSeconds * 1000, limit: Self.pruneChunk)
         }
         if committed && devicesDue {
             nextDevicePrune = tick + Self.pruneEvery
@@ -140,30 +141,29 @@ final class Maintenance {
         }
     }
 
-    private static func sweepExpired(_ e: Engine, now: Millis) throws(StoreError) {
+    private static func sweepExpired(_ tx: FeedTransaction, _ share: Partition, now: Millis) throws(StoreError) {
         while true {
-            let due = try e.store.expiring(until: now, limit: 500, in: e.share)
-            for (user, n) in due {
-                e.deliverAfterCommit(user, try e.store.delete(user, n, reason: .expired, at: now))
-            }
+            let due = try tx.expiring(until: now, limit: 500, in: share)
+            for (user, n) in due { _ = try tx.delete(user, n, reason: .expired, at: now) }
             if due.count < 500 { return }
         }
     }
 
-    private static func flushSeen(_ e: Engine, now: Millis) throws(StoreError) {
-        let dirty = e.registry.unsavedSeen
-        try e.store.claim(Array(dirty.keys))
+    private static func flushSeen(_ tx: FeedTransaction, _ registry: FollowerRegistry, now: Millis) throws(StoreError) {
+        let dirty = registry.unsavedSeen
+        try tx.claim(Array(dirty.keys))
         // One statement per 500 users, not a round trip per user.
-        let registered = try e.store.devices(of: Array(dirty.keys))
+        let registered = try tx.reads.devices(of: Array(dirty.keys))
         for (user, ids) in dirty {
-            for var d in registered[user] ?? [] where ids.contains(d.deviceId) {
-                if let seen = e.registry.connections(user, device: d.deviceId)?.lastSeenAt, seen > d.lastSeenAt {
-                    d.lastSeenAt = seen
-                    try e.store.saveDevice(user, d)
+            for d in registered[user] ?? [] where ids.contains(d.deviceId) {
+                if let seen = registry.connections(user, device: d.deviceId)?.lastSeenAt, seen > d.lastSeenAt {
+                    var saved = d
+                    saved.lastSeenAt = seen
+                    try tx.saveDevice(user, saved, was: d)
                 }
             }
         }
         // Undone if the commit fails: run again, the flush must find them unsaved.
-        e.onRollback(e.registry.flushed(now: now))
+        tx.onRollback(registry.flushed(now: now))
     }
 }

@@ -20,12 +20,22 @@ import HeraldCore
 /// a write in a later batch (`finished`). The engine never waits for a push
 /// service, and memory holds only what is in flight, whatever the outbox's
 /// length.
+///
+/// It writes through the batch's `FeedTransaction`, and reads who is
+/// connected from the registry (here) and the cluster's records (elsewhere).
 final class PushDispatch {
     /// Apps' push settings by app id, swapped whole by a reload.
     let settings = Locked<[String: PushSettings]>([:])
-    /// Set once before the engine starts; nil: pushes are recorded, not sent.
-    var transport: PushTransport?
+    /// Set once before the engine starts (`connect`); nil: pushes are recorded, not sent.
+    private(set) var transport: PushTransport?
+    /// This partition's share of what the transport takes at once.
+    private var capacity = 0
     let metrics: PushMetrics
+    private let clock: Clock
+    private let registry: FollowerRegistry
+    private let cluster: ClusterConnections?
+    /// The engine whose batches write the services' answers.
+    weak var engine: Engine?
 
     /// Longer than any push may take: 30 s for an FCM access token, then
     /// 30 s for the request, then its answer's write. (A SQLite node
@@ -56,7 +66,15 @@ final class PushDispatch {
     /// This partition's outbox length, as last added to `herald_push_pending`.
     private var countedPending = 0
 
-    init(metrics: PushMetrics) { self.metrics = metrics }
+    init(metrics: PushMetrics, clock: Clock, registry: FollowerRegistry, cluster: ClusterConnections?) {
+        self.metrics = metrics; self.clock = clock; self.registry = registry; self.cluster = cluster
+    }
+
+    /// Sends through `transport`, sharing its capacity with the other partitions.
+    func connect(_ transport: PushTransport?, partitions: Int) {
+        self.transport = transport
+        capacity = transport.map { max(1, $0.capacity / max(1, partitions)) } ?? 0
+    }
 
     func configure(_ apps: [AppConfig]) {
         let pushing = apps.compactMap { a in a.push.map { (a.id, $0) } }
@@ -66,7 +84,7 @@ final class PushDispatch {
 
     // MARK: Recording (inside the batch's transaction)
 
-    /// A change of `user` committing in this batch (`Engine.deliverAfterCommit`).
+    /// A change of `user` committing in this batch (`FeedTransaction`).
     func note(_ user: UserKey, _ record: ChangeRecord, published: Bool) {
         guard settings.withLock({ $0.keys.contains(user.app) }) else { return }
         candidates.append((user, record, published))
@@ -75,17 +93,17 @@ final class PushDispatch {
     func rolledBack() { candidates.removeAll() }
 
     /// Records the pushes this batch's changes give, before its commit.
-    func record(_ e: Engine) throws(StoreError) {
+    func record(_ tx: FeedTransaction) throws(StoreError) {
         guard !candidates.isEmpty else { return }
         defer { candidates.removeAll(keepingCapacity: true) }
         // One read for the batch's users (PostgreSQL: one round trip). Most
         // users of a busy app have no handle: they cost a lookup here and
         // nothing more, which is what keeps push off live delivery's bill.
         var distinct = Set<UserKey>(minimumCapacity: candidates.count)
-        let holders = try e.store.pushDevices(of: candidates.compactMap { distinct.insert($0.user).inserted ? $0.user : nil })
+        let holders = try tx.reads.pushDevices(of: candidates.compactMap { distinct.insert($0.user).inserted ? $0.user : nil })
         guard !holders.isEmpty else { return }
         let all = settings.withLock { $0 }
-        let now = e.clock.now()
+        let now = clock.now()
         var order: [UserKey] = [], byUser: [UserKey: [(record: ChangeRecord, published: Bool)]] = [:]
         for c in candidates where holders[c.user] != nil {
             if byUser[c.user] == nil { order.append(c.user) }
@@ -97,9 +115,9 @@ final class PushDispatch {
             var others: [String: TransportKind]? = nil
             for d in holders[user]! {
                 guard let handle = d.push, s.offers(handle.service),
-                      try !connected(e, user, d.deviceId, others: &others) else { continue }
+                      try !connected(user, d.deviceId, others: &others) else { continue }
                 let viewer = Viewer(userId: user.user, device: d)
-                let epoch = viewer.epoch(store: e.store.epoch)
+                let epoch = viewer.epoch(store: tx.reads.epoch)
                 for (r, published) in byUser[user]! {
                     guard let m = PushMessage.plan(r, published: published, viewer: viewer, service: handle.service,
                                                    alert: s.alert, epoch: epoch, now: now) else { continue }
@@ -107,8 +125,8 @@ final class PushDispatch {
                         metrics.count(handle.service, .expired)
                         continue
                     }
-                    let room = inFlight + claimed.count < capacity(e)
-                    if let job = try e.store.enqueuePush(user, deviceId: d.deviceId, m, at: now,
+                    let room = inFlight + claimed.count < capacity
+                    if let job = try tx.enqueuePush(user, deviceId: d.deviceId, m, at: now,
                                                          claimUntil: room ? now + Self.claimLease : nil) {
                         claimed.append(OutgoingPush(job: job, handle: handle, settings: s))
                     } else {
@@ -119,23 +137,23 @@ final class PushDispatch {
         }
         // Sent, or claimed by `run`, once durable with the change.
         guard let transport else { return }
-        if waiting { e.afterCommit { [self] in wake = true } }
-        hand(e, transport, claimed)
+        if waiting { tx.afterCommit { [self] in wake = true } }
+        hand(tx, transport, claimed)
     }
 
     /// A WebSocket of `deviceId` was lost (no close handshake) soon after
     /// `last` went to it, which may never have arrived (SPEC section 10): a
     /// tap, unless the device is connected again or has no handle to take it.
-    func tapAfterLoss(_ e: Engine, _ user: UserKey, _ deviceId: String, _ last: LostChange, epoch: String) throws(StoreError) {
+    func tapAfterLoss(_ tx: FeedTransaction, _ user: UserKey, _ deviceId: String, _ last: LostChange, epoch: String) throws(StoreError) {
         var others: [String: TransportKind]? = nil
-        guard let s = settings.withLock({ $0[user.app] }), let d = try e.store.device(user, id: deviceId), let handle = d.push,
+        guard let s = settings.withLock({ $0[user.app] }), let d = try tx.reads.device(user, id: deviceId), let handle = d.push,
               handle.service != .webpush, s.offers(handle.service),
-              try !connected(e, user, deviceId, others: &others) else { return }
-        let now = e.clock.now()
+              try !connected(user, deviceId, others: &others) else { return }
+        let now = clock.now()
         let m = PushMessage(kind: .tap, op: last.deleted ? .delete : .state, cursor: last.seq, epoch: epoch,
                             notificationId: last.notificationId, expiresAt: now + PushMessage.maxLifetime)
-        try e.store.enqueuePush(user, deviceId: deviceId, m, at: now, claimUntil: nil)
-        e.afterCommit { [self] in wake = true }
+        try tx.enqueuePush(user, deviceId: deviceId, m, at: now, claimUntil: nil)
+        tx.afterCommit { [self] in wake = true }
     }
 
     /// SPEC section 10: a WebSocket, an event stream or a held poll, here or
@@ -143,10 +161,9 @@ final class PushDispatch {
     /// polls gets its pushes (another node shows only "polled lately").
     /// `others`: the user's connections on other nodes, read from the store
     /// once, when a device of the user is first asked about.
-    private func connected(_ e: Engine, _ user: UserKey, _ deviceId: String,
-                           others: inout [String: TransportKind]?) throws(StoreError) -> Bool {
-        if let c = e.registry.connections(user, device: deviceId), c.websocket > 0 || c.sse > 0 || c.heldPolls > 0 { return true }
-        guard let cluster = e.cluster else { return false }
+    private func connected(_ user: UserKey, _ deviceId: String, others: inout [String: TransportKind]?) throws(StoreError) -> Bool {
+        if let c = registry.connections(user, device: deviceId), c.websocket > 0 || c.sse > 0 || c.heldPolls > 0 { return true }
+        guard let cluster else { return false }
         if others == nil { others = try cluster.elsewhere(user) }
         guard let t = others?[deviceId] else { return false }
         return t != .poll
@@ -154,17 +171,11 @@ final class PushDispatch {
 
     // MARK: Sending
 
-    /// This partition's share of the pushes the transport takes at once.
-    private func capacity(_ e: Engine) -> Int {
-        guard let transport else { return 0 }
-        return max(1, transport.capacity / max(1, e.partitions.count))
-    }
-
     /// Claims due pushes and hands them to the transport, when something may be due.
     func run(_ e: Engine, now: Millis, tick: Millis) {
         e.thread.preconditionCurrent()
         guard let transport else { return }
-        let room = capacity(e) - inFlight
+        let room = capacity - inFlight
         let retryDue = nextRetry.map { now >= $0 } ?? false
         guard room > 0, wake || retryDue || tick >= nextPoll else { return }
         wake = false
@@ -173,35 +184,35 @@ final class PushDispatch {
         let countPending = tick >= nextPending && e.doesStoreWideWork
         if countPending { nextPending = tick + Self.pendingEvery }
         var claimed = 0
-        let done = e.transaction("push claim") { () throws(StoreError) in
+        let done = e.transaction("push claim") { tx throws(StoreError) in
             var outgoing: [OutgoingPush] = []
-            let jobs = try e.store.claimPushes(now: now, until: now + Self.claimLease, limit: room)
+            let jobs = try tx.claimPushes(now: now, until: now + Self.claimLease, limit: room)
             claimed = jobs.count
             if countPending {
                 // The gauge sums the partitions' outboxes: each adds how its own moved.
-                let pending = try e.store.pendingPushes()
+                let pending = try tx.reads.pendingPushes()
                 metrics.pending.add(pending - countedPending, ordering: .relaxed)
                 countedPending = pending
             }
             guard !jobs.isEmpty else { return }
             let all = settings.withLock { $0 }
-            let registrations = try e.store.pushDevices(of: Array(Set(jobs.map(\.user))))
+            let registrations = try tx.reads.pushDevices(of: Array(Set(jobs.map(\.user))))
             for job in jobs {
                 // The handle as registered now: one removed or moved since stops its pushes.
                 guard let s = all[job.user.app],
                       let handle = registrations[job.user]?.first(where: { $0.deviceId == job.deviceId })?.push,
                       s.offers(handle.service) else {
-                    try e.store.finishPush(job)
+                    try tx.finishPush(job)
                     continue
                 }
                 guard Self.outlives(job.message, at: now) else {
-                    try e.store.finishPush(job)
+                    try tx.finishPush(job)
                     metrics.count(handle.service, .expired)
                     continue
                 }
                 outgoing.append(OutgoingPush(job: job, handle: handle, settings: s))
             }
-            hand(e, transport, outgoing)
+            hand(tx, transport, outgoing)
         }
         // A full claim may have left more due.
         if done && claimed == room { wake = true }
@@ -209,34 +220,34 @@ final class PushDispatch {
 
     /// Pushes claimed in the open transaction: counted in flight at once
     /// (given back if it rolls back), sent once it is durable.
-    private func hand(_ e: Engine, _ transport: PushTransport, _ pushes: [OutgoingPush]) {
-        guard !pushes.isEmpty else { return }
+    private func hand(_ tx: FeedTransaction, _ transport: PushTransport, _ pushes: [OutgoingPush]) {
+        guard !pushes.isEmpty, let engine else { return }
         inFlight += pushes.count
-        e.onRollback { [self] in inFlight -= pushes.count }
-        e.afterCommit { [self] in for o in pushes { send(e, transport, o) } }
+        tx.onRollback { [self] in inFlight -= pushes.count }
+        tx.afterCommit { for o in pushes { Self.send(engine, transport, o) } }
     }
 
-    private func send(_ e: Engine, _ transport: PushTransport, _ o: OutgoingPush) {
+    private static func send(_ engine: Engine, _ transport: PushTransport, _ o: OutgoingPush) {
         transport.send(o) { outcome in
-            e.write(users: [o.job.user], taken: { e in e.push.inFlight -= 1 }) { e throws(StoreError) in
-                try e.push.finished(e, o, outcome, now: e.clock.now())
+            engine.write(users: [o.job.user], taken: { e in e.push.inFlight -= 1 }) { e throws(StoreError) in
+                try e.push.finished(e.tx, o, outcome, now: e.clock.now())
             }
         }
     }
 
     /// What a service's answer does to the outbox and the registration.
-    private func finished(_ e: Engine, _ o: OutgoingPush, _ outcome: PushOutcome, now: Millis) throws(StoreError) {
+    private func finished(_ tx: FeedTransaction, _ o: OutgoingPush, _ outcome: PushOutcome, now: Millis) throws(StoreError) {
         let service = o.handle.service, app = o.job.user.app
         let credentials = PushHealth.Credentials(app, o.handle)
         // A tap recorded while this one was in flight is due now (`PushJob`).
         if o.job.message.kind == .tap { wake = true }
         switch outcome {
         case .delivered:
-            try e.store.finishPush(o.job)
+            try tx.finishPush(o.job)
             // The device's next tap waits out the interval, in the store: every node holds to it.
             if o.job.message.kind == .tap, o.settings.tapIntervalSeconds > 0 {
                 let until = now + Millis(o.settings.tapIntervalSeconds) * 1_000
-                try e.store.spaceTaps(o.job.user, deviceId: o.job.deviceId, until: until)
+                try tx.spaceTaps(o.job.user, deviceId: o.job.deviceId, until: until)
                 nextRetry = min(nextRetry ?? until, until)
             }
             metrics.count(service, .delivered)
@@ -246,25 +257,26 @@ final class PushDispatch {
         case .unregistered(let why, let reason):
             // The device stays registered, without the dead handle. One
             // registered since (a new token) keeps the device's pushes.
-            if var d = try e.store.device(o.job.user, id: o.job.deviceId), d.push?.key == o.handle.key {
+            if var d = try tx.reads.device(o.job.user, id: o.job.deviceId), d.push?.key == o.handle.key {
+                let was = d
                 d.push = nil
-                try e.store.saveDevice(o.job.user, d)
-                try e.store.dropPushes(o.job.user, deviceId: o.job.deviceId)
+                try tx.saveDevice(o.job.user, d, was: was)
+                try tx.dropPushes(o.job.user, deviceId: o.job.deviceId)
             } else {
-                try e.store.finishPush(o.job)
+                try tx.finishPush(o.job)
             }
             metrics.count(service, .unregistered, reason: reason)
             Log.info("push: \(service.rawValue) says the handle of device \(o.job.deviceId) of \(o.job.user) is dead (\(why)); removed")
             judge(app, service, deadReason: reason)
         case .retry(_, let after):
-            try retry(e, o, afterSeconds: after, now: now)
+            try retry(tx, o, afterSeconds: after, now: now)
         case .credentialsRefused(let why):
             if metrics.health.refused(credentials) {
                 Log.error("push: \(service.rawValue) refused \(credentials.description) (\(why)); pushes are kept and retried")
             }
-            try retry(e, o, afterSeconds: nil, now: now)
+            try retry(tx, o, afterSeconds: nil, now: now)
         case .rejected(let why, let reason):
-            try e.store.finishPush(o.job)
+            try tx.finishPush(o.job)
             metrics.count(service, .rejected, reason: reason)
             Log.warning("push: \(service.rawValue) refused a push to device \(o.job.deviceId) of \(o.job.user) (\(why)); dropped")
             judge(app, service, deadReason: nil)
@@ -288,15 +300,15 @@ final class PushDispatch {
     /// random (so devices failed together are not retried together), and no
     /// sooner than the service asked; dropped once that leaves less than
     /// `minLifetime` of the push's lifetime.
-    private func retry(_ e: Engine, _ o: OutgoingPush, afterSeconds: Int?, now: Millis) throws(StoreError) {
+    private func retry(_ tx: FeedTransaction, _ o: OutgoingPush, afterSeconds: Int?, now: Millis) throws(StoreError) {
         let backoff = min(Self.lastRetry, Self.firstRetry << min(o.job.attempts, 20))
         let jittered = backoff + Millis.random(in: 0...backoff / 4)
         let at = now + max(jittered, Millis(afterSeconds ?? 0) * 1_000)
         guard Self.outlives(o.job.message, at: at) else {
-            try e.store.finishPush(o.job)
+            try tx.finishPush(o.job)
             return metrics.count(o.handle.service, .expired)
         }
-        try e.store.retryPush(o.job, at: at)
+        try tx.retryPush(o.job, at: at)
         metrics.count(o.handle.service, .retried)
         nextRetry = min(nextRetry ?? at, at)
     }

@@ -68,12 +68,12 @@ struct StoreTokens: SharedTokens {
                completion: @escaping @Sendable (SharedToken?) -> Void) {
         engine.exchange({ e throws(StoreError) in
             let now = e.clock.now()
-            let kept = try e.store.sharedToken(name)
+            let kept = try e.reads.sharedToken(name)
             if let kept, now - kept.issuedAt < renewAfter { return kept }
             let made = SharedToken(value: make(now), issuedAt: now)
-            if try e.store.replaceSharedToken(name, with: made, replacing: kept?.issuedAt) { return made }
+            if try e.tx.replaceSharedToken(name, with: made, replacing: kept?.issuedAt) { return made }
             // Another process renewed it a moment ago.
-            return try e.store.sharedToken(name)
+            return try e.reads.sharedToken(name)
         }, reply: { completion($0 ?? nil) })
     }
 }

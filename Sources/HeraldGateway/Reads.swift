@@ -29,7 +29,7 @@ public final class Reads: Sendable {
     func read<T: Sendable>(on shard: Shard, of user: UserKey, _ body: @escaping @Sendable (StoreReading) throws(StoreError) -> T,
                            reply: @escaping (Result<T, HeraldError>) -> Void) {
         guard let reader else {
-            return partitions.owner(of: user).perform(on: shard, users: [], { e throws(StoreError) in try body(e.store) }, reply: reply)
+            return partitions.owner(of: user).perform(on: shard, users: [], { e throws(StoreError) in try body(e.reads) }, reply: reply)
         }
         let reply = LoopBound(reply, owner: shard.thread)
         // A SQL store's reads: the user's partition's health, and its sync.

@@ -383,7 +383,7 @@ final class Subscription {
         // After the release `finish` queued: the device counts as gone by then.
         if let tap, let device = deviceId {
             let user = self.user, epoch = self.epoch
-            gateway.engine(for: user).write(users: [user], taken: { _ in }) { e throws(StoreError) in try e.push.tapAfterLoss(e, user, device, tap, epoch: epoch) }
+            gateway.engine(for: user).write(users: [user], taken: { _ in }) { e throws(StoreError) in try e.push.tapAfterLoss(e.tx, user, device, tap, epoch: epoch) }
         }
     }
 
@@ -434,16 +434,16 @@ extension Engine {
         case .success(let viewer): v = viewer
         }
         if r.follows {
-            let head = bus != nil && registry.followers(of: r.user) == 0 ? try store.feed(r.user).head : nil
+            let head = bus != nil && registry.followers(of: r.user) == 0 ? try reads.feed(r.user).head : nil
             registry.follow(r.user, shard: shard, head: head)
             registry.opened(r.user, device: r.deviceId, r.transport, now: now)
-            onRollback { [registry] in
+            tx.onRollback { [registry] in
                 registry.unfollow(r.user, shard: shard)
                 registry.closed(r.user, device: r.deviceId, r.transport, now: now)
             }
         } else {
             registry.polled(r.user, device: r.deviceId, now: now)
         }
-        return .admitted(v, epoch: v.epoch(store: store.epoch))
+        return .admitted(v, epoch: v.epoch(store: reads.epoch))
     }
 }

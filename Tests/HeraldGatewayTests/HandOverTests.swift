@@ -31,7 +31,7 @@ final class HandOverTests: XCTestCase {
                 }
             }
             h.settle(); s.read(); h.settle(); s.read()
-            let head = try! h.gateway.soleEngine.store.feed(UserKey(app: Harness.app.id, user: "u")).head
+            let head = try! h.gateway.soleEngine.reads.feed(UserKey(app: Harness.app.id, user: "u")).head
             let seqs = changeSeqs(s.frames)
             XCTAssertEqual(seqs, Array(1...head), "seed \(seed): every change once, in order")
             let w = s.types.firstIndex(of: "welcome")!

@@ -19,7 +19,7 @@ final class PartitionTests: XCTestCase {
     func key(_ user: String) -> UserKey { UserKey(app: app, user: user) }
 
     func head(_ h: Harness, partition p: Int, _ user: String) throws -> Int64 {
-        try h.gateway.partitions[p].store.feed(key(user)).head
+        try h.gateway.partitions[p].reads.feed(key(user)).head
     }
 
     /// Registers one APNs handle for `a`'s phone, then for `b`'s phone2:

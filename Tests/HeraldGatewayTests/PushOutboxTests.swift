@@ -94,7 +94,7 @@ final class PushOutboxTests: XCTestCase {
                                 "groupName": "chat"])
     }
 
-    var pending: Int { (try? h.gateway.soleEngine.store.pendingPushes()) ?? -1 }
+    var pending: Int { (try? h.gateway.soleEngine.reads.pendingPushes()) ?? -1 }
 
     func testADisconnectedDeviceGetsAnAlertAndAConnectedOneNothing() {
         XCTAssertEqual(register("u", "phone", apns()).response?.status, 200)

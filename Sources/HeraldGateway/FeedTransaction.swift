@@ -1,0 +1,188 @@
+import HeraldCore
+
+/// The open batch's writes, and what each leaves to do once the batch is
+/// durable. The gateway's only way to the store's write methods: a write
+/// that changes a feed or a registration records its own effects here, as
+/// data (a change to deliver and to offer the bus, its push candidate, a
+/// publish counted, a registration's news for its connections), so no write
+/// site can forget one. `Engine` commits it and runs what it recorded, in
+/// one flush; a rollback drops it all. Engine thread only.
+final class FeedTransaction {
+    enum Effect {
+        /// A committed change: for this node's followers and the bus.
+        case deliver(UserKey, ChangeRecord)
+        /// A registration changed its view, or was deleted (nil): its
+        /// connections here take it, and the other nodes' through the bus.
+        case device(UserKey, deviceId: String, Device?)
+        /// A reply to a shard: it goes in that shard's one post of the
+        /// flush, after the flush's deliveries.
+        case reply(Shard, @Sendable () -> Void)
+        /// Bookkeeping in order with the batch's effects.
+        case run(() -> Void)
+    }
+
+    /// What a committed batch leaves to run once it is durable.
+    struct Committed {
+        let effects: [Effect]
+        let published: Int
+        /// When the batch began, for the store latency (begin to durable);
+        /// nil for maintenance.
+        let began: UInt64?
+    }
+
+    private let store: NotificationStore
+    private let thread: ThreadOwner
+    private let push: PushDispatch
+    private var effects: [Effect] = []
+    /// Undoes bookkeeping outside the store if the transaction rolls back.
+    private var undo: [() -> Void] = []
+    /// Notifications published by their app: `herald_publishes_total` once committed.
+    private var published = 0
+
+    init(store: NotificationStore, thread: ThreadOwner, push: PushDispatch) {
+        self.store = store; self.thread = thread; self.push = push
+    }
+
+    /// What the transaction's code may read.
+    var reads: StoreLookups { store }
+
+    // MARK: Writes that change feeds
+
+    /// Saves `n` with a new change; `published`: by its app (a publish,
+    /// which may show an alert, and counts as one).
+    func upsert(_ user: UserKey, _ n: Notification, previous: Notification?, at now: Millis,
+                published: Bool = false) throws(StoreError) -> ChangeRecord {
+        let r = try store.upsert(user, n, previous: previous, at: now)
+        changed(user, r, published: published)
+        if published { self.published += 1 }
+        return r
+    }
+
+    func delete(_ user: UserKey, _ n: Notification, reason: DeleteReason, at now: Millis) throws(StoreError) -> ChangeRecord {
+        let r = try store.delete(user, n, reason: reason, at: now)
+        changed(user, r, published: false)
+        return r
+    }
+
+    private func changed(_ user: UserKey, _ r: ChangeRecord, published: Bool) {
+        thread.preconditionCurrent()
+        effects.append(.deliver(user, r))
+        push.note(user, r, published: published)
+    }
+
+    /// Notifications due to expire, locked for this transaction's deletes.
+    func expiring(until: Millis, limit: Int, in partition: Partition) throws(StoreError) -> [(UserKey, Notification)] {
+        try store.expiring(until: until, limit: limit, in: partition)
+    }
+
+    func pruneChanges(before: Millis, limit: Int) throws(StoreError) -> Pruned {
+        try store.pruneChanges(before: before, limit: limit)
+    }
+
+    // MARK: Writes that change registrations
+
+    /// Saves `device`, registered before as `was`: a changed platform or
+    /// tag set (its view generation) reaches its open connections.
+    func saveDevice(_ user: UserKey, _ device: Device, was: Device?) throws(StoreError) {
+        try store.saveDevice(user, device)
+        if let was, was.viewGeneration != device.viewGeneration {
+            effects.append(.device(user, deviceId: device.deviceId, device))
+        }
+    }
+
+    /// Deletes a registration; its open connections close with 4003.
+    func deleteDevice(_ user: UserKey, id: String) throws(StoreError) -> Bool {
+        guard try store.deleteDevice(user, id: id) else { return false }
+        effects.append(.device(user, deviceId: id, nil))
+        return true
+    }
+
+    func pruneDevices(lastSeenBefore before: Millis) throws(StoreError) -> Int {
+        try store.pruneDevices(lastSeenBefore: before)
+    }
+
+    // MARK: The push outbox and shared tokens (NotificationStore's documentation)
+
+    @discardableResult
+    func enqueuePush(_ user: UserKey, deviceId: String, _ message: PushMessage, at: Millis,
+                     claimUntil: Millis?) throws(StoreError) -> PushJob? {
+        try store.enqueuePush(user, deviceId: deviceId, message, at: at, claimUntil: claimUntil)
+    }
+    func claimPushes(now: Millis, until: Millis, limit: Int) throws(StoreError) -> [PushJob] {
+        try store.claimPushes(now: now, until: until, limit: limit)
+    }
+    func finishPush(_ job: PushJob) throws(StoreError) { try store.finishPush(job) }
+    func retryPush(_ job: PushJob, at: Millis) throws(StoreError) { try store.retryPush(job, at: at) }
+    func spaceTaps(_ user: UserKey, deviceId: String, until: Millis) throws(StoreError) {
+        try store.spaceTaps(user, deviceId: deviceId, until: until)
+    }
+    func dropPushes(_ user: UserKey, deviceId: String) throws(StoreError) { try store.dropPushes(user, deviceId: deviceId) }
+    func replaceSharedToken(_ name: String, with token: SharedToken, replacing: Millis?) throws(StoreError) -> Bool {
+        try store.replaceSharedToken(name, with: token, replacing: replacing)
+    }
+
+    // MARK: Locks
+
+    /// Locks users found while the transaction runs (an app-wide send by
+    /// tags, in a batch of its own), in the store's one order.
+    func claim(_ users: [UserKey], lookups: [NotificationLookup] = []) throws(StoreError) {
+        try store.claim(users, lookups: lookups)
+    }
+
+    // MARK: Effects that are not writes
+
+    /// Runs `f` once the transaction is durable, in order with its other effects.
+    func afterCommit(_ f: @escaping () -> Void) {
+        thread.preconditionCurrent()
+        effects.append(.run(f))
+    }
+
+    /// Runs `f` on `shard`'s loop once the transaction is durable, behind
+    /// its deliveries to that shard.
+    func reply(on shard: Shard, _ f: @escaping @Sendable () -> Void) {
+        thread.preconditionCurrent()
+        effects.append(.reply(shard, f))
+    }
+
+    /// Runs `f` if the transaction rolls back.
+    func onRollback(_ f: @escaping () -> Void) {
+        thread.preconditionCurrent()
+        undo.append(f)
+    }
+
+    // MARK: Commit and rollback (the engine's)
+
+    func begin() throws(StoreError) { try store.begin() }
+
+    /// Records the pushes the transaction's changes give, then commits;
+    /// its effects once it did. A commit that throws leaves the
+    /// transaction for `rollback`.
+    func commit(began: UInt64?, beforeCommit: () -> Void) throws(StoreError) -> Committed {
+        try push.record(self)
+        beforeCommit()
+        try store.commit()
+        undo.removeAll()
+        defer { effects.removeAll(keepingCapacity: true); published = 0 }
+        return Committed(effects: effects, published: published, began: began)
+    }
+
+    /// Undoes the transaction: the users whose changes it wrote, whose
+    /// commit may have happened after all when the store cannot tell (a
+    /// COMMIT whose answer was lost).
+    func rollback(after error: any Error) -> [UserKey] {
+        var uncertain: [UserKey] = []
+        if (error as? StoreError)?.outcomeUnknown == true {
+            for case .deliver(let u, _) in effects { uncertain.append(u) }
+        }
+        store.rollback()
+        effects.removeAll()
+        push.rolledBack()
+        published = 0
+        for f in undo.reversed() { f() }
+        undo.removeAll()
+        return uncertain
+    }
+
+    /// Whether the last commit reached the store (`NotificationStore.lastCommitReachedStore`).
+    var lastCommitReachedStore: Bool { store.lastCommitReachedStore }
+}
