@@ -125,7 +125,7 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
             cluster = nil
         }
         push = PushDispatch(metrics: metrics.push, clock: clock, registry: registry, cluster: cluster)
-        tx = FeedTransaction(store: store, thread: thread, push: push)
+        tx = FeedTransaction(store: store, thread: thread, push: push, registry: registry)
         syncer = store.commitSync.map(CommitSyncer.init)
         push.engine = self
     }

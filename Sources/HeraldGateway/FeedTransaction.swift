@@ -33,14 +33,15 @@ final class FeedTransaction {
     private let store: NotificationStore
     private let thread: ThreadOwner
     private let push: PushDispatch
+    private let registry: FollowerRegistry
     private var effects: [Effect] = []
     /// Undoes bookkeeping outside the store if the transaction rolls back.
     private var undo: [() -> Void] = []
     /// Notifications published by their app: `herald_publishes_total` once committed.
     private var published = 0
 
-    init(store: NotificationStore, thread: ThreadOwner, push: PushDispatch) {
-        self.store = store; self.thread = thread; self.push = push
+    init(store: NotificationStore, thread: ThreadOwner, push: PushDispatch, registry: FollowerRegistry) {
+        self.store = store; self.thread = thread; self.push = push; self.registry = registry
     }
 
     /// What the transaction's code may read.
@@ -129,6 +130,15 @@ final class FeedTransaction {
         try store.claim(users, lookups: lookups)
     }
 
+    // MARK: Follows
+
+    /// Admits a follower, provisionally until the transaction commits
+    /// (`FollowerRegistry.admit`): a rollback takes it back.
+    func admit(_ follow: Follow, head: Int64?, now: Millis) -> Follow {
+        thread.preconditionCurrent()
+        return registry.admit(follow, head: head, now: now)
+    }
+
     // MARK: Effects that are not writes
 
     /// Runs `f` once the transaction is durable, in order with its other effects.
@@ -161,6 +171,7 @@ final class FeedTransaction {
         try push.record(self)
         beforeCommit()
         try store.commit()
+        registry.settle()
         undo.removeAll()
         defer { effects.removeAll(keepingCapacity: true); published = 0 }
         return Committed(effects: effects, published: published, began: began)
@@ -178,6 +189,7 @@ final class FeedTransaction {
         effects.removeAll()
         push.rolledBack()
         published = 0
+        registry.revert()
         for f in undo.reversed() { f() }
         undo.removeAll()
         return uncertain

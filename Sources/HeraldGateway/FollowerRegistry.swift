@@ -35,10 +35,39 @@ final class FollowerRegistry {
     /// would cost every idle connection about 80 bytes for nothing.
     let followedForBus: Locked<Set<UserKey>>?
     let thread: ThreadOwner
+    /// Follows admitted by the open transaction, taken back if it rolls
+    /// back (`revert`); they stand once it commits (`settle`).
+    private var provisional: [(Follow, at: Millis)] = []
 
     init(bus: Bool, thread: ThreadOwner) {
         followedForBus = bus ? Locked([]) : nil
         self.thread = thread
+    }
+
+    /// Admits a follower (`Subscription`): from this transaction on, the
+    /// user's changes reach `follow.shard`, and the device counts as
+    /// connected. The subscription holds what this answers, and gives it
+    /// back to `release`, the only undo once the transaction committed.
+    func admit(_ follow: Follow, head: Int64?, now: Millis) -> Follow {
+        self.follow(follow.user, shard: follow.shard, head: head)
+        opened(follow.user, device: follow.device, follow.transport, now: now)
+        provisional.append((follow, now))
+        return follow
+    }
+
+    /// A follower went away.
+    func release(_ follow: Follow, now: Millis) {
+        unfollow(follow.user, shard: follow.shard)
+        closed(follow.user, device: follow.device, follow.transport, now: now)
+    }
+
+    /// The transaction that admitted the provisional follows committed.
+    func settle() { provisional.removeAll(keepingCapacity: true) }
+
+    /// The transaction that admitted them rolled back: they never were.
+    func revert() {
+        for (f, at) in provisional.reversed() { release(f, now: at) }
+        provisional.removeAll()
     }
 
     /// Live followers of `user` on every shard.
@@ -208,6 +237,15 @@ final class FollowerRegistry {
         for key in devices.keys { out[key.user, default: []].insert(key.device) }
         return out
     }
+}
+
+/// A subscription's follow of its user's feed, from one shard
+/// (`FollowerRegistry.admit`).
+struct Follow: Sendable {
+    let user: UserKey
+    let shard: Int
+    let device: String?
+    let transport: TransportKind
 }
 
 /// A device of a user.

@@ -120,8 +120,9 @@ final class Subscription {
     private var phase = Phase.admitting
     private var reading = false
     private var awaitingDrain = false
-    /// Registered with the engine and the shard as a follower.
-    private var following = false
+    /// Its follow of the user's feed, held from its admission to its
+    /// release; nil for a poll answered at once, and once released.
+    private var follow: Follow?
     var user: UserKey { terms.user }
     var deviceId: String? { terms.deviceId }
     private let gateway: Gateway
@@ -167,13 +168,14 @@ final class Subscription {
             switch result {
             case .failure(let err): end(.failed(err))
             case .success(.refused(let err)): end(.refused(err))
-            case .success(.admitted(let v, let e)): admitted(viewer: v, epoch: e)
+            case .success(.admitted(let v, let e, let f)): admitted(viewer: v, epoch: e, follow: f)
             }
         }
     }
 
-    private func admitted(viewer v: Viewer, epoch e: String) {
-        following = terms.follows
+    private func admitted(viewer v: Viewer, epoch e: String, follow f: Follow?) {
+        follow = f
+        // Ended while admitting: the follow is given back at once.
         guard phase == .admitting else { return release() }
         // Admitted after shutdown began: nothing may start now.
         guard !shard.isShuttingDown else { return end(.shutdown) }
@@ -182,7 +184,7 @@ final class Subscription {
         guard tokenHolds(in: gateway.apps) else { return end(.revoked) }
         viewer = v
         epoch = e
-        if following { shard.add(self) }
+        if follow != nil { shard.add(self) }
         phase = .catchingUp
         output?.opened(epoch: e)
         readWhenDrained()
@@ -277,7 +279,7 @@ final class Subscription {
         buffered = []
         bufferedBytes = 0
         output?.caughtUp(purpose, cursor: cursor, epoch: epoch, unread: u)
-        guard following else { return }  // a poll answered at once: nothing live follows
+        guard follow != nil else { return }  // a poll answered at once: nothing live follows
         // A sync held back until welcome may have started a new catch-up:
         // then the changes still wait for it.
         guard phase == .live else { return buffer(pending) }
@@ -403,19 +405,16 @@ final class Subscription {
     }
 
     private func release() {
-        guard following else { return }
-        following = false
+        guard let f = follow else { return }
+        follow = nil
         shard.remove(self)
-        let user = self.user, device = deviceId, index = shard.index, transport = terms.transport
-        gateway.engine(for: user).release { e in
-            e.registry.unfollow(user, shard: index)
-            e.registry.closed(user, device: device, transport, now: e.clock.now())
-        }
+        gateway.engine(for: user).release { e in e.registry.release(f, now: e.clock.now()) }
     }
 }
 
 enum Admission: Sendable {
-    case admitted(Viewer, epoch: String)
+    /// `follow`: for a follower, what its subscription holds until it releases it.
+    case admitted(Viewer, epoch: String, follow: Follow?)
     case refused(HeraldError)
 }
 
@@ -433,17 +432,13 @@ extension Engine {
         case .failure(let e): return .refused(e)
         case .success(let viewer): v = viewer
         }
+        var follow: Follow?
         if r.follows {
             let head = bus != nil && registry.followers(of: r.user) == 0 ? try reads.feed(r.user).head : nil
-            registry.follow(r.user, shard: shard, head: head)
-            registry.opened(r.user, device: r.deviceId, r.transport, now: now)
-            tx.onRollback { [registry] in
-                registry.unfollow(r.user, shard: shard)
-                registry.closed(r.user, device: r.deviceId, r.transport, now: now)
-            }
+            follow = tx.admit(Follow(user: r.user, shard: shard, device: r.deviceId, transport: r.transport), head: head, now: now)
         } else {
             registry.polled(r.user, device: r.deviceId, now: now)
         }
-        return .admitted(v, epoch: v.epoch(store: reads.epoch))
+        return .admitted(v, epoch: v.epoch(store: reads.epoch), follow: follow)
     }
 }

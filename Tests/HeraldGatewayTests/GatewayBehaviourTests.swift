@@ -77,7 +77,29 @@ final class GatewayBehaviourTests: XCTestCase {
         h.settle(); s.read()
         XCTAssertEqual(s.session.closeRequest?.code, .goingAway)
         XCTAssertEqual(s.frames.last?["code"], "unavailable")
-        XCTAssertEqual(h.gateway.soleEngine.registry.followers(of: UserKey(app: Harness.app.id, user: "u")), 0)
+        let registry = h.gateway.soleEngine.registry, u = UserKey(app: Harness.app.id, user: "u")
+        XCTAssertEqual(registry.followers(of: u), 0)
+        XCTAssertEqual(registry.connections(u, device: "d1")?.websocket ?? 0, 0, "nor a connection of its device")
+    }
+
+    /// An admission whose batch lost a conflict and ran again follows once:
+    /// the rolled-back run's follow was taken back with its transaction.
+    func testAnAdmissionRunAgainAfterAConflictFollowsOnce() {
+        let store = FailingStore()
+        let h = Harness(store: store)
+        store.conflictCommits = 1
+        let s = h.webSocket()
+        h.hello(s, user: "u")
+        h.settle(); s.read()
+        XCTAssertEqual(s.frames.last?["type"], "welcome")
+        XCTAssertEqual(h.gateway.metrics.storeConflictRetries.load(ordering: .relaxed), 1, "the batch ran twice")
+        let registry = h.gateway.soleEngine.registry, u = UserKey(app: Harness.app.id, user: "u")
+        XCTAssertEqual(registry.followers(of: u), 1)
+        XCTAssertEqual(registry.connections(u, device: "d1")?.websocket, 1)
+        s.session.transportClosed()
+        h.settle()
+        XCTAssertEqual(registry.followers(of: u), 0, "its release is the only undo, and undoes it all")
+        XCTAssertEqual(registry.connections(u, device: "d1")?.websocket ?? 0, 0)
     }
 
     // MARK: Slow consumers
