@@ -7,57 +7,33 @@ public protocol LoopExecutor: AnyObject, Sendable {
     func post(_ job: @escaping @Sendable () -> Void)
 }
 
-/// One partition's batch executor: runs every store write of its users on
-/// its own thread, in the order submitted, in batches inside one store
-/// transaction (group commit). The gateway has one engine per partition
-/// (`Gateway.partitions`); a user belongs to one of them
-/// (`Partition.index`), which alone writes its feed, follows it and
-/// fans its changes out.
+/// One partition of the users: the only writer of their feeds, the owner
+/// of who follows them here, and the one way their committed changes fan
+/// out. The gateway has one engine per partition (`Gateway.partitions`); a
+/// user belongs to one of them (`Partition.index`).
 ///
 /// Invariants (docs/ARCHITECTURE.md):
-/// - Only the engine thread touches `store`, `registry` and the effects
-///   (checked through `thread`, in release builds too); of `registry`, the bus's
-///   thread reads `followedForBus` alone, behind its lock.
+/// - Every write runs on the engine's `BatchExecutor` thread, in a batch,
+///   through the batch's `FeedTransaction`, which records each write's
+///   effects. Only that thread touches the store, `registry` and the
+///   effects (checked through `thread`, in release builds too); of
+///   `registry`, the bus's thread reads `followedForBus` alone, behind its lock.
 /// - Nothing a batch did is visible to anyone until its commit returned and
-///   is durable: replies and fan-out are effects queued during the batch and
-///   run after the commit, batch after batch, in one flush (`run(_:)`):
-///   one bus write, one post per shard with its deliveries, then its
-///   replies. With a store whose commit leaves its sync to `CommitSync`, a
-///   batch's effects wait for the sync thread (`CommitSyncer`) while the
-///   next batch runs. A failed commit rolls the batch back and answers each
-///   of its commands `unavailable`; one that lost a conflict with another
-///   node (a deadlock) runs again first.
+///   is durable: its effects then run, batch after batch, in one flush
+///   (`run(_:)`): one bus write, one post per shard with its deliveries,
+///   then its replies.
 /// - Changes of one user reach each shard in commit order, through the
 ///   shard's FIFO inbox.
-public final class Engine: @unchecked Sendable {  // the queue is under `cond`; the rest is engine-thread state, checked
-    struct Command {
-        /// The users it writes, claimed before the batch runs (see `runBatch`),
-        /// and the notifications it will look up, read ahead then.
-        var users: [UserKey] = []
-        var lookups: [NotificationLookup] = []
-        /// Its users are known only once it runs (an app-wide send by tags),
-        /// so it claims them itself: it runs in a batch of its own, where
-        /// that claim is the only one (see `takeBatch`).
-        var alone = false
-        let run: @Sendable (Engine) throws -> Void
-        let failed: @Sendable (HeraldError) -> Void
-        /// Bookkeeping that needs no store: runs in order after the batch,
-        /// also when the batch failed.
-        var control: (@Sendable (Engine) -> Void)? = nil
-        /// Bookkeeping that runs once, as soon as the engine takes the
-        /// command, ahead of its batch (`release`).
-        var early: (@Sendable (Engine) -> Void)? = nil
-        /// Bookkeeping only: a batch of such commands asks nothing of the
-        /// store, so it says nothing of the store's health.
-        var bookkeeping: Bool { control != nil || early != nil }
-    }
-
+public final class Engine: @unchecked Sendable {  // engine-thread state, checked; the executor's queue is its own
+    typealias Command = BatchExecutor.Command
     typealias Committed = FeedTransaction.Committed
 
     /// The store, whose writes go through `tx` alone.
     private let store: NotificationStore
     /// The open batch's writes and their effects.
     let tx: FeedTransaction
+    /// Runs the batches, on the engine thread.
+    let executor: BatchExecutor
     /// What runs in a batch may read.
     var reads: StoreLookups { store }
     /// The store's reader thread, if it has one: maintenance reads there
@@ -75,19 +51,6 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
     let partition: Int
     var partitions: [Engine] = []
 
-    private let cond = MonotonicCondition()
-    private var queue: [Command] = []
-    private var stopping = false
-    /// The sync thread moved on since the engine last looked.
-    private var syncAdvanced = false
-    private var runner: Thread?
-    private let finished = DispatchSemaphore(value: 0)
-
-    // Engine-thread state.
-    /// Users with changes that may have committed unseen (the answer to a
-    /// COMMIT was lost): their followers here catch up from the store at the
-    /// next commit, before any later change of theirs reaches them.
-    private var uncertain: Set<UserKey> = []
     /// The registrations a resubscription had to read back were unreadable:
     /// maintenance tries again (`refreshConnectedDevices`).
     var devicesStale = false
@@ -96,19 +59,11 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
     /// In a cluster: this node's devices as the other nodes see them.
     let cluster: ClusterConnections?
     let maintenance = Maintenance()
-    /// Syncs commits off this thread, for stores that leave that to `CommitSync`.
-    let syncer: CommitSyncer?
-    /// Committed batches waiting for their sync, oldest first, with their generation.
-    private var unsynced: [(generation: UInt64, batch: Committed)] = []
-
-    static let maxBatch = 512
-    /// How many times a batch runs when it keeps losing conflicts with
-    /// other nodes' (PostgreSQL deadlocks) before it is answered 503.
-    static let conflictAttempts = 3
-
-    let health: StoreHealth
     /// The push outbox's recording and sending (SPEC section 10).
     let push: PushDispatch
+
+    var health: StoreHealth { executor.health }
+    var syncer: CommitSyncer? { executor.syncer }
 
     init(store: NotificationStore, reader: ReaderThread?, bus: Bus?, limits: GatewayLimits, metrics: Metrics, clock: Clock,
          partition: Int = 0) {
@@ -116,7 +71,6 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
         self.partition = partition
         thread = ThreadOwner("engine \(partition)")
         registry = FollowerRegistry(bus: bus != nil, thread: thread)
-        health = StoreHealth(clock: clock)
         if let bus, let directory = store as? ClusterDirectory {
             // A partition records its users' devices as a node of its own:
             // its lease, its records, and its database session to fence.
@@ -126,42 +80,35 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
         }
         push = PushDispatch(metrics: metrics.push, clock: clock, registry: registry, cluster: cluster)
         tx = FeedTransaction(store: store, thread: thread, push: push, registry: registry)
-        syncer = store.commitSync.map(CommitSyncer.init)
+        executor = BatchExecutor(tx, name: "herald-engine-\(partition)", thread: thread,
+                                 syncer: store.commitSync.map(CommitSyncer.init), metrics: metrics, clock: clock)
         push.engine = self
+        tx.durable = { [unowned self] in run($0) }
     }
 
     /// Starts the sync thread, if the store syncs apart. (Tests that run the
     /// engine on their own thread may start it alone.)
-    func startSyncThread() {
-        syncer?.start { [weak self] in self?.wake() }
-    }
+    func startSyncThread() { executor.startSyncThread() }
 
-    /// Wakes the engine thread to run the effects of batches just synced.
-    private func wake() {
-        cond.lock()
-        syncAdvanced = true
-        cond.signal()
-        cond.unlock()
-    }
-
-    /// Starts the engine thread. (Tests instead call `runQueued` on theirs.)
+    /// Starts the engine thread, with maintenance between batches. (Tests
+    /// instead call `runQueued` on theirs.)
     func start() {
-        startSyncThread()
-        let t = Thread { [self] in
-            nameCurrentThread("herald-engine-\(partition)")
-            runLoop()
-        }
-        runner = t
-        t.start()
+        executor.start(between: { [unowned self] stopping in
+            maintenance.run(self, now: clock.now(), tick: clock.ticks(), force: stopping)
+        }, atEnd: { [unowned self] in cluster?.retire(self) })
     }
 
     /// Runs what is queued, flushes the store and stops the thread.
-    func stop() {
-        cond.lock()
-        stopping = true
-        cond.signal()
-        cond.unlock()
-        if runner != nil { finished.wait() }
+    func stop() { executor.stop() }
+
+    /// Runs every queued command on the calling thread, which becomes the
+    /// engine thread: the tests' way to drive the engine step by step.
+    public func runQueued() { executor.runQueued() }
+
+    /// Runs the expiry sweep, pruning and last-seen flush that are due.
+    public func runMaintenance(force: Bool = false) {
+        thread.claim()
+        maintenance.run(self, now: clock.now(), tick: clock.ticks(), force: force)
     }
 
     // MARK: Hops onto the engine
@@ -177,18 +124,19 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
                               _ body: @escaping @Sendable (Engine) throws(StoreError) -> T,
                               reply: @escaping (Result<T, HeraldError>) -> Void) {
         let reply = LoopBound(reply, owner: shard.thread)
-        let command = Command(users: users ?? [], lookups: lookups, alone: users == nil, run: { e in
-            let value = try body(e)
-            e.tx.reply(on: shard) { reply.value(.success(value)) }
+        let command = Command(users: users ?? [], lookups: lookups, alone: users == nil, run: { [self] in
+            let value = try body(self)
+            tx.reply(on: shard) { reply.value(.success(value)) }
         }, failed: { err in shard.post { reply.value(.failure(err)) } })
-        enqueue(command, evenWhenStopping: false)
+        executor.enqueue(command, evenWhenStopping: false)
     }
 
     /// Queues engine-thread bookkeeping (a device seen, changes from the
     /// bus): it runs after the batch it lands in, in order with that batch's
     /// effects, committed or not, and also while the gateway stops.
     func control(_ f: @escaping @Sendable (Engine) -> Void) {
-        enqueue(Command(run: { e in e.tx.afterCommit { f(e) } }, failed: { _ in }, control: f), evenWhenStopping: true)
+        executor.enqueue(Command(run: { [self] in tx.afterCommit { f(self) } }, failed: { _ in }, control: { [self] in f(self) }),
+                         evenWhenStopping: true)
     }
 
     /// Queues the bookkeeping of a connection that went away. It takes
@@ -197,7 +145,7 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
     /// user's connection limit without the old connection, even when the
     /// old one's batch still waits for its sync.
     func release(_ f: @escaping @Sendable (Engine) -> Void) {
-        enqueue(Command(run: { _ in }, failed: { _ in }, early: f), evenWhenStopping: true)
+        executor.enqueue(Command(run: {}, failed: { _ in }, early: { [self] in f(self) }), evenWhenStopping: true)
     }
 
     /// Queues a write no one waits for (a push's outcome): it runs in the
@@ -207,7 +155,8 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
     /// the engine takes it, whatever becomes of the batch.
     func write(users: [UserKey], taken: @escaping @Sendable (Engine) -> Void,
                _ body: @escaping @Sendable (Engine) throws(StoreError) -> Void) {
-        enqueue(Command(users: users, run: { e in try body(e) }, failed: { _ in }, early: taken), evenWhenStopping: true)
+        executor.enqueue(Command(users: users, run: { [self] in try body(self) }, failed: { _ in }, early: { [self] in taken(self) }),
+                         evenWhenStopping: true)
     }
 
     /// Queues a write for another thread that waits for its result:
@@ -216,197 +165,10 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
     /// on the caller's, with nil, when the engine is stopping.
     func exchange<T: Sendable>(_ body: @escaping @Sendable (Engine) throws(StoreError) -> T,
                                reply: @escaping @Sendable (T?) -> Void) {
-        enqueue(Command(run: { e in
-            let value = try body(e)
-            e.tx.afterCommit { reply(value) }
+        executor.enqueue(Command(run: { [self] in
+            let value = try body(self)
+            tx.afterCommit { reply(value) }
         }, failed: { _ in reply(nil) }), evenWhenStopping: false)
-    }
-
-    private func enqueue(_ c: Command, evenWhenStopping: Bool) {
-        cond.lock()
-        let accepted = !stopping || evenWhenStopping
-        if accepted {
-            queue.append(c)
-            metrics.engineQueue.add(1, ordering: .relaxed)
-            if queue.count == 1 { cond.signal() }
-        }
-        cond.unlock()
-        if !accepted { c.failed(HeraldError.shuttingDown) }
-    }
-
-    // MARK: Commit (engine thread)
-
-    private func rolledBack(after error: any Error) {
-        uncertain.formUnion(tx.rollback(after: error))
-    }
-
-    /// Commits the open transaction; its effects run once it is durable.
-    /// A commit that throws left the transaction for `rolledBack`.
-    private func commit(began: UInt64?) throws(StoreError) {
-        var generation: UInt64?
-        let batch: Committed
-        do {
-            batch = try tx.commit(began: began) { generation = syncer?.beginCommit() }
-        } catch {
-            // Readers that took a snapshot meanwhile wait for this generation.
-            if let generation { syncer?.request(generation) }
-            throw error
-        }
-        recoverUncertain()
-        guard let syncer, let generation else { return run(batch) }
-        unsynced.append((generation, batch))
-        syncer.request(generation)
-    }
-
-    /// Runs the effects of the batches synced so far, in commit order; with
-    /// `all`, first waits until every committed batch is.
-    private func runSynced(all: Bool = false) {
-        guard let syncer, let last = unsynced.last else { return }
-        if all { syncer.wait(for: last.generation) }
-        let synced = syncer.syncedGeneration
-        while let first = unsynced.first, first.generation <= synced {
-            unsynced.removeFirst()
-            run(first.batch)
-        }
-    }
-
-    // MARK: The loop
-
-    private func runLoop() {
-        thread.claim()
-        while true {
-            cond.lock()
-            if queue.isEmpty && !stopping && !syncAdvanced { cond.wait(until: .seconds(fromNow: 0.1)) }
-            syncAdvanced = false
-            // Stopping, and the next batch takes all that is queued.
-            let done = stopping && queue.count <= nextBatchSize()
-            cond.unlock()
-            runSynced()
-            runBatch()
-            maintenance.run(self, now: clock.now(), tick: clock.ticks(), force: done)
-            if done { break }
-        }
-        cluster?.retire(self)
-        runSynced(all: true)
-        syncer?.stop()
-        finished.signal()
-    }
-
-    /// Runs every queued command on the calling thread, which becomes the
-    /// engine thread: the tests' way to drive the engine step by step.
-    public func runQueued() {
-        thread.claim()
-        while runBatch() {}
-        // Without the sync thread, sync here; with it, take what it synced.
-        runSynced(all: syncer?.isThreaded == false)
-    }
-
-    /// Runs the expiry sweep, pruning and last-seen flush that are due.
-    public func runMaintenance(force: Bool = false) {
-        thread.claim()
-        maintenance.run(self, now: clock.now(), tick: clock.ticks(), force: force)
-    }
-
-    /// Takes up to `n` queued commands; the caller holds `cond`. Their
-    /// early bookkeeping runs once the lock is left (`taken`).
-    private func dequeue(_ n: Int) -> [Command] {
-        let batch = Array(queue.prefix(n))
-        queue.removeFirst(batch.count)
-        metrics.engineQueue.subtract(batch.count, ordering: .relaxed)
-        return batch
-    }
-
-    /// The next batch: up to `maxBatch` queued commands, but a command that
-    /// claims its users itself (`alone`) only with none before it and none
-    /// after. Every batch then takes its locks in one claim, in the store's
-    /// one order, so batches on two nodes never deadlock (PostgreSQL);
-    /// claiming some users and later others could.
-    private func takeBatch() -> [Command] {
-        cond.withLock { dequeue(nextBatchSize()) }
-    }
-
-    /// How many of the queued commands the next batch may take; the caller holds `cond`.
-    private func nextBatchSize() -> Int {
-        queue.prefix(Self.maxBatch).firstIndex(where: \.alone).map { max($0, 1) } ?? Self.maxBatch
-    }
-
-    /// Runs the early bookkeeping of commands just taken: once, whatever
-    /// becomes of their batch.
-    private func taken(_ commands: [Command]) -> [Command] {
-        for c in commands { c.early?(self) }
-        return commands
-    }
-
-    /// Unsynced batches past which the engine waits for the disk before
-    /// committing more (a stalled sync holds replies, so it holds new work).
-    static let maxUnsynced = 4
-
-    /// While the last commit is still syncing, the open transaction takes
-    /// in what arrives (up to `room` commands) instead of committing beside
-    /// the sync: one commit per sync, the fewest pages written per command.
-    /// nil once it is time to commit: the disk is free, the batch is full
-    /// (and not too many batches wait for their sync), or the engine stops.
-    private func joinWhileSyncing(room: Int) -> [Command]? {
-        guard let syncer, syncer.isThreaded else { return nil }
-        cond.lock()
-        defer { cond.unlock() }
-        while !stopping && !syncer.isIdle {
-            if room > 0 && !queue.isEmpty { return dequeue(room) }
-            if room == 0 && unsynced.count < Self.maxUnsynced { return nil }
-            cond.wait()  // a command (enqueue) or a finished sync (wake)
-        }
-        return nil
-    }
-
-    /// Takes up to `maxBatch` queued commands and runs them as one batch.
-    @discardableResult private func runBatch() -> Bool {
-        var batch = taken(takeBatch())
-        if batch.isEmpty { return false }
-        let t0 = DispatchTime.now().uptimeNanoseconds
-        var attempt = 1
-        while true {
-            do {
-                try tx.begin()
-                // Every user the batch names, locked up front in the store's
-                // one order, so batches on different nodes never deadlock on
-                // each other; and the notifications it will look up, read in
-                // one go.
-                try tx.claim(batch.flatMap(\.users), lookups: batch.flatMap(\.lookups))
-                for c in batch { try c.run(self) }
-                // Only stores that sync apart join (SQLite: one writer, and
-                // its claim takes no locks, so `alone` is moot there).
-                while let joined = joinWhileSyncing(room: Self.maxBatch - batch.count) {
-                    let more = taken(joined)
-                    try tx.claim(more.flatMap(\.users), lookups: more.flatMap(\.lookups))
-                    batch += more
-                    for c in more { try c.run(self) }
-                }
-                try commit(began: t0)
-                break
-            } catch {
-                rolledBack(after: error)
-                // A deadlock or serialization failure with another node's
-                // batch: nothing of it happened (effects and bookkeeping were
-                // undone), so the same commands run again from the start.
-                if (error as? StoreError)?.conflict == true, attempt < Self.conflictAttempts {
-                    attempt += 1
-                    metrics.storeConflictRetries.add(1, ordering: .relaxed)
-                    continue
-                }
-                health.failed("batch of \(batch.count) (rolled back)", error)
-                // Earlier batches' replies and deliveries go first.
-                runSynced(all: true)
-                let answer = (error as? StoreError)?.outcomeUnknown == true ? StoreHealth.outcomeUnknown : StoreHealth.unavailable
-                for c in batch {
-                    if let f = c.control { f(self) } else { c.failed(answer) }
-                }
-                return true
-            }
-        }
-        // A batch that sent the store nothing (bookkeeping, or a reader's
-        // failure handed back by `readAside`) says nothing of its health.
-        if tx.lastCommitReachedStore && !batch.allSatisfy(\.bookkeeping) { health.succeeded() }
-        return true
     }
 
     /// Runs `body` on the store's reader thread, then `reply` on this one
@@ -430,40 +192,9 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
     }
 
     /// Runs `body` as its own transaction (maintenance), then its effects;
-    /// whether it committed. Run again, as a batch is, when it loses a
-    /// conflict (a head another node moved since this one cached it).
+    /// whether it committed (`BatchExecutor.transaction`).
     @discardableResult func transaction(_ what: String, _ body: (FeedTransaction) throws(StoreError) -> Void) -> Bool {
-        thread.preconditionCurrent()
-        let t0 = DispatchTime.now().uptimeNanoseconds
-        defer { metrics.maintenanceLatency.observe(nanos: DispatchTime.now().uptimeNanoseconds - t0) }
-        for attempt in 1...Self.conflictAttempts {
-            do {
-                try tx.begin()
-                try body(tx)
-                try commit(began: nil)
-                if tx.lastCommitReachedStore { health.succeeded() }
-                return true
-            } catch {
-                rolledBack(after: error)
-                if error.conflict, attempt < Self.conflictAttempts {
-                    metrics.storeConflictRetries.add(1, ordering: .relaxed)
-                    continue
-                }
-                health.failed(what, error)
-                return false
-            }
-        }
-        return false
-    }
-
-    /// The store commits again: followers of `uncertain` users catch up from
-    /// it (`Subscription.recover`). Queued on their shards ahead of this
-    /// commit's deliveries, so a change that did commit unseen comes before
-    /// any later one, and a change that did not is simply not found.
-    private func recoverUncertain() {
-        guard !uncertain.isEmpty else { return }
-        recoverFollowers(of: uncertain)
-        uncertain.removeAll()
+        executor.transaction(what) { () throws(StoreError) in try body(tx) }
     }
 
     /// Catches the followers here of `users` up from the store
@@ -482,8 +213,9 @@ public final class Engine: @unchecked Sendable {  // the queue is under `cond`; 
     /// deliveries, then its replies. Only a `.run` effect (bookkeeping in
     /// order with the batch) flushes what came before it first.
     private func run(_ batch: Committed) {
-        if let began = batch.began { metrics.storeLatency.observe(nanos: DispatchTime.now().uptimeNanoseconds - began) }
         metrics.publishes.add(batch.published, ordering: .relaxed)
+        // Changes that may have committed unseen come before this batch's.
+        if !batch.uncertain.isEmpty { recoverFollowers(of: batch.uncertain) }
         // Each user's records in commit order, users in order of first change.
         var pending: [(UserKey, [ChangeRecord])] = []
         var slot: [UserKey: Int] = [:]
@@ -673,9 +405,4 @@ extension Engine {
             for id in ids { body(shards, user, id, stored[user]?.first { $0.deviceId == id }) }
         }
     }
-}
-
-extension HeraldError {
-    /// Work that came too late to run before the gateway stops: retry elsewhere.
-    static let shuttingDown = HeraldError(.unavailable, "the gateway is shutting down")
 }

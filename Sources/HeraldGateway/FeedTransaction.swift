@@ -5,9 +5,10 @@ import HeraldCore
 /// that changes a feed or a registration records its own effects here, as
 /// data (a change to deliver and to offer the bus, its push candidate, a
 /// publish counted, a registration's news for its connections), so no write
-/// site can forget one. `Engine` commits it and runs what it recorded, in
-/// one flush; a rollback drops it all. Engine thread only.
-final class FeedTransaction {
+/// site can forget one. The engine's `BatchExecutor` begins and commits
+/// it; once durable, the engine runs what it recorded in one flush
+/// (`Engine.run`); a rollback drops it all. Engine thread only.
+final class FeedTransaction: BatchTransaction {
     enum Effect {
         /// A committed change: for this node's followers and the bus.
         case deliver(UserKey, ChangeRecord)
@@ -25,9 +26,10 @@ final class FeedTransaction {
     struct Committed {
         let effects: [Effect]
         let published: Int
-        /// When the batch began, for the store latency (begin to durable);
-        /// nil for maintenance.
-        let began: UInt64?
+        /// Users whose changes may have committed unseen before (a COMMIT
+        /// whose answer was lost): their followers catch up from the store
+        /// before this batch's changes reach them.
+        let uncertain: Set<UserKey>
     }
 
     private let store: NotificationStore
@@ -39,6 +41,10 @@ final class FeedTransaction {
     private var undo: [() -> Void] = []
     /// Notifications published by their app: `herald_publishes_total` once committed.
     private var published = 0
+    private var uncertain: Set<UserKey> = []
+    /// Runs a committed transaction's effects once it is durable; set once
+    /// by the engine.
+    var durable: ((Committed) -> Void)!
 
     init(store: NotificationStore, thread: ThreadOwner, push: PushDispatch, registry: FollowerRegistry) {
         self.store = store; self.thread = thread; self.push = push; self.registry = registry
@@ -165,25 +171,27 @@ final class FeedTransaction {
     func begin() throws(StoreError) { try store.begin() }
 
     /// Records the pushes the transaction's changes give, then commits;
-    /// its effects once it did. A commit that throws leaves the
-    /// transaction for `rollback`.
-    func commit(began: UInt64?, beforeCommit: () -> Void) throws(StoreError) -> Committed {
+    /// answers its effects' run once durable. A commit that throws leaves
+    /// the transaction for `rollback`.
+    func commit(beforeCommit: () -> Void) throws(StoreError) -> () -> Void {
         try push.record(self)
         beforeCommit()
         try store.commit()
         registry.settle()
         undo.removeAll()
-        defer { effects.removeAll(keepingCapacity: true); published = 0 }
-        return Committed(effects: effects, published: published, began: began)
+        let committed = Committed(effects: effects, published: published, uncertain: uncertain)
+        effects.removeAll(keepingCapacity: true)
+        published = 0
+        uncertain.removeAll()
+        return { [durable] in durable!(committed) }
     }
 
-    /// Undoes the transaction: the users whose changes it wrote, whose
-    /// commit may have happened after all when the store cannot tell (a
-    /// COMMIT whose answer was lost).
-    func rollback(after error: any Error) -> [UserKey] {
-        var uncertain: [UserKey] = []
+    /// Undoes the transaction. The users whose changes it wrote are
+    /// uncertain when the store cannot tell whether it committed (a COMMIT
+    /// whose answer was lost).
+    func rollback(after error: any Error) {
         if (error as? StoreError)?.outcomeUnknown == true {
-            for case .deliver(let u, _) in effects { uncertain.append(u) }
+            for case .deliver(let u, _) in effects { uncertain.insert(u) }
         }
         store.rollback()
         effects.removeAll()
@@ -192,7 +200,6 @@ final class FeedTransaction {
         registry.revert()
         for f in undo.reversed() { f() }
         undo.removeAll()
-        return uncertain
     }
 
     /// Whether the last commit reached the store (`NotificationStore.lastCommitReachedStore`).
