@@ -1,11 +1,6 @@
 import Foundation
 import HeraldCore
-
-/// Runs `job` on a service loop's thread. `post` is callable from any
-/// thread; the transport wakes the loop (lws_cancel_service) to run it.
-public protocol LoopExecutor: AnyObject, Sendable {
-    func post(_ job: @escaping @Sendable () -> Void)
-}
+import HeraldPorts
 
 /// One partition's batch executor: runs every store write of its users on
 /// its own thread, in the order submitted, in batches inside one store
