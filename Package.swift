@@ -39,21 +39,24 @@ let package = Package(
         .target(name: "CSQLitePageCache", dependencies: ["CSQLite"]),
         // Store implementations behind HeraldCore.NotificationStore.
         .target(name: "HeraldStores", dependencies: ["HeraldCore", "CSQLite", "CSQLitePageCache", "CPostgres"]),
+        // What the gateway asks of its adapters (the bus, push transport, service
+        // loops, clock, apps' settings) and the locks and logging they share.
+        .target(name: "HeraldPorts", dependencies: ["HeraldCore"]),
         // The gateway's logic: engine (store owner, fan-out), HTTP API,
         // WebSocket sessions. Knows nothing of libwebsockets.
-        .target(name: "HeraldGateway", dependencies: ["HeraldCore", "HeraldCrypto"]),
-        // The Redis bus behind HeraldGateway.Bus: the only code that talks to hiredis.
-        .target(name: "HeraldRedis", dependencies: ["HeraldCore", "HeraldGateway", "CHiredis"]),
+        .target(name: "HeraldGateway", dependencies: ["HeraldCore", "HeraldCrypto", "HeraldPorts"]),
+        // The Redis bus behind HeraldPorts.Bus: the only code that talks to hiredis.
+        .target(name: "HeraldRedis", dependencies: ["HeraldCore", "HeraldPorts", "CHiredis"]),
         // The only code that talks to libcurl: an HTTP/2 client on a thread of its own.
         .target(name: "HeraldCurl", dependencies: ["HeraldCore", "CCurl"]),
         // Push to devices that are not connected (SPEC section 10): the services'
-        // credentials and encodings (APNs, FCM, Web Push), behind HeraldGateway.PushTransport.
-        .target(name: "HeraldPush", dependencies: ["HeraldCore", "HeraldCrypto", "HeraldGateway", "HeraldCurl", "CCrypto"]),
+        // credentials and encodings (APNs, FCM, Web Push), behind HeraldPorts.PushTransport.
+        .target(name: "HeraldPush", dependencies: ["HeraldCore", "HeraldCrypto", "HeraldPorts", "HeraldCurl", "CCrypto"]),
         // The only code that talks to libwebsockets.
-        .target(name: "HeraldTransport", dependencies: ["HeraldGateway", "CLibWebSockets"]),
+        .target(name: "HeraldTransport", dependencies: ["HeraldPorts", "HeraldGateway", "CLibWebSockets"]),
         // Parses flags and wires things up.
         .executableTarget(name: "herald",
-                          dependencies: ["HeraldCore", "HeraldCrypto", "HeraldStores", "HeraldGateway", "HeraldRedis", "HeraldTransport",
+                          dependencies: ["HeraldCore", "HeraldCrypto", "HeraldStores", "HeraldPorts", "HeraldGateway", "HeraldRedis", "HeraldTransport",
                                          "CLibWebSockets", "HeraldPush", "HeraldClient", "HeraldClientLWS"]),
 
         // The device-side library: local state kept in step with the gateway.
@@ -76,25 +79,25 @@ let package = Package(
         .executableTarget(name: "herald-client-bench", dependencies: ["HeraldClient", "HeraldClientLWS"], path: "bench/client"),
 
         // What several test targets share (a reproducible PRNG, a clock the test moves).
-        .target(name: "HeraldTestSupport", dependencies: ["HeraldCore", "HeraldGateway"], path: "Tests/HeraldTestSupport"),
+        .target(name: "HeraldTestSupport", dependencies: ["HeraldCore", "HeraldPorts"], path: "Tests/HeraldTestSupport"),
         // The domain, and the device tokens HeraldCrypto signs from its claims.
         .testTarget(name: "HeraldCoreTests", dependencies: ["HeraldCore", "HeraldCrypto"]),
         .testTarget(name: "HeraldStoreTests", dependencies: ["HeraldCore", "HeraldStores", "HeraldTestSupport"]),
         // The gateway in-process: inline loop, engine on the test's thread, manual clock.
-        .testTarget(name: "HeraldGatewayTests", dependencies: ["HeraldCore", "HeraldCrypto", "HeraldStores", "HeraldGateway", "HeraldTestSupport"]),
+        .testTarget(name: "HeraldGatewayTests", dependencies: ["HeraldCore", "HeraldCrypto", "HeraldStores", "HeraldPorts", "HeraldGateway", "HeraldTestSupport"]),
         // HTTPConnection in-process: bytes in and out through a socket in memory,
         // a real gateway behind it, deadlines on the manual clock.
         .testTarget(name: "HeraldTransportTests",
-                    dependencies: ["HeraldCore", "HeraldCrypto", "HeraldStores", "HeraldGateway", "HeraldTransport", "HeraldTestSupport"]),
+                    dependencies: ["HeraldCore", "HeraldCrypto", "HeraldStores", "HeraldPorts", "HeraldGateway", "HeraldTransport", "HeraldTestSupport"]),
         // The Redis bus against a real redis-server (HERALD_TEST_REDIS_URL, scripts/test-servers).
-        .testTarget(name: "HeraldRedisTests", dependencies: ["HeraldCore", "HeraldGateway", "HeraldRedis"]),
+        .testTarget(name: "HeraldRedisTests", dependencies: ["HeraldCore", "HeraldPorts", "HeraldRedis"]),
         // Seeded mutation fuzzing of the parsers, bounded in time; corpus in Tests/HeraldFuzzTests/corpus.
         .testTarget(name: "HeraldFuzzTests", dependencies: ["HeraldCore", "HeraldCrypto", "HeraldGateway", "HeraldTestSupport"],
                     resources: [.copy("corpus")]),
         // The libcurl client against local TLS servers (HTTP/1.1 and HTTP/2).
         .testTarget(name: "HeraldCurlTests", dependencies: ["HeraldCurl"], exclude: ["tls_test_server.py"]),
         // Push crypto against the RFCs' vectors, and the services' request forms.
-        .testTarget(name: "HeraldPushTests", dependencies: ["HeraldCore", "HeraldCrypto", "HeraldCurl", "HeraldGateway", "HeraldPush", "CCrypto"]),
+        .testTarget(name: "HeraldPushTests", dependencies: ["HeraldCore", "HeraldCrypto", "HeraldCurl", "HeraldPorts", "HeraldPush", "CCrypto"]),
         // HeraldClient against a real `herald` process (built by `swift build`).
         .testTarget(name: "HeraldClientTests", dependencies: ["HeraldClient", "HeraldClientLWS", "HeraldCore", "HeraldCrypto"]),
     ],

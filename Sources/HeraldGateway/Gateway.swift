@@ -1,5 +1,6 @@
 import HeraldCore
 import HeraldCrypto
+import HeraldPorts
 import Synchronization
 
 /// The gateway's wiring: configuration, the partitions' engines, the reads

@@ -1,5 +1,6 @@
 import Synchronization
 import HeraldCore
+import HeraldPorts
 
 /// Prometheus metrics of SPEC section 6. Lock-free counters, cheap enough to
 /// leave on under load.
@@ -83,28 +84,8 @@ public final class Metrics: Sendable {
     }
 }
 
-/// `herald_bus_*`: the bus connection and what crossed it.
-public final class BusMetrics: Sendable {
-    let enabled = Atomic<Bool>(false)
-    /// 1 while subscribed, else 0.
-    public let connected = Atomic<Int>(0)
-    /// Subscriptions after the first: each one catches every follower up.
-    public let resubscriptions = Atomic<Int>(0)
-    public let published = Atomic<Int>(0)
-    public let received = Atomic<Int>(0)
-    /// Records waiting to be published (held while Redis is away).
-    public let queued = Atomic<Int>(0)
-    /// Records never published: the queue was full while Redis was away.
-    public let dropped = Atomic<Int>(0)
-    /// Users whose followers were caught up from the store: a seq past the
-    /// next one expected (a record missed or reordered on the bus).
-    public let catchUps = Atomic<Int>(0)
-    /// Users whose feed head stayed past what reached this node (`FeedAudit`):
-    /// a change committed that never came over the bus.
-    public let missed = Atomic<Int>(0)
-
-    public init() {}
-
+/// `herald_bus_*` as `/metrics` shows them (the counters are HeraldPorts', beside the bus).
+extension BusMetrics {
     func text() -> String {
         func line(_ name: String, _ type: String, _ help: String, _ v: borrowing Atomic<Int>) -> String {
             "# HELP herald_bus_\(name) \(help)\n# TYPE herald_bus_\(name) \(type)\nherald_bus_\(name) \(v.load(ordering: .relaxed))\n"

@@ -1,5 +1,6 @@
 import Foundation
 import HeraldCore
+import HeraldPorts
 
 /// `herald serve --workers N`: a scrape through the shared port reaches
 /// whichever worker the kernel hands the connection to. So each worker also

@@ -1,6 +1,6 @@
 import HeraldCore
 import HeraldCurl
-import HeraldGateway
+import HeraldPorts
 
 /// Apple Push Notification service, token-based provider authentication
 /// (Apple: "Sending notification requests to APNs"): HTTP/2 over one

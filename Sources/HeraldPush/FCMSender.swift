@@ -1,7 +1,7 @@
 import Foundation
 import HeraldCore
 import HeraldCurl
-import HeraldGateway
+import HeraldPorts
 
 /// Firebase Cloud Messaging, HTTP v1 API: an OAuth 2.0 access token from the
 /// service account's JWT-bearer grant (RS256, sent to its `token_uri`),

@@ -1,6 +1,6 @@
 import Dispatch
 import HeraldCore
-import HeraldGateway
+import HeraldPorts
 
 /// The APNs provider token of one signing key, the same in every process
 /// and node of the deployment (SPEC section 10): Apple asks for few tokens

@@ -1,6 +1,6 @@
 import Foundation
 import HeraldCore
-import HeraldGateway
+import HeraldPorts
 
 /// A credential file that does not read or parse. Says which file and
 /// why, never what it holds.

@@ -1,7 +1,7 @@
 import Foundation
 import HeraldCore
 import HeraldCurl
-import HeraldGateway
+import HeraldPorts
 
 /// The `PushTransport` of `herald serve`: each app's senders, built from its
 /// settings' credential files. A reload rebuilds an app's senders only when

@@ -1,6 +1,6 @@
 import HeraldCore
 import HeraldCurl
-import HeraldGateway
+import HeraldPorts
 
 /// Web Push (RFC 8030 delivery, RFC 8291 `aes128gcm` encryption, RFC 8292
 /// VAPID), only to `https` endpoints on the app's allowed hosts: checked at

@@ -1,7 +1,7 @@
 import CHiredis
 import Foundation
 import HeraldCore
-import HeraldGateway
+import HeraldPorts
 import Synchronization
 
 /// The Redis pub/sub bus between gateway nodes (`--bus redis://...`).

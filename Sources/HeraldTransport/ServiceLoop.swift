@@ -2,6 +2,7 @@ import CLibWebSockets
 import Foundation
 import HeraldCore
 import HeraldGateway
+import HeraldPorts
 import Synchronization
 
 /// One libwebsockets context on its own thread. Every loop watches the

@@ -1,6 +1,7 @@
 import Foundation
 import HeraldCore
 import HeraldGateway
+import HeraldPorts
 
 /// A command-line or configuration problem: one line on stderr, exit 2.
 struct UsageError: Error { let message: String; init(_ m: String) { message = m } }

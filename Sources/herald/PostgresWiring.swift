@@ -1,6 +1,7 @@
 import Foundation
 import HeraldCore
 import HeraldGateway
+import HeraldPorts
 import HeraldStores
 
 /// `--store postgres://...`: a URL libpq cannot parse is a usage error

@@ -1,5 +1,6 @@
 import HeraldCore
 import HeraldGateway
+import HeraldPorts
 import HeraldPush
 
 /// An app's `push` object in the config file (docs/OPERATIONS.md, "Push"):

@@ -1,6 +1,7 @@
 import CLibWebSockets
 import Foundation
 import HeraldGateway
+import HeraldPorts
 import HeraldTransport
 
 /// `herald serve --workers N`: N worker processes of this same binary behind

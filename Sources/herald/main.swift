@@ -4,6 +4,7 @@ import HeraldClientLWS
 import HeraldCore
 import HeraldCrypto
 import HeraldGateway
+import HeraldPorts
 import HeraldPush
 import HeraldRedis
 import HeraldStores

@@ -1,3 +1,4 @@
+import HeraldPorts
 import XCTest
 import HeraldCore
 @testable import HeraldGateway

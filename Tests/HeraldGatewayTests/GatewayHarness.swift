@@ -1,3 +1,4 @@
+import HeraldPorts
 import XCTest
 import Synchronization
 import HeraldCore

@@ -1,4 +1,5 @@
 import Foundation
+import HeraldPorts
 import XCTest
 import HeraldCore
 @testable import HeraldGateway

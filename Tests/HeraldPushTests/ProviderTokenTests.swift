@@ -1,5 +1,5 @@
 import HeraldCore
-import HeraldGateway
+import HeraldPorts
 import XCTest
 @testable import HeraldPush
 

@@ -1,6 +1,6 @@
 import HeraldCore
 import HeraldCurl
-import HeraldGateway
+import HeraldPorts
 @testable import HeraldPush
 import XCTest
 

@@ -1,7 +1,7 @@
 import Foundation
 import XCTest
 import HeraldCore
-@testable import HeraldGateway
+import HeraldPorts
 @testable import HeraldRedis
 
 /// The Redis bus against a real redis-server (scripts/test-servers exports

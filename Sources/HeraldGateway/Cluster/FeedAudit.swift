@@ -1,4 +1,5 @@
 import HeraldCore
+import HeraldPorts
 
 /// With a bus: the net under `FollowerRegistry.sequence`, which sees a
 /// missed record only when a later one of the same user arrives. A change

@@ -1,5 +1,6 @@
 import Dispatch
 import HeraldCore
+import HeraldPorts
 
 /// The engine's periodic store work: the expiry sweep (SPEC 3: expired
 /// notifications announced within 2 s), presence across nodes, the

@@ -1,4 +1,5 @@
 import HeraldCore
+import HeraldPorts
 
 /// Both ends of the push outbox (SPEC section 10), on the engine thread.
 ///

@@ -1,5 +1,6 @@
 import Foundation
 import HeraldCore
+import HeraldPorts
 
 /// Makes the engine's commits durable on a thread of its own, for stores
 /// whose `commit()` leaves that to a `CommitSync` (SQLite at full

@@ -1,5 +1,6 @@
 import HeraldCore
 import HeraldCrypto
+import HeraldPorts
 
 /// Long-poll sync and Server-Sent Events (SPEC section 4) for devices that
 /// cannot hold a WebSocket: both are outputs of a `Subscription`, so they

@@ -1,5 +1,6 @@
 import HeraldCore
 import HeraldCrypto
+import HeraldPorts
 
 /// What a subscription writes to: one adapter per transport (WebSocket,
 /// event stream, held poll), as centrifuge's `Transport`. Called on the

@@ -1,4 +1,5 @@
 import HeraldCore
+import HeraldPorts
 
 /// How a device is connected.
 public enum TransportKind: String, CaseIterable, Sendable { case websocket, sse, poll }

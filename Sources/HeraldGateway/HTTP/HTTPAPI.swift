@@ -1,6 +1,7 @@
 import Foundation
 import HeraldCore
 import HeraldCrypto
+import HeraldPorts
 
 /// The HTTP API of SPEC sections 2-4 and 6. Parsing, routing and
 /// authentication run on the shard's loop; writes run on the engine and

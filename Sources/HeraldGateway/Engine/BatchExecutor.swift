@@ -1,5 +1,6 @@
 import Foundation
 import HeraldCore
+import HeraldPorts
 
 /// What a `BatchExecutor` runs its batches in: a transaction it begins,
 /// claims locks in, commits or rolls back. The executor knows nothing of

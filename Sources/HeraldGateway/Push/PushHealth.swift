@@ -1,4 +1,5 @@
 import HeraldCore
+import HeraldPorts
 
 /// What `/healthz` says of push (SPEC section 10, docs/OPERATIONS.md "Push"):
 /// credentials a service refused, and services calling most of an app's

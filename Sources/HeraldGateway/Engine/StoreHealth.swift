@@ -1,4 +1,5 @@
 import HeraldCore
+import HeraldPorts
 import Synchronization
 
 /// Whether the store answered its last use, for `/healthz`, and the one

@@ -1,5 +1,6 @@
 import HeraldCore
 import HeraldCrypto
+import HeraldPorts
 
 /// The transport side of a WebSocket, as a session sees it.
 public protocol WebSocketOutput: AnyObject {

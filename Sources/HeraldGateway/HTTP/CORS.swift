@@ -1,4 +1,5 @@
 import HeraldCore
+import HeraldPorts
 
 /// Browser pages on other origins (CORS; docs/PROTOCOL.md section 7.1).
 /// Herald's credentials are bearer tokens and server keys, never cookies, so

@@ -1,4 +1,5 @@
 import HeraldCore
+import HeraldPorts
 
 /// One route of the HTTP API (SPEC sections 2-4, 6 and 10): a method of a
 /// path of `Path.all`, and its handler, whose case is the credential the

@@ -1,5 +1,6 @@
 import Dispatch
 import HeraldCore
+import HeraldPorts
 
 /// One service loop's share of the gateway: the subscriptions on its thread
 /// and their timers.

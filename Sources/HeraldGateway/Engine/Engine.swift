@@ -1,11 +1,6 @@
 import Foundation
 import HeraldCore
-
-/// Runs `job` on a service loop's thread. `post` is callable from any
-/// thread; the transport wakes the loop (lws_cancel_service) to run it.
-public protocol LoopExecutor: AnyObject, Sendable {
-    func post(_ job: @escaping @Sendable () -> Void)
-}
+import HeraldPorts
 
 /// One partition of the users: the only writer of their feeds, the owner
 /// of who follows them here, and the one way their committed changes fan
