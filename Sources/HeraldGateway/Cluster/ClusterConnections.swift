@@ -22,6 +22,7 @@ final class ClusterConnections {
 
     let node: String
     private let directory: ClusterDirectory
+    private let registry: FollowerRegistry
 
     /// What the store holds for this node's devices, as last committed.
     private struct Record: Equatable {
@@ -35,7 +36,7 @@ final class ClusterConnections {
     private var nextPrune: Millis = 0
 
     init(node: String, directory: ClusterDirectory, registry: FollowerRegistry) {
-        self.node = node; self.directory = directory
+        self.node = node; self.directory = directory; self.registry = registry
         registry.presenceDirty = [:]
     }
 
@@ -55,23 +56,23 @@ final class ClusterConnections {
 
     /// Renews the lease when due and records what changed, in one transaction.
     /// `now`: wall time, as the records' times; `tick`: when each step is due.
-    func flush(_ e: Engine, now: Millis, tick: Millis) {
+    func flush(_ transactions: Transactions, now: Millis, tick: Millis) {
         guard tick >= nextFlush else { return }
         nextFlush = tick + Self.flushEvery
         let renew = tick >= nextRenew, prune = tick >= nextPrune
-        guard renew || prune || e.registry.presenceDirty?.isEmpty == false else { return }
-        e.transaction("presence") { tx throws(StoreError) in
+        guard renew || prune || registry.presenceDirty?.isEmpty == false else { return }
+        transactions.run("presence") { tx throws(StoreError) in
             var base = written
-            var dirty = e.registry.presenceDirty ?? [:]
+            var dirty = registry.presenceDirty ?? [:]
             if renew, try !directory.renewLease(node: node, millis: Self.leaseMillis) {
                 base = [:]
-                dirty = e.registry.connectedDevices
+                dirty = registry.connectedDevices
             }
             if prune { try directory.pruneConnections(node: node) }
             var next = base
             for (user, ids) in dirty {
                 for id in ids {
-                    let want = Self.record(e.registry.connections(user, device: id), now: now)
+                    let want = Self.record(registry.connections(user, device: id), now: now)
                     let had = base[user]?[id]
                     guard Self.needsWrite(want, over: had) else { continue }
                     try directory.setConnection(node: node, user, device: id, transport: want?.transport.rawValue,
@@ -89,7 +90,7 @@ final class ClusterConnections {
             }
             tx.afterCommit { [self] in
                 written = next
-                e.registry.presenceDirty = [:]
+                registry.presenceDirty = [:]
                 if renew { nextRenew = tick + Self.renewEvery }
                 if prune { nextPrune = tick + Self.pruneEvery }
             }
@@ -108,8 +109,8 @@ final class ClusterConnections {
     }
 
     /// The gateway stops: its devices are shown disconnected at once.
-    func retire(_ e: Engine) {
-        e.transaction("presence (retiring the node)") { _ throws(StoreError) in try directory.retire(node: node) }
+    func retire(_ transactions: Transactions) {
+        transactions.run("presence (retiring the node)") { _ throws(StoreError) in try directory.retire(node: node) }
     }
 }
 

@@ -90,7 +90,7 @@ public final class Engine: @unchecked Sendable {  // engine-thread state, checke
     func start() {
         executor.start(between: { [unowned self] stopping in
             maintenance.run(self, now: clock.now(), tick: clock.ticks(), force: stopping)
-        }, atEnd: { [unowned self] in cluster?.retire(self) })
+        }, atEnd: { [unowned self] in cluster?.retire(transactions) })
     }
 
     /// Runs what is queued, flushes the store and stops the thread.
@@ -189,8 +189,10 @@ public final class Engine: @unchecked Sendable {  // engine-thread state, checke
     /// Runs `body` as its own transaction (maintenance), then its effects;
     /// whether it committed (`BatchExecutor.transaction`).
     @discardableResult func transaction(_ what: String, _ body: (FeedTransaction) throws(StoreError) -> Void) -> Bool {
-        executor.transaction(what) { () throws(StoreError) in try body(tx) }
+        transactions.run(what, body)
     }
+
+    var transactions: Transactions { Transactions(executor: executor, tx: tx) }
 
     /// Catches the followers here of `users` up from the store
     /// (`Subscription.recover`). `heads`, read before this call, are where

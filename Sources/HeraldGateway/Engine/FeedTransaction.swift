@@ -205,3 +205,16 @@ final class FeedTransaction: BatchTransaction {
     /// Whether the last commit reached the store (`NotificationStore.lastCommitReachedStore`).
     var lastCommitReachedStore: Bool { store.lastCommitReachedStore }
 }
+
+/// Runs a transaction of its own on the engine thread (periodic work:
+/// presence, push claims, maintenance): the executor's, through the feed
+/// transaction, so its effects run as a batch's do.
+struct Transactions {
+    let executor: BatchExecutor
+    let tx: FeedTransaction
+
+    /// Whether it committed (`BatchExecutor.transaction`).
+    @discardableResult func run(_ what: String, _ body: (FeedTransaction) throws(StoreError) -> Void) -> Bool {
+        executor.transaction(what) { () throws(StoreError) in try body(tx) }
+    }
+}

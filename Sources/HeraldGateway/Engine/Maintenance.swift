@@ -59,7 +59,7 @@ final class Maintenance {
             expiryDue = false
             e.transaction("expiry sweep") { tx throws(StoreError) in try Self.sweepExpired(tx, e.share, now: now) }
         }
-        e.cluster?.flush(e, now: now, tick: tick)
+        e.cluster?.flush(e.transactions, now: now, tick: tick)
         if tick >= nextSeenFlush || force {
             nextSeenFlush = tick + 30_000
             e.transaction("lastSeen flush") { tx throws(StoreError) in try Self.flushSeen(tx, e.registry, now: now) }
@@ -74,7 +74,7 @@ final class Maintenance {
             devices.run(e, tick: tick)
         }
         if e.devicesStale { e.devicesStale = !e.refreshConnectedDevices() }
-        e.push.run(e, now: now, tick: tick)
+        e.push.run(e.transactions, now: now, tick: tick, storeWide: e.doesStoreWideWork)
     }
 
     /// Asks the store, off the engine, whether a notification expired by

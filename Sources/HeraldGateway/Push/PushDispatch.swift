@@ -173,8 +173,8 @@ final class PushDispatch {
     // MARK: Sending
 
     /// Claims due pushes and hands them to the transport, when something may be due.
-    func run(_ e: Engine, now: Millis, tick: Millis) {
-        e.thread.preconditionCurrent()
+    /// `storeWide`: this partition counts the store's whole outbox (`Engine.doesStoreWideWork`).
+    func run(_ transactions: Transactions, now: Millis, tick: Millis, storeWide: Bool) {
         guard let transport else { return }
         let room = capacity - inFlight
         let retryDue = nextRetry.map { now >= $0 } ?? false
@@ -182,10 +182,10 @@ final class PushDispatch {
         wake = false
         nextPoll = tick + Self.pollEvery
         if retryDue { nextRetry = nil }
-        let countPending = tick >= nextPending && e.doesStoreWideWork
+        let countPending = tick >= nextPending && storeWide
         if countPending { nextPending = tick + Self.pendingEvery }
         var claimed = 0
-        let done = e.transaction("push claim") { tx throws(StoreError) in
+        let done = transactions.run("push claim") { tx throws(StoreError) in
             var outgoing: [OutgoingPush] = []
             let jobs = try tx.claimPushes(now: now, until: now + Self.claimLease, limit: room)
             claimed = jobs.count
