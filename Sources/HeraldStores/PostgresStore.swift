@@ -20,11 +20,15 @@ import HeraldCore
 ///
 /// Deadlocks: two batches locking two users in opposite orders would wait
 /// on each other. So a batch first `claim`s every user it names, in
-/// (app, user) order, the one order all nodes share; only users found while
-/// it runs (an app-wide send by tags) are locked later. A deadlock that
-/// still happens (PostgreSQL aborts one side after `deadlock_timeout`, 1 s
-/// by default) is a `StoreError` marked `conflict`, and the engine runs
-/// that batch again.
+/// (app, user) order, the one order all nodes share, with the holder of
+/// each push handle it takes (`.pushHolder` lookups, read before locking);
+/// only users found while it runs are locked later: those of an app-wide
+/// send by tags (in a batch of its own, in order), and a handle's holder
+/// that changed since the claim, locked `NOWAIT` (`pushHolder`: a refusal
+/// is a conflict rather than a wait out of order). A deadlock that still
+/// happens (with an outside session; PostgreSQL aborts one side after
+/// `deadlock_timeout`, 1 s by default) is a `StoreError` marked `conflict`,
+/// and the engine runs that batch again.
 ///
 /// The epoch is made by the first migration and stored in the database, so
 /// every node of one database has the same one, for the life of the
