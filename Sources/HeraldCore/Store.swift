@@ -171,7 +171,9 @@ public protocol NotificationStore: StoreLookups {
     /// user's feed lock), in one order every node shares, so that
     /// transactions of several users never wait on each other in a cycle;
     /// and may read the notifications `lookups` name at once, for the
-    /// transaction's later lookups. Stores with a single writer need nothing.
+    /// transaction's later lookups. A `.pushHolder` lookup claims the
+    /// handle's holder too, as found now. Stores with a single writer need
+    /// nothing.
     func claim(_ users: [UserKey], lookups: [NotificationLookup]) throws(StoreError)
     /// Another node committed `records`, changes of `user` in seq order
     /// (from the bus): a store that keeps what it knows of feeds between
@@ -297,11 +299,24 @@ public struct Pruned: Equatable, Sendable {
 public enum NotificationLookup: Hashable, Sendable {
     case id(UserKey, String)
     case appNotificationId(UserKey, String)
+    /// The registration holding the push handle whose `PushHandle.key` is
+    /// the string, in the user's app, which the transaction takes for the
+    /// user (and writes: the handle moves). Its user is claimed with the
+    /// others (PostgreSQL: locked in the one order) rather than found, and
+    /// locked, while the transaction runs.
+    case pushHolder(UserKey, key: String)
 
     public var user: UserKey {
         switch self {
-        case .id(let u, _), .appNotificationId(let u, _): u
+        case .id(let u, _), .appNotificationId(let u, _), .pushHolder(let u, _): u
         }
+    }
+
+    /// What registering `registration` for a device of `user` looks up: the
+    /// holder of the handle it sets, if any.
+    public static func registering(_ registration: DeviceRegistration?, for user: UserKey) -> [NotificationLookup] {
+        guard case .set(let handle)? = registration?.push else { return [] }
+        return [.pushHolder(user, key: handle.key)]
     }
 }
 

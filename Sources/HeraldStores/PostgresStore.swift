@@ -20,11 +20,15 @@ import HeraldCore
 ///
 /// Deadlocks: two batches locking two users in opposite orders would wait
 /// on each other. So a batch first `claim`s every user it names, in
-/// (app, user) order, the one order all nodes share; only users found while
-/// it runs (an app-wide send by tags) are locked later. A deadlock that
-/// still happens (PostgreSQL aborts one side after `deadlock_timeout`, 1 s
-/// by default) is a `StoreError` marked `conflict`, and the engine runs
-/// that batch again.
+/// (app, user) order, the one order all nodes share, with the holder of
+/// each push handle it takes (`.pushHolder` lookups, read before locking);
+/// only users found while it runs are locked later: those of an app-wide
+/// send by tags (in a batch of its own, in order), and a handle's holder
+/// that changed since the claim, locked `NOWAIT` (`pushHolder`: a refusal
+/// is a conflict rather than a wait out of order). A deadlock that still
+/// happens (with an outside session; PostgreSQL aborts one side after
+/// `deadlock_timeout`, 1 s by default) is a `StoreError` marked `conflict`,
+/// and the engine runs that batch again.
 ///
 /// The epoch is made by the first migration and stored in the database, so
 /// every node of one database has the same one, for the life of the
@@ -257,9 +261,22 @@ public final class PostgresStore: NotificationStore {
     /// a conflict when it commits. Nothing of such a transaction reaches
     /// anyone before then (the engine answers and delivers after commit),
     /// and it runs again reading, its users forgotten by the cache.
+    ///
+    /// `.pushHolder` lookups: each handle's holder is read first (a plain
+    /// read, one more round trip) and locked with the users, in the one
+    /// order. A holder that changes after this read is locked without
+    /// waiting, by `pushHolder`.
     public func claim(_ users: [UserKey], lookups: [NotificationLookup]) throws(StoreError) {
         guard inTransaction else { return }
-        let unlocked = Set(users + lookups.map(\.user)).filter { heads[$0] == nil }
+        var handles: [(app: String, key: String)] = []
+        var lookups = lookups
+        lookups.removeAll { l in
+            guard case .pushHolder(let u, let key) = l else { return false }
+            handles.append((u.app, key))
+            return true
+        }
+        let holders = handles.isEmpty ? [] : try holders(of: handles)
+        let unlocked = Set(users + lookups.map(\.user) + holders).filter { heads[$0] == nil }
         let unknown = Array(Set(lookups.filter { known[$0] == nil }))
         guard !unlocked.isEmpty || !unknown.isEmpty else { return }
         try check()
@@ -301,6 +318,20 @@ public final class PostgresStore: NotificationStore {
         }
     }
 
+    /// The users holding the handles of `(app, key)` pairs, as committed
+    /// now: read without locking anything, so it waits for no one.
+    private func holders(of handles: [(app: String, key: String)]) throws(StoreError) -> [UserKey] {
+        try check()
+        let r = try db.query("""
+            SELECT d.app, d.user_id FROM devices d
+            JOIN unnest($1::text[], $2::text[]) AS k(app, push_key) ON d.app = k.app AND d.push_key = k.push_key
+            """, [.textArray(handles.map(\.app)), .textArray(handles.map(\.key))])
+        return try (0..<r.count).map { i throws(StoreError) in
+            guard let app = r.text(i, 0), let user = r.text(i, 1) else { throw reads.corrupt("device") }
+            return UserKey(app: app, user: user)
+        }
+    }
+
     /// The notifications of arrays of (app, user, id) and of (app, user,
     /// appNotificationId).
     private static let readAheadSQL = """
@@ -320,6 +351,7 @@ public final class PostgresStore: NotificationStore {
             switch l {
             case .id(let u, let id): byId[0].append(u.app); byId[1].append(u.user); byId[2].append(id)
             case .appNotificationId(let u, let a): byApp[0].append(u.app); byApp[1].append(u.user); byApp[2].append(a)
+            case .pushHolder: break  // not read ahead (`claim`)
             }
         }
         return (readAheadSQL, (byId + byApp).map(PostgresValue.textArray))
@@ -818,11 +850,35 @@ extension PostgresStore {
         try db.send("DELETE FROM push_outbox WHERE app = $1 AND user_id = $2 AND device_id = $3", Self.key(user) + [.text(deviceId)])
     }
 
+    /// Inside a transaction, also locks the holder's user, which the caller
+    /// is about to write (the handle moves). Its claim locked the holder it
+    /// found then (`.pushHolder`); one that took the handle since is locked
+    /// `NOWAIT`, out of the shared order, so it must not wait: a refusal is
+    /// a conflict, and the batch runs again, its claim finding the new holder.
     public func pushHolder(app: String, key: String) throws(StoreError) -> (user: String, deviceId: String)? {
         try check()
-        let r = try db.query("SELECT user_id, device_id FROM devices WHERE app = $1 AND push_key = $2", [.text(app), .text(key)])
-        guard r.count > 0, let u = r.text(0, 0), let d = r.text(0, 1) else { return nil }
-        return (u, d)
+        while true {
+            let r = try db.query("SELECT user_id, device_id FROM devices WHERE app = $1 AND push_key = $2", [.text(app), .text(key)])
+            guard r.count > 0, let u = r.text(0, 0), let d = r.text(0, 1) else { return nil }
+            let user = UserKey(app: app, user: u)
+            guard inTransaction, heads[user] == nil else { return (u, d) }
+            // Locked, the holder may have let the handle go: read it again.
+            try lockWithoutWaiting(user)
+        }
+    }
+
+    /// `lock`, refusing to wait for another transaction holding the row.
+    private func lockWithoutWaiting(_ user: UserKey) throws(StoreError) {
+        let r: PostgresRows
+        do {
+            r = try db.query("SELECT head FROM feeds WHERE app = $1 AND user_id = $2 FOR UPDATE NOWAIT", Self.key(user))
+        } catch {
+            // A refusal, not a lock wait that ran out (no node to fence).
+            db.lockWaitRanOut = false
+            throw error
+        }
+        guard r.count == 1 else { return try lock(user) }  // no row: none to wait for, but one to create
+        heads[user] = r.int64(0, 0)
     }
 
     public func pendingPushes() throws(StoreError) -> Int {

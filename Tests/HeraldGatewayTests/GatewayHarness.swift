@@ -69,6 +69,12 @@ final class FailingStore: NotificationStore {
     var offersReader = false
     var epoch: String { inner.epoch }
     func begin() throws(StoreError) { try inner.begin() }
+    /// Every lookup claimed so far, in order.
+    var claimedLookups: [NotificationLookup] = []
+    func claim(_ users: [UserKey], lookups: [NotificationLookup]) throws(StoreError) {
+        claimedLookups += lookups
+        try inner.claim(users, lookups: lookups)
+    }
     func commit() throws(StoreError) {
         if failCommits > 0 {
             failCommits -= 1

@@ -534,6 +534,30 @@ final class PushOutboxTests: XCTestCase {
         XCTAssertEqual(again.response?.status, 404)
     }
 
+    /// Each way of registering a handle names it in the batch's claim, so
+    /// a shared store locks its holder in the one order (PostgresStore).
+    func testEveryRegistrationOfAHandleClaimsItsHolder() {
+        let store = FailingStore()
+        h = Harness(store: store, apps: [Self.app], push: transport)
+        let u = UserKey(app: Self.app.id, user: "u")
+        func claimed(_ handle: PushHandle) -> Bool { store.claimedLookups.contains(.pushHolder(u, key: handle.key)) }
+        XCTAssertEqual(register("u", "phone", apns()).response?.status, 200)
+        XCTAssertTrue(claimed(.apns(token: Self.apnsToken, environment: .production)), "PUT /v1/me/devices/{id}")
+        let put = h.request("PUT", "/v1/apps/\(Self.app.id)/users/u/devices/tab", body: ["platform": "android",
+                                                                                       "push": ["service": "fcm", "token": "abc:def"]])
+        h.settle()
+        XCTAssertEqual(put.response?.status, 200)
+        XCTAssertTrue(claimed(.fcm(token: "abc:def")), "the server's PUT")
+        let ws = h.webSocket()
+        let o: JSONObject = ["type": "hello", "token": .string(h.token("u")), "deviceId": "d1",
+                             "push": ["service": "fcm", "token": "ws:token"]]
+        ws.session.receive(.text(JSON.object(o).encoded))
+        h.settle()
+        ws.read()
+        XCTAssertEqual(ws.frames.last?["type"], "welcome")
+        XCTAssertTrue(claimed(.fcm(token: "ws:token")), "a hello with push")
+    }
+
     func testAHelloWithAHandleTheAppCannotTakeIsRefused() {
         let ws = h.webSocket()
         var o: JSONObject = ["type": "hello", "token": .string(h.token("u")), "deviceId": "d1"]

@@ -997,6 +997,113 @@ final class PostgresStoreTests: XCTestCase {
         XCTAssertEqual(try reader.read { r throws(StoreError) in try r.history(alice, after: nil, limit: 10).count }, 2)
         XCTAssertEqual(try idle.read { r throws(StoreError) in try r.feed(alice).head }, 2)
     }
+
+    // MARK: Push handles moving between users
+
+    static let handle = PushHandle.fcm(token: "moving-token")
+
+    /// Whether another session holds `user`'s feed lock (a `NOWAIT` lock
+    /// from `probe`, rolled back at once).
+    func isLocked(_ user: UserKey, probe: PostgresStore) throws -> Bool {
+        try probe.db.execute("BEGIN")
+        defer { _ = try? probe.db.script("ROLLBACK") }
+        do {
+            _ = try probe.db.query("SELECT head FROM feeds WHERE app = $1 AND user_id = $2 FOR UPDATE NOWAIT",
+                                   [.text(user.app), .text(user.user)])
+            return false
+        } catch { return true }
+    }
+
+    /// A registration that takes another user's handle (`.pushHolder`)
+    /// claims the holder with its own user, in the one order: blocked on
+    /// the holder (u1), it holds nothing after it (u2, itself), so a batch
+    /// holding u1 that then wants u2, in that same order, gets it rather
+    /// than deadlocking (as it did when the holder was locked only once
+    /// found, mid-batch, after u2).
+    func testTakingAHandleClaimsItsHolderInTheSharedOrder() throws {
+        let url = database.url
+        let u1 = UserKey(app: "app1", user: "u1"), u2 = UserKey(app: "app1", user: "u2")
+        let a = try PostgresStore(url: url), b = try PostgresStore(url: url), probe = try PostgresStore(url: url)
+        try a.saveDevice(u1, Device(deviceId: "old", lastSeenAt: 1, push: Self.handle))
+        try a.begin()
+        try a.claim([u1, u2])  // their feed rows, for `isLocked`
+        _ = try a.feed(u1)
+        try a.commit()
+        try b.begin()
+        try b.claim([u1])
+        _ = try b.feed(u1)
+        let pid = try a.db.query("SELECT pg_backend_pid()").int64(0, 0)
+        let done = DispatchSemaphore(value: 0)
+        let failure = Mutex<String?>(nil)
+        let mover = Unchecked(a)
+        Thread.detachNewThread {
+            let a = mover.value
+            do {
+                try a.begin()
+                try a.claim([u2], lookups: [.pushHolder(u2, key: Self.handle.key)])
+                let holder = try a.pushHolder(app: "app1", key: Self.handle.key)
+                guard let holder else { throw StoreError("no holder") }
+                let other = UserKey(app: "app1", user: holder.user)
+                guard var d = try a.device(other, id: holder.deviceId) else { throw StoreError("no device") }
+                d.push = nil
+                try a.saveDevice(other, d)
+                try a.saveDevice(u2, Device(deviceId: "new", lastSeenAt: 2, push: Self.handle))
+                try a.commit()
+            } catch { a.rollback(); failure.withLock { $0 = "\(error)" } }
+            done.signal()
+        }
+        // Until a's claim waits for b's lock of u1 (an event, not a delay).
+        let deadline = Date().addingTimeInterval(20)
+        while try probe.db.query("SELECT count(*) FROM pg_locks WHERE pid = $1 AND NOT granted", [.int(pid)]).int64(0, 0) == 0 {
+            guard Date() < deadline else { XCTFail("a never waited for u1"); break }
+            Thread.sleep(forTimeInterval: 0.01)
+        }
+        XCTAssertFalse(try isLocked(u2, probe: probe), "waiting in its claim, a holds nothing after u1")
+        try b.claim([u2])
+        _ = try b.feed(u2)
+        try b.commit()
+        XCTAssertEqual(done.wait(timeout: .now() + 20), .success)
+        XCTAssertNil(failure.withLock { $0 })
+        XCTAssertTrue(try probe.pushHolder(app: "app1", key: Self.handle.key)! == (user: "u2", deviceId: "new"))
+        XCTAssertNil(try probe.device(u1, id: "old")?.push)
+    }
+
+    /// A holder that took the handle after the claim read it is locked
+    /// without waiting: taken by another transaction, a conflict (the
+    /// engine runs the batch again, and its claim finds the new holder);
+    /// free, locked then and there.
+    func testAHolderFoundAfterTheClaimIsLockedWithoutWaiting() throws {
+        let url = database.url
+        let u2 = UserKey(app: "app1", user: "u2"), u3 = UserKey(app: "app1", user: "u3")
+        let a = try PostgresStore(url: url), b = try PostgresStore(url: url), probe = try PostgresStore(url: url)
+        try a.begin()
+        try a.claim([u2], lookups: [.pushHolder(u2, key: Self.handle.key)])  // no holder yet
+        try b.begin()
+        try b.claim([u3])
+        try b.saveDevice(u3, Device(deviceId: "tab", lastSeenAt: 1, push: Self.handle))
+        try b.commit()
+        try b.begin()
+        try b.claim([u3])
+        _ = try b.feed(u3)
+        XCTAssertThrowsError(try a.pushHolder(app: "app1", key: Self.handle.key)) { e in
+            XCTAssertEqual((e as? StoreError)?.conflict, true, "\(e)")
+        }
+        a.rollback()
+        b.rollback()
+        // Run again: the claim finds u3 and locks it with u2.
+        try a.begin()
+        try a.claim([u2], lookups: [.pushHolder(u2, key: Self.handle.key)])
+        XCTAssertTrue(try isLocked(u3, probe: probe), "claimed with the registering user")
+        XCTAssertTrue(try a.pushHolder(app: "app1", key: Self.handle.key)! == (user: "u3", deviceId: "tab"))
+        a.rollback()
+        // Not claimed but free: locked at once.
+        try a.begin()
+        try a.claim([u2])
+        XCTAssertFalse(try isLocked(u3, probe: probe))
+        XCTAssertTrue(try a.pushHolder(app: "app1", key: Self.handle.key)! == (user: "u3", deviceId: "tab"))
+        XCTAssertTrue(try isLocked(u3, probe: probe), "the holder is the transaction's to write")
+        a.rollback()
+    }
 }
 
 /// Hands a value to another thread that alone uses it from then on.

@@ -212,7 +212,7 @@ extension Gateway {
         let reg = try DeviceRegistration(bytes: c.req.body)
         if let refusal = pushRefusal(app: user.app, reg) { throw refusal }
         let clock = self.clock
-        c.x.write(user) { e throws(StoreError) in
+        c.x.write(user, NotificationLookup.registering(reg, for: user)) { e throws(StoreError) in
             try e.registerDevice(user, deviceId: id, reg, now: clock.now()).map { .json(200, ["device": $0]) }
         }
     }

@@ -163,7 +163,7 @@ final class Subscription {
     func start(registering registration: DeviceRegistration? = nil) {
         shard.thread.preconditionCurrent()
         let r = terms, index = shard.index, now = gateway.clock.now()
-        gateway.engine(for: r.user).perform(on: shard, users: [r.user], { e throws(StoreError) in
+        gateway.engine(for: r.user).perform(on: shard, users: [r.user], lookups: NotificationLookup.registering(registration, for: r.user), { e throws(StoreError) in
             try e.admit(r, registering: registration, shard: index, now: now)
         }) { [self] result in
             switch result {
