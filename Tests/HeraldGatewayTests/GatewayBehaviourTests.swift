@@ -70,37 +70,40 @@ final class GatewayBehaviourTests: XCTestCase {
     /// A subscription whose admission batch failed is refused (1001 on a
     /// WebSocket) and leaves no follow behind.
     func testFailedAdmissionClosesAndFollowsNothing() {
+        let (h, s) = helloOnFailingStore { $0.failCommits = 1 }
+        XCTAssertEqual(s.session.closeRequest?.code, .goingAway)
+        XCTAssertEqual(s.frames.last?["code"], "unavailable")
+        assertFollows(h, 0, "nor a connection of its device")
+    }
+
+    /// A hello of device d1 of user u, its batch run once `failing` set up the store.
+    private func helloOnFailingStore(_ failing: (FailingStore) -> Void) -> (Harness, RecordingSocket) {
         let store = FailingStore()
         let h = Harness(store: store)
-        store.failCommits = 1
+        failing(store)
         let s = h.webSocket()
         h.hello(s, user: "u")
         h.settle(); s.read()
-        XCTAssertEqual(s.session.closeRequest?.code, .goingAway)
-        XCTAssertEqual(s.frames.last?["code"], "unavailable")
+        return (h, s)
+    }
+
+    /// User u's followers, and its device d1's open WebSockets, are `n`.
+    private func assertFollows(_ h: Harness, _ n: Int, _ why: String = "", line: UInt = #line) {
         let registry = h.gateway.soleEngine.registry, u = UserKey(app: Harness.app.id, user: "u")
-        XCTAssertEqual(registry.followers(of: u), 0)
-        XCTAssertEqual(registry.connections(u, device: "d1")?.websocket ?? 0, 0, "nor a connection of its device")
+        XCTAssertEqual(registry.followers(of: u), n, why, line: line)
+        XCTAssertEqual(Int(registry.connections(u, device: "d1")?.websocket ?? 0), n, why, line: line)
     }
 
     /// An admission whose batch lost a conflict and ran again follows once:
     /// the rolled-back run's follow was taken back with its transaction.
     func testAnAdmissionRunAgainAfterAConflictFollowsOnce() {
-        let store = FailingStore()
-        let h = Harness(store: store)
-        store.conflictCommits = 1
-        let s = h.webSocket()
-        h.hello(s, user: "u")
-        h.settle(); s.read()
+        let (h, s) = helloOnFailingStore { $0.conflictCommits = 1 }
         XCTAssertEqual(s.frames.last?["type"], "welcome")
         XCTAssertEqual(h.gateway.metrics.storeConflictRetries.load(ordering: .relaxed), 1, "the batch ran twice")
-        let registry = h.gateway.soleEngine.registry, u = UserKey(app: Harness.app.id, user: "u")
-        XCTAssertEqual(registry.followers(of: u), 1)
-        XCTAssertEqual(registry.connections(u, device: "d1")?.websocket, 1)
+        assertFollows(h, 1)
         s.session.transportClosed()
         h.settle()
-        XCTAssertEqual(registry.followers(of: u), 0, "its release is the only undo, and undoes it all")
-        XCTAssertEqual(registry.connections(u, device: "d1")?.websocket ?? 0, 0)
+        assertFollows(h, 0, "its release is the only undo, and undoes it all")
     }
 
     // MARK: Slow consumers
