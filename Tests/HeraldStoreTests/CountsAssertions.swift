@@ -19,6 +19,7 @@ func scannedCounts(_ notes: [Notification]) -> [String: TargetingCounts] {
         var c = out[countsKey(canonical)] ?? TargetingCounts(targeting: canonical)
         c.total += 1
         if n.readState == .unread { c.unread += 1 }
+        if n.seenState == .unseen { c.unseen += 1 }
         if n.userActionState == .noInteraction { c.noInteraction += 1 }
         out[countsKey(canonical)] = c
     }
