@@ -244,7 +244,14 @@ public actor HeraldClient {
     /// how many. Their changes arrive like any other.
     @discardableResult
     public func readAll() async throws(HeraldClientError) -> Int {
-        return try await withAPI { api, token throws(HeraldClientError) in try await api.readAll(token: token) }
+        return try await withAPI { api, token throws(HeraldClientError) in try await api.markAll("read-all", token: token) }
+    }
+
+    /// Marks every unseen notification this device may see seen (the bell
+    /// was opened); answers how many. Their changes arrive like any other.
+    @discardableResult
+    public func seenAll() async throws(HeraldClientError) -> Int {
+        return try await withAPI { api, token throws(HeraldClientError) in try await api.markAll("seen-all", token: token) }
     }
 
     // MARK: Queries (HTTP, on demand; the local set is `notifications`)

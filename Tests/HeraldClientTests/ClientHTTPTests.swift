@@ -47,7 +47,11 @@ final class ClientHTTPTests: ClientTestCase {
         let unread = try await tablet.history(limit: 500, readState: .unread)
         XCTAssertEqual(unread.notifications.count, 117)
         let counts = try await tablet.counts()
-        XCTAssertEqual(counts, Counts(unread: 117, noInteraction: 118, total: 119))
+        XCTAssertEqual(counts, Counts(unread: 117, noInteraction: 118, total: 119, unseen: 117))
+        let seen = try await tablet.seenAll()
+        XCTAssertEqual(seen, 117)
+        let afterSeen = try await tablet.counts()
+        XCTAssertEqual(afterSeen, Counts(unread: 117, noInteraction: 118, total: 119, unseen: 0), "seen is not read")
         let marked = try await tablet.readAll()
         XCTAssertEqual(marked, 117)
         let after = try await tablet.counts()
@@ -74,7 +78,7 @@ final class ClientHTTPTests: ClientTestCase {
             return try await client.counts()
         }
         let trusted = try await counts(caFile: good.cert)
-        XCTAssertEqual(trusted, Counts(unread: 0, noInteraction: 0, total: 0))
+        XCTAssertEqual(trusted, Counts(unread: 0, noInteraction: 0, total: 0, unseen: 0))
         do {
             _ = try await counts(caFile: nil)
             XCTFail("a self-signed certificate was accepted over https")
