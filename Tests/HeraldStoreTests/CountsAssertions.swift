@@ -51,3 +51,17 @@ func assertCountsMatchHistory(_ store: StoreReading, _ user: UserKey, _ message:
                    "\(user) \(message())", file: file, line: line)
 }
 
+
+/// SQL (SQLite's and PostgreSQL's alike) that takes `seenState` out of the
+/// stored JSON of changes and notification rows, as an older schema wrote
+/// them: the first part of a test's downgrade.
+let withoutSeenStateInTheStoredJSON: String = {
+    func strip(_ column: String) -> String {
+        "replace(replace(\(column), ',\"seenState\":\"unseen\"', ''), ',\"seenState\":\"seen\"', '')"
+    }
+    return """
+        UPDATE changes SET change = \(strip("change"));
+        UPDATE notifications SET json = \(strip("json")) WHERE json <> '';
+
+        """
+}()

@@ -698,12 +698,7 @@ final class PostgresStoreTests: XCTestCase {
     /// Turns a database of this version into what version 9 wrote: no
     /// `seenState` in the stored JSON, no seen_state or unseen columns.
     func downgradeToVersion9(_ store: PostgresStore) throws {
-        let strip = { (column: String) in
-            "replace(replace(\(column), ',\"seenState\":\"unseen\"', ''), ',\"seenState\":\"seen\"', '')"
-        }
-        try store.db.script("""
-            UPDATE changes SET change = \(strip("change"));
-            UPDATE notifications SET json = \(strip("json")) WHERE json <> '';
+        try store.db.script(withoutSeenStateInTheStoredJSON + """
             ALTER TABLE notifications DROP COLUMN seen_state; ALTER TABLE counts DROP COLUMN unseen;
             ALTER TABLE changes DROP COLUMN before_unseen, DROP COLUMN after_unseen;
             DELETE FROM herald_schema WHERE version >= 10;

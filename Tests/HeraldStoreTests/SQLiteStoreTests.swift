@@ -225,12 +225,7 @@ final class SQLiteStoreTests: XCTestCase {
     /// Turns a file of this version into what version 10 wrote: no
     /// `seenState` in the stored JSON, no seen_state or unseen columns.
     func downgradeToVersion10(_ s: SQLiteStore) throws {
-        let strip = { (column: String) in
-            "replace(replace(\(column), ',\"seenState\":\"unseen\"', ''), ',\"seenState\":\"seen\"', '')"
-        }
-        try s.db.script("""
-            UPDATE changes SET change = \(strip("change"));
-            UPDATE notifications SET json = \(strip("json")) WHERE json <> '';
+        try s.db.script(withoutSeenStateInTheStoredJSON + """
             ALTER TABLE notifications DROP COLUMN seen_state; ALTER TABLE feeds DROP COLUMN unseen;
             ALTER TABLE counts DROP COLUMN unseen;
             ALTER TABLE changes DROP COLUMN before_unseen; ALTER TABLE changes DROP COLUMN after_unseen;
