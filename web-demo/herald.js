@@ -283,12 +283,14 @@ export class HeraldClient {
   snooze(id, opts) { return this.update(id, { userActionState: 'snoozed' }, opts); }
 
   /**
-   * Changes a notification's state: fields { readState?, userActionState? },
-   * opts { ifVersion?, markRead? }. Resolves to { notification, seq }.
+   * Changes a notification's state: fields { readState?, seenState?,
+   * userActionState? } (read also makes it seen), opts { ifVersion?, markRead? }.
+   * Resolves to { notification, seq }.
    */
   async update(id, fields, opts = {}) {
     const body = {};
     if (fields.readState) body.readState = fields.readState;
+    if (fields.seenState) body.seenState = fields.seenState;
     if (fields.userActionState) body.userActionState = fields.userActionState;
     if (opts.markRead) body.readState = 'read';
     const ifVersion = opts.ifVersion ?? fields.ifVersion;
