@@ -164,6 +164,7 @@ export class HeraldClient {
     this._epoch = null;
     this._scope = null;
     this._unread = null;
+    this._unseen = null;          // the gateway's unseen count (welcome/counts frames), else the local one
     this._status = 'offline';
     this._transport = null;
 
@@ -203,6 +204,8 @@ export class HeraldClient {
   /** Current notifications, newest createdAt first. */
   get notifications() { return sortNotifications([...this._map.values()]); }
   get unread() { return this._unread ?? this._localUnread(); }
+  /** Unseen notifications (seenState "unseen"): what a badge counts. */
+  get unseen() { return this._unseen ?? this._localCount('seenState', 'unseen'); }
   get status() { return this._status; }
   get transport() { return this._transport; }
   get cursor() { return this._cursor; }
@@ -210,7 +213,8 @@ export class HeraldClient {
 
   /**
    * Events: 'notifications' (list), 'change' (change object), 'reset' (list),
-   * 'status' (status, transport), 'unread' (count), 'error' (HeraldError).
+   * 'status' (status, transport), 'unread' (count), 'unseen' (count, from the
+   * gateway's welcome and counts frames), 'error' (HeraldError).
    * Returns a function that removes the listener.
    */
   on(event, fn) {
@@ -262,6 +266,7 @@ export class HeraldClient {
     this._cursor = null;
     this._epoch = null;
     this._unread = null;
+    this._unseen = null;
     clearTimeout(this._persistTimer);
     this._persistTimer = null;
     try { this._storage?.removeItem(this._storageKey); } catch { /* ignore */ }
@@ -270,18 +275,22 @@ export class HeraldClient {
 
   markRead(id, opts) { return this.update(id, { readState: 'read' }, opts); }
   markUnread(id, opts) { return this.update(id, { readState: 'unread' }, opts); }
+  /** Seen (the bell was opened) without reading it; read also makes it seen. */
+  markSeen(id, opts) { return this.update(id, { seenState: 'seen' }, opts); }
   /** opts: { ifVersion?: number, markRead?: boolean } */
   dismiss(id, opts) { return this.update(id, { userActionState: 'dismissed' }, opts); }
   activate(id, opts) { return this.update(id, { userActionState: 'activated' }, opts); }
   snooze(id, opts) { return this.update(id, { userActionState: 'snoozed' }, opts); }
 
   /**
-   * Changes a notification's state: fields { readState?, userActionState? },
-   * opts { ifVersion?, markRead? }. Resolves to { notification, seq }.
+   * Changes a notification's state: fields { readState?, seenState?,
+   * userActionState? } (read also makes it seen), opts { ifVersion?, markRead? }.
+   * Resolves to { notification, seq }.
    */
   async update(id, fields, opts = {}) {
     const body = {};
     if (fields.readState) body.readState = fields.readState;
+    if (fields.seenState) body.seenState = fields.seenState;
     if (fields.userActionState) body.userActionState = fields.userActionState;
     if (opts.markRead) body.readState = 'read';
     const ifVersion = opts.ifVersion ?? fields.ifVersion;
@@ -339,6 +348,11 @@ export class HeraldClient {
   /** Marks every unread notification this device may see read (HTTP). */
   markAllRead() {
     return this._http('POST', '/v1/me/notifications/read-all', { body: {} });
+  }
+
+  /** Marks every unseen notification this device may see seen (HTTP): the bell was opened. */
+  seenAll() {
+    return this._http('POST', '/v1/me/notifications/seen-all', { body: {} });
   }
 
   // ------------------------------------------------------------------ Web Push
@@ -431,10 +445,18 @@ export class HeraldClient {
     this._emitUnreadIfLocal();
   }
 
-  _localUnread() {
+  _localUnread() { return this._localCount('readState', 'unread'); }
+
+  _localCount(field, value) {
     let n = 0;
-    for (const x of this._map.values()) if (x.readState === 'unread') n++;
+    for (const x of this._map.values()) if (x[field] === value) n++;
     return n;
+  }
+
+  _setUnseen(n) {
+    if (typeof n !== 'number' || n === this._unseen) return;
+    this._unseen = n;
+    this._emit('unseen', n);
   }
 
   _setUnread(n) {
@@ -504,6 +526,7 @@ export class HeraldClient {
       this._cursor = null;
       this._epoch = null;
       this._unread = null;
+      this._unseen = null;
       this._registered = false;
       this._scope = scope;
       if (hadState) this._emitList();
@@ -954,10 +977,12 @@ export class HeraldClient {
         this._wsLive = true;
         this._becameLive(gen);
         this._setUnread(msg.unread);
+        this._setUnseen(msg.unseen);
         this._startPing(gen);
         break;
       case 'counts':
         this._setUnread(msg.unread);
+        this._setUnseen(msg.unseen);
         break;
       case 'tokenExpiring':
         this._refreshWsToken(gen);

@@ -12,6 +12,8 @@ public struct Counts: Sendable, Equatable {
     public var unread: Int
     public var noInteraction: Int
     public var total: Int
+    /// Notifications not yet seen (`seenState` `unseen`): what a badge counts.
+    public var unseen: Int
 }
 
 /// What the polling route answers (PROTOCOL.md 4.6).
@@ -62,13 +64,15 @@ struct DeviceAPI: Sendable {
         let o = try await call("GET", "/v1/me/counts", [], token: token)
         guard let unread = o["unread"]?.int64Value, let fresh = o["noInteraction"]?.int64Value,
               let total = o["total"]?.int64Value else { throw .badFrame("malformed counts") }
-        return Counts(unread: Int(unread), noInteraction: Int(fresh), total: Int(total))
+        // A gateway before seenState: unseen as unread (read ones count as seen).
+        let unseen = o["unseen"]?.int64Value ?? unread
+        return Counts(unread: Int(unread), noInteraction: Int(fresh), total: Int(total), unseen: Int(unseen))
     }
 
-    /// Answers how many notifications it marked read.
-    func readAll(token: String) async throws(HeraldClientError) -> Int {
-        let o = try await call("POST", "/v1/me/notifications/read-all", [], token: token, body: .object(JSONObject()))
-        guard let updated = o["updated"]?.int64Value else { throw .badFrame("a malformed read-all answer") }
+    /// `all`: `read-all` or `seen-all`; answers how many notifications it marked.
+    func markAll(_ all: String, token: String) async throws(HeraldClientError) -> Int {
+        let o = try await call("POST", "/v1/me/notifications/" + all, [], token: token, body: .object(JSONObject()))
+        guard let updated = o["updated"]?.int64Value else { throw .badFrame("a malformed \(all) answer") }
         return Int(updated)
     }
 

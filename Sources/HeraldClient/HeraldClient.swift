@@ -183,13 +183,16 @@ public actor HeraldClient {
 
     // Over the WebSocket while it is live, else over HTTP (PROTOCOL.md 4).
 
-    /// Sets the read and/or action state; `ifVersion` makes it conditional
-    /// (`.server(code: "precondition_failed", ...)` when the version moved on).
+    /// Sets the read, seen and/or action state (read also makes it seen);
+    /// `ifVersion` makes it conditional (`.server(code:
+    /// "precondition_failed", ...)` when the version moved on).
     @discardableResult
-    public func update(_ id: String, readState: ReadState? = nil, userActionState: UserActionState? = nil,
+    public func update(_ id: String, readState: ReadState? = nil, seenState: SeenState? = nil,
+                       userActionState: UserActionState? = nil,
                        ifVersion: Int64? = nil) async throws(HeraldClientError) -> HeraldNotification? {
         var fields = JSONObject()
         if let readState { fields["readState"] = .string(readState.rawValue) }
+        if let seenState { fields["seenState"] = .string(seenState.rawValue) }
         if let userActionState { fields["userActionState"] = .string(userActionState.rawValue) }
         guard isWebSocketLive else {
             return try await withAPI { api, token throws(HeraldClientError) in
@@ -210,6 +213,12 @@ public actor HeraldClient {
     @discardableResult
     public func markUnread(_ id: String, ifVersion: Int64? = nil) async throws(HeraldClientError) -> HeraldNotification? {
         try await update(id, readState: .unread, ifVersion: ifVersion)
+    }
+
+    /// Seen (shown in the bell or inbox) without reading it.
+    @discardableResult
+    public func markSeen(_ id: String, ifVersion: Int64? = nil) async throws(HeraldClientError) -> HeraldNotification? {
+        try await update(id, seenState: .seen, ifVersion: ifVersion)
     }
 
     @discardableResult
@@ -244,7 +253,14 @@ public actor HeraldClient {
     /// how many. Their changes arrive like any other.
     @discardableResult
     public func readAll() async throws(HeraldClientError) -> Int {
-        return try await withAPI { api, token throws(HeraldClientError) in try await api.readAll(token: token) }
+        return try await withAPI { api, token throws(HeraldClientError) in try await api.markAll("read-all", token: token) }
+    }
+
+    /// Marks every unseen notification this device may see seen (the bell
+    /// was opened); answers how many. Their changes arrive like any other.
+    @discardableResult
+    public func seenAll() async throws(HeraldClientError) -> Int {
+        return try await withAPI { api, token throws(HeraldClientError) in try await api.markAll("seen-all", token: token) }
     }
 
     // MARK: Queries (HTTP, on demand; the local set is `notifications`)

@@ -7,6 +7,7 @@ import HeraldCore
 /// `HeraldNotification` because Foundation has a `Notification` too.
 public typealias HeraldNotification = HeraldCore.Notification
 public typealias ReadState = HeraldCore.ReadState
+public typealias SeenState = HeraldCore.SeenState
 public typealias UserActionState = HeraldCore.UserActionState
 public typealias Platform = HeraldCore.Platform
 /// Why a notification left this device: `deleted`, `expired`, or `hidden`

@@ -39,21 +39,45 @@ public struct Change: Sendable, Equatable {
     }
 }
 
-/// Whether a notification was there for a viewer, and unread: enough to
-/// tell each device what a change means to it without per-device state.
+/// A device's badge counts (SPEC sections 4, 5 and 11): its unread and
+/// unseen notifications, or how a change moves them.
+public struct Badge: Sendable, Equatable {
+    public var unread: Int
+    public var unseen: Int
+    public init(unread: Int = 0, unseen: Int = 0) { self.unread = unread; self.unseen = unseen }
+    public static let zero = Badge()
+    public var isZero: Bool { self == .zero }
+    public static func + (a: Badge, b: Badge) -> Badge { Badge(unread: a.unread + b.unread, unseen: a.unseen + b.unseen) }
+    public static func - (a: Badge, b: Badge) -> Badge { Badge(unread: a.unread - b.unread, unseen: a.unseen - b.unseen) }
+    public static func += (a: inout Badge, b: Badge) { a = a + b }
+}
+
+/// Whether a notification was there for a viewer, and unread and unseen:
+/// enough to tell each device what a change means to it without
+/// per-device state.
 public struct Presence: Sendable, Equatable {
     public let targeting: Targeting
     public let unread: Bool
-    public init(targeting: Targeting, unread: Bool) { self.targeting = targeting; self.unread = unread }
-    public init(_ n: Notification) { self.init(targeting: n.targeting, unread: n.readState == .unread) }
+    public let unseen: Bool
+    public init(targeting: Targeting, unread: Bool, unseen: Bool) {
+        self.targeting = targeting; self.unread = unread; self.unseen = unseen
+    }
+    public init(_ n: Notification) {
+        self.init(targeting: n.targeting, unread: n.readState == .unread, unseen: n.seenState == .unseen)
+    }
+
+    /// What it adds to a badge.
+    public var badge: Badge { Badge(unread: unread ? 1 : 0, unseen: unseen ? 1 : 0) }
 
     /// The form the bus carries (keys as in a notification).
     public var json: JSON {
-        ["unread": .bool(unread),
+        ["unread": .bool(unread), "unseen": .bool(unseen),
          "targetPlatforms": targeting.platforms.map { .array($0.map { .string($0.rawValue) }) } ?? .null,
          "targetTags": targeting.tags.map { .string($0.source) } ?? .null]
     }
 
+    /// `unseen` absent (from a node before it existed): as `unread` implies
+    /// (`SeenState.implied`).
     public init?(json: JSON) {
         guard let o = json.objectValue, let unread = o["unread"]?.boolValue else { return nil }
         var platforms: [Platform]? = nil
@@ -66,7 +90,7 @@ public struct Presence: Sendable, Equatable {
             guard let t = try? TagExpression.parse(source) else { return nil }
             tags = t
         }
-        self.init(targeting: Targeting(platforms: platforms, tags: tags), unread: unread)
+        self.init(targeting: Targeting(platforms: platforms, tags: tags), unread: unread, unseen: o["unseen"]?.boolValue ?? unread)
     }
 }
 
@@ -156,9 +180,9 @@ public struct ChangeRecord: Sendable {
         return encoded
     }
 
-    /// How this change moves `viewer`'s unread count.
-    public func unreadDelta(for viewer: Viewer) -> Int {
-        func counted(_ p: Presence?) -> Int { (p.map { $0.unread && $0.targeting.admits(viewer) } ?? false) ? 1 : 0 }
+    /// How this change moves `viewer`'s unread and unseen counts.
+    public func badgeDelta(for viewer: Viewer) -> Badge {
+        func counted(_ p: Presence?) -> Badge { p.flatMap { $0.targeting.admits(viewer) ? $0.badge : nil } ?? .zero }
         return counted(after) - counted(before)
     }
 }

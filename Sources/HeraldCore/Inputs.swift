@@ -90,7 +90,7 @@ public struct NotificationDraft: Sendable, Equatable {
             payload: payload, priority: priority, groupName: groupName, displayTimeToLive: displayTimeToLive,
             targetPlatforms: targetPlatforms, targetTags: targetTags,
             createdAt: existing?.createdAt ?? now, updatedAt: now, expiresAt: exp,
-            readState: .unread, userActionState: .noInteraction, version: (existing?.version ?? 0) + 1)
+            readState: .unread, seenState: .unseen, userActionState: .noInteraction, version: (existing?.version ?? 0) + 1)
     }
 }
 
@@ -135,18 +135,26 @@ public struct BulkSend: Sendable {
 /// A device's state change (HTTP PATCH and WebSocket `update`).
 public struct StateUpdate: Sendable, Equatable {
     public var readState: ReadState?
+    public var seenState: SeenState?
     public var userActionState: UserActionState?
     public var ifVersion: Int64?
 
-    public init(readState: ReadState? = nil, userActionState: UserActionState? = nil, ifVersion: Int64? = nil) {
-        self.readState = readState; self.userActionState = userActionState; self.ifVersion = ifVersion
+    public init(readState: ReadState? = nil, seenState: SeenState? = nil, userActionState: UserActionState? = nil,
+                ifVersion: Int64? = nil) {
+        self.readState = readState; self.seenState = seenState; self.userActionState = userActionState
+        self.ifVersion = ifVersion
     }
 
     init(reading f: inout Fields) throws(HeraldError) {
         readState = try f.enumValue("readState", ReadState.self)
+        seenState = try f.enumValue("seenState", SeenState.self)
         userActionState = try f.enumValue("userActionState", UserActionState.self)
-        guard readState != nil || userActionState != nil else {
-            throw .badRequest("give readState or userActionState")
+        guard readState != nil || seenState != nil || userActionState != nil else {
+            throw .badRequest("give readState, seenState or userActionState")
+        }
+        // Reading it is seeing it (SPEC section 11): the two cannot disagree.
+        if readState == .read && seenState == .unseen {
+            throw .badRequest("readState read makes it seen; seenState unseen contradicts it")
         }
     }
 
@@ -172,8 +180,10 @@ public struct StateUpdate: Sendable, Equatable {
     public func applied(to n: Notification, now: Millis) -> Notification? {
         var m = n
         if let r = readState { m.readState = r }
+        // Marking it read also makes it seen (one change); unread again leaves it seen.
+        if let s = seenState ?? (readState == .read ? .seen : nil) { m.seenState = s }
         if let a = userActionState { m.userActionState = a }
-        guard m.readState != n.readState || m.userActionState != n.userActionState else { return nil }
+        guard m.readState != n.readState || m.seenState != n.seenState || m.userActionState != n.userActionState else { return nil }
         m.version += 1
         m.updatedAt = now
         return m

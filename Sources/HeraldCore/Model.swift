@@ -1,4 +1,14 @@
 public enum ReadState: String, Sendable, CaseIterable { case unread, read }
+/// Whether the user has been shown a notification, apart from reading it (SPEC section 11).
+public enum SeenState: String, Sendable, CaseIterable {
+    case unseen, seen
+
+    /// What a notification stored before `seenState` existed counts as, and
+    /// the default of a notification built without one: read ones `seen`,
+    /// unread ones `unseen` (a user who never opened the bell has not seen
+    /// them). docs/PROTOCOL.md documents this.
+    public static func implied(by r: ReadState) -> SeenState { r == .read ? .seen : .unseen }
+}
 public enum UserActionState: String, Sendable, CaseIterable { case noInteraction, activated, dismissed, snoozed }
 public enum Priority: String, Sendable, CaseIterable { case normal, high }
 public enum Platform: String, Sendable, CaseIterable { case web, ios, android, windows, other }
@@ -41,6 +51,7 @@ public struct Notification: Sendable, Equatable, JSONWritable {
     public var updatedAt: Millis
     public var expiresAt: Millis
     public var readState: ReadState
+    public var seenState: SeenState
     public var userActionState: UserActionState
     public var version: Int64
 
@@ -48,12 +59,14 @@ public struct Notification: Sendable, Equatable, JSONWritable {
                 priority: Priority = .normal, groupName: String? = nil, displayTimeToLive: Int64? = nil,
                 targetPlatforms: [Platform]? = nil, targetTags: TagExpression? = nil,
                 createdAt: Millis, updatedAt: Millis, expiresAt: Millis,
-                readState: ReadState = .unread, userActionState: UserActionState = .noInteraction, version: Int64 = 1) {
+                readState: ReadState = .unread, seenState: SeenState? = nil, userActionState: UserActionState = .noInteraction,
+                version: Int64 = 1) {
         self.id = id; self.appNotificationId = appNotificationId; self.userId = userId; self.payload = payload
         self.priority = priority; self.groupName = groupName; self.displayTimeToLive = displayTimeToLive
         self.targetPlatforms = targetPlatforms; self.targetTags = targetTags
         self.createdAt = createdAt; self.updatedAt = updatedAt; self.expiresAt = expiresAt
-        self.readState = readState; self.userActionState = userActionState; self.version = version
+        self.readState = readState; self.seenState = seenState ?? .implied(by: readState)
+        self.userActionState = userActionState; self.version = version
     }
 
     public var targeting: Targeting { Targeting(platforms: targetPlatforms, tags: targetTags) }
@@ -89,6 +102,7 @@ public struct Notification: Sendable, Equatable, JSONWritable {
         put(#","updatedAt":"#); time(updatedAt)
         put(#","expiresAt":"#); time(expiresAt)
         put(#","readState":"#); string(readState.rawValue)
+        put(#","seenState":"#); string(seenState.rawValue)
         put(#","userActionState":"#); string(userActionState.rawValue)
         put(#","version":"#); number(version)
         out.append(UInt8(ascii: "}"))
@@ -112,6 +126,12 @@ public struct Notification: Sendable, Equatable, JSONWritable {
               let us = o["userActionState"]?.stringValue.flatMap(UserActionState.init(rawValue:)),
               let v = o["version"]?.int64Value
         else { return nil }
+        // Absent from what was stored before it existed (`SeenState.implied`).
+        var seen: SeenState? = nil
+        if let text = o["seenState"] {
+            guard let s = text.stringValue.flatMap(SeenState.init(rawValue:)) else { return nil }
+            seen = s
+        }
         var platforms: [Platform]? = nil
         if let arr = o["targetPlatforms"]?.arrayValue {
             platforms = arr.compactMap { $0.stringValue.flatMap(Platform.init(rawValue:)) }
@@ -120,7 +140,7 @@ public struct Notification: Sendable, Equatable, JSONWritable {
         self.init(id: id, appNotificationId: anid, userId: uid, payload: payload, priority: pr,
                   groupName: o["groupName"]?.stringValue, displayTimeToLive: o["displayTimeToLive"]?.int64Value,
                   targetPlatforms: platforms, targetTags: tags, createdAt: c, updatedAt: u, expiresAt: e,
-                  readState: rs, userActionState: us, version: v)
+                  readState: rs, seenState: seen, userActionState: us, version: v)
     }
 }
 

@@ -175,9 +175,9 @@ public enum ServerFrame {
         out.append(UInt8(ascii: "]"))
     }
 
-    public static func welcome(cursor: Int64, epoch: String, connectionId: String, unread: Int) -> [UInt8] {
+    public static func welcome(cursor: Int64, epoch: String, connectionId: String, badge: Badge) -> [UInt8] {
         JSON.object(["type": "welcome", "cursor": .int(cursor), "epoch": .string(epoch),
-                     "connectionId": .string(connectionId), "unread": .int(unread)]).encoded
+                     "connectionId": .string(connectionId), "unread": .int(badge.unread), "unseen": .int(badge.unseen)]).encoded
     }
 
     public static func ack(ref: String?, extra: JSONObject) -> [UInt8] {
@@ -200,8 +200,8 @@ public enum ServerFrame {
     }
 
     /// Sent after most changes, so written directly.
-    public static func counts(unread: Int) -> [UInt8] {
-        Array(#"{"type":"counts","unread":\#(unread)}"#.utf8)
+    public static func counts(_ badge: Badge) -> [UInt8] {
+        Array(#"{"type":"counts","unread":\#(badge.unread),"unseen":\#(badge.unseen)}"#.utf8)
     }
 
     public static func pong(ref: String?) -> [UInt8] {

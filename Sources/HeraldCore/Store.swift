@@ -32,11 +32,15 @@ public struct HistoryKey: Sendable, Equatable, Comparable {
 public struct TargetingCounts: Sendable, Equatable {
     public var targeting: Targeting
     public var unread: Int
+    public var unseen: Int
     public var noInteraction: Int
     public var total: Int
-    public init(targeting: Targeting, unread: Int = 0, noInteraction: Int = 0, total: Int = 0) {
-        self.targeting = targeting; self.unread = unread; self.noInteraction = noInteraction; self.total = total
+    public init(targeting: Targeting, unread: Int = 0, unseen: Int = 0, noInteraction: Int = 0, total: Int = 0) {
+        self.targeting = targeting; self.unread = unread; self.unseen = unseen
+        self.noInteraction = noInteraction; self.total = total
     }
+
+    public var badge: Badge { Badge(unread: unread, unseen: unseen) }
 }
 
 /// A token shared through the store (`NotificationStore.sharedToken`), and when it was made.

@@ -56,17 +56,20 @@ struct Counted {
     /// Canonical (see `Targeting.canonical`).
     let targeting: Targeting
     let unread: Bool
+    let unseen: Bool
     let noInteraction: Bool
 
-    init(targeting: Targeting, unread: Bool, noInteraction: Bool) {
+    init(targeting: Targeting, unread: Bool, unseen: Bool, noInteraction: Bool) {
         key = TargetingKey(targeting)
         self.targeting = targeting.canonical
         self.unread = unread
+        self.unseen = unseen
         self.noInteraction = noInteraction
     }
 
     init(_ n: Notification) {
-        self.init(targeting: n.targeting, unread: n.readState == .unread, noInteraction: n.userActionState == .noInteraction)
+        self.init(targeting: n.targeting, unread: n.readState == .unread, unseen: n.seenState == .unseen,
+                  noInteraction: n.userActionState == .noInteraction)
     }
 }
 
@@ -75,21 +78,22 @@ struct CountDelta {
     let key: TargetingKey
     let targeting: Targeting
     var unread: Int
+    var unseen: Int
     var noInteraction: Int
     var total: Int
 
-    init(key: TargetingKey, targeting: Targeting, unread: Int, noInteraction: Int, total: Int) {
+    init(key: TargetingKey, targeting: Targeting, unread: Int, unseen: Int, noInteraction: Int, total: Int) {
         self.key = key; self.targeting = targeting
-        self.unread = unread; self.noInteraction = noInteraction; self.total = total
+        self.unread = unread; self.unseen = unseen; self.noInteraction = noInteraction; self.total = total
     }
 
     private init(_ c: Counted, _ sign: Int) {
-        self.init(key: c.key, targeting: c.targeting, unread: c.unread ? sign : 0,
+        self.init(key: c.key, targeting: c.targeting, unread: c.unread ? sign : 0, unseen: c.unseen ? sign : 0,
                   noInteraction: c.noInteraction ? sign : 0, total: sign)
     }
 
     var negated: CountDelta {
-        CountDelta(key: key, targeting: targeting, unread: -unread, noInteraction: -noInteraction, total: -total)
+        CountDelta(key: key, targeting: targeting, unread: -unread, unseen: -unseen, noInteraction: -noInteraction, total: -total)
     }
 
     /// The deltas of replacing `old` (nil: nothing was stored) by `new`
@@ -101,12 +105,13 @@ struct CountDelta {
         if let new {
             if let i = out.firstIndex(where: { $0.key == new.key }) {
                 out[i].unread += new.unread ? 1 : 0
+                out[i].unseen += new.unseen ? 1 : 0
                 out[i].noInteraction += new.noInteraction ? 1 : 0
                 out[i].total += 1
             } else {
                 out.append(CountDelta(new, 1))
             }
         }
-        return out.filter { $0.unread != 0 || $0.noInteraction != 0 || $0.total != 0 }
+        return out.filter { $0.unread != 0 || $0.unseen != 0 || $0.noInteraction != 0 || $0.total != 0 }
     }
 }

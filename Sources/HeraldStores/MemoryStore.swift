@@ -132,6 +132,7 @@ public final class MemoryStore: NotificationStore {
         for d in deltas {
             let total = { (c: inout TargetingCounts) -> Int in
                 c.unread += d.unread
+                c.unseen += d.unseen
                 c.noInteraction += d.noInteraction
                 c.total += d.total
                 return c.total

@@ -128,7 +128,8 @@ struct PostgresReads {
     func changes(_ user: UserKey, after: Int64, limit: Int) throws(StoreError) -> [ChangeRecord] {
         guard limit > 0 else { return [] }
         let r = try db.query("""
-            SELECT seq, at, change, before_unread, before_platforms, before_tags, after_unread, after_platforms, after_tags
+            SELECT seq, at, change, before_unread, before_platforms, before_tags, after_unread, after_platforms, after_tags,
+                   before_unseen, after_unseen
             FROM changes WHERE app = $1 AND user_id = $2
               AND seq > greatest($3, coalesce((SELECT floor FROM feeds WHERE app = $1 AND user_id = $2), 0))
             ORDER BY seq LIMIT $4
@@ -136,13 +137,14 @@ struct PostgresReads {
         var out: [ChangeRecord] = []
         for i in 0..<r.count {
             let seq = r.int64(i, 0)
-            guard let change = r.json(i, 2).flatMap(Change.init(json:)), change.seq == seq else {
+            guard let json = r.json(i, 2), let change = Change(json: json), change.seq == seq else {
                 throw corrupt("change \(seq) of \(user)")
             }
-            let before = try StoredForm.presence(unread: r.bool(i, 3), platforms: r.text(i, 4), tags: r.text(i, 5), corrupt)
-            let after = try StoredForm.presence(unread: r.bool(i, 6), platforms: r.text(i, 7), tags: r.text(i, 8), corrupt)
-            // The stored bytes are the change's wire form: sent as they are.
-            out.append(ChangeRecord(change: change, before: before, after: after, at: r.int64(i, 1), encoded: r.bytes(i, 2)))
+            let before = try StoredForm.presence(unread: r.bool(i, 3), unseen: r.bool(i, 9), platforms: r.text(i, 4),
+                                                 tags: r.text(i, 5), corrupt)
+            let after = try StoredForm.presence(unread: r.bool(i, 6), unseen: r.bool(i, 10), platforms: r.text(i, 7),
+                                                tags: r.text(i, 8), corrupt)
+            out.append(StoredForm.record(change, json: json, before: before, after: after, at: r.int64(i, 1)) { r.bytes(i, 2) })
         }
         return out
     }
@@ -158,15 +160,15 @@ struct PostgresReads {
 
     func counts(_ user: UserKey) throws(StoreError) -> [TargetingCounts] {
         let r = try db.query("""
-            SELECT platforms, tags, unread, no_interaction, total FROM counts WHERE app = $1 AND user_id = $2 AND total > 0
+            SELECT platforms, tags, unread, no_interaction, total, unseen FROM counts WHERE app = $1 AND user_id = $2 AND total > 0
             """, key(user))
         var out: [TargetingCounts] = []
         for i in 0..<r.count {
             guard let platforms = r.text(i, 0), let tags = r.text(i, 1),
                   let targeting = TargetingKey(platforms: platforms, tags: tags).targeting
             else { throw corrupt("counts of \(user)") }
-            out.append(TargetingCounts(targeting: targeting, unread: Int(r.int64(i, 2)), noInteraction: Int(r.int64(i, 3)),
-                                       total: Int(r.int64(i, 4))))
+            out.append(TargetingCounts(targeting: targeting, unread: Int(r.int64(i, 2)), unseen: Int(r.int64(i, 5)),
+                                       noInteraction: Int(r.int64(i, 3)), total: Int(r.int64(i, 4))))
         }
         return out
     }

@@ -267,6 +267,20 @@ enum PostgresSchema {
         CREATE TRIGGER push_outbox_removed AFTER DELETE ON push_outbox REFERENCING OLD TABLE AS removed
             FOR EACH STATEMENT EXECUTE FUNCTION herald_push_outbox_size();
         """,
+        // 10: seenState apart from readState (SPEC section 11), as SQLite's
+        // version 11. What was stored before counts as its readState
+        // implies (SeenState.implied, docs/PROTOCOL.md): read ones seen,
+        // unread ones unseen; so the unseen counts start as the unread ones.
+        // A change recorded before keeps NULL *_unseen, read as its
+        // *_unread (StoredForm.presence). Older nodes would write
+        // notifications and counts without it: they must stop first.
+        """
+        ALTER TABLE notifications ADD COLUMN seen_state text NOT NULL DEFAULT 'unseen';
+        UPDATE notifications SET seen_state = 'seen' WHERE read_state = 'read';
+        ALTER TABLE counts ADD COLUMN unseen bigint NOT NULL DEFAULT 0;
+        UPDATE counts SET unseen = unread WHERE unread <> 0;
+        ALTER TABLE changes ADD COLUMN before_unseen boolean, ADD COLUMN after_unseen boolean;
+        """,
     ]
 
     /// The versions an older node would misread: since version 3 a
@@ -274,7 +288,9 @@ enum PostgresSchema {
     /// would drop changes notifications point at. Version 4 only adds a
     /// function older nodes never call, as does version 6; versions 7 and 8
     /// tables they never read; version 9 a table their writes keep too.
-    static let misreadByOlderNodes: Set<Int64> = [3]
+    /// Version 10: an older node's writes would leave `seen_state` and the
+    /// unseen counts behind.
+    static let misreadByOlderNodes: Set<Int64> = [3, 10]
 
     /// Migrates through a version of `misreadByOlderNodes` only once every
     /// node on the database has stopped (`herald_nodes`, from version 2).

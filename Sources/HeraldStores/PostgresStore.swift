@@ -503,20 +503,20 @@ public final class PostgresStore: NotificationStore {
     }
 
     /// The rest of every write statement, after its CTEs `old` (what the
-    /// notification counted for before: read_state, user_action_state,
-    /// count_platforms, count_tags, and the seq of the change it points at;
-    /// no row for a new one) and `new` (the same after; no row for a
-    /// delete): appends the change (parameters $1...$11, and the
-    /// notification's id $12), drops the change the notification pointed at
+    /// notification counted for before: read_state, seen_state,
+    /// user_action_state, count_platforms, count_tags, and the seq of the
+    /// change it points at; no row for a new one) and `new` (the same
+    /// after; no row for a delete): appends the change (parameters $1...$13, and the
+    /// notification's id $14), drops the change the notification pointed at
     /// if only that kept it (`pruneChanges`), makes the new seq ($3) the
     /// feed's head, and moves the user's counts by the difference. A counts
     /// row left at 0 is dropped by `pruneChanges`, so a write needs no
     /// statement after this one.
     private static let appendAndCount = """
         appended AS (
-            INSERT INTO changes (app, user_id, seq, at, change, before_unread, before_platforms, before_tags,
-                                 after_unread, after_platforms, after_tags, notification_id)
-            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+            INSERT INTO changes (app, user_id, seq, at, change, before_unread, before_platforms, before_tags, before_unseen,
+                                 after_unread, after_platforms, after_tags, after_unseen, notification_id)
+            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
         ), released AS (
             DELETE FROM changes WHERE app = $1 AND user_id = $2 AND seq = (SELECT seq FROM old) AND at IS NULL
         ), head AS (
@@ -524,19 +524,23 @@ public final class PostgresStore: NotificationStore {
         ), delta AS (
             SELECT count_platforms AS platforms, count_tags AS tags,
                    -(read_state = '\(ReadState.unread.rawValue)')::int AS unread,
+                   -(seen_state = '\(SeenState.unseen.rawValue)')::int AS unseen,
                    -(user_action_state = '\(UserActionState.noInteraction.rawValue)')::int AS no_interaction,
                    -1 AS total
             FROM old
             UNION ALL
             SELECT count_platforms, count_tags, (read_state = '\(ReadState.unread.rawValue)')::int,
+                   (seen_state = '\(SeenState.unseen.rawValue)')::int,
                    (user_action_state = '\(UserActionState.noInteraction.rawValue)')::int, 1
             FROM new
         ), counted AS (
-            INSERT INTO counts (app, user_id, platforms, tags, unread, no_interaction, total)
-            SELECT $1, $2, platforms, tags, sum(unread), sum(no_interaction), sum(total) FROM delta
-            GROUP BY platforms, tags HAVING sum(unread) <> 0 OR sum(no_interaction) <> 0 OR sum(total) <> 0
+            INSERT INTO counts (app, user_id, platforms, tags, unread, unseen, no_interaction, total)
+            SELECT $1, $2, platforms, tags, sum(unread), sum(unseen), sum(no_interaction), sum(total) FROM delta
+            GROUP BY platforms, tags
+            HAVING sum(unread) <> 0 OR sum(unseen) <> 0 OR sum(no_interaction) <> 0 OR sum(total) <> 0
             ON CONFLICT (app, user_id, platforms, tags) DO UPDATE SET
-                unread = counts.unread + excluded.unread, no_interaction = counts.no_interaction + excluded.no_interaction,
+                unread = counts.unread + excluded.unread, unseen = counts.unseen + excluded.unseen,
+                no_interaction = counts.no_interaction + excluded.no_interaction,
                 total = counts.total + excluded.total
         )
         SELECT 1
@@ -544,9 +548,10 @@ public final class PostgresStore: NotificationStore {
 
     private static func appendParameters(_ user: UserKey, _ r: ChangeRecord) -> [PostgresValue] {
         func presence(_ p: Presence?) -> [PostgresValue] {
-            guard let p else { return [.null, .null, .null] }
+            guard let p else { return [.null, .null, .null, .null] }
             let c = StoredForm.columns(p.targeting)
-            return [.bool(p.unread), c.platforms.map(PostgresValue.text) ?? .null, c.tags.map(PostgresValue.text) ?? .null]
+            return [.bool(p.unread), c.platforms.map(PostgresValue.text) ?? .null, c.tags.map(PostgresValue.text) ?? .null,
+                    .bool(p.unseen)]
         }
         return key(user) + [.int(r.seq), .int(r.at), .utf8(r.encoded[...])] + presence(r.before) + presence(r.after)
     }
@@ -564,19 +569,19 @@ public final class PostgresStore: NotificationStore {
             let key = TargetingKey(n.targeting)
             try db.send("""
                 WITH old AS (
-                    SELECT read_state, user_action_state, count_platforms, count_tags, seq FROM notifications
-                    WHERE app = $1 AND user_id = $2 AND id = $12
+                    SELECT read_state, seen_state, user_action_state, count_platforms, count_tags, seq FROM notifications
+                    WHERE app = $1 AND user_id = $2 AND id = $14
                 ), new AS (
-                    SELECT $16::text AS read_state, $17::text AS user_action_state,
-                           $19::text AS count_platforms, $20::text AS count_tags
+                    SELECT $18::text AS read_state, $23::text AS seen_state, $19::text AS user_action_state,
+                           $21::text AS count_platforms, $22::text AS count_tags
                 ), saved AS (
                     -- The JSON goes only into the change: written once (migration 3).
                     INSERT INTO notifications (app, user_id, id, app_notification_id, created_at, expires_at, read_state,
-                                               user_action_state, version, count_platforms, count_tags, json, seq)
-                    VALUES ($1, $2, $12, $13, $14, $15, $16, $17, $18, $19, $20, '', $3)
+                                               user_action_state, version, count_platforms, count_tags, json, seq, seen_state)
+                    VALUES ($1, $2, $14, $15, $16, $17, $18, $19, $20, $21, $22, '', $3, $23)
                     ON CONFLICT (app, user_id, id) DO UPDATE SET
                         app_notification_id = excluded.app_notification_id, created_at = excluded.created_at,
-                        expires_at = excluded.expires_at, read_state = excluded.read_state,
+                        expires_at = excluded.expires_at, read_state = excluded.read_state, seen_state = excluded.seen_state,
                         user_action_state = excluded.user_action_state, version = excluded.version,
                         count_platforms = excluded.count_platforms, count_tags = excluded.count_tags, json = '',
                         seq = excluded.seq
@@ -584,7 +589,7 @@ public final class PostgresStore: NotificationStore {
                 """, Self.appendParameters(user, r)
                     + [.text(n.id), .text(n.appNotificationId), .int(n.createdAt), .int(n.expiresAt),
                        .text(n.readState.rawValue), .text(n.userActionState.rawValue), .int(n.version),
-                       .text(key.platforms), .text(key.tags)])
+                       .text(key.platforms), .text(key.tags), .text(n.seenState.rawValue)])
             remember(user, n)
             written[user, default: []].append(r)
             return r
@@ -598,8 +603,8 @@ public final class PostgresStore: NotificationStore {
             let r = ChangeRecord(change: Change(seq: seq, op: op), before: Presence(n), after: nil, at: at)
             try db.send("""
                 WITH old AS (
-                    DELETE FROM notifications WHERE app = $1 AND user_id = $2 AND id = $12
-                    RETURNING read_state, user_action_state, count_platforms, count_tags, seq
+                    DELETE FROM notifications WHERE app = $1 AND user_id = $2 AND id = $14
+                    RETURNING read_state, seen_state, user_action_state, count_platforms, count_tags, seq
                 ), new AS (
                     SELECT * FROM old WHERE false
                 ), \(Self.appendAndCount)

@@ -48,8 +48,10 @@ struct SQLiteReads {
 
     // MARK: The feed, history and counts
 
-    private func presence(_ r: SQLiteRow, _ col: Int32) throws(StoreError) -> Presence? {
-        try StoredForm.presence(unread: r.optionalInt64(col).map { $0 != 0 }, platforms: r.text(col + 1), tags: r.text(col + 2), corrupt)
+    /// `col`: its unread, platforms and tags columns; `unseen`: its unseen column.
+    private func presence(_ r: SQLiteRow, _ col: Int32, unseen: Int32) throws(StoreError) -> Presence? {
+        try StoredForm.presence(unread: r.optionalInt64(col).map { $0 != 0 }, unseen: r.optionalInt64(unseen).map { $0 != 0 },
+                                platforms: r.text(col + 1), tags: r.text(col + 2), corrupt)
     }
 
     func changes(_ user: UserKey, after: Int64, limit: Int) throws(StoreError) -> [ChangeRecord] {
@@ -58,14 +60,13 @@ struct SQLiteReads {
         var failure: StoreError?
         try db.query(SQLiteStore.changesAfterSQL, [.text(user.app), .text(user.user), .int(after), .int(Int64(limit))]) { r throws(StoreError) in
             let seq = r.int64(0)
-            guard let change = r.json(2).flatMap(Change.init(json:)), change.seq == seq else {
+            guard let json = r.json(2), let change = Change(json: json), change.seq == seq else {
                 failure = corrupt("change \(seq) of \(user)")
                 return false
             }
             do throws(StoreError) {
-                // The stored bytes are the change's wire form: sent as they are.
-                out.append(ChangeRecord(change: change, before: try presence(r, 3), after: try presence(r, 6), at: r.int64(1),
-                                        encoded: r.bytes(2)))
+                out.append(StoredForm.record(change, json: json, before: try presence(r, 3, unseen: 9),
+                                             after: try presence(r, 6, unseen: 10), at: r.int64(1)) { r.bytes(2) })
             } catch {
                 failure = error
                 return false
@@ -92,8 +93,8 @@ struct SQLiteReads {
             guard let platforms = r.text(0), let tags = r.text(1),
                   let targeting = TargetingKey(platforms: platforms, tags: tags).targeting
             else { throw corrupt("counts of \(user)") }
-            out.append(TargetingCounts(targeting: targeting, unread: Int(r.int64(2)), noInteraction: Int(r.int64(3)),
-                                       total: Int(r.int64(4))))
+            out.append(TargetingCounts(targeting: targeting, unread: Int(r.int64(2)), unseen: Int(r.int64(5)),
+                                       noInteraction: Int(r.int64(3)), total: Int(r.int64(4))))
             return true
         }
         return out

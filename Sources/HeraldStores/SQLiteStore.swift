@@ -44,7 +44,7 @@ public final class SQLiteStore: NotificationStore {
 
     /// The schema version this code writes; `migrations[v - 1]` brings a
     /// database from version `v - 1` to `v`.
-    public static let schemaVersion: Int64 = 10
+    public static let schemaVersion: Int64 = 11
 
     public let epoch: String
     public let path: String
@@ -375,6 +375,23 @@ public final class SQLiteStore: NotificationStore {
         """
         CREATE INDEX devices_with_push ON devices (app, user) WHERE push IS NOT NULL;
         """,
+        // 11: seenState apart from readState (SPEC section 11). What was
+        // stored before counts as its readState implies (SeenState.implied,
+        // docs/PROTOCOL.md): read ones seen, unread ones unseen; so the
+        // unseen counts start as the unread ones, and a notification's JSON
+        // without the field reads back so. A change recorded before keeps
+        // NULL *_unseen, read as its *_unread (StoredForm.presence): the
+        // feed is not rewritten.
+        """
+        ALTER TABLE notifications ADD COLUMN seen_state TEXT NOT NULL DEFAULT 'unseen';
+        UPDATE notifications SET seen_state = 'seen' WHERE read_state = 'read';
+        ALTER TABLE feeds ADD COLUMN unseen INTEGER NOT NULL DEFAULT 0;
+        UPDATE feeds SET unseen = unread WHERE unread <> 0;
+        ALTER TABLE counts ADD COLUMN unseen INTEGER NOT NULL DEFAULT 0;
+        UPDATE counts SET unseen = unread WHERE unread <> 0;
+        ALTER TABLE changes ADD COLUMN before_unseen INTEGER;
+        ALTER TABLE changes ADD COLUMN after_unseen INTEGER;
+        """,
     ]
 
     /// Brings the database to version `target` (internal for tests, which
@@ -505,7 +522,8 @@ public final class SQLiteStore: NotificationStore {
         """
     /// Never below the floor, where only changes still pointed at remain.
     static let changesAfterSQL = """
-        SELECT seq, at, change, before_unread, before_platforms, before_tags, after_unread, after_platforms, after_tags
+        SELECT seq, at, change, before_unread, before_platforms, before_tags, after_unread, after_platforms, after_tags,
+               before_unseen, after_unseen
         FROM changes WHERE app = ?1 AND user = ?2
           AND seq > max(?3, coalesce((SELECT floor FROM feeds WHERE app = ?1 AND user = ?2), 0))
         ORDER BY seq LIMIT ?4
@@ -541,9 +559,9 @@ public final class SQLiteStore: NotificationStore {
         """
     /// The feed row's counts (notifications for everyone) and the others.
     static let countsSQL = """
-        SELECT '*', '', unread, no_interaction, total FROM feeds WHERE app = ?1 AND user = ?2 AND total > 0
+        SELECT '*', '', unread, no_interaction, total, unseen FROM feeds WHERE app = ?1 AND user = ?2 AND total > 0
         UNION ALL
-        SELECT platforms, tags, unread, no_interaction, total FROM counts WHERE app = ?1 AND user = ?2
+        SELECT platforms, tags, unread, no_interaction, total, unseen FROM counts WHERE app = ?1 AND user = ?2
         """
 
     /// The registrations holding a handle among users of app ?1 (?2: a
@@ -623,12 +641,14 @@ public final class SQLiteStore: NotificationStore {
         let everyone = deltas.first { $0.key == .everyone }
         var feed: FeedState?
         try db.query("""
-            INSERT INTO feeds (app, user, head, floor, unread, no_interaction, total) VALUES (?, ?, 1, 0, ?, ?, ?)
+            INSERT INTO feeds (app, user, head, floor, unread, no_interaction, total, unseen) VALUES (?, ?, 1, 0, ?, ?, ?, ?)
             ON CONFLICT (app, user) DO UPDATE SET head = head + 1, unread = unread + excluded.unread,
-                no_interaction = no_interaction + excluded.no_interaction, total = total + excluded.total
+                no_interaction = no_interaction + excluded.no_interaction, total = total + excluded.total,
+                unseen = unseen + excluded.unseen
             RETURNING head, floor
             """, [.text(user.app), .text(user.user), .int(Int64(everyone?.unread ?? 0)),
-                  .int(Int64(everyone?.noInteraction ?? 0)), .int(Int64(everyone?.total ?? 0))]) { r throws(StoreError) in
+                  .int(Int64(everyone?.noInteraction ?? 0)), .int(Int64(everyone?.total ?? 0)),
+                  .int(Int64(everyone?.unseen ?? 0))]) { r throws(StoreError) in
             feed = FeedState(head: r.int64(0), floor: r.int64(1))
             return false
         }
@@ -641,17 +661,19 @@ public final class SQLiteStore: NotificationStore {
         return feed.head
     }
 
+    /// A presence's unread, platforms, tags and unseen columns.
     private static func presenceColumns(_ p: Presence?) -> [SQLiteValue] {
-        guard let p else { return [.null, .null, .null] }
+        guard let p else { return [.null, .null, .null, .null] }
         let c = StoredForm.columns(p.targeting)
-        return [.int(p.unread ? 1 : 0), c.platforms.map(SQLiteValue.text) ?? .null, c.tags.map(SQLiteValue.text) ?? .null]
+        return [.int(p.unread ? 1 : 0), c.platforms.map(SQLiteValue.text) ?? .null, c.tags.map(SQLiteValue.text) ?? .null,
+                .int(p.unseen ? 1 : 0)]
     }
 
     private func append(_ user: UserKey, _ r: ChangeRecord, notificationId: String?) throws(StoreError) {
         try db.execute("""
-            INSERT INTO changes (app, user, seq, at, change, before_unread, before_platforms, before_tags,
-                                 after_unread, after_platforms, after_tags, notification_id)
-            VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+            INSERT INTO changes (app, user, seq, at, change, before_unread, before_platforms, before_tags, before_unseen,
+                                 after_unread, after_platforms, after_tags, after_unseen, notification_id)
+            VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
             """, [.text(user.app), .text(user.user), .int(r.seq), .int(r.at), .utf8(r.encoded[...])]
                 + Self.presenceColumns(r.before) + Self.presenceColumns(r.after)
                 + [notificationId.map(SQLiteValue.text) ?? .null])
@@ -671,7 +693,8 @@ public final class SQLiteStore: NotificationStore {
         CASE WHEN seq IS NULL THEN \(jsonTags) ELSE target_tags END
         """
     private static let storedCountedSQL = """
-        SELECT read_state, user_action_state, \(targetingColumns), seq FROM notifications WHERE app = ? AND user = ? AND id = ?
+        SELECT read_state, user_action_state, \(targetingColumns), seq, seen_state FROM notifications
+        WHERE app = ? AND user = ? AND id = ?
         """
 
     /// What the counts know of a stored notification, and the seq of the
@@ -694,25 +717,28 @@ public final class SQLiteStore: NotificationStore {
                   tags: r.text(col + 1).flatMap { try? TagExpression.parse($0) })
     }
 
-    /// Decodes read_state, user_action_state and `targetingColumns`.
+    /// Decodes read_state, user_action_state, `targetingColumns` and (at 5) seen_state.
     private static func counted(_ r: SQLiteRow) -> Counted {
         Counted(targeting: storedTargeting(r, 2), unread: r.text(0) == ReadState.unread.rawValue,
-                noInteraction: r.text(1) == UserActionState.noInteraction.rawValue)
+                unseen: r.text(5) == SeenState.unseen.rawValue, noInteraction: r.text(1) == UserActionState.noInteraction.rawValue)
     }
 
     /// Applies `deltas` to `user`'s rows in `counts`, deleting a row whose
     /// total reaches 0 (also the migration 3 backfill, before the feed row
-    /// had counts).
-    private static func count(_ db: SQLiteDatabase, _ user: UserKey, _ deltas: [CountDelta]) throws(StoreError) {
+    /// had counts, and before version 11 added `unseen`: `unseen` false
+    /// leaves that column out).
+    private static func count(_ db: SQLiteDatabase, _ user: UserKey, _ deltas: [CountDelta], unseen: Bool = true) throws(StoreError) {
         for d in deltas {
             let key: [SQLiteValue] = [.text(user.app), .text(user.user), .text(d.key.platforms), .text(d.key.tags)]
             let total = try db.int("""
-                INSERT INTO counts (app, user, platforms, tags, unread, no_interaction, total) VALUES (?, ?, ?, ?, ?, ?, ?)
+                INSERT INTO counts (app, user, platforms, tags, unread, no_interaction, total\(unseen ? ", unseen" : ""))
+                VALUES (?, ?, ?, ?, ?, ?, ?\(unseen ? ", ?" : ""))
                 ON CONFLICT (app, user, platforms, tags) DO UPDATE SET
                     unread = unread + excluded.unread, no_interaction = no_interaction + excluded.no_interaction,
-                    total = total + excluded.total
+                    total = total + excluded.total\(unseen ? ", unseen = unseen + excluded.unseen" : "")
                 RETURNING total
-                """, key + [.int(Int64(d.unread)), .int(Int64(d.noInteraction)), .int(Int64(d.total))])
+                """, key + [.int(Int64(d.unread)), .int(Int64(d.noInteraction)), .int(Int64(d.total))]
+                    + (unseen ? [.int(Int64(d.unseen))] : []))
             if total == 0 {
                 try db.execute("DELETE FROM counts WHERE app = ? AND user = ? AND platforms = ? AND tags = ?", key)
             }
@@ -733,10 +759,10 @@ public final class SQLiteStore: NotificationStore {
             let targeting = storedTargeting(r, 2)
             groups.append((UserKey(app: app, user: user),
                            CountDelta(key: TargetingKey(targeting), targeting: targeting.canonical, unread: Int(r.int64(4)),
-                                      noInteraction: Int(r.int64(5)), total: Int(r.int64(6)))))
+                                      unseen: 0, noInteraction: Int(r.int64(5)), total: Int(r.int64(6)))))
             return true
         }
-        for (user, d) in groups { try count(db, user, [d]) }
+        for (user, d) in groups { try count(db, user, [d], unseen: false) }
     }
 
     // The counts move by what was stored, not by the caller's `previous` or
@@ -752,11 +778,11 @@ public final class SQLiteStore: NotificationStore {
             try db.execute("""
                 INSERT INTO notifications (app, user, id, app_notification_id, created_at, expires_at,
                                            read_state, user_action_state, version, targeted, json, seq,
-                                           target_platforms, target_tags)
-                VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, '', ?, ?, ?)
+                                           target_platforms, target_tags, seen_state)
+                VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, '', ?, ?, ?, ?)
                 ON CONFLICT (app, user, id) DO UPDATE SET
                     app_notification_id = excluded.app_notification_id, created_at = excluded.created_at,
-                    expires_at = excluded.expires_at, read_state = excluded.read_state,
+                    expires_at = excluded.expires_at, read_state = excluded.read_state, seen_state = excluded.seen_state,
                     user_action_state = excluded.user_action_state, version = excluded.version,
                     targeted = excluded.targeted, json = '', seq = excluded.seq,
                     target_platforms = excluded.target_platforms, target_tags = excluded.target_tags
@@ -765,7 +791,7 @@ public final class SQLiteStore: NotificationStore {
                       .text(n.userActionState.rawValue), .int(n.version),
                       .int(n.targetPlatforms == nil && n.targetTags == nil ? 0 : 1), .int(seq),
                       n.targetPlatforms.map { .utf8(JSON.array($0.map { .string($0.rawValue) }).encoded[...]) } ?? .null,
-                      n.targetTags.map { .text($0.source) } ?? .null])
+                      n.targetTags.map { .text($0.source) } ?? .null, .text(n.seenState.rawValue)])
             try append(user, r, notificationId: n.id)
             return r
         }

@@ -30,10 +30,12 @@ enum StoredForm {
         (t.platforms.map { $0.map(\.rawValue).joined(separator: ",") }, t.tags?.source)
     }
 
-    /// Reads back a presence written as `unread` and `columns`; nil when
-    /// absent (`unread` is nil: no before for a new notification, no after
-    /// for a delete).
-    static func presence(unread: Bool?, platforms: String?, tags: String?,
+    /// Reads back a presence written as `unread`, `unseen` and `columns`;
+    /// nil when absent (`unread` is nil: no before for a new notification,
+    /// no after for a delete). `unseen` is nil in a change recorded before
+    /// it was (SQLite version 11, PostgreSQL 10): as `unread` implies
+    /// (`SeenState.implied`).
+    static func presence(unread: Bool?, unseen: Bool?, platforms: String?, tags: String?,
                          _ corrupt: (String) -> StoreError) throws(StoreError) -> Presence? {
         guard let unread else { return nil }
         var list: [Platform]? = nil
@@ -48,7 +50,19 @@ enum StoredForm {
         if let tags {
             do { expression = try TagExpression.parse(tags) } catch { throw corrupt("change tag expression") }
         }
-        return Presence(targeting: Targeting(platforms: list, tags: expression), unread: unread)
+        return Presence(targeting: Targeting(platforms: list, tags: expression), unread: unread, unseen: unseen ?? unread)
+    }
+
+    /// A stored change as the feed serves it: its stored bytes, which are
+    /// its wire form, unless it is an upsert recorded before notifications
+    /// carried `seenState`; that one is encoded again, so that every
+    /// notification a client receives has the field.
+    static func record(_ change: Change, json: JSON, before: Presence?, after: Presence?, at: Millis,
+                       stored: () -> [UInt8]) -> ChangeRecord {
+        if case .upsert = change.op, json.objectValue?["notification"]?.objectValue?["seenState"] == nil {
+            return ChangeRecord(change: change, before: before, after: after, at: at)
+        }
+        return ChangeRecord(change: change, before: before, after: after, at: at, encoded: stored())
     }
 
     /// A device's push handle read back from its stored form (`PushHandle.json`).

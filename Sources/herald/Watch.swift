@@ -39,7 +39,7 @@ struct Watch {
         guard words.count == 2, let action = Self.actions[words[0]] else {
             reply["ok"] = false
             reply["error"] = ["code": "bad_command",
-                              "message": "commands: read|unread|activate|dismiss|snooze|delete ID, quit"]
+                              "message": "commands: read|unread|seen|activate|dismiss|snooze|delete ID, quit"]
             return reply
         }
         reply["id"] = .string(words[1])
@@ -60,6 +60,7 @@ struct Watch {
     static let actions: [String: Action] = [
         "read": { try await $0.markRead($1) },
         "unread": { try await $0.markUnread($1) },
+        "seen": { try await $0.markSeen($1) },
         "activate": { try await $0.activate($1) },
         "dismiss": { try await $0.dismiss($1) },
         "snooze": { try await $0.snooze($1) },

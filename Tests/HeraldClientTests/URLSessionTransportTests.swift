@@ -33,7 +33,7 @@ final class URLSessionTransportTests: ClientTestCase {
             await phone.notification(id: live)?.userActionState == .dismissed
         }
         let counts = try await phone.counts()
-        XCTAssertEqual(counts, Counts(unread: 1, noInteraction: 1, total: 2))
+        XCTAssertEqual(counts, Counts(unread: 1, noInteraction: 1, total: 2, unseen: 1))
         let page = try await phone.history(limit: 1)
         XCTAssertEqual(page.notifications.map(\.id), [live])
         XCTAssertNotNil(page.next)

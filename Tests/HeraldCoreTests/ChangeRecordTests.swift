@@ -156,41 +156,69 @@ final class ChangeRecordTests: XCTestCase {
         XCTAssertNil(upsert(Note.sample(tags: "user:bob"), before: nil).bytes(for: phone))
     }
 
-    // MARK: unreadDelta(for:)
+    // MARK: badgeDelta(for:)
 
     func testUnreadDeltaForCreate() {
-        XCTAssertEqual(all.map { upsert(Note.sample(), before: nil).unreadDelta(for: $0) }, [1, 1, 1])
-        XCTAssertEqual(all.map { upsert(Note.sample(tags: "lang:it"), before: nil).unreadDelta(for: $0) }, [1, 1, 0])
+        XCTAssertEqual(all.map { upsert(Note.sample(), before: nil).badgeDelta(for: $0).unread }, [1, 1, 1])
+        XCTAssertEqual(all.map { upsert(Note.sample(tags: "lang:it"), before: nil).badgeDelta(for: $0).unread }, [1, 1, 0])
     }
 
     func testUnreadDeltaForReadAndUnread() {
         let unread = Note.sample(), read = Note.sample(read: .read, version: 2)
-        XCTAssertEqual(all.map { upsert(read, before: unread).unreadDelta(for: $0) }, [-1, -1, -1])
-        XCTAssertEqual(all.map { upsert(unread, before: read).unreadDelta(for: $0) }, [1, 1, 1])
-        XCTAssertEqual(all.map { upsert(read, before: read).unreadDelta(for: $0) }, [0, 0, 0])
+        XCTAssertEqual(all.map { upsert(read, before: unread).badgeDelta(for: $0).unread }, [-1, -1, -1])
+        XCTAssertEqual(all.map { upsert(unread, before: read).badgeDelta(for: $0).unread }, [1, 1, 1])
+        XCTAssertEqual(all.map { upsert(read, before: read).badgeDelta(for: $0).unread }, [0, 0, 0])
         var dismissed = unread; dismissed.userActionState = .dismissed
-        XCTAssertEqual(all.map { upsert(dismissed, before: unread).unreadDelta(for: $0) }, [0, 0, 0])
+        XCTAssertEqual(all.map { upsert(dismissed, before: unread).badgeDelta(for: $0).unread }, [0, 0, 0])
         let tRead = Note.sample(tags: "lang:it", read: .read, version: 2), tUnread = Note.sample(tags: "lang:it")
-        XCTAssertEqual(all.map { upsert(tRead, before: tUnread).unreadDelta(for: $0) }, [-1, -1, 0])
+        XCTAssertEqual(all.map { upsert(tRead, before: tUnread).badgeDelta(for: $0).unread }, [-1, -1, 0])
     }
 
     func testUnreadDeltaForRetarget() {
         let everyone = Note.sample(), itOnly = Note.sample(tags: "lang:it", version: 2)
-        XCTAssertEqual(all.map { upsert(itOnly, before: everyone).unreadDelta(for: $0) }, [0, 0, -1])
-        XCTAssertEqual(all.map { upsert(everyone, before: itOnly).unreadDelta(for: $0) }, [0, 0, 1])
+        XCTAssertEqual(all.map { upsert(itOnly, before: everyone).badgeDelta(for: $0).unread }, [0, 0, -1])
+        XCTAssertEqual(all.map { upsert(everyone, before: itOnly).badgeDelta(for: $0).unread }, [0, 0, 1])
         // Retargeted away and read at once.
         let itRead = Note.sample(tags: "lang:it", read: .read, version: 2)
-        XCTAssertEqual(all.map { upsert(itRead, before: everyone).unreadDelta(for: $0) }, [-1, -1, -1])
+        XCTAssertEqual(all.map { upsert(itRead, before: everyone).badgeDelta(for: $0).unread }, [-1, -1, -1])
         // A read notification moving does not move the count.
         let readAll = Note.sample(read: .read)
-        XCTAssertEqual(all.map { upsert(itRead, before: readAll).unreadDelta(for: $0) }, [0, 0, 0])
+        XCTAssertEqual(all.map { upsert(itRead, before: readAll).badgeDelta(for: $0).unread }, [0, 0, 0])
     }
 
     func testUnreadDeltaForDelete() {
-        XCTAssertEqual(all.map { delete(Note.sample()).unreadDelta(for: $0) }, [-1, -1, -1])
-        XCTAssertEqual(all.map { delete(Note.sample(read: .read)).unreadDelta(for: $0) }, [0, 0, 0])
-        XCTAssertEqual(all.map { delete(Note.sample(tags: "lang:it")).unreadDelta(for: $0) }, [-1, -1, 0])
-        XCTAssertEqual(all.map { delete(Note.sample(), reason: .expired).unreadDelta(for: $0) }, [-1, -1, -1])
+        XCTAssertEqual(all.map { delete(Note.sample()).badgeDelta(for: $0).unread }, [-1, -1, -1])
+        XCTAssertEqual(all.map { delete(Note.sample(read: .read)).badgeDelta(for: $0).unread }, [0, 0, 0])
+        XCTAssertEqual(all.map { delete(Note.sample(tags: "lang:it")).badgeDelta(for: $0).unread }, [-1, -1, 0])
+        XCTAssertEqual(all.map { delete(Note.sample(), reason: .expired).badgeDelta(for: $0).unread }, [-1, -1, -1])
+    }
+
+    func testUnseenDeltaApartFromUnread() {
+        let fresh = Note.sample()
+        var seen = fresh; seen.seenState = .seen; seen.version = 2
+        XCTAssertEqual(all.map { upsert(seen, before: fresh).badgeDelta(for: $0) }, Array(repeating: Badge(unread: 0, unseen: -1), count: 3))
+        // Read (and so seen) from seen: only unread moves.
+        var read = seen; read.readState = .read; read.version = 3
+        XCTAssertEqual(all.map { upsert(read, before: seen).badgeDelta(for: $0) }, Array(repeating: Badge(unread: -1, unseen: 0), count: 3))
+        // Unread again leaves it seen.
+        var unreadAgain = read; unreadAgain.readState = .unread; unreadAgain.version = 4
+        XCTAssertEqual(all.map { upsert(unreadAgain, before: read).badgeDelta(for: $0) }, Array(repeating: Badge(unread: 1, unseen: 0), count: 3))
+        XCTAssertEqual(all.map { upsert(fresh, before: nil).badgeDelta(for: $0) }, Array(repeating: Badge(unread: 1, unseen: 1), count: 3))
+        XCTAssertEqual(all.map { delete(seen).badgeDelta(for: $0) }, Array(repeating: Badge(unread: -1, unseen: 0), count: 3))
+        let tagged = Note.sample(tags: "lang:it")
+        var taggedSeen = tagged; taggedSeen.seenState = .seen
+        XCTAssertEqual(all.map { upsert(taggedSeen, before: tagged).badgeDelta(for: $0).unseen }, [-1, -1, 0])
+    }
+
+    func testPresenceOnTheBusCarriesUnseen() {
+        var n = Note.sample(tags: "lang:it"); n.seenState = .seen
+        let p = Presence(n)
+        XCTAssertEqual(p.unseen, false)
+        XCTAssertEqual(Presence(json: p.json), p)
+        // From a node before `unseen`: as unread implies.
+        var o = p.json.objectValue!
+        o["unseen"] = nil
+        XCTAssertEqual(Presence(json: .object(o))?.unseen, true)
     }
 
     // MARK: viewers

@@ -85,6 +85,8 @@ final class ClientMessageTests: XCTestCase {
                        .update(ref: "c1", id: "n_1", update: StateUpdate(readState: .read, userActionState: .dismissed, ifVersion: 3)))
         XCTAssertEqual(ok(#"{"type":"update","id":"n_1","userActionState":"activated"}"#),
                        .update(ref: nil, id: "n_1", update: StateUpdate(userActionState: .activated)))
+        XCTAssertEqual(ok(#"{"type":"update","id":"n_1","seenState":"seen"}"#),
+                       .update(ref: nil, id: "n_1", update: StateUpdate(seenState: .seen)))
         XCTAssertEqual(ok(#"{"type":"update","id":"n_1","readState":"unread","ifVersion":null}"#),
                        .update(ref: nil, id: "n_1", update: StateUpdate(readState: .unread)))
     }

@@ -375,6 +375,35 @@ final class StateUpdateTests: XCTestCase {
         XCTAssertEqual(k?.userActionState, .dismissed)
         XCTAssertEqual(k?.version, 3)
     }
+
+    func testSeenStateField() throws {
+        XCTAssertEqual(try update(#"{"seenState":"seen"}"#), StateUpdate(seenState: .seen))
+        XCTAssertEqual(try update(#"{"seenState":"unseen","readState":"unread"}"#), StateUpdate(readState: .unread, seenState: .unseen))
+        XCTAssertEqual(try update(#"{"seenState":"seen","readState":"read"}"#), StateUpdate(readState: .read, seenState: .seen))
+        for body in [#"{"seenState":"read"}"#, #"{"seenState":true}"#, #"{"seenState":"Seen"}"#, #"{"seenState":null}"#,
+                     #"{"readState":"read","seenState":"unseen"}"#] {
+            assertBadRequest({ () throws(HeraldError) in try update(body) }, body)
+        }
+    }
+
+    func testReadMakesSeenAndUnreadLeavesSeen() {
+        let n = Note.sample(version: 2)
+        XCTAssertEqual(n.seenState, .unseen)
+        let read = StateUpdate(readState: .read).applied(to: n, now: T0 + 1)!
+        XCTAssertEqual(read.readState, .read)
+        XCTAssertEqual(read.seenState, .seen, "read makes it seen")
+        XCTAssertEqual(read.version, 3, "in one change")
+        let unread = StateUpdate(readState: .unread).applied(to: read, now: T0 + 2)!
+        XCTAssertEqual(unread.readState, .unread)
+        XCTAssertEqual(unread.seenState, .seen, "unread again leaves it seen")
+        let seen = StateUpdate(seenState: .seen).applied(to: n, now: T0 + 3)!
+        XCTAssertEqual(seen.seenState, .seen)
+        XCTAssertEqual(seen.readState, .unread, "seen is not read")
+        XCTAssertEqual(seen.version, 3)
+        XCTAssertNil(StateUpdate(seenState: .seen).applied(to: seen, now: T0 + 4), "no-op")
+        XCTAssertNil(StateUpdate(readState: .read).applied(to: read, now: T0 + 4), "no-op")
+        XCTAssertEqual(StateUpdate(seenState: .unseen).applied(to: unread, now: T0 + 5)?.seenState, .unseen)
+    }
 }
 
 final class DeviceRegistrationTests: XCTestCase {

@@ -11,7 +11,7 @@ final class NotificationModelTests: XCTestCase {
         let o = n.json.objectValue!
         XCTAssertEqual(o.keys, ["id", "appNotificationId", "userId", "payload", "priority", "groupName", "displayTimeToLive",
                                 "targetPlatforms", "targetTags", "createdAt", "updatedAt", "expiresAt", "readState",
-                                "userActionState", "version"])
+                                "seenState", "userActionState", "version"])
         XCTAssertEqual(o["priority"], "normal")
         XCTAssertEqual(o["groupName"], "tasks")
         XCTAssertEqual(o["displayTimeToLive"], .number("600"))
@@ -21,6 +21,7 @@ final class NotificationModelTests: XCTestCase {
         XCTAssertEqual(o["updatedAt"], "2026-11-22T10:05:00.000Z")
         XCTAssertEqual(o["expiresAt"], "2026-12-22T10:00:00.000Z")
         XCTAssertEqual(o["readState"], "read")
+        XCTAssertEqual(o["seenState"], "seen")
         XCTAssertEqual(o["userActionState"], "dismissed")
         XCTAssertEqual(o["version"], .number("2"))
     }
@@ -31,8 +32,31 @@ final class NotificationModelTests: XCTestCase {
             XCTAssertEqual(o[k], .null, k)
         }
         XCTAssertEqual(o["readState"], "unread")
+        XCTAssertEqual(o["seenState"], "unseen")
         XCTAssertEqual(o["userActionState"], "noInteraction")
         XCTAssertEqual(o["version"], .number("1"))
+    }
+
+    func testSeenStateRoundTripsApartFromReadState() {
+        var n = Note.sample()
+        n.seenState = .seen  // unread but seen
+        XCTAssertEqual(n.json.objectValue!["seenState"], "seen")
+        XCTAssertEqual(Note(json: n.json), n)
+        n.readState = .read
+        n.seenState = .unseen  // read, then explicitly unseen again
+        XCTAssertEqual(Note(json: n.json), n)
+    }
+
+    /// What was stored before `seenState` existed: read ones seen, unread ones unseen.
+    func testAnAbsentSeenStateIsWhatReadStateImplies() {
+        for (read, seen) in [(ReadState.read, SeenState.seen), (.unread, .unseen)] {
+            var o = Note.sample(read: read).json.objectValue!
+            o["seenState"] = nil
+            XCTAssertEqual(Note(json: .object(o))?.seenState, seen)
+        }
+        var bad = Note.sample().json.objectValue!
+        bad["seenState"] = "maybe"
+        XCTAssertNil(Note(json: .object(bad)))
     }
 
     func testJSONRoundTrip() {
@@ -57,11 +81,11 @@ final class NotificationModelTests: XCTestCase {
                        + #""payload":{"title":"say \"hi\"","n":[1.5e3,null,true]},"priority":"high","groupName":"tab\there","#
                        + #""displayTimeToLive":600,"targetPlatforms":["web","ios"],"targetTags":"lang:it && !muted","#
                        + #""createdAt":"2026-11-22T10:00:00.000Z","updatedAt":"2026-11-22T10:00:00.000Z","#
-                       + #""expiresAt":"10000-01-01T00:00:00.000Z","readState":"unread","userActionState":"noInteraction","version":12}"#)
-        XCTAssertEqual(String(decoding: Note.sample().encoded, as: UTF8.self).split(separator: ",").suffix(10).joined(separator: ","),
+                       + #""expiresAt":"10000-01-01T00:00:00.000Z","readState":"unread","seenState":"unseen","userActionState":"noInteraction","version":12}"#)
+        XCTAssertEqual(String(decoding: Note.sample().encoded, as: UTF8.self).split(separator: ",").suffix(11).joined(separator: ","),
                        #""groupName":null,"displayTimeToLive":null,"targetPlatforms":null,"targetTags":null,"#
                        + #""createdAt":"2026-11-22T10:00:00.000Z","updatedAt":"2026-11-22T10:00:00.000Z","#
-                       + #""expiresAt":"2026-12-22T10:00:00.000Z","readState":"unread","userActionState":"noInteraction","version":1}"#)
+                       + #""expiresAt":"2026-12-22T10:00:00.000Z","readState":"unread","seenState":"unseen","userActionState":"noInteraction","version":1}"#)
     }
 
     func testInitFromBadJSONIsNil() {
@@ -119,10 +143,11 @@ final class ServerFrameTests: XCTestCase {
         XCTAssertEqual(r["final"], true)
         XCTAssertEqual(parsed(ServerFrame.reset([], cursor: 0, epoch: "E", final: false))["final"], false)
 
-        let w = parsed(ServerFrame.welcome(cursor: 8, epoch: "E.1", connectionId: "c-1", unread: 4))
-        XCTAssertEqual(w.keys, ["type", "cursor", "epoch", "connectionId", "unread"])
+        let w = parsed(ServerFrame.welcome(cursor: 8, epoch: "E.1", connectionId: "c-1", badge: Badge(unread: 4, unseen: 3)))
+        XCTAssertEqual(w.keys, ["type", "cursor", "epoch", "connectionId", "unread", "unseen"])
         XCTAssertEqual(w["type"], "welcome")
         XCTAssertEqual(w["unread"], .number("4"))
+        XCTAssertEqual(w["unseen"], .number("3"))
 
         let a = parsed(ServerFrame.ack(ref: "c1", extra: ["seq": 12]))
         XCTAssertEqual(JSON.object(a).encodedString, #"{"type":"ack","ref":"c1","seq":12}"#)
@@ -132,7 +157,8 @@ final class ServerFrameTests: XCTestCase {
         XCTAssertEqual(JSON.object(e).encodedString,
                        #"{"type":"error","ref":"c9","code":"precondition_failed","message":"version \"3\" expected"}"#)
 
-        XCTAssertEqual(JSON.object(parsed(ServerFrame.counts(unread: 2))).encodedString, #"{"type":"counts","unread":2}"#)
+        XCTAssertEqual(JSON.object(parsed(ServerFrame.counts(Badge(unread: 2, unseen: 5)))).encodedString,
+                       #"{"type":"counts","unread":2,"unseen":5}"#)
         XCTAssertEqual(JSON.object(parsed(ServerFrame.pong(ref: "c5"))).encodedString, #"{"type":"pong","ref":"c5"}"#)
         XCTAssertEqual(JSON.object(parsed(ServerFrame.tokenExpiring(T0))).encodedString,
                        #"{"type":"tokenExpiring","expiresAt":"2026-11-22T10:00:00.000Z"}"#)

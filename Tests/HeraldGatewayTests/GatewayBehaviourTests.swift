@@ -569,7 +569,7 @@ final class GatewayBehaviourTests: XCTestCase {
         XCTAssertEqual(patch.response?.status, 200)
         let counts = h.request("GET", me + "/counts", token: tok)
         h.settle()
-        XCTAssertEqual(counts.json, ["unread": 4, "noInteraction": 4, "total": 5])
+        XCTAssertEqual(counts.json, ["unread": 4, "unseen": 4, "noInteraction": 4, "total": 5])
     }
 }
 

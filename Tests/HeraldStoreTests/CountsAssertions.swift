@@ -19,6 +19,7 @@ func scannedCounts(_ notes: [Notification]) -> [String: TargetingCounts] {
         var c = out[countsKey(canonical)] ?? TargetingCounts(targeting: canonical)
         c.total += 1
         if n.readState == .unread { c.unread += 1 }
+        if n.seenState == .unseen { c.unseen += 1 }
         if n.userActionState == .noInteraction { c.noInteraction += 1 }
         out[countsKey(canonical)] = c
     }
@@ -50,3 +51,17 @@ func assertCountsMatchHistory(_ store: StoreReading, _ user: UserKey, _ message:
                    "\(user) \(message())", file: file, line: line)
 }
 
+
+/// SQL (SQLite's and PostgreSQL's alike) that takes `seenState` out of the
+/// stored JSON of changes and notification rows, as an older schema wrote
+/// them: the first part of a test's downgrade.
+let withoutSeenStateInTheStoredJSON: String = {
+    func strip(_ column: String) -> String {
+        "replace(replace(\(column), ',\"seenState\":\"unseen\"', ''), ',\"seenState\":\"seen\"', '')"
+    }
+    return """
+        UPDATE changes SET change = \(strip("change"));
+        UPDATE notifications SET json = \(strip("json")) WHERE json <> '';
+
+        """
+}()

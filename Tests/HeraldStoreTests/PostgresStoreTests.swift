@@ -26,6 +26,7 @@ final class PostgresStoreConformanceTests: StoreConformanceTests {
     func testRollbackUndoesWritesAndSeq() throws { try checkRollbackUndoesWritesAndSeq() }
     func testCountsFollowEveryWrite() throws { try checkCountsFollowEveryWrite() }
     func testCountsUndoneByRollback() throws { try checkCountsUndoneByRollback() }
+    func testSeenStateRoundTripsAndIsCounted() throws { try checkSeenStateRoundTripsAndIsCounted() }
     func testReaderReadsWhatTheStoreReads() throws { try checkReaderReadsWhatTheStoreReads() }
     func testDevices() throws { try checkDevices() }
     func testPushHandlesAreStoredAndFoundByKey() throws { try checkPushHandlesAreStoredAndFoundByKey() }
@@ -694,7 +695,18 @@ final class PostgresStoreTests: XCTestCase {
             """)
     }
 
+    /// Turns a database of this version into what version 9 wrote: no
+    /// `seenState` in the stored JSON, no seen_state or unseen columns.
+    func downgradeToVersion9(_ store: PostgresStore) throws {
+        try store.db.script(withoutSeenStateInTheStoredJSON + """
+            ALTER TABLE notifications DROP COLUMN seen_state; ALTER TABLE counts DROP COLUMN unseen;
+            ALTER TABLE changes DROP COLUMN before_unseen, DROP COLUMN after_unseen;
+            DELETE FROM herald_schema WHERE version >= 10;
+            """)
+    }
+
     func downgradeToVersion8(_ store: PostgresStore) throws {
+        try downgradeToVersion9(store)
         try store.db.script("""
             DROP TABLE push_outbox_size; DROP FUNCTION herald_push_outbox_size CASCADE;
             DELETE FROM herald_schema WHERE version >= 9;
@@ -735,15 +747,22 @@ final class PostgresStoreTests: XCTestCase {
         XCTAssertEqual(try store.notification(alice, id: "n_0"), note("n_0"))
     }
 
-    /// Versions 4, 5 and 6 only add what older nodes never use: they roll
-    /// while those run.
-    func testAnUpgradeFromVersion3RollsWhileNodesRun() throws {
+    /// Versions 4 to 9 only add what older nodes never use: they would
+    /// roll while those run; version 10 (seen_state and the unseen counts,
+    /// which older nodes' writes would leave behind) waits for them.
+    func testAnUpgradeFromVersion3RollsWhileNodesRunUpToVersion10() throws {
+        XCTAssertTrue(PostgresSchema.misreadByOlderNodes.isDisjoint(with: 4...9))
+        XCTAssertTrue(PostgresSchema.misreadByOlderNodes.contains(10))
         do {
             let store = try PostgresStore(url: database.url)
             try downgradeToVersion4(store)
             try store.db.script("DROP FUNCTION herald_expect_heads; DELETE FROM herald_schema WHERE version >= 4")
             _ = try store.renewLease(node: "old-node", millis: 60_000)
         }
+        XCTAssertThrowsError(try PostgresStore(url: database.url)) { e in
+            XCTAssertTrue("\(e)".contains("running on this database at schema version 3"), "\(e)")
+        }
+        try PostgresConnection(url: database.url).execute("UPDATE herald_nodes SET lease_until = now() - interval '1 second'")
         let store = try PostgresStore(url: database.url)
         XCTAssertEqual(try store.db.query("SELECT max(version) FROM herald_schema").int64(0, 0), PostgresSchema.version)
         _ = try store.upsert(alice, note("n_1"), previous: nil, at: t0)
@@ -772,19 +791,61 @@ final class PostgresStoreTests: XCTestCase {
         XCTAssertEqual(try store.counts(alice).map(\.unread), [1])
     }
 
+    /// Version 10 adds seenState: what a version 9 database holds counts as
+    /// its readState implies (read ones seen, unread ones unseen), in the
+    /// notifications, the counts and the changes a catch-up serves; writes
+    /// after move the unseen counts.
+    func testMigrationFromVersion9SeesTheReadAndNotTheUnread() throws {
+        var read = note("n_1")
+        read.readState = .read
+        do {
+            let store = try PostgresStore(url: database.url)
+            var unreadButSeen = note("n_0")
+            unreadButSeen.seenState = .seen  // version 9 had no such state
+            _ = try store.upsert(alice, unreadButSeen, previous: nil, at: t0)
+            _ = try store.upsert(alice, read, previous: nil, at: t0)
+            var ios = note("n_2")
+            ios.targetPlatforms = [.ios]
+            _ = try store.upsert(alice, ios, previous: nil, at: t0)
+            try downgradeToVersion9(store)
+        }
+        let store = try PostgresStore(url: database.url)
+        XCTAssertEqual(try store.db.query("SELECT max(version) FROM herald_schema").int64(0, 0), PostgresSchema.version)
+        XCTAssertEqual(try store.notification(alice, id: "n_0")?.seenState, .unseen)
+        XCTAssertEqual(try store.notification(alice, id: "n_1")?.seenState, .seen)
+        try assertCountsMatchHistory(store, alice)
+        XCTAssertEqual(keyed(try store.counts(alice)).mapValues(\.unseen), ["*|*": 1, "ios|*": 1])
+        for r in try store.changes(alice, after: 0, limit: 10) {
+            guard case .upsert(let n) = r.change.op else { continue }
+            let served = try JSONParser.parse(r.encoded).objectValue?["notification"]?.objectValue
+            XCTAssertEqual(served?["seenState"]?.stringValue, n.readState == .read ? "seen" : "unseen", n.id)
+            XCTAssertEqual(r.after?.unseen, n.readState == .unread)
+        }
+        var n0 = try XCTUnwrap(store.notification(alice, id: "n_0"))
+        let was = n0
+        n0.seenState = .seen
+        n0.version += 1
+        _ = try store.upsert(alice, n0, previous: was, at: t0 + 1)
+        try assertCountsMatchHistory(store, alice)
+        XCTAssertEqual(keyed(try store.counts(alice))["*|*"]?.unseen, 0)
+        XCTAssertEqual(keyed(try store.counts(alice))["*|*"]?.unread, 1)
+        _ = try store.delete(alice, try XCTUnwrap(store.notification(alice, id: "n_2")), reason: .deleted, at: t0 + 2)
+        try assertCountsMatchHistory(store, alice)
+    }
+
     func tap(_ cursor: Int64) -> PushMessage {
         PushMessage(kind: .tap, op: .state, cursor: cursor, epoch: "e", notificationId: nil, expiresAt: t0 + 86_400_000)
     }
 
     /// Version 9 keeps the outbox's length: a version 8 database's pushes
-    /// are counted once by the migration (beside a running older node).
+    /// are counted once by the migration (the older node stopped: version
+    /// 10 waits for that).
     func testMigrationFromVersion8CountsTheOutboxOnce() throws {
         do {
             let store = try PostgresStore(url: database.url)
             for d in ["phone", "tablet", "watch"] { try store.enqueuePush(alice, deviceId: d, tap(1), at: t0, claimUntil: nil) }
             try downgradeToVersion8(store)
             try store.enqueuePush(alice, deviceId: "laptop", tap(1), at: t0, claimUntil: nil)
-            _ = try store.renewLease(node: "old-node", millis: 60_000)
         }
         let store = try PostgresStore(url: database.url)
         XCTAssertEqual(try store.db.query("SELECT max(version) FROM herald_schema").int64(0, 0), PostgresSchema.version)

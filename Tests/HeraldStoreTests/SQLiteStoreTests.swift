@@ -205,6 +205,7 @@ final class SQLiteStoreTests: XCTestCase {
     /// notification's JSON in its row, no targeting columns, changes that do
     /// not name their notification.
     func downgradeToVersion4(_ s: SQLiteStore) throws {
+        try downgradeToVersion10(s)
         try s.db.script("""
             DROP INDEX devices_with_push; DROP TABLE push_outbox_size; DROP TABLE shared_tokens; DROP TABLE push_tap_spacing; DROP TABLE push_outbox; DROP INDEX devices_by_push_key;
             ALTER TABLE devices DROP COLUMN push; ALTER TABLE devices DROP COLUMN push_key;
@@ -219,6 +220,18 @@ final class SQLiteStoreTests: XCTestCase {
             ALTER TABLE notifications DROP COLUMN target_tags; ALTER TABLE changes DROP COLUMN notification_id;
             PRAGMA user_version = 4;
             """)
+    }
+
+    /// Turns a file of this version into what version 10 wrote: no
+    /// `seenState` in the stored JSON, no seen_state or unseen columns.
+    func downgradeToVersion10(_ s: SQLiteStore) throws {
+        try s.db.script(withoutSeenStateInTheStoredJSON + """
+            ALTER TABLE notifications DROP COLUMN seen_state; ALTER TABLE feeds DROP COLUMN unseen;
+            ALTER TABLE counts DROP COLUMN unseen;
+            ALTER TABLE changes DROP COLUMN before_unseen; ALTER TABLE changes DROP COLUMN after_unseen;
+            PRAGMA user_version = 10;
+            """)
+        XCTAssertEqual(try s.db.int("SELECT count(*) FROM changes WHERE instr(change, 'seenState') > 0"), 0)
     }
 
     // MARK: Counts
@@ -365,6 +378,7 @@ final class SQLiteStoreTests: XCTestCase {
             let s = try SQLiteStore(path: path)
             try s.saveDevice(alice, phone("0a"))
             try s.saveDevice(bob, Device(deviceId: "tablet", lastSeenAt: t0))
+            try downgradeToVersion10(s)
             try s.db.script("DROP INDEX devices_with_push; PRAGMA user_version = 9")
             s.close()
         }
@@ -376,6 +390,65 @@ final class SQLiteStoreTests: XCTestCase {
         cleared.push = nil
         try s.saveDevice(alice, cleared)
         XCTAssertEqual(try s.pushDevices(of: [alice, bob, carol]), [carol: [phone("0b")]], "a handle removed leaves the index")
+    }
+
+    /// Version 11 adds seenState: what a version 10 file holds counts as its
+    /// readState implies (read ones seen, unread ones unseen), in the
+    /// notifications, their counts and the changes a catch-up serves, and
+    /// writes after the migration move the unseen counts.
+    func testMigrationFromVersion10SeesTheReadAndNotTheUnread() throws {
+        let users = Set(mixed.map(\.0))
+        var unreadBefore: [UserKey: [String: TargetingCounts]] = [:]
+        do {
+            let s = try SQLiteStore(path: path)
+            for (u, n) in mixed {
+                var seen = n
+                seen.seenState = .seen  // seen in this version; version 10 had no such state
+                _ = try s.upsert(u, seen, previous: nil, at: t0)
+            }
+            for u in users { unreadBefore[u] = keyed(try s.counts(u)) }
+            try downgradeToVersion10(s)
+            s.close()
+        }
+        let s = try SQLiteStore(path: path)
+        XCTAssertEqual(try s.db.int("PRAGMA user_version"), SQLiteStore.schemaVersion)
+        for (u, n) in mixed {
+            let back = try XCTUnwrap(s.notification(u, id: n.id))
+            XCTAssertEqual(back.seenState, n.readState == .read ? .seen : .unseen, n.id)
+        }
+        for u in users {
+            try assertCountsMatchHistory(s, u)
+            let counts = keyed(try s.counts(u))
+            for (k, c) in counts {
+                XCTAssertEqual(c.unseen, c.unread, "\(u) \(k): unseen starts as unread")
+                XCTAssertEqual(c.unread, unreadBefore[u]?[k]?.unread, "\(u) \(k)")
+            }
+        }
+        // The changes recorded before carry seenState as served, and their
+        // presences count unseen as unread.
+        for r in try s.changes(alice, after: 0, limit: 100) {
+            guard case .upsert(let n) = r.change.op else { continue }
+            let served = try JSONParser.parse(r.encoded).objectValue?["notification"]?.objectValue
+            XCTAssertEqual(served?["seenState"]?.stringValue, n.readState == .read ? "seen" : "unseen", n.id)
+            XCTAssertEqual(r.after?.unseen, n.readState == .unread, n.id)
+            XCTAssertEqual(Change(json: try JSONParser.parse(r.encoded))?.seq, r.seq)
+        }
+        // Seeing an unread one moves unseen alone; deleting moves both.
+        var n1 = try XCTUnwrap(s.notification(alice, id: "n_1"))
+        let was = n1
+        n1.seenState = .seen
+        n1.version += 1
+        let r = try s.upsert(alice, n1, previous: was, at: t0 + 1)
+        XCTAssertEqual(r.badgeDelta(for: .unnamed), Badge(unread: 0, unseen: -1))
+        try assertCountsMatchHistory(s, alice)
+        XCTAssertEqual(keyed(try s.counts(alice))["*|*"]?.unseen, 0)
+        XCTAssertEqual(keyed(try s.counts(alice))["*|*"]?.unread, 1)
+        _ = try s.delete(alice, try XCTUnwrap(s.notification(alice, id: "n_5")), reason: .deleted, at: t0 + 2)
+        try assertCountsMatchHistory(s, alice)
+        s.close()
+        let again = try SQLiteStore(path: path)
+        try assertCountsMatchHistory(again, alice)
+        XCTAssertEqual(try again.notification(alice, id: "n_1")?.seenState, .seen)
     }
 
     /// Version 5 keeps a notification's JSON only in its change: a version

@@ -439,16 +439,19 @@ class StoreConformanceTests: XCTestCase {
                 made += 1
                 var n = note("n_\(made)", "a\(made)", user: user, createdAt: Self.t0 + Millis(made), platforms: t.platforms, tags: t.tags)
                 n.readState = ReadState.allCases.randomElement(using: &rng)!
+                n.seenState = SeenState.allCases.randomElement(using: &rng)!
                 n.userActionState = UserActionState.allCases.randomElement(using: &rng)!
                 try publish(user, n)
             case (4..<6, let old?):
                 var n = note(old.id, old.appNotificationId, user: user, createdAt: old.createdAt, payload: ["step": .int(Int64(step))],
                              platforms: t.platforms, tags: t.tags, version: old.version + 1)
                 n.readState = old.readState
+                n.seenState = old.seenState
                 n.userActionState = old.userActionState
                 try publish(user, n)
             case (6..<8, var n?):
                 n.readState = ReadState.allCases.randomElement(using: &rng)!
+                n.seenState = SeenState.allCases.randomElement(using: &rng)!
                 n.userActionState = UserActionState.allCases.randomElement(using: &rng)!
                 n.version += 1
                 try publish(user, n)
@@ -466,6 +469,57 @@ class StoreConformanceTests: XCTestCase {
         if inBatch { try store.commit() }
         for u in users { try assertCountsMatchHistory(store, u) }
         XCTAssertEqual(try store.counts(UserKey(app: "app1", user: "nobody")), [])
+    }
+
+    /// `seenState` apart from `readState`: stored and read back as written,
+    /// in the notification, its change's presences and the counts, through
+    /// a publish, a state change, a replace, a delete and an expiry.
+    func checkSeenStateRoundTripsAndIsCounted() throws {
+        func counts() throws -> TargetingCounts? { keyed(try store.counts(alice))["*|*"] }
+        var n1 = note("n_1", "a1")
+        XCTAssertEqual(n1.seenState, .unseen)
+        let r1 = try publish(alice, n1)
+        XCTAssertEqual(r1.after?.unseen, true)
+        XCTAssertEqual(try counts()?.unseen, 1)
+        try publish(alice, note("n_2", "a2", expiresAt: Self.t0 + 1000))
+        XCTAssertEqual(try counts(), TargetingCounts(targeting: .everyone, unread: 2, unseen: 2, noInteraction: 2, total: 2))
+
+        // Seen, still unread.
+        let was = n1
+        n1.seenState = .seen
+        n1.version += 1
+        let r2 = try publish(alice, n1)
+        XCTAssertEqual(try store.notification(alice, id: "n_1")?.seenState, .seen)
+        XCTAssertEqual(try store.notification(alice, id: "n_1")?.readState, .unread)
+        XCTAssertEqual(r2.before, Presence(was))
+        XCTAssertEqual(r2.after?.unseen, false)
+        XCTAssertEqual(r2.after?.unread, true)
+        XCTAssertEqual(try counts(), TargetingCounts(targeting: .everyone, unread: 2, unseen: 1, noInteraction: 2, total: 2))
+        let stored = try store.changes(alice, after: r1.seq, limit: 10).first { $0.seq == r2.seq }
+        XCTAssertEqual(stored.map { $0.badgeDelta(for: .unnamed) }, Badge(unread: 0, unseen: -1))
+        XCTAssertEqual(stored.flatMap { try? JSONParser.parse($0.encoded).objectValue?["notification"]?.objectValue?["seenState"] },
+                       "seen")
+        XCTAssertEqual(try store.history(alice, after: nil, limit: 10).first { $0.id == "n_1" }?.seenState, .seen)
+
+        // A replace (the gateway resets it to unseen) moves it back.
+        var replaced = note("n_1", "a1", payload: ["title": "again"], version: n1.version + 1)
+        replaced.seenState = .unseen
+        try publish(alice, replaced)
+        XCTAssertEqual(try counts()?.unseen, 2)
+
+        // Deleting a seen one leaves unseen as it was; an unseen one lowers it.
+        var seenAgain = replaced
+        seenAgain.seenState = .seen
+        seenAgain.version += 1
+        try publish(alice, seenAgain)
+        XCTAssertEqual(try counts()?.unseen, 1)
+        _ = try store.delete(alice, seenAgain, reason: .deleted, at: Self.t0 + 1)
+        XCTAssertEqual(try counts(), TargetingCounts(targeting: .everyone, unread: 1, unseen: 1, noInteraction: 1, total: 1))
+        let expiring = try XCTUnwrap(store.expiring(until: Self.t0 + 1000, limit: 10, in: .whole).first)
+        XCTAssertEqual(expiring.1.seenState, .unseen)
+        _ = try store.delete(alice, expiring.1, reason: .expired, at: Self.t0 + 1000)
+        XCTAssertNil(try counts())
+        try assertCountsMatchHistory(store, alice)
     }
 
     func checkCountsUndoneByRollback() throws {
@@ -880,6 +934,7 @@ final class MemoryStoreConformanceTests: StoreConformanceTests {
     func testRollbackUndoesWritesAndSeq() throws { try checkRollbackUndoesWritesAndSeq() }
     func testCountsFollowEveryWrite() throws { try checkCountsFollowEveryWrite() }
     func testCountsUndoneByRollback() throws { try checkCountsUndoneByRollback() }
+    func testSeenStateRoundTripsAndIsCounted() throws { try checkSeenStateRoundTripsAndIsCounted() }
     func testReaderReadsWhatTheStoreReads() throws { try checkReaderReadsWhatTheStoreReads() }
     func testDevices() throws { try checkDevices() }
     func testPushHandlesAreStoredAndFoundByKey() throws { try checkPushHandlesAreStoredAndFoundByKey() }
@@ -916,6 +971,7 @@ final class SQLiteStoreConformanceTests: StoreConformanceTests {
     func testRollbackUndoesWritesAndSeq() throws { try checkRollbackUndoesWritesAndSeq() }
     func testCountsFollowEveryWrite() throws { try checkCountsFollowEveryWrite() }
     func testCountsUndoneByRollback() throws { try checkCountsUndoneByRollback() }
+    func testSeenStateRoundTripsAndIsCounted() throws { try checkSeenStateRoundTripsAndIsCounted() }
     func testReaderReadsWhatTheStoreReads() throws { try checkReaderReadsWhatTheStoreReads() }
     func testDevices() throws { try checkDevices() }
     func testPushHandlesAreStoredAndFoundByKey() throws { try checkPushHandlesAreStoredAndFoundByKey() }

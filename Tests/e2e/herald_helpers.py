@@ -45,7 +45,7 @@ LISTEN_RE = re.compile(r"^listening on (?P<scheme>https?)://(?P<host>[^\s:]+):(?
 NOTIFICATION_FIELDS = {
     "id", "appNotificationId", "userId", "payload", "priority", "groupName",
     "displayTimeToLive", "targetPlatforms", "targetTags", "createdAt",
-    "updatedAt", "expiresAt", "readState", "userActionState", "version",
+    "updatedAt", "expiresAt", "readState", "seenState", "userActionState", "version",
 }
 
 # Waits for something that must happen are deadlines, not delays: they end as
@@ -226,6 +226,7 @@ def check_notification(n: dict) -> dict:
     assert isinstance(n["payload"], dict), n
     assert n["priority"] in ("normal", "high"), n
     assert n["readState"] in ("unread", "read"), n
+    assert n["seenState"] in ("unseen", "seen"), n
     assert n["userActionState"] in ("noInteraction", "activated", "dismissed", "snoozed"), n
     assert isinstance(n["version"], int) and not isinstance(n["version"], bool) and n["version"] >= 1, n
     for k in ("createdAt", "updatedAt", "expiresAt"):
@@ -795,6 +796,7 @@ def check_welcome(w: dict) -> dict:
     assert isinstance(w.get("epoch"), str) and w["epoch"], w
     assert isinstance(w.get("connectionId"), str) and w["connectionId"], w
     assert isinstance(w.get("unread"), int) and not isinstance(w["unread"], bool), w
+    assert isinstance(w.get("unseen"), int) and not isinstance(w["unseen"], bool), w
     return w
 
 

@@ -234,14 +234,14 @@ def test_counts(gateway, user):
     tok = mint_token(user)
     r = gateway.me("GET", "/counts", tok)
     assert r.status_code == 200
-    assert r.json() == {"unread": 0, "noInteraction": 0, "total": 0}
+    assert r.json() == {"unread": 0, "unseen": 0, "noInteraction": 0, "total": 0}
     ns = [gateway.publish(user)["notification"] for _ in range(4)]
     gateway.me("PATCH", f"/notifications/{ns[0]['id']}", tok, json={"readState": "read"})
     gateway.me("PATCH", f"/notifications/{ns[1]['id']}", tok, json={"userActionState": "activated"})
     gateway.me("PATCH", f"/notifications/{ns[2]['id']}", tok, json={"readState": "read", "userActionState": "dismissed"})
-    assert gateway.me("GET", "/counts", tok).json() == {"unread": 2, "noInteraction": 2, "total": 4}
+    assert gateway.me("GET", "/counts", tok).json() == {"unread": 2, "unseen": 2, "noInteraction": 2, "total": 4}
     gateway.me("DELETE", f"/notifications/{ns[3]['id']}", tok)
-    assert gateway.me("GET", "/counts", tok).json() == {"unread": 1, "noInteraction": 1, "total": 3}
+    assert gateway.me("GET", "/counts", tok).json() == {"unread": 1, "unseen": 1, "noInteraction": 1, "total": 3}
     # other users' notifications do not count
     gateway.publish(uid("other"))
     assert gateway.me("GET", "/counts", tok).json()["total"] == 3
@@ -284,8 +284,8 @@ def test_read_all_respects_visibility(gateway, user):
     assert r.json()["updated"] == 1
     assert gateway.get_notification(user, web_only["id"])["readState"] == "unread"
     assert gateway.get_notification(user, for_all["id"])["readState"] == "read"
-    assert gateway.me("GET", "/counts", tok, device="phone-1").json() == {"unread": 0, "noInteraction": 1, "total": 1}
-    assert gateway.me("GET", "/counts", tok).json() == {"unread": 1, "noInteraction": 2, "total": 2}
+    assert gateway.me("GET", "/counts", tok, device="phone-1").json() == {"unread": 0, "unseen": 0, "noInteraction": 1, "total": 1}
+    assert gateway.me("GET", "/counts", tok).json() == {"unread": 1, "unseen": 1, "noInteraction": 2, "total": 2}
 
 
 def test_read_all_is_not_a_notification_id(gateway, user):
@@ -294,3 +294,46 @@ def test_read_all_is_not_a_notification_id(gateway, user):
     check_error(gateway.me("GET", "/notifications/read-all", tok), 405)
     check_error(gateway.me("DELETE", "/notifications/read-all", tok), 405)
     check_error(gateway.me("PATCH", "/notifications/read-all", tok, json={"readState": "read"}), 405)
+
+
+def test_seen_all_and_unseen_counts_over_a_websocket(gateway, user):
+    """SPEC 11: seen-all marks every unseen notification this device may see
+    seen, one change each; read makes seen, unread leaves it seen; counts,
+    welcome and counts frames carry unseen, a counts frame also when only
+    unseen moved; other methods on seen-all are 405."""
+    ws0, _, _ = gateway.connect(user, "phone-1", platform="ios")
+    ws0.close()
+    tok = mint_token(user)
+    ns = [gateway.publish(user, f"s{i}")["notification"] for i in range(3)]
+    web_only = gateway.publish(user, "w", targetPlatforms=["web"])["notification"]
+    assert all(n["seenState"] == "unseen" for n in ns + [web_only])
+    r = gateway.me("PATCH", f"/notifications/{ns[0]['id']}", tok, json={"readState": "read"})
+    assert r.status_code == 200, r.text
+    assert r.json()["notification"]["seenState"] == "seen" and r.json()["notification"]["version"] == 2
+    r = gateway.me("PATCH", f"/notifications/{ns[0]['id']}", tok, json={"readState": "unread"})
+    assert r.json()["notification"]["seenState"] == "seen", "unread again leaves it seen"
+    check_error(gateway.me("PATCH", f"/notifications/{ns[1]['id']}", tok, json={"seenState": "maybe"}), 400, "bad_request")
+    ws, _, welcome = gateway.connect(user, "phone-1", platform="ios")
+    with ws:
+        assert welcome["unread"] == 3 and welcome["unseen"] == 2, welcome
+        r = gateway.me("POST", "/notifications/seen-all", tok, device="phone-1")
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["updated"] == 2
+        changes, frames = ws.expect_changes(2)
+        frames = ws.collect_until(lambda fs: any(f["type"] == "counts" and f.get("unseen") == 0 for f in fs), frames)
+        counts = [f for f in frames if f["type"] == "counts"]
+        assert counts[-1] == {"type": "counts", "unread": 3, "unseen": 0}, counts
+        assert {c["notification"]["id"] for c in changes} == {ns[1]["id"], ns[2]["id"]}
+        assert all(c["notification"]["seenState"] == "seen" and c["notification"]["readState"] == "unread" for c in changes)
+        assert body["seq"] == max(c["seq"] for c in changes)
+        ws.assert_silent(ignore=("counts",))
+        assert gateway.me("GET", "/counts", tok, device="phone-1").json() == {"unread": 3, "unseen": 0, "noInteraction": 3, "total": 3}
+        assert gateway.get_notification(user, web_only["id"])["seenState"] == "unseen", "not this device's to see"
+        unseen = gateway.me("GET", "/notifications", tok, params={"seenState": "unseen"}).json()["notifications"]
+        assert [n["id"] for n in unseen] == [web_only["id"]]
+        check_error(gateway.me("GET", "/notifications", tok, params={"seenState": "read"}), 400, "bad_request")
+        assert gateway.me("POST", "/notifications/seen-all", tok, device="phone-1").json() == {"updated": 0, "seq": body["seq"]}
+        ws.assert_silent()
+    for method in ("GET", "PUT", "DELETE"):
+        check_error(gateway.me(method, "/notifications/seen-all", tok), 405)

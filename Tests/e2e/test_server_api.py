@@ -176,7 +176,7 @@ def test_expiry_announced_as_delete_within_2s(gateway, user):
         assert time.time() <= expires + 2.5
     check_error(gateway.server("GET", f"/users/{user}/notifications/{n['id']}"), 404)
     assert gateway.list_all(user) == []
-    assert gateway.me("GET", "/counts", mint_token(user)).json() == {"unread": 0, "noInteraction": 0, "total": 0}
+    assert gateway.me("GET", "/counts", mint_token(user)).json() == {"unread": 0, "unseen": 0, "noInteraction": 0, "total": 0}
 
 
 def test_devices_listing(gateway, user):

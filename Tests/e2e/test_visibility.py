@@ -104,8 +104,8 @@ def test_history_and_counts_follow_visibility(gateway, user):
     seen = lambda **kw: {n["appNotificationId"] for n in gateway.me("GET", "/notifications", tok, **kw).json()["notifications"]}
     assert seen(device="phone") == {"it", "all"}
     assert seen() == {"web", "it", "en", "all"}, "an unnamed client sees everything the user may see"
-    assert gateway.me("GET", "/counts", tok, device="phone").json() == {"unread": 2, "noInteraction": 2, "total": 2}
-    assert gateway.me("GET", "/counts", tok).json() == {"unread": 4, "noInteraction": 4, "total": 4}
+    assert gateway.me("GET", "/counts", tok, device="phone").json() == {"unread": 2, "unseen": 2, "noInteraction": 2, "total": 2}
+    assert gateway.me("GET", "/counts", tok).json() == {"unread": 4, "unseen": 4, "noInteraction": 4, "total": 4}
     bound = mint_token(user, dev="phone")
     assert {n["appNotificationId"] for n in gateway.me("GET", "/notifications", bound).json()["notifications"]} == {"it", "all"}
 

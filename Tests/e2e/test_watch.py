@@ -88,6 +88,15 @@ def test_watch_prints_events_and_its_dismiss_reaches_the_other_device(herald_bin
                          "the dismiss as a change", earlier=True)
             assert gateway.get_notification(user, n["id"])["userActionState"] == "dismissed"
 
+            # `seen`: shown, not read (SPEC 11).
+            m = gateway.publish(user, "deploy-2")["notification"]
+            watch.expect(lambda l: l.get("event") == "upserted" and l["notification"]["id"] == m["id"], "the second one")
+            watch.send(f"seen {m['id']}")
+            reply = watch.expect(lambda l: "reply" in l, "the seen's answer")
+            assert reply["reply"] == "seen" and reply["ok"] is True, reply
+            assert reply["notification"]["seenState"] == "seen" and reply["notification"]["readState"] == "unread", reply
+            assert gateway.get_notification(user, m["id"])["seenState"] == "seen"
+
             # Errors are answers too; the watch goes on.
             watch.send("read n_nosuchnotification")
             reply = watch.expect(lambda l: "reply" in l, "the refused read's answer")

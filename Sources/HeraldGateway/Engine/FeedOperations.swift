@@ -59,13 +59,28 @@ extension Engine {
         return .success(WriteAnswer(r))
     }
 
+    /// `POST /v1/me/notifications/read-all`: every unread notification
+    /// `viewer` may see marked read (and so seen), one change each.
     func markAllRead(_ user: UserKey, viewer: Viewer, now: Millis) throws(StoreError) -> (updated: Int, seq: Int64) {
+        try markAll(user, viewer: viewer, now: now, StateUpdate(readState: .read)) { $0.readState == .unread }
+    }
+
+    /// `POST /v1/me/notifications/seen-all` (SPEC section 11): every unseen
+    /// notification `viewer` may see marked seen, one change each.
+    func markAllSeen(_ user: UserKey, viewer: Viewer, now: Millis) throws(StoreError) -> (updated: Int, seq: Int64) {
+        try markAll(user, viewer: viewer, now: now, StateUpdate(seenState: .seen)) { $0.seenState == .unseen }
+    }
+
+    /// Applies `update` to every live notification `viewer` may see that
+    /// is `pending`, one change each; how many, and the feed's seq after.
+    private func markAll(_ user: UserKey, viewer: Viewer, now: Millis, _ update: StateUpdate,
+                         pending: (Notification) -> Bool) throws(StoreError) -> (updated: Int, seq: Int64) {
         var updated = 0
         var after: HistoryKey? = nil
         while true {
             let page = try reads.history(user, after: after, limit: 1000)
-            for n in page where n.readState == .unread && n.targeting.admits(viewer) {
-                let m = StateUpdate(readState: .read).applied(to: n, now: now)!
+            for n in page where pending(n) && n.targeting.admits(viewer) {
+                guard let m = update.applied(to: n, now: now) else { continue }
                 _ = try tx.upsert(user, m, previous: n, at: now)
                 updated += 1
             }

@@ -16,7 +16,7 @@ extension StoreReading {
     func visibleCounts(_ user: UserKey, viewer: Viewer) throws(StoreError) -> TargetingCounts {
         var c = TargetingCounts(targeting: .everyone)
         for t in try counts(user) where t.targeting.admits(viewer) {
-            c.unread += t.unread; c.noInteraction += t.noInteraction; c.total += t.total
+            c.unread += t.unread; c.unseen += t.unseen; c.noInteraction += t.noInteraction; c.total += t.total
         }
         return c
     }
@@ -73,7 +73,7 @@ extension StoreReading {
     }
 
     /// Visible changes after `after`, up to the bounds; `complete` when they
-    /// reach the feed's head, and then the viewer's unread count as of it.
+    /// reach the feed's head, and then the viewer's unread and unseen counts as of it.
     private func changesPage(_ user: UserKey, viewer: Viewer, after: Int64, feed: FeedState, bounds: PageBounds) throws(StoreError) -> ChangesPage {
         var items: [EncodedChange] = []
         var bytes = 0
@@ -86,7 +86,7 @@ extension StoreReading {
             for r in page {
                 if let b = r.bytes(for: viewer) {
                     if bounds.isFull(items: items.count, bytes: bytes) {
-                        return ChangesPage(items: items, reached: reached, unread: nil)
+                        return ChangesPage(items: items, reached: reached, badge: nil)
                     }
                     items.append(EncodedChange(seq: r.seq, bytes: b))
                     bytes += b.count
@@ -97,7 +97,7 @@ extension StoreReading {
                 reached = r.seq
             }
         }
-        return ChangesPage(items: items, reached: max(reached, feed.head), unread: try visibleCounts(user, viewer: viewer).unread)
+        return ChangesPage(items: items, reached: max(reached, feed.head), badge: try visibleCounts(user, viewer: viewer).badge)
     }
 }
 
@@ -122,12 +122,14 @@ struct BatchSizer {
     }
 }
 
-/// `readState` / `userActionState` filters of the history API.
+/// `readState` / `seenState` / `userActionState` filters of the history API.
 struct HistoryFilter: Sendable {
     var readState: ReadState?
+    var seenState: SeenState?
     var userActionState: UserActionState?
     func admits(_ n: Notification) -> Bool {
-        (readState.map { $0 == n.readState } ?? true) && (userActionState.map { $0 == n.userActionState } ?? true)
+        (readState.map { $0 == n.readState } ?? true) && (seenState.map { $0 == n.seenState } ?? true)
+            && (userActionState.map { $0 == n.userActionState } ?? true)
     }
 }
 
@@ -193,7 +195,7 @@ struct ChangesPage: Sendable {
     var items: [EncodedChange]
     /// The feed position these changes bring the client to.
     var reached: Int64
-    /// Set when the page reached the feed's head: the viewer's unread count there.
-    var unread: Int?
-    var complete: Bool { unread != nil }
+    /// Set when the page reached the feed's head: the viewer's counts there.
+    var badge: Badge?
+    var complete: Bool { badge != nil }
 }

@@ -167,11 +167,21 @@ extension Gateway {
     }
 
     func readAll(_ c: Call, _ d: DeviceContext) {
+        markAll(c, d) { e, user, v, now throws(StoreError) in try e.markAllRead(user, viewer: v, now: now) }
+    }
+
+    func seenAll(_ c: Call, _ d: DeviceContext) {
+        markAll(c, d) { e, user, v, now throws(StoreError) in try e.markAllSeen(user, viewer: v, now: now) }
+    }
+
+    /// `read-all` and `seen-all`: `mark` over what the device may see.
+    private func markAll(_ c: Call, _ d: DeviceContext,
+                         _ mark: @escaping @Sendable (Engine, UserKey, Viewer, Millis) throws(StoreError) -> (updated: Int, seq: Int64)) {
         let clock = self.clock
         c.x.write(d.user) { e throws(StoreError) in
             let now = clock.now()
             return try e.withViewer(d.user, deviceId: d.deviceId, now: now) { v throws(StoreError) in
-                let (n, seq) = try e.markAllRead(d.user, viewer: v, now: now)
+                let (n, seq) = try mark(e, d.user, v, now)
                 return .success(.json(200, ["updated": .int(n), "seq": .int(seq)]))
             }
         }
@@ -180,7 +190,8 @@ extension Gateway {
     func counts(_ c: Call, _ d: DeviceContext) {
         c.x.read(d.user, d.deviceId) { s, v throws(StoreError) in
             let n = try s.visibleCounts(d.user, viewer: v)
-            return .success(.json(200, ["unread": .int(n.unread), "noInteraction": .int(n.noInteraction), "total": .int(n.total)]))
+            return .success(.json(200, ["unread": .int(n.unread), "unseen": .int(n.unseen), "noInteraction": .int(n.noInteraction),
+                                        "total": .int(n.total)]))
         }
     }
 
@@ -429,15 +440,19 @@ struct HistoryQuery: Sendable {
             guard let k = PageToken.decode(b) else { throw HeraldError.badRequest("before is not a page token") }
             before = k
         }
-        if let r = req.queryValue("readState") {
-            guard let v = ReadState(rawValue: r) else { throw HeraldError.badRequest("readState must be unread or read") }
-            filter.readState = v
+        filter.readState = try Self.state(req, "readState")
+        filter.seenState = try Self.state(req, "seenState")
+        filter.userActionState = try Self.state(req, "userActionState")
+    }
+
+    /// The state filter `name`, if given; a value that is no state is 400.
+    private static func state<S: RawRepresentable & CaseIterable>(_ req: HTTPRequest, _ name: String) throws(HeraldError) -> S?
+        where S.RawValue == String
+    {
+        guard let text = req.queryValue(name) else { return nil }
+        guard let v = S(rawValue: text) else {
+            throw HeraldError.badRequest("\(name) must be one of \(S.allCases.map(\.rawValue).joined(separator: ", "))")
         }
-        if let a = req.queryValue("userActionState") {
-            guard let v = UserActionState(rawValue: a) else {
-                throw HeraldError.badRequest("userActionState must be one of \(UserActionState.allCases.map(\.rawValue).joined(separator: ", "))")
-            }
-            filter.userActionState = v
-        }
+        return v
     }
 }

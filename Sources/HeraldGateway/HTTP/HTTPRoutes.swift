@@ -152,7 +152,7 @@ final class Route: Sendable {
         }
 
         /// SPEC sections 2-4, 6 and 10, as docs/openapi.yaml names them.
-        /// The first match wins: `read-all` before the notification ids.
+        /// The first match wins: `read-all` and `seen-all` before the notification ids.
         static let all: [Path] = [
             Path("healthz", [Route("GET", .open { g, c in g.health(c) })]),
             Path("metrics", [Route("GET", .open { g, c in g.metricsText(c) })]),
@@ -167,6 +167,7 @@ final class Route: Sendable {
                  [Route("GET", .device(inQuery: true) { g, c, d throws(HeraldError) in try g.fallback(events: true, c, d) })]),
             Path("v1/me/push", [Route("GET", .device(namesDevice: false) { g, c, d in g.pushServices(c, d) })]),
             Path("v1/me/notifications/read-all", [Route("POST", .device { g, c, d in g.readAll(c, d) })]),
+            Path("v1/me/notifications/seen-all", [Route("POST", .device { g, c, d in g.seenAll(c, d) })]),
             Path("v1/me/notifications/{id}", notification(server: false)),
             Path("v1/me/devices/{deviceId}",
                  [Route("PUT", .device(namesDevice: false) { g, c, d throws(HeraldError) in try g.registerDevice(c, d) }),

@@ -133,7 +133,7 @@ final class HeldPoll: SubscriptionOutput {
         answer(changes.map(\.bytes), cursor: cursor, more: more)
     }
 
-    func caughtUp(_ purpose: CatchUpPurpose, cursor: Int64, epoch: String, unread: Int) {
+    func caughtUp(_ purpose: CatchUpPurpose, cursor: Int64, epoch: String, badge: Badge) {
         guard purpose != .recover else { return }  // held already
         guard waitSeconds > 0 else { return answer([], cursor: cursor, more: false) }
         guard gateway.holdPoll() else {
@@ -151,7 +151,7 @@ final class HeldPoll: SubscriptionOutput {
 
     /// At most a page of them, as a catch-up page would be (`limit`, and
     /// about `maxBytes`): the rest are the next poll's, from the store.
-    func live(_ changes: [EncodedChange], cursor: Int64, unread: Int?) {
+    func live(_ changes: [EncodedChange], cursor: Int64, badge: Badge?) {
         guard !changes.isEmpty else { return }
         let taken = changes.prefix(PageBounds(items: limit, bytes: Self.maxBytes).fitting(changes))
         let more = taken.count < changes.count
@@ -242,9 +242,9 @@ final class EventStream: SubscriptionOutput {
 
     func catchUp(_ changes: [EncodedChange], cursor: Int64, more: Bool) { send(changes) }
 
-    func caughtUp(_ purpose: CatchUpPurpose, cursor: Int64, epoch: String, unread: Int) {}
+    func caughtUp(_ purpose: CatchUpPurpose, cursor: Int64, epoch: String, badge: Badge) {}
 
-    func live(_ changes: [EncodedChange], cursor: Int64, unread: Int?) { send(changes) }
+    func live(_ changes: [EncodedChange], cursor: Int64, badge: Badge?) { send(changes) }
 
     private func send(_ changes: [EncodedChange]) {
         guard !done, !changes.isEmpty else { return }

@@ -16,9 +16,10 @@ protocol SubscriptionOutput: AnyObject {
     func catchUp(_ changes: [EncodedChange], cursor: Int64, more: Bool)
     /// The catch-up is complete at `cursor` (WebSocket: `welcome`, or the
     /// `ack` of a `sync`); live changes follow.
-    func caughtUp(_ purpose: CatchUpPurpose, cursor: Int64, epoch: String, unread: Int)
-    /// Live changes (possibly none), and the unread count when it moved.
-    func live(_ changes: [EncodedChange], cursor: Int64, unread: Int?)
+    func caughtUp(_ purpose: CatchUpPurpose, cursor: Int64, epoch: String, badge: Badge)
+    /// Live changes (possibly none), and the unread and unseen counts when
+    /// either moved.
+    func live(_ changes: [EncodedChange], cursor: Int64, badge: Badge?)
     /// Bytes handed to the connection that the client has not taken yet.
     var backlog: Int { get }
     /// Calls `f` once the backlog is below `bytes` (at once if it is now).
@@ -33,7 +34,7 @@ enum CatchUpPurpose: Equatable {
     /// A WebSocket `sync` message.
     case sync(ref: String?)
     /// Changes may have been missed on the bus: the client sees only the
-    /// changes it missed, and its unread count if that moved.
+    /// changes it missed, and its counts if they moved.
     case recover
 }
 
@@ -150,7 +151,7 @@ final class Subscription {
     private(set) var cursor: Int64 = 0
     private(set) var viewer = Viewer.unnamed
     private(set) var epoch = ""
-    private var unread = 0
+    private var badge = Badge.zero
 
     init(_ request: Request, signature: TokenSignature, gateway: Gateway, shard: Shard, output: SubscriptionOutput) {
         terms = Terms(request); self.signature = signature; self.gateway = gateway; self.shard = shard; self.output = output
@@ -267,24 +268,24 @@ final class Subscription {
             dropBuffered()
             step = .changes(after: p.reached)
             if !p.items.isEmpty { output?.catchUp(p.items, cursor: p.reached, more: !p.complete) }
-            if let u = p.unread, serial > taintedThrough, phase == .catchingUp { return handOver(unread: u) }
+            if let b = p.badge, serial > taintedThrough, phase == .catchingUp { return handOver(badge: b) }
         }
         readWhenDrained()
     }
 
-    private func handOver(unread u: Int) {
-        let was = unread
-        unread = u
+    private func handOver(badge b: Badge) {
+        let was = badge
+        badge = b
         phase = .live
         let pending = buffered
         buffered = []
         bufferedBytes = 0
-        output?.caughtUp(purpose, cursor: cursor, epoch: epoch, unread: u)
+        output?.caughtUp(purpose, cursor: cursor, epoch: epoch, badge: b)
         guard follow != nil else { return }  // a poll answered at once: nothing live follows
         // A sync held back until welcome may have started a new catch-up:
         // then the changes still wait for it.
         guard phase == .live else { return buffer(pending) }
-        if purpose != .subscribe, u != was { output?.live([], cursor: cursor, unread: u) }
+        if purpose != .subscribe, b != was { output?.live([], cursor: cursor, badge: b) }
         if !pending.isEmpty { deliverLive(pending, judged: false) }
         if phase == .live, !queuedSyncs.isEmpty {
             let next = queuedSyncs.removeFirst()
@@ -338,10 +339,10 @@ final class Subscription {
     private func deliverLive(_ records: [ChangeRecord], judged: Bool = true) {
         guard let output else { return }
         var items: [EncodedChange] = []
-        var delta = 0, reached = cursor, bytes = 0
+        var delta = Badge.zero, reached = cursor, bytes = 0
         for r in records where r.seq > reached {
             reached = r.seq
-            delta += r.unreadDelta(for: viewer)
+            delta += r.badgeDelta(for: viewer)
             if let b = r.bytes(for: viewer) {
                 items.append(EncodedChange(seq: r.seq, bytes: b))
                 bytes += b.count
@@ -352,15 +353,15 @@ final class Subscription {
             return recover()  // its pages are read after these changes committed
         }
         cursor = reached
-        guard !items.isEmpty || delta != 0 else { return }
-        unread += delta
+        guard !items.isEmpty || !delta.isZero else { return }
+        badge += delta
         if !items.isEmpty {
             gateway.metrics.deliveries.add(items.count, ordering: .relaxed)
             if let r = records.last(where: { $0.seq == items.last!.seq }) {
                 lastSent = LostChange(r, at: gateway.clock.ticks())
             }
         }
-        output.live(items, cursor: cursor, unread: delta != 0 ? unread : nil)
+        output.live(items, cursor: cursor, badge: delta.isZero ? nil : badge)
     }
 
     func viewerChanged(_ v: Viewer) { viewer = v }

@@ -391,12 +391,12 @@ extension WebSocketSession: SubscriptionOutput {
         send(ServerFrame.changes(changes.map(\.bytes), cursor: cursor))
     }
 
-    func caughtUp(_ purpose: CatchUpPurpose, cursor: Int64, epoch: String, unread: Int) {
+    func caughtUp(_ purpose: CatchUpPurpose, cursor: Int64, epoch: String, badge: Badge) {
         switch purpose {
         case .subscribe:
             // Made when sent (once per connection): it names the connection
             // to its client only, so no connection keeps it.
-            send(ServerFrame.welcome(cursor: cursor, epoch: epoch, connectionId: "c_" + Random.hex(6), unread: unread))
+            send(ServerFrame.welcome(cursor: cursor, epoch: epoch, connectionId: "c_" + Random.hex(6), badge: badge))
             state = .live
             scheduleTokenTimers()
             let early = waitingForLive
@@ -409,10 +409,10 @@ extension WebSocketSession: SubscriptionOutput {
         }
     }
 
-    func live(_ changes: [EncodedChange], cursor: Int64, unread: Int?) {
+    func live(_ changes: [EncodedChange], cursor: Int64, badge: Badge?) {
         guard state != .closed, closeRequest == nil else { return }
         for c in changes { outbox.append(live: c) }
-        if let unread { outbox.append(ServerFrame.counts(unread: unread)) }
+        if let badge { outbox.append(ServerFrame.counts(badge)) }
         transport.requestWrite()
     }
 
