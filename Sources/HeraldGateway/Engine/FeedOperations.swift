@@ -136,11 +136,8 @@ extension Engine {
     private func releaseHandle(_ key: String, to user: UserKey, _ deviceId: String) throws(StoreError) {
         guard let holder = try reads.pushHolder(app: user.app, key: key) else { return }
         let other = UserKey(app: user.app, user: holder.user)
-        guard other != user || holder.deviceId != deviceId, var d = try reads.device(other, id: holder.deviceId) else { return }
-        let was = d
-        d.push = nil
-        try tx.saveDevice(other, d, was: was)
-        try tx.dropPushes(other, deviceId: holder.deviceId)
+        guard other != user || holder.deviceId != deviceId, let d = try reads.device(other, id: holder.deviceId) else { return }
+        try tx.removeHandle(other, from: d)
     }
 
     /// `body` with the viewer of `deviceId`, unless its registration is refused.

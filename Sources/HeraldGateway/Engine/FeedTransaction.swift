@@ -97,6 +97,16 @@ final class FeedTransaction: BatchTransaction {
         }
     }
 
+    /// Takes `device`'s push handle from it (dead, or moved to another
+    /// registration), with the pushes waiting for it; the device stays
+    /// registered.
+    func removeHandle(_ user: UserKey, from device: Device) throws(StoreError) {
+        var d = device
+        d.push = nil
+        try saveDevice(user, d, was: device)
+        try store.dropPushes(user, deviceId: device.deviceId)
+    }
+
     /// Deletes a registration; its open connections close with 4003.
     func deleteDevice(_ user: UserKey, id: String) throws(StoreError) -> Bool {
         guard try store.deleteDevice(user, id: id) else { return false }

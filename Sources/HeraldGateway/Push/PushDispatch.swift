@@ -258,11 +258,8 @@ final class PushDispatch {
         case .unregistered(let why, let reason):
             // The device stays registered, without the dead handle. One
             // registered since (a new token) keeps the device's pushes.
-            if var d = try tx.reads.device(o.job.user, id: o.job.deviceId), d.push?.key == o.handle.key {
-                let was = d
-                d.push = nil
-                try tx.saveDevice(o.job.user, d, was: was)
-                try tx.dropPushes(o.job.user, deviceId: o.job.deviceId)
+            if let d = try tx.reads.device(o.job.user, id: o.job.deviceId), d.push?.key == o.handle.key {
+                try tx.removeHandle(o.job.user, from: d)
             } else {
                 try tx.finishPush(o.job)
             }
