@@ -186,12 +186,7 @@ public final class Engine: @unchecked Sendable {  // engine-thread state, checke
         }
     }
 
-    /// Runs `body` as its own transaction (maintenance), then its effects;
-    /// whether it committed (`BatchExecutor.transaction`).
-    @discardableResult func transaction(_ what: String, _ body: (FeedTransaction) throws(StoreError) -> Void) -> Bool {
-        transactions.run(what, body)
-    }
-
+    /// Runs a transaction of its own (maintenance), then its effects.
     var transactions: Transactions { Transactions(executor: executor, tx: tx) }
 
     /// Catches the followers here of `users` up from the store

@@ -57,12 +57,12 @@ final class Maintenance {
         }
         if expiryDue {
             expiryDue = false
-            e.transaction("expiry sweep") { tx throws(StoreError) in try Self.sweepExpired(tx, e.share, now: now) }
+            e.transactions.run("expiry sweep") { tx throws(StoreError) in try Self.sweepExpired(tx, e.share, now: now) }
         }
         e.cluster?.flush(e.transactions, now: now, tick: tick)
         if tick >= nextSeenFlush || force {
             nextSeenFlush = tick + 30_000
-            e.transaction("lastSeen flush") { tx throws(StoreError) in try Self.flushSeen(tx, e.registry, now: now) }
+            e.transactions.run("lastSeen flush") { tx throws(StoreError) in try Self.flushSeen(tx, e.registry, now: now) }
         }
         if tick >= nextPrune && e.doesStoreWideWork { prune(e, now: now, tick: tick) }
         if tick >= nextStatistics {
@@ -106,7 +106,7 @@ final class Maintenance {
         var pruned = Pruned(changes: 0, more: false), lapsed = 0
         let devicesDue = tick >= nextDevicePrune
         let limits = e.limits
-        let committed = e.transaction("pruning") { tx throws(StoreError) in
+        let committed = e.transactions.run("pruning") { tx throws(StoreError) in
             if devicesDue { lapsed = try tx.pruneDevices(lastSeenBefore: now - limits.deviceLapseSeconds * 1000) }
             pruned = try tx.pruneChanges(before: now - limits.changeRetentionSeconds * 1000, limit: Self.pruneChunk)
         }
