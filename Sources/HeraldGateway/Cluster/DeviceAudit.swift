@@ -37,7 +37,7 @@ final class DeviceAudit {
                     let v = Viewer(userId: user.user, device: device)
                     for s in shards { s.post { s.checkViewer(user, deviceId: id, read: v) } }
                 }
-            case .failure(let error): e.health.failed("device audit", error)
+            case .failure(let error): e.health.failed(.read, "device audit", error)
             }
         }
     }

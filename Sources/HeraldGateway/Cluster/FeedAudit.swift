@@ -71,7 +71,7 @@ final class FeedAudit {
             }
         case .failure(let error):
             // The next round reads again; the store's health says why.
-            e.health.failed("feed audit", error)
+            e.health.failed(.read, "feed audit", error)
             unread.removeAll()
         }
     }

@@ -245,7 +245,7 @@ final class BatchExecutor: @unchecked Sendable {  // the queue is under `cond`; 
                     metrics.storeConflictRetries.add(1, ordering: .relaxed)
                     continue
                 }
-                health.failed("batch of \(batch.count) (rolled back)", error)
+                health.failed(.write, "batch of \(batch.count) (rolled back)", error)
                 // Earlier batches' replies and deliveries go first.
                 runSynced(all: true)
                 let answer = (error as? StoreError)?.outcomeUnknown == true ? StoreHealth.outcomeUnknown : StoreHealth.unavailable
@@ -257,7 +257,7 @@ final class BatchExecutor: @unchecked Sendable {  // the queue is under `cond`; 
         }
         // A batch that sent the store nothing (bookkeeping, or a reader's
         // failure handed back by `Engine.readAside`) says nothing of its health.
-        if target.lastCommitReachedStore && !batch.allSatisfy(\.bookkeeping) { health.succeeded() }
+        if target.lastCommitReachedStore && !batch.allSatisfy(\.bookkeeping) { health.succeeded(.write) }
         return true
     }
 
@@ -273,7 +273,7 @@ final class BatchExecutor: @unchecked Sendable {  // the queue is under `cond`; 
                 try target.begin()
                 try body()
                 try commit(began: nil)
-                if target.lastCommitReachedStore { health.succeeded() }
+                if target.lastCommitReachedStore { health.succeeded(.write) }
                 return true
             } catch {
                 target.rollback(after: error)
@@ -281,7 +281,7 @@ final class BatchExecutor: @unchecked Sendable {  // the queue is under `cond`; 
                     metrics.storeConflictRetries.add(1, ordering: .relaxed)
                     continue
                 }
-                health.failed(what, error)
+                health.failed(.write, what, error)
                 return false
             }
         }

@@ -181,7 +181,7 @@ public final class Engine: @unchecked Sendable {  // engine-thread state, checke
         reader.submit { [self] r in
             let result = Result { () throws(StoreError) in try body(r) }
             // Failures are the reply's to report, with what failed.
-            if vouches, case .success = result { health.succeeded() }
+            if vouches, case .success = result { health.succeeded(.read) }
             control { e in reply(e, result) }
         }
     }
@@ -330,7 +330,7 @@ extension Engine {
             // they had until the device audit reads it again (`DeviceAudit`).
             let read: Device?
             do { read = try e.store.device(user, id: deviceId) } catch {
-                return e.health.failed("device read", error)
+                return e.health.failed(.read, "device read", error)
             }
             e.tell(shards, user, deviceId, read)
         }

@@ -95,7 +95,7 @@ final class Maintenance {
             m.checkingSince = nil
             switch result {
             case .success(let at): if let at, at <= now { m.expiryDue = true }
-            case .failure(let error): e.health.failed("expiry check", error)
+            case .failure(let error): e.health.failed(.read, "expiry check", error)
             }
         }
     }
@@ -137,7 +137,7 @@ final class Maintenance {
             switch result {
             case .success(let analyzed):
                 if !analyzed.isEmpty { Log.info("analyzed \(analyzed.joined(separator: ", ")): grown past the planner's statistics") }
-            case .failure(let error): e.health.failed("planner statistics", error)
+            case .failure(let error): e.health.failed(.read, "planner statistics", error)
             }
         }
     }

@@ -38,9 +38,9 @@ public final class Reads: Sendable {
             let result: Result<T, HeraldError>
             do {
                 result = .success(try r.read(body))
-                health.succeeded()
+                health.succeeded(.read)
             } catch {
-                health.failed("read", error)
+                health.failed(.read, "read", error)
                 result = .failure(StoreHealth.unavailable)
             }
             // What the snapshot showed leaves only once it is on disk.
