@@ -65,6 +65,13 @@ public struct Fields {
         return i
     }
 
+    /// An RFC 3339 time, in milliseconds.
+    public mutating func time(_ key: String) throws(HeraldError) -> Millis? {
+        guard let s = try string(key, maxBytes: 64) else { return nil }
+        guard let ms = RFC3339.parse(s) else { throw .badRequest("\(key) must be an RFC 3339 time") }
+        return ms
+    }
+
     public mutating func enumValue<E: RawRepresentable & CaseIterable>(_ key: String, _: E.Type) throws(HeraldError) -> E?
     where E.RawValue == String {
         guard let s = try string(key, maxBytes: 64) else { return nil }

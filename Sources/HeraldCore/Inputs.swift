@@ -55,13 +55,11 @@ public struct NotificationDraft: Sendable, Equatable {
         }
         if let t = try f.string("targetTags", maxBytes: 4096) { targetTags = try Self.expression(t, field: "targetTags") }
         let ttl = try f.int("ttlSeconds", in: 1...Limits.maxExpirySeconds)
-        let at = try f.string("expiresAt", maxBytes: 64)
+        let at = try f.time("expiresAt")
         switch (ttl, at) {
         case (.some, .some): throw .badRequest("give expiresAt or ttlSeconds, not both")
         case (.some(let t), nil): expiry = .ttl(t)
-        case (nil, .some(let s)):
-            guard let ms = RFC3339.parse(s) else { throw .badRequest("expiresAt must be an RFC 3339 time") }
-            expiry = .at(ms)
+        case (nil, .some(let ms)): expiry = .at(ms)
         case (nil, nil): expiry = .default
         }
     }
@@ -137,25 +135,47 @@ public struct StateUpdate: Sendable, Equatable {
     public var readState: ReadState?
     public var seenState: SeenState?
     public var userActionState: UserActionState?
+    /// When a snooze ends (SPEC section 11): with `snoozed`, or alone on a
+    /// notification already snoozed (it moves the time).
+    public var snoozedUntil: Millis?
     public var ifVersion: Int64?
 
+    /// How far ahead a snooze may end (SPEC section 11).
+    public static let maxSnoozeMillis: Millis = 365 * 86_400_000
+
     public init(readState: ReadState? = nil, seenState: SeenState? = nil, userActionState: UserActionState? = nil,
-                ifVersion: Int64? = nil) {
+                snoozedUntil: Millis? = nil, ifVersion: Int64? = nil) {
         self.readState = readState; self.seenState = seenState; self.userActionState = userActionState
-        self.ifVersion = ifVersion
+        self.snoozedUntil = snoozedUntil; self.ifVersion = ifVersion
     }
 
     init(reading f: inout Fields) throws(HeraldError) {
         readState = try f.enumValue("readState", ReadState.self)
         seenState = try f.enumValue("seenState", SeenState.self)
         userActionState = try f.enumValue("userActionState", UserActionState.self)
-        guard readState != nil || seenState != nil || userActionState != nil else {
-            throw .badRequest("give readState, seenState or userActionState")
+        snoozedUntil = try f.time("snoozedUntil")
+        guard readState != nil || seenState != nil || userActionState != nil || snoozedUntil != nil else {
+            throw .badRequest("give readState, seenState, userActionState or snoozedUntil")
         }
         // Reading it is seeing it (SPEC section 11): the two cannot disagree.
         if readState == .read && seenState == .unseen {
             throw .badRequest("readState read makes it seen; seenState unseen contradicts it")
         }
+        if snoozedUntil != nil, let a = userActionState, a != .snoozed {
+            throw .badRequest("snoozedUntil goes with userActionState snoozed, not \(a.rawValue)")
+        }
+    }
+
+    /// What only the notification and the time can refuse: a snooze time
+    /// in the past or more than 365 days ahead, or one for a notification
+    /// that is not snoozed and is not being snoozed.
+    public func check(against n: Notification, now: Millis) throws(HeraldError) {
+        guard let until = snoozedUntil else { return }
+        guard userActionState == .snoozed || n.userActionState == .snoozed else {
+            throw .badRequest("snoozedUntil needs userActionState snoozed: this notification is \(n.userActionState.rawValue)")
+        }
+        guard until > now else { throw .badRequest("snoozedUntil must be in the future") }
+        guard until - now <= Self.maxSnoozeMillis else { throw .badRequest("snoozedUntil must be within 365 days") }
     }
 
     public init(bytes: [UInt8], ifMatch: String?) throws(HeraldError) {
@@ -182,8 +202,14 @@ public struct StateUpdate: Sendable, Equatable {
         if let r = readState { m.readState = r }
         // Marking it read also makes it seen (one change); unread again leaves it seen.
         if let s = seenState ?? (readState == .read ? .seen : nil) { m.seenState = s }
-        if let a = userActionState { m.userActionState = a }
-        guard m.readState != n.readState || m.seenState != n.seenState || m.userActionState != n.userActionState else { return nil }
+        if let a = userActionState {
+            m.userActionState = a
+            // Snoozed without a time stays snoozed until something changes it.
+            m.snoozedUntil = nil
+        }
+        if let t = snoozedUntil { m.snoozedUntil = t }
+        guard m.readState != n.readState || m.seenState != n.seenState || m.userActionState != n.userActionState
+                || m.snoozedUntil != n.snoozedUntil else { return nil }
         m.version += 1
         m.updatedAt = now
         return m

@@ -10,6 +10,9 @@ public enum SeenState: String, Sendable, CaseIterable {
     public static func implied(by r: ReadState) -> SeenState { r == .read ? .seen : .unseen }
 }
 public enum UserActionState: String, Sendable, CaseIterable { case noInteraction, activated, dismissed, snoozed }
+/// A time a stored notification may have that the store sweeps for: when
+/// it expires (deleted) and when its snooze ends (woken, SPEC section 11).
+public enum Deadline: Sendable, CaseIterable { case expiry, wake }
 public enum Priority: String, Sendable, CaseIterable { case normal, high }
 public enum Platform: String, Sendable, CaseIterable { case web, ios, android, windows, other }
 
@@ -53,6 +56,8 @@ public struct Notification: Sendable, Equatable, JSONWritable {
     public var readState: ReadState
     public var seenState: SeenState
     public var userActionState: UserActionState
+    /// When a snooze ends (SPEC section 11); nil unless snoozed until a time.
+    public var snoozedUntil: Millis?
     public var version: Int64
 
     public init(id: String, appNotificationId: String, userId: String, payload: JSONObject,
@@ -60,16 +65,36 @@ public struct Notification: Sendable, Equatable, JSONWritable {
                 targetPlatforms: [Platform]? = nil, targetTags: TagExpression? = nil,
                 createdAt: Millis, updatedAt: Millis, expiresAt: Millis,
                 readState: ReadState = .unread, seenState: SeenState? = nil, userActionState: UserActionState = .noInteraction,
-                version: Int64 = 1) {
+                snoozedUntil: Millis? = nil, version: Int64 = 1) {
         self.id = id; self.appNotificationId = appNotificationId; self.userId = userId; self.payload = payload
         self.priority = priority; self.groupName = groupName; self.displayTimeToLive = displayTimeToLive
         self.targetPlatforms = targetPlatforms; self.targetTags = targetTags
         self.createdAt = createdAt; self.updatedAt = updatedAt; self.expiresAt = expiresAt
         self.readState = readState; self.seenState = seenState ?? .implied(by: readState)
-        self.userActionState = userActionState; self.version = version
+        self.userActionState = userActionState; self.snoozedUntil = snoozedUntil; self.version = version
     }
 
     public var targeting: Targeting { Targeting(platforms: targetPlatforms, tags: targetTags) }
+
+    /// When `deadline` falls for it, if it has one.
+    public func at(_ deadline: Deadline) -> Millis? {
+        switch deadline {
+        case .expiry: expiresAt
+        case .wake: snoozedUntil
+        }
+    }
+
+    /// Its snooze ended (SPEC section 11): back as if new to the user.
+    public func woken(at now: Millis) -> Notification {
+        var m = self
+        m.userActionState = .noInteraction
+        m.readState = .unread
+        m.seenState = .unseen
+        m.snoozedUntil = nil
+        m.version += 1
+        m.updatedAt = now
+        return m
+    }
 
     /// The wire form of SPEC section 1, keys in the documented order,
     /// written straight to bytes: every change carries it, and building a
@@ -104,6 +129,8 @@ public struct Notification: Sendable, Equatable, JSONWritable {
         put(#","readState":"#); string(readState.rawValue)
         put(#","seenState":"#); string(seenState.rawValue)
         put(#","userActionState":"#); string(userActionState.rawValue)
+        put(#","snoozedUntil":"#)
+        if let snoozedUntil { time(snoozedUntil) } else { put("null") }
         put(#","version":"#); number(version)
         out.append(UInt8(ascii: "}"))
     }
@@ -132,6 +159,12 @@ public struct Notification: Sendable, Equatable, JSONWritable {
             guard let s = text.stringValue.flatMap(SeenState.init(rawValue:)) else { return nil }
             seen = s
         }
+        // Absent from what was stored before it existed: not snoozed until a time.
+        var until: Millis? = nil
+        if let text = o["snoozedUntil"], !text.isNull {
+            guard let t = text.stringValue.flatMap(RFC3339.parse) else { return nil }
+            until = t
+        }
         var platforms: [Platform]? = nil
         if let arr = o["targetPlatforms"]?.arrayValue {
             platforms = arr.compactMap { $0.stringValue.flatMap(Platform.init(rawValue:)) }
@@ -140,7 +173,7 @@ public struct Notification: Sendable, Equatable, JSONWritable {
         self.init(id: id, appNotificationId: anid, userId: uid, payload: payload, priority: pr,
                   groupName: o["groupName"]?.stringValue, displayTimeToLive: o["displayTimeToLive"]?.int64Value,
                   targetPlatforms: platforms, targetTags: tags, createdAt: c, updatedAt: u, expiresAt: e,
-                  readState: rs, seenState: seen, userActionState: us, version: v)
+                  readState: rs, seenState: seen, userActionState: us, snoozedUntil: until, version: v)
     }
 }
 

@@ -78,11 +78,11 @@ public protocol StoreReading: AnyObject {
     /// none is left out. Asked for every batch's users (`PushDispatch`),
     /// most of whom have none: it costs them a lookup, not a copy.
     func pushDevices(of users: [UserKey]) throws(StoreError) -> [UserKey: [Device]]
-    /// The earliest `expiresAt` of a stored notification, nil when there is
-    /// none: whether the expiry sweep has anything to do, asked off the
-    /// engine thread (`Maintenance`). It may be earlier than the truth,
-    /// never later.
-    func nextExpiry() throws(StoreError) -> Millis?
+    /// The earliest time `deadline` falls for a stored notification, nil
+    /// when it falls for none: whether its sweep has anything to do, asked
+    /// off the engine thread (`Maintenance`). It may be earlier than the
+    /// truth, never later.
+    func next(_ deadline: Deadline) throws(StoreError) -> Millis?
     /// Outside a transaction: brings the query planner's statistics up to
     /// date where the tables outgrew them (PostgreSQL); the tables it did.
     /// Only reads the tables (ANALYZE samples them), so a reader connection
@@ -190,11 +190,11 @@ public protocol NotificationStore: StoreLookups {
     /// Removes `n` and appends a delete change with the user's next seq.
     func delete(_ user: UserKey, _ n: Notification, reason: DeleteReason, at: Millis) throws(StoreError) -> ChangeRecord
 
-    /// Notifications of `partition`'s users with `expiresAt <= until`,
-    /// oldest expiry first: each partition sweeps its own users, whose
+    /// Notifications of `partition`'s users whose `deadline` falls by
+    /// `until`, earliest first: each partition sweeps its own users, whose
     /// feeds only its engine writes (a store several partitions share,
-    /// PostgreSQL, selects them in SQL).
-    func expiring(until: Millis, limit: Int, in partition: Partition) throws(StoreError) -> [(UserKey, Notification)]
+    /// PostgreSQL, selects them in SQL, skipping rows another node holds).
+    func due(_ deadline: Deadline, until: Millis, limit: Int, in partition: Partition) throws(StoreError) -> [(UserKey, Notification)]
     /// Drops changes recorded before `before`, raising each feed's floor: at
     /// most about `limit` of them per call (changes recorded at one instant
     /// may go together), so that one call never holds the store for long.
@@ -278,9 +278,9 @@ extension NotificationStore {
     public func claim(_ users: [UserKey]) throws(StoreError) { try claim(users, lookups: []) }
     public func noteCommitted(_ user: UserKey, _ records: [ChangeRecord]) {}
 
-    /// Every user's expired notifications.
-    public func expiring(until: Millis, limit: Int) throws(StoreError) -> [(UserKey, Notification)] {
-        try expiring(until: until, limit: limit, in: .whole)
+    /// Every user's notifications whose `deadline` fell by `until`.
+    public func due(_ deadline: Deadline, until: Millis, limit: Int) throws(StoreError) -> [(UserKey, Notification)] {
+        try due(deadline, until: until, limit: limit, in: .whole)
     }
 
     /// Drops every change recorded before `before` in one call; how many.

@@ -19,7 +19,8 @@ public final class MemoryStore: NotificationStore {
     /// Live notification counts, kept by `write` (see `StoreReading.counts`).
     private var countsByUser: [UserKey: [TargetingKey: TargetingCounts]] = [:]
     private var devicesByUser: [UserKey: [Device]] = [:]
-    private var expiryHeap = Heap<ExpiryEntry>()
+    /// Per deadline, the notifications it falls for, earliest first.
+    private var dueHeaps: [Deadline: Heap<DueEntry>] = [.expiry: Heap(), .wake: Heap()]
     /// The push outbox by id (ids ascend in the order recorded).
     private var pushes: [Int64: PushRow] = [:]
     private var lastPushId: Int64 = 0
@@ -38,7 +39,7 @@ public final class MemoryStore: NotificationStore {
         var claimedUntil: Millis = 0
     }
 
-    struct ExpiryEntry: Comparable {
+    struct DueEntry: Comparable {
         let at: Millis
         let user: UserKey
         let id: String
@@ -65,9 +66,13 @@ public final class MemoryStore: NotificationStore {
         for u in undo.reversed() { u(self) }
         inTransaction = false
         undo.removeAll()
-        // Expiry entries of undone writes are stale and skipped when popped;
+        // Due entries of undone writes are stale and skipped when popped;
         // re-add the surviving notifications' entries in case one was popped.
-        for (u, d) in users { for n in d.byId.values { expiryHeap.push(ExpiryEntry(at: n.expiresAt, user: u, id: n.id)) } }
+        for (u, d) in users { for n in d.byId.values { noteDue(u, n) } }
+    }
+
+    private func noteDue(_ user: UserKey, _ n: Notification) {
+        for d in Deadline.allCases { if let at = n.at(d) { dueHeaps[d]!.push(DueEntry(at: at, user: user, id: n.id)) } }
     }
 
     private func onRollback(_ f: @escaping (MemoryStore) -> Void) {
@@ -114,7 +119,7 @@ public final class MemoryStore: NotificationStore {
             d.changes.append(r)
             return r
         }(&users[user, default: UserData()])
-        if let n { expiryHeap.push(ExpiryEntry(at: n.expiresAt, user: user, id: n.id)) }
+        if let n { noteDue(user, n) }
         // From what was stored, not from the caller's `before`: the counts
         // stay those of the live notifications whatever the caller passes.
         let deltas = CountDelta.replacing(old.map(Counted.init), by: n.map(Counted.init))
@@ -179,20 +184,21 @@ public final class MemoryStore: NotificationStore {
     }
 
     /// The heap's top, which may be stale (replaced or deleted since): early, as allowed.
-    public func nextExpiry() throws(StoreError) -> Millis? { expiryHeap.peek?.at }
+    public func next(_ deadline: Deadline) throws(StoreError) -> Millis? { dueHeaps[deadline]!.peek?.at }
 
-    public func expiring(until: Millis, limit: Int, in partition: Partition) throws(StoreError) -> [(UserKey, Notification)] {
+    public func due(_ deadline: Deadline, until: Millis, limit: Int, in partition: Partition) throws(StoreError) -> [(UserKey, Notification)] {
         var out: [(UserKey, Notification)] = []
-        var keep: [ExpiryEntry] = []
-        while out.count < limit, let top = expiryHeap.peek, top.at <= until {
-            let e = expiryHeap.pop()!
+        var keep: [DueEntry] = []
+        while out.count < limit, let top = dueHeaps[deadline]!.peek, top.at <= until {
+            let e = dueHeaps[deadline]!.pop()!
             // Skip entries made stale by a replace or delete.
-            guard let n = users[e.user]?.byId[e.id], n.expiresAt == e.at, !keep.contains(where: { $0.user == e.user && $0.id == e.id }) else { continue }
+            guard let n = users[e.user]?.byId[e.id], n.at(deadline) == e.at,
+                  !keep.contains(where: { $0.user == e.user && $0.id == e.id }) else { continue }
             keep.append(e)
             if partition.owns(e.user) { out.append((e.user, n)) }
         }
-        // The caller deletes them; until then they stay due (and other partitions' stay for them).
-        for e in keep { expiryHeap.push(e) }
+        // The caller changes them; until then they stay due (and other partitions' stay for them).
+        for e in keep { dueHeaps[deadline]!.push(e) }
         return out
     }
 

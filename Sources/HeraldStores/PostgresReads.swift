@@ -41,8 +41,10 @@ struct PostgresReads {
 
     static let headsSQL = forUsers("f.head FROM feeds f")
 
-    func nextExpiry() throws(StoreError) -> Millis? {
-        let r = try db.query("SELECT min(expires_at) FROM notifications")
+    /// `IS NOT NULL` lets the wake index (of only the rows with a time) serve it.
+    func next(_ deadline: Deadline) throws(StoreError) -> Millis? {
+        let c = deadline.column
+        let r = try db.query("SELECT min(\(c)) FROM notifications WHERE \(c) IS NOT NULL")
         return r.count == 0 ? nil : r.optionalInt64(0, 0)
     }
     private static let devicesSQL = forUsers("\(deviceColumns) FROM devices f", "ORDER BY f.registered")
@@ -290,7 +292,7 @@ final class PostgresStoreReader: StoreReader {
     }
     func counts(_ user: UserKey) throws(StoreError) -> [TargetingCounts] { try ready().counts(user) }
     func devices(_ user: UserKey) throws(StoreError) -> [Device] { try ready().devices(user) }
-    func nextExpiry() throws(StoreError) -> Millis? { try ready().nextExpiry() }
+    func next(_ deadline: Deadline) throws(StoreError) -> Millis? { try ready().next(deadline) }
     /// Outside `read` (ANALYZE refuses a read-only transaction).
     func refreshPlannerStatistics() throws(StoreError) -> [String] {
         guard !reads.db.inTransaction else { throw reads.db.error("statistics", "inside a read") }

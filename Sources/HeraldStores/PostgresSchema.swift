@@ -281,6 +281,13 @@ enum PostgresSchema {
         UPDATE counts SET unseen = unread WHERE unread <> 0;
         ALTER TABLE changes ADD COLUMN before_unseen boolean, ADD COLUMN after_unseen boolean;
         """,
+        // 11: snoozes that end (SPEC section 11), as SQLite's version 12:
+        // nothing stored before had a time; the wake sweep finds the few
+        // that have one in an index of only them.
+        """
+        ALTER TABLE notifications ADD COLUMN snoozed_until bigint;
+        CREATE INDEX notifications_wake ON notifications (snoozed_until) WHERE snoozed_until IS NOT NULL;
+        """,
     ]
 
     /// The versions an older node would misread: since version 3 a
@@ -289,8 +296,9 @@ enum PostgresSchema {
     /// function older nodes never call, as does version 6; versions 7 and 8
     /// tables they never read; version 9 a table their writes keep too.
     /// Version 10: an older node's writes would leave `seen_state` and the
-    /// unseen counts behind.
-    static let misreadByOlderNodes: Set<Int64> = [3, 10]
+    /// unseen counts behind; version 11 `snoozed_until`, so a notification
+    /// it dismissed would still wake.
+    static let misreadByOlderNodes: Set<Int64> = [3, 10, 11]
 
     /// Migrates through a version of `misreadByOlderNodes` only once every
     /// node on the database has stopped (`herald_nodes`, from version 2).

@@ -383,9 +383,9 @@ public final class PostgresStore: NotificationStore {
         return try reads.heads(users)
     }
 
-    public func nextExpiry() throws(StoreError) -> Millis? {
+    public func next(_ deadline: Deadline) throws(StoreError) -> Millis? {
         try check()
-        return try reads.nextExpiry()
+        return try reads.next(deadline)
     }
 
     public func notification(_ user: UserKey, id: String) throws(StoreError) -> Notification? {
@@ -429,7 +429,7 @@ public final class PostgresStore: NotificationStore {
         ORDER BY k.i
         """
 
-    /// Oldest expiry first, skipping what another transaction holds (see
+    /// Earliest first, skipping what another transaction holds (see
     /// the class comment); inside a transaction the rows and their users
     /// stay locked until it ends. Locks first, then reads: a row another
     /// node changed while this waited is locked in its new version, but a
@@ -437,15 +437,15 @@ public final class PostgresStore: NotificationStore {
     /// before; a second statement sees what is locked as it is.
     /// A node's partitions share the database: each takes its own users'
     /// (`herald_partition`, computed only for the rows already due).
-    public func expiring(until: Millis, limit: Int, in partition: Partition) throws(StoreError) -> [(UserKey, Notification)] {
+    public func due(_ deadline: Deadline, until: Millis, limit: Int, in partition: Partition) throws(StoreError) -> [(UserKey, Notification)] {
         try check()
         guard limit > 0 else { return [] }
-        let shared = partition.count > 1
+        let shared = partition.count > 1, column = deadline.column
         let due = try db.query("""
             SELECT n.app, n.user_id, n.id, f.head FROM notifications n
             JOIN feeds f ON f.app = n.app AND f.user_id = n.user_id
-            WHERE n.expires_at <= $1 \(shared ? "AND herald_partition(n.app, n.user_id, $3) = $4" : "")
-            ORDER BY n.expires_at, n.app, n.user_id, n.id LIMIT $2
+            WHERE n.\(column) <= $1 \(shared ? "AND herald_partition(n.app, n.user_id, $3) = $4" : "")
+            ORDER BY n.\(column), n.app, n.user_id, n.id LIMIT $2
             FOR UPDATE OF n, f SKIP LOCKED
             """, [.int(until), .int(Int64(limit))] + (shared ? [.int(Int64(partition.count)), .int(Int64(partition.index))] : []))
         guard due.count > 0 else { return [] }
@@ -577,19 +577,21 @@ public final class PostgresStore: NotificationStore {
                 ), saved AS (
                     -- The JSON goes only into the change: written once (migration 3).
                     INSERT INTO notifications (app, user_id, id, app_notification_id, created_at, expires_at, read_state,
-                                               user_action_state, version, count_platforms, count_tags, json, seq, seen_state)
-                    VALUES ($1, $2, $14, $15, $16, $17, $18, $19, $20, $21, $22, '', $3, $23)
+                                               user_action_state, version, count_platforms, count_tags, json, seq, seen_state,
+                                               snoozed_until)
+                    VALUES ($1, $2, $14, $15, $16, $17, $18, $19, $20, $21, $22, '', $3, $23, $24)
                     ON CONFLICT (app, user_id, id) DO UPDATE SET
                         app_notification_id = excluded.app_notification_id, created_at = excluded.created_at,
                         expires_at = excluded.expires_at, read_state = excluded.read_state, seen_state = excluded.seen_state,
                         user_action_state = excluded.user_action_state, version = excluded.version,
                         count_platforms = excluded.count_platforms, count_tags = excluded.count_tags, json = '',
-                        seq = excluded.seq
+                        seq = excluded.seq, snoozed_until = excluded.snoozed_until
                 ), \(Self.appendAndCount)
                 """, Self.appendParameters(user, r)
                     + [.text(n.id), .text(n.appNotificationId), .int(n.createdAt), .int(n.expiresAt),
                        .text(n.readState.rawValue), .text(n.userActionState.rawValue), .int(n.version),
-                       .text(key.platforms), .text(key.tags), .text(n.seenState.rawValue)])
+                       .text(key.platforms), .text(key.tags), .text(n.seenState.rawValue),
+                       n.snoozedUntil.map { .int($0) } ?? .null])
             remember(user, n)
             written[user, default: []].append(r)
             return r

@@ -100,19 +100,19 @@ struct SQLiteReads {
         return out
     }
 
-    func nextExpiry() throws(StoreError) -> Millis? {
+    func next(_ deadline: Deadline) throws(StoreError) -> Millis? {
         var at: Millis?
-        try db.query("SELECT min(expires_at) FROM notifications") { r throws(StoreError) in
+        try db.query(SQLiteStore.nextSQL(deadline)) { r throws(StoreError) in
             at = r.isNull(0) ? nil : r.int64(0)
             return false
         }
         return at
     }
 
-    func expiring(until: Millis, limit: Int) throws(StoreError) -> [(UserKey, Notification)] {
+    func due(_ deadline: Deadline, until: Millis, limit: Int) throws(StoreError) -> [(UserKey, Notification)] {
         guard limit > 0 else { return [] }
         var out: [(UserKey, Notification)] = []
-        try db.query(SQLiteStore.expiringSQL, [.int(until), .int(Int64(limit))]) { r throws(StoreError) in
+        try db.query(SQLiteStore.dueSQL(deadline), [.int(until), .int(Int64(limit))]) { r throws(StoreError) in
             guard let app = r.text(0), let u = r.text(1) else { throw corrupt("notification") }
             out.append((UserKey(app: app, user: u), try notification(r, 2)))
             return true
@@ -215,5 +215,5 @@ final class SQLiteStoreReader: StoreReader {
     func counts(_ user: UserKey) throws(StoreError) -> [TargetingCounts] { try reads.counts(user) }
     func devices(_ user: UserKey) throws(StoreError) -> [Device] { try reads.devices(user) }
     func pushDevices(of users: [UserKey]) throws(StoreError) -> [UserKey: [Device]] { try reads.pushDevices(of: users) }
-    func nextExpiry() throws(StoreError) -> Millis? { try reads.nextExpiry() }
+    func next(_ deadline: Deadline) throws(StoreError) -> Millis? { try reads.next(deadline) }
 }

@@ -44,7 +44,7 @@ public final class SQLiteStore: NotificationStore {
 
     /// The schema version this code writes; `migrations[v - 1]` brings a
     /// database from version `v - 1` to `v`.
-    public static let schemaVersion: Int64 = 11
+    public static let schemaVersion: Int64 = 12
 
     public let epoch: String
     public let path: String
@@ -392,6 +392,13 @@ public final class SQLiteStore: NotificationStore {
         ALTER TABLE changes ADD COLUMN before_unseen INTEGER;
         ALTER TABLE changes ADD COLUMN after_unseen INTEGER;
         """,
+        // 12: snoozes that end (SPEC section 11). Nothing stored before had
+        // a time, so the column starts NULL; the wake sweep finds the few
+        // that have one in an index of only them.
+        """
+        ALTER TABLE notifications ADD COLUMN snoozed_until INTEGER;
+        CREATE INDEX notifications_wake ON notifications (snoozed_until) WHERE snoozed_until IS NOT NULL;
+        """,
     ]
 
     /// Brings the database to version `target` (internal for tests, which
@@ -553,10 +560,16 @@ public final class SQLiteStore: NotificationStore {
           AND NOT EXISTS (SELECT 1 FROM notifications n WHERE n.app = ?1 AND n.user = ?2
                                                           AND n.id = changes.notification_id AND n.seq = changes.seq)
         """
-    static let expiringSQL = """
-        SELECT n.app, n.user, \(storedNotification) FROM \(notificationsWithChanges)
-        WHERE n.expires_at <= ? ORDER BY n.expires_at LIMIT ?
+    static func dueSQL(_ d: Deadline) -> String {
         """
+        SELECT n.app, n.user, \(storedNotification) FROM \(notificationsWithChanges)
+        WHERE n.\(d.column) <= ? ORDER BY n.\(d.column) LIMIT ?
+        """
+    }
+    /// `IS NOT NULL` lets the wake index (of only the rows with a time) serve it.
+    static func nextSQL(_ d: Deadline) -> String {
+        "SELECT min(\(d.column)) FROM notifications WHERE \(d.column) IS NOT NULL"
+    }
     /// The feed row's counts (notifications for everyone) and the others.
     static let countsSQL = """
         SELECT '*', '', unread, no_interaction, total, unseen FROM feeds WHERE app = ?1 AND user = ?2 AND total > 0
@@ -601,10 +614,10 @@ public final class SQLiteStore: NotificationStore {
     public func counts(_ user: UserKey) throws(StoreError) -> [TargetingCounts] { try check(); return try reads.counts(user) }
 
     /// A file has one writer, so it is one partition (`--partitions` is refused for it).
-    public func expiring(until: Millis, limit: Int, in partition: Partition) throws(StoreError) -> [(UserKey, Notification)] {
+    public func due(_ deadline: Deadline, until: Millis, limit: Int, in partition: Partition) throws(StoreError) -> [(UserKey, Notification)] {
         guard partition.count == 1 else { throw StoreError("a SQLite file is one partition, not \(partition.count)") }
         try check()
-        return try reads.expiring(until: until, limit: limit)
+        return try reads.due(deadline, until: until, limit: limit)
     }
 
     public func devices(_ user: UserKey) throws(StoreError) -> [Device] { try check(); return try reads.devices(user) }
@@ -614,7 +627,7 @@ public final class SQLiteStore: NotificationStore {
         return try reads.pushDevices(of: users)
     }
 
-    public func nextExpiry() throws(StoreError) -> Millis? { try check(); return try reads.nextExpiry() }
+    public func next(_ deadline: Deadline) throws(StoreError) -> Millis? { try check(); return try reads.next(deadline) }
 
     public func usersWithDevices(app: String) throws(StoreError) -> [(user: String, devices: [Device])] {
         try check()
@@ -778,20 +791,22 @@ public final class SQLiteStore: NotificationStore {
             try db.execute("""
                 INSERT INTO notifications (app, user, id, app_notification_id, created_at, expires_at,
                                            read_state, user_action_state, version, targeted, json, seq,
-                                           target_platforms, target_tags, seen_state)
-                VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, '', ?, ?, ?, ?)
+                                           target_platforms, target_tags, seen_state, snoozed_until)
+                VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, '', ?, ?, ?, ?, ?)
                 ON CONFLICT (app, user, id) DO UPDATE SET
                     app_notification_id = excluded.app_notification_id, created_at = excluded.created_at,
                     expires_at = excluded.expires_at, read_state = excluded.read_state, seen_state = excluded.seen_state,
                     user_action_state = excluded.user_action_state, version = excluded.version,
                     targeted = excluded.targeted, json = '', seq = excluded.seq,
-                    target_platforms = excluded.target_platforms, target_tags = excluded.target_tags
+                    target_platforms = excluded.target_platforms, target_tags = excluded.target_tags,
+                    snoozed_until = excluded.snoozed_until
                 """, [.text(user.app), .text(user.user), .text(n.id), .text(n.appNotificationId),
                       .int(n.createdAt), .int(n.expiresAt), .text(n.readState.rawValue),
                       .text(n.userActionState.rawValue), .int(n.version),
                       .int(n.targetPlatforms == nil && n.targetTags == nil ? 0 : 1), .int(seq),
                       n.targetPlatforms.map { .utf8(JSON.array($0.map { .string($0.rawValue) }).encoded[...]) } ?? .null,
-                      n.targetTags.map { .text($0.source) } ?? .null, .text(n.seenState.rawValue)])
+                      n.targetTags.map { .text($0.source) } ?? .null, .text(n.seenState.rawValue),
+                      n.snoozedUntil.map { .int($0) } ?? .null])
             try append(user, r, notificationId: n.id)
             return r
         }

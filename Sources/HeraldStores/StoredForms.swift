@@ -55,11 +55,12 @@ enum StoredForm {
 
     /// A stored change as the feed serves it: its stored bytes, which are
     /// its wire form, unless it is an upsert recorded before notifications
-    /// carried `seenState`; that one is encoded again, so that every
-    /// notification a client receives has the field.
+    /// carried `snoozedUntil` (the newest field; `seenState` came before
+    /// it); that one is encoded again, so that every notification a client
+    /// receives has every field.
     static func record(_ change: Change, json: JSON, before: Presence?, after: Presence?, at: Millis,
                        stored: () -> [UInt8]) -> ChangeRecord {
-        if case .upsert = change.op, json.objectValue?["notification"]?.objectValue?["seenState"] == nil {
+        if case .upsert = change.op, json.objectValue?["notification"]?.objectValue?["snoozedUntil"] == nil {
             return ChangeRecord(change: change, before: before, after: after, at: at)
         }
         return ChangeRecord(change: change, before: before, after: after, at: at, encoded: stored())
@@ -84,5 +85,16 @@ enum StoredForm {
             out.append(s)
         }
         return out
+    }
+}
+
+extension Deadline {
+    /// The column both SQL stores keep it in, indexed (`notifications_expiry`,
+    /// and `notifications_wake` of only the rows with a time).
+    var column: String {
+        switch self {
+        case .expiry: "expires_at"
+        case .wake: "snoozed_until"
+        }
     }
 }

@@ -386,6 +386,61 @@ final class StateUpdateTests: XCTestCase {
         }
     }
 
+    func testSnoozedUntilField() throws {
+        let at = "2026-11-22T11:00:00.000Z", ms = try XCTUnwrap(RFC3339.parse(at))
+        XCTAssertEqual(try update(#"{"userActionState":"snoozed","snoozedUntil":"\#(at)"}"#),
+                       StateUpdate(userActionState: .snoozed, snoozedUntil: ms))
+        XCTAssertEqual(try update(#"{"snoozedUntil":"\#(at)"}"#), StateUpdate(snoozedUntil: ms), "moves the time of a snoozed one")
+        XCTAssertEqual(try update(#"{"snoozedUntil":"\#(at)","readState":"read"}"#), StateUpdate(readState: .read, snoozedUntil: ms))
+        for body in [#"{"snoozedUntil":"tomorrow"}"#, #"{"snoozedUntil":1764500000000}"#, #"{"snoozedUntil":null}"#,
+                     #"{"userActionState":"dismissed","snoozedUntil":"\#(at)"}"#,
+                     #"{"userActionState":"noInteraction","snoozedUntil":"\#(at)"}"#] {
+            assertBadRequest({ () throws(HeraldError) in try update(body) }, body)
+        }
+    }
+
+    /// What only the notification and the time can refuse (SPEC section 11).
+    func testSnoozeTimesAreCheckedAgainstTheNotificationAndNow() throws {
+        let n = Note.sample(version: 2), now = T0 + 1000
+        let snooze = { (until: Millis) in StateUpdate(userActionState: .snoozed, snoozedUntil: until) }
+        XCTAssertNoThrow(try snooze(now + 1).check(against: n, now: now))
+        XCTAssertNoThrow(try snooze(now + StateUpdate.maxSnoozeMillis).check(against: n, now: now))
+        for bad in [snooze(now), snooze(now - 1), snooze(now + StateUpdate.maxSnoozeMillis + 1),
+                    StateUpdate(snoozedUntil: now + 60_000)] {
+            XCTAssertEqual(heraldError({ () throws(HeraldError) in try bad.check(against: n, now: now) })?.code, .badRequest, "\(bad)")
+        }
+        let snoozed = try XCTUnwrap(snooze(now + 60_000).applied(to: n, now: now))
+        XCTAssertEqual(snoozed.userActionState, .snoozed)
+        XCTAssertEqual(snoozed.snoozedUntil, now + 60_000)
+        // Moving the time of a snoozed notification, alone.
+        XCTAssertNoThrow(try StateUpdate(snoozedUntil: now + 120_000).check(against: snoozed, now: now))
+        let moved = try XCTUnwrap(StateUpdate(snoozedUntil: now + 120_000).applied(to: snoozed, now: now + 1))
+        XCTAssertEqual(moved.snoozedUntil, now + 120_000)
+        XCTAssertEqual(moved.version, snoozed.version + 1)
+        XCTAssertNil(StateUpdate(snoozedUntil: now + 120_000).applied(to: moved, now: now + 2), "the same time changes nothing")
+        // Snoozed without a time stays so; any other action clears the time.
+        XCTAssertNil(try XCTUnwrap(StateUpdate(userActionState: .snoozed).applied(to: snoozed, now: now + 3)).snoozedUntil)
+        let dismissed = try XCTUnwrap(StateUpdate(userActionState: .dismissed).applied(to: snoozed, now: now + 4))
+        XCTAssertNil(dismissed.snoozedUntil)
+        // A read keeps the snooze and its time.
+        XCTAssertEqual(try XCTUnwrap(StateUpdate(readState: .read).applied(to: snoozed, now: now + 5)).snoozedUntil, now + 60_000)
+    }
+
+    func testWakingMakesItNewToTheUser() throws {
+        var n = Note.sample(read: .read, version: 4)
+        n.userActionState = .snoozed
+        n.snoozedUntil = T0 + 500
+        let woken = n.woken(at: T0 + 600)
+        XCTAssertEqual([woken.userActionState.rawValue, woken.readState.rawValue, woken.seenState.rawValue],
+                       ["noInteraction", "unread", "unseen"])
+        XCTAssertNil(woken.snoozedUntil)
+        XCTAssertEqual(woken.version, 5)
+        XCTAssertEqual(woken.updatedAt, T0 + 600)
+        XCTAssertEqual(woken.createdAt, n.createdAt)
+        XCTAssertEqual(n.at(.wake), T0 + 500)
+        XCTAssertEqual(n.at(.expiry), n.expiresAt)
+    }
+
     func testReadMakesSeenAndUnreadLeavesSeen() {
         let n = Note.sample(version: 2)
         XCTAssertEqual(n.seenState, .unseen)

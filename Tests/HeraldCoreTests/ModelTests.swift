@@ -11,7 +11,7 @@ final class NotificationModelTests: XCTestCase {
         let o = n.json.objectValue!
         XCTAssertEqual(o.keys, ["id", "appNotificationId", "userId", "payload", "priority", "groupName", "displayTimeToLive",
                                 "targetPlatforms", "targetTags", "createdAt", "updatedAt", "expiresAt", "readState",
-                                "seenState", "userActionState", "version"])
+                                "seenState", "userActionState", "snoozedUntil", "version"])
         XCTAssertEqual(o["priority"], "normal")
         XCTAssertEqual(o["groupName"], "tasks")
         XCTAssertEqual(o["displayTimeToLive"], .number("600"))
@@ -63,7 +63,8 @@ final class NotificationModelTests: XCTestCase {
         var n = Note.sample(platforms: [.android], tags: "(a || b) && !c", read: .read, version: 9)
         n.payload = try! JSONParser.parse(#"{"z":1.0e2,"a":[{"q":"é\n"}],"n":null}"#).objectValue!
         n.groupName = "g"; n.displayTimeToLive = 0; n.priority = .high; n.userActionState = .snoozed
-        n.createdAt = T0 + 1; n.updatedAt = T0 + 2; n.expiresAt = T0 + 3
+        n.createdAt = T0 + 1; n.updatedAt = T0 + 2; n.expiresAt = T0 + 3; n.snoozedUntil = T0 + 4
+        XCTAssertEqual(n.json.objectValue?["snoozedUntil"], "2026-11-22T10:00:00.004Z")
         XCTAssertEqual(Note(json: n.json), n)
         XCTAssertEqual(Note(json: try! JSONParser.parse(n.json.encoded)), n)
         XCTAssertEqual(Note(json: Note.sample().json), Note.sample())
@@ -81,11 +82,11 @@ final class NotificationModelTests: XCTestCase {
                        + #""payload":{"title":"say \"hi\"","n":[1.5e3,null,true]},"priority":"high","groupName":"tab\there","#
                        + #""displayTimeToLive":600,"targetPlatforms":["web","ios"],"targetTags":"lang:it && !muted","#
                        + #""createdAt":"2026-11-22T10:00:00.000Z","updatedAt":"2026-11-22T10:00:00.000Z","#
-                       + #""expiresAt":"10000-01-01T00:00:00.000Z","readState":"unread","seenState":"unseen","userActionState":"noInteraction","version":12}"#)
-        XCTAssertEqual(String(decoding: Note.sample().encoded, as: UTF8.self).split(separator: ",").suffix(11).joined(separator: ","),
+                       + #""expiresAt":"10000-01-01T00:00:00.000Z","readState":"unread","seenState":"unseen","userActionState":"noInteraction","snoozedUntil":null,"version":12}"#)
+        XCTAssertEqual(String(decoding: Note.sample().encoded, as: UTF8.self).split(separator: ",").suffix(12).joined(separator: ","),
                        #""groupName":null,"displayTimeToLive":null,"targetPlatforms":null,"targetTags":null,"#
                        + #""createdAt":"2026-11-22T10:00:00.000Z","updatedAt":"2026-11-22T10:00:00.000Z","#
-                       + #""expiresAt":"2026-12-22T10:00:00.000Z","readState":"unread","seenState":"unseen","userActionState":"noInteraction","version":1}"#)
+                       + #""expiresAt":"2026-12-22T10:00:00.000Z","readState":"unread","seenState":"unseen","userActionState":"noInteraction","snoozedUntil":null,"version":1}"#)
     }
 
     func testInitFromBadJSONIsNil() {

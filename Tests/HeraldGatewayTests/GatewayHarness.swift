@@ -111,13 +111,13 @@ final class FailingStore: NotificationStore {
     func delete(_ u: UserKey, _ n: HeraldCore.Notification, reason: DeleteReason, at: Millis) throws(StoreError) -> ChangeRecord {
         try inner.delete(u, n, reason: reason, at: at)
     }
-    func expiring(until: Millis, limit: Int, in partition: Partition) throws(StoreError) -> [(UserKey, HeraldCore.Notification)] {
-        expiringCalls.add(1, ordering: .relaxed)
-        return try inner.expiring(until: until, limit: limit, in: partition)
+    func due(_ deadline: Deadline, until: Millis, limit: Int, in partition: Partition) throws(StoreError) -> [(UserKey, HeraldCore.Notification)] {
+        if deadline == .expiry { expiringCalls.add(1, ordering: .relaxed) }
+        return try inner.due(deadline, until: until, limit: limit, in: partition)
     }
-    func nextExpiry() throws(StoreError) -> Millis? {
+    func next(_ deadline: Deadline) throws(StoreError) -> Millis? {
         try failIfDue(&failExpiryChecks)
-        return try inner.nextExpiry()
+        return try inner.next(deadline)
     }
     /// Fails while `count` lasts, one failure a call, as a store away would.
     private func failIfDue(_ count: inout Int) throws(StoreError) {
@@ -188,7 +188,7 @@ final class MemoryReader: StoreReader {
     func history(_ u: UserKey, after: HistoryKey?, limit: Int) throws(StoreError) -> [HeraldCore.Notification] { try store.history(u, after: after, limit: limit) }
     func counts(_ u: UserKey) throws(StoreError) -> [TargetingCounts] { try store.counts(u) }
     func devices(_ u: UserKey) throws(StoreError) -> [Device] { try store.devices(u) }
-    func nextExpiry() throws(StoreError) -> Millis? { try store.nextExpiry() }
+    func next(_ deadline: Deadline) throws(StoreError) -> Millis? { try store.next(deadline) }
     func refreshPlannerStatistics() throws(StoreError) -> [String] { try store.refreshPlannerStatistics() }
 }
 

@@ -97,6 +97,31 @@ final class PushOutboxTests: XCTestCase {
 
     var pending: Int { (try? h.gateway.soleEngine.reads.pendingPushes()) ?? -1 }
 
+    /// A snooze that ends (SPEC section 11) pushes as a new notification
+    /// does: an alert to a device that is not connected.
+    func testAWokenNotificationAlertsADisconnectedDevice() throws {
+        XCTAssertEqual(register("u", "phone", apns()).response?.status, 200)
+        let published = publish("u", "n1")
+        dispatch()
+        transport.answerAll(.delivered)
+        dispatch()
+        let id = try XCTUnwrap(published.json?["notification"]?.objectValue?["id"]?.stringValue)
+        let until = h.clock.now() + 30_000
+        let snooze = h.request("PATCH", "/v1/me/notifications/\(id)", token: h.token("u"), device: "phone",
+                               body: ["userActionState": "snoozed", "snoozedUntil": .string(RFC3339.format(until))])
+        dispatch()
+        XCTAssertEqual(snooze.response?.status, 200)
+        transport.answerAll(.delivered)
+        h.clock.advance(seconds: 30)
+        let before = transport.sent.count
+        dispatch()
+        dispatch()
+        let woke = transport.sent[before...].map(\.job.message)
+        XCTAssertEqual(woke.map(\.kind), [.alert], "woken: alerted as new")
+        XCTAssertEqual(woke.first?.title, "Hello")
+        XCTAssertEqual(woke.first?.notificationId, id)
+    }
+
     func testADisconnectedDeviceGetsAnAlertAndAConnectedOneNothing() {
         XCTAssertEqual(register("u", "phone", apns()).response?.status, 200)
         XCTAssertEqual(register("u", "tablet", apns(String(repeating: "0b", count: 32))).response?.status, 200)

@@ -52,16 +52,22 @@ func assertCountsMatchHistory(_ store: StoreReading, _ user: UserKey, _ message:
 }
 
 
-/// SQL (SQLite's and PostgreSQL's alike) that takes `seenState` out of the
-/// stored JSON of changes and notification rows, as an older schema wrote
-/// them: the first part of a test's downgrade.
-let withoutSeenStateInTheStoredJSON: String = {
+/// SQL (SQLite's and PostgreSQL's alike) that takes each of `fragments`
+/// out of the stored JSON of changes and notification rows, as an older
+/// schema wrote them: the first part of a test's downgrade.
+func withoutInTheStoredJSON(_ fragments: [String]) -> String {
     func strip(_ column: String) -> String {
-        "replace(replace(\(column), ',\"seenState\":\"unseen\"', ''), ',\"seenState\":\"seen\"', '')"
+        fragments.reduce(column) { "replace(\($0), '\($1)', '')" }
     }
     return """
         UPDATE changes SET change = \(strip("change"));
         UPDATE notifications SET json = \(strip("json")) WHERE json <> '';
 
         """
-}()
+}
+
+/// Before version 11 (SQLite; 10 on PostgreSQL) there was no `seenState`.
+let withoutSeenStateInTheStoredJSON = withoutInTheStoredJSON([#","seenState":"unseen""#, #","seenState":"seen""#])
+/// Before version 12 (SQLite; 11 on PostgreSQL) there was no
+/// `snoozedUntil` (the downgraded tests' notifications have none set).
+let withoutSnoozedUntilInTheStoredJSON = withoutInTheStoredJSON([#","snoozedUntil":null"#])

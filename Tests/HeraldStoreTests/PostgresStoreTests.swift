@@ -21,6 +21,7 @@ final class PostgresStoreConformanceTests: StoreConformanceTests {
     func testHistoryOrderWithTiesAndPaging() throws { try checkHistoryOrderWithTiesAndPaging() }
     func testHistoryPagingAfterDeletedKey() throws { try checkHistoryPagingAfterDeletedKey() }
     func testExpiring() throws { try checkExpiring() }
+    func testWaking() throws { try checkWaking() }
     func testPruneChangesRaisesFloor() throws { try checkPruneChangesRaisesFloor() }
     func testPruneChangesInLimitedCalls() throws { try checkPruneChangesInLimitedCalls() }
     func testRollbackUndoesWritesAndSeq() throws { try checkRollbackUndoesWritesAndSeq() }
@@ -222,7 +223,7 @@ final class PostgresStoreTests: XCTestCase {
             let store = nodes[i]
             while true {
                 try store.begin()
-                let due = try store.expiring(until: now, limit: 7)
+                let due = try store.due(.expiry, until: now, limit: 7)
                 for (u, n) in due { _ = try store.delete(u, n, reason: .expired, at: now) }
                 try store.commit()
                 announced.add(contentsOf: due.map(\.1.id))
@@ -238,7 +239,7 @@ final class PostgresStoreTests: XCTestCase {
             }.count
         }
         XCTAssertEqual(tombstones, 200)
-        XCTAssertEqual(try nodes[1].expiring(until: now, limit: 10).count, 0)
+        XCTAssertEqual(try nodes[1].due(.expiry, until: now, limit: 10).count, 0)
     }
 
     /// The database computes a user's partition as the gateway does
@@ -270,7 +271,7 @@ final class PostgresStoreTests: XCTestCase {
         var swept: [String] = []
         for (p, store) in partitions.enumerated() {
             let share = Partition(index: p, count: 2)
-            let due = try store.expiring(until: t0 + 1000, limit: 100, in: share)
+            let due = try store.due(.expiry, until: t0 + 1000, limit: 100, in: share)
             XCTAssertFalse(due.isEmpty, "20 users over 2 partitions")
             for (u, _) in due { XCTAssertTrue(share.owns(u), "\(u) is not partition \(p)'s") }
             swept += due.map(\.1.id)
@@ -336,7 +337,7 @@ final class PostgresStoreTests: XCTestCase {
                 if i == 1 {
                     try store.begin()
                     defer { store.rollback() }
-                    let due = try store.expiring(until: t0 + 1, limit: 10)
+                    let due = try store.due(.expiry, until: t0 + 1, limit: 10)
                     XCTAssertTrue(due.allSatisfy { $0.1.expiresAt == t0 && $0.0 == alice })
                     continue
                 }
@@ -346,7 +347,7 @@ final class PostgresStoreTests: XCTestCase {
                 _ = try store.upsert(alice, n, previous: nil, at: t0 + Millis(k))
             }
         }
-        XCTAssertEqual(try nodes[1].expiring(until: t0 + 1, limit: 10).count, 5)
+        XCTAssertEqual(try nodes[1].due(.expiry, until: t0 + 1, limit: 10).count, 5)
     }
 
     /// A node's read-modify-write of a user waits for another node's open
@@ -697,7 +698,17 @@ final class PostgresStoreTests: XCTestCase {
 
     /// Turns a database of this version into what version 9 wrote: no
     /// `seenState` in the stored JSON, no seen_state or unseen columns.
+    /// Turns a database of this version into what version 10 wrote: no
+    /// `snoozedUntil`, no wake index.
+    func downgradeToVersion10(_ store: PostgresStore) throws {
+        try store.db.script(withoutSnoozedUntilInTheStoredJSON + """
+            DROP INDEX notifications_wake; ALTER TABLE notifications DROP COLUMN snoozed_until;
+            DELETE FROM herald_schema WHERE version >= 11;
+            """)
+    }
+
     func downgradeToVersion9(_ store: PostgresStore) throws {
+        try downgradeToVersion10(store)
         try store.db.script(withoutSeenStateInTheStoredJSON + """
             ALTER TABLE notifications DROP COLUMN seen_state; ALTER TABLE counts DROP COLUMN unseen;
             ALTER TABLE changes DROP COLUMN before_unseen, DROP COLUMN after_unseen;

@@ -81,7 +81,7 @@ final class SQLiteStoreBenchmarkTests: XCTestCase {
         try bench("notification by appNotificationId") { u in
             try store.notification(key(u), appNotificationId: "task-\(u)-42") == nil ? 0 : 1
         }
-        try bench("expiring(until: now) with nothing due", n: 200) { _ in try store.expiring(until: Self.t0, limit: 500).count }
+        try bench("expiring(until: now) with nothing due", n: 200) { _ in try store.due(.expiry, until: Self.t0, limit: 500).count }
 
         // Writes, as the engine makes them.
         let payload: JSONObject = ["title": "Bench", "body": .string(String(repeating: "b", count: 120))]

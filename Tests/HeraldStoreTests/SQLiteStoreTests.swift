@@ -224,7 +224,18 @@ final class SQLiteStoreTests: XCTestCase {
 
     /// Turns a file of this version into what version 10 wrote: no
     /// `seenState` in the stored JSON, no seen_state or unseen columns.
+    /// Turns a file of this version into what version 11 wrote: no
+    /// `snoozedUntil`, no wake index.
+    func downgradeToVersion11(_ s: SQLiteStore) throws {
+        try s.db.script(withoutSnoozedUntilInTheStoredJSON + """
+            DROP INDEX notifications_wake; ALTER TABLE notifications DROP COLUMN snoozed_until;
+            PRAGMA user_version = 11;
+            """)
+        XCTAssertEqual(try s.db.int("SELECT count(*) FROM changes WHERE instr(change, 'snoozedUntil') > 0"), 0)
+    }
+
     func downgradeToVersion10(_ s: SQLiteStore) throws {
+        try downgradeToVersion11(s)
         try s.db.script(withoutSeenStateInTheStoredJSON + """
             ALTER TABLE notifications DROP COLUMN seen_state; ALTER TABLE feeds DROP COLUMN unseen;
             ALTER TABLE counts DROP COLUMN unseen;
@@ -912,7 +923,7 @@ final class SQLiteStoreTests: XCTestCase {
         XCTAssertThrowsError(try s.notification(alice, id: "n_1"))
         XCTAssertThrowsError(try s.history(alice, after: nil, limit: 10))
         XCTAssertThrowsError(try s.changes(alice, after: 0, limit: 10))
-        XCTAssertThrowsError(try s.expiring(until: .max, limit: 10))
+        XCTAssertThrowsError(try s.due(.expiry, until: .max, limit: 10))
         try s.saveDevice(alice, Device(deviceId: "d", lastSeenAt: 1))
         try s.db.execute("UPDATE devices SET platform = 'toaster'")
         XCTAssertThrowsError(try s.devices(alice))
@@ -936,7 +947,8 @@ final class SQLiteStoreTests: XCTestCase {
             (SQLiteStore.historyFirstSQL, 3, "notifications_history"),
             (SQLiteStore.historyAfterSQL, 7, "notifications_history"),
             (SQLiteStore.changesAfterSQL, 4, "PRIMARY KEY"),
-            (SQLiteStore.expiringSQL, 2, "notifications_expiry"),
+            (SQLiteStore.dueSQL(.expiry), 2, "notifications_expiry"),
+            (SQLiteStore.dueSQL(.wake), 2, "notifications_wake"),
             (SQLiteStore.pruneScanSQL, 8, "changes_by_at"),
             (SQLiteStore.pruneBoundarySQL, 6, "changes_by_at"),
             (SQLiteStore.notificationByIdSQL, 3, "notifications_by_id"),
@@ -949,11 +961,15 @@ final class SQLiteStoreTests: XCTestCase {
         }
         XCTAssertTrue(try plan(s, SQLiteStore.pruneScanSQL, 8).contains("COVERING INDEX changes_by_at ((at,app,user,seq)>"))
         XCTAssertTrue(try plan(s, SQLiteStore.pruneBoundarySQL, 6).contains("COVERING INDEX changes_by_at ((at,app,user,seq)>"))
+        for d in Deadline.allCases {
+            let p = try plan(s, SQLiteStore.nextSQL(d), 0)
+            XCTAssertTrue(p.contains("SEARCH notifications USING COVERING INDEX notifications_\(d == .expiry ? "expiry" : "wake")"), p)
+        }
         let counts = try plan(s, SQLiteStore.countsSQL, 2)
         XCTAssertTrue(counts.contains("SEARCH feeds USING PRIMARY KEY (app=? AND user=?)")
                       && counts.contains("SEARCH counts USING PRIMARY KEY (app=? AND user=?)") && !counts.contains("SCAN"), counts)
         // Each notification's change by its key; each pointed-at row by its id.
-        for (sql, args) in [(SQLiteStore.historyFirstSQL, 3), (SQLiteStore.historyAfterSQL, 7), (SQLiteStore.expiringSQL, 2),
+        for (sql, args) in [(SQLiteStore.historyFirstSQL, 3), (SQLiteStore.historyAfterSQL, 7), (SQLiteStore.dueSQL(.expiry), 2),
                             (SQLiteStore.notificationByIdSQL, 3), (SQLiteStore.notificationByAppIdSQL, 3)] {
             let p = try plan(s, sql, args)
             XCTAssertTrue(p.contains("SEARCH c USING PRIMARY KEY (app=? AND user=? AND seq=?)"), p)

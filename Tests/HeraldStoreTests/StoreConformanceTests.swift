@@ -232,34 +232,67 @@ class StoreConformanceTests: XCTestCase {
 
     func checkExpiring() throws {
         let t = Self.t0
-        XCTAssertNil(try store.nextExpiry(), "nothing stored, nothing to sweep")
+        XCTAssertNil(try store.next(.expiry), "nothing stored, nothing to sweep")
         try publish(alice, note("n_1", "a", expiresAt: t + 300))
         try publish(bob, note("n_2", "b", user: bob, expiresAt: t + 100))
         try publish(aliceInApp2, note("n_3", "c", user: aliceInApp2, expiresAt: t + 200))
         try publish(alice, note("n_4", "d", expiresAt: t + 1000))
-        XCTAssertEqual(try store.nextExpiry(), t + 100)
-        if let reader = try store.makeReader() { XCTAssertEqual(try reader.nextExpiry(), t + 100, "the reader sees it too") }
+        XCTAssertEqual(try store.next(.expiry), t + 100)
+        if let reader = try store.makeReader() { XCTAssertEqual(try reader.next(.expiry), t + 100, "the reader sees it too") }
 
-        XCTAssertEqual(try store.expiring(until: t + 50, limit: 10).count, 0)
-        let due = try store.expiring(until: t + 300, limit: 10)
+        XCTAssertEqual(try store.due(.expiry, until: t + 50, limit: 10).count, 0)
+        let due = try store.due(.expiry, until: t + 300, limit: 10)
         XCTAssertEqual(due.map(\.1.id), ["n_2", "n_3", "n_1"], "oldest expiry first")
         XCTAssertEqual(due.map(\.0), [bob, aliceInApp2, alice])
-        XCTAssertEqual(try store.expiring(until: t + 300, limit: 2).map(\.1.id), ["n_2", "n_3"])
+        XCTAssertEqual(try store.due(.expiry, until: t + 300, limit: 2).map(\.1.id), ["n_2", "n_3"])
         // Still due until deleted.
-        XCTAssertEqual(try store.expiring(until: t + 300, limit: 2).map(\.1.id), ["n_2", "n_3"])
+        XCTAssertEqual(try store.due(.expiry, until: t + 300, limit: 2).map(\.1.id), ["n_2", "n_3"])
 
         for (u, n) in due { _ = try store.delete(u, n, reason: .expired, at: t + 300) }
-        XCTAssertEqual(try store.expiring(until: t + 300, limit: 10).count, 0)
+        XCTAssertEqual(try store.due(.expiry, until: t + 300, limit: 10).count, 0)
 
         // A replace moves the expiry.
         var n4 = try XCTUnwrap(store.notification(alice, id: "n_4"))
         n4.expiresAt = t + 400
         n4.version += 1
         try publish(alice, n4)
-        XCTAssertEqual(try store.expiring(until: t + 500, limit: 10).map(\.1), [n4])
-        XCTAssertEqual(try store.expiring(until: t + 500, limit: 0).count, 0)
+        XCTAssertEqual(try store.due(.expiry, until: t + 500, limit: 10).map(\.1), [n4])
+        XCTAssertEqual(try store.due(.expiry, until: t + 500, limit: 0).count, 0)
         // Early is allowed (a memory store's stale entries), late never.
-        XCTAssertLessThanOrEqual(try XCTUnwrap(store.nextExpiry()), t + 400)
+        XCTAssertLessThanOrEqual(try XCTUnwrap(store.next(.expiry)), t + 400)
+    }
+
+    /// Snoozes that end are swept like expiry (SPEC section 11): only
+    /// notifications snoozed until a time, earliest first, until changed.
+    func checkWaking() throws {
+        let t = Self.t0
+        XCTAssertNil(try store.next(.wake), "nothing stored, nothing to wake")
+        func snoozed(_ id: String, _ anid: String, user: UserKey = alice, until: Millis?) -> Notification {
+            var n = note(id, anid, user: user)
+            n.userActionState = .snoozed
+            n.snoozedUntil = until
+            return n
+        }
+        try publish(alice, snoozed("n_1", "a", until: t + 300))
+        try publish(bob, snoozed("n_2", "b", user: bob, until: t + 100))
+        try publish(alice, snoozed("n_3", "c", until: nil))
+        try publish(alice, note("n_4", "d"))
+        XCTAssertEqual(try store.next(.wake), t + 100)
+        if let reader = try store.makeReader() { XCTAssertEqual(try reader.next(.wake), t + 100, "the reader sees it too") }
+        XCTAssertEqual(try store.due(.wake, until: t + 50, limit: 10).count, 0)
+        let due = try store.due(.wake, until: .max, limit: 10)
+        XCTAssertEqual(due.map(\.1.id), ["n_2", "n_1"], "earliest first; none without a time")
+        XCTAssertEqual(due.map(\.1.snoozedUntil), [t + 100, t + 300], "read back with its time")
+        XCTAssertEqual(try store.due(.wake, until: .max, limit: 1).map(\.1.id), ["n_2"])
+        // Woken, it is due no more; the other stays.
+        let n2 = due[0].1
+        _ = try store.upsert(bob, n2.woken(at: t + 100), previous: n2, at: t + 100)
+        XCTAssertEqual(try store.due(.wake, until: .max, limit: 10).map(\.1.id), ["n_1"])
+        XCTAssertNil(try XCTUnwrap(store.notification(bob, id: "n_2")).snoozedUntil)
+        // A deleted one is due no more; early is allowed, late never.
+        _ = try store.delete(alice, due[1].1, reason: .deleted, at: t + 200)
+        XCTAssertEqual(try store.due(.wake, until: .max, limit: 10).count, 0)
+        if let next = try store.next(.wake) { XCTAssertLessThanOrEqual(next, t + 300) }
     }
 
     // MARK: Retention
@@ -360,7 +393,7 @@ class StoreConformanceTests: XCTestCase {
             XCTAssertEqual(try store.notification(alice, id: n.id), n, file: file, line: line)
             XCTAssertEqual(try store.notification(alice, appNotificationId: n.appNotificationId), n, file: file, line: line)
         }
-        XCTAssertEqual(try store.expiring(until: .max, limit: 10).filter { $0.0 == alice }.map(\.1).sorted { $0.id < $1.id },
+        XCTAssertEqual(try store.due(.expiry, until: .max, limit: 10).filter { $0.0 == alice }.map(\.1).sorted { $0.id < $1.id },
                        kept.sorted { $0.id < $1.id }, file: file, line: line)
     }
 
@@ -515,7 +548,7 @@ class StoreConformanceTests: XCTestCase {
         XCTAssertEqual(try counts()?.unseen, 1)
         _ = try store.delete(alice, seenAgain, reason: .deleted, at: Self.t0 + 1)
         XCTAssertEqual(try counts(), TargetingCounts(targeting: .everyone, unread: 1, unseen: 1, noInteraction: 1, total: 1))
-        let expiring = try XCTUnwrap(store.expiring(until: Self.t0 + 1000, limit: 10, in: .whole).first)
+        let expiring = try XCTUnwrap(store.due(.expiry, until: Self.t0 + 1000, limit: 10, in: .whole).first)
         XCTAssertEqual(expiring.1.seenState, .unseen)
         _ = try store.delete(alice, expiring.1, reason: .expired, at: Self.t0 + 1000)
         XCTAssertNil(try counts())
@@ -929,6 +962,7 @@ final class MemoryStoreConformanceTests: StoreConformanceTests {
     func testHistoryOrderWithTiesAndPaging() throws { try checkHistoryOrderWithTiesAndPaging() }
     func testHistoryPagingAfterDeletedKey() throws { try checkHistoryPagingAfterDeletedKey() }
     func testExpiring() throws { try checkExpiring() }
+    func testWaking() throws { try checkWaking() }
     func testPruneChangesRaisesFloor() throws { try checkPruneChangesRaisesFloor() }
     func testPruneChangesInLimitedCalls() throws { try checkPruneChangesInLimitedCalls() }
     func testRollbackUndoesWritesAndSeq() throws { try checkRollbackUndoesWritesAndSeq() }
@@ -966,6 +1000,7 @@ final class SQLiteStoreConformanceTests: StoreConformanceTests {
     func testHistoryOrderWithTiesAndPaging() throws { try checkHistoryOrderWithTiesAndPaging() }
     func testHistoryPagingAfterDeletedKey() throws { try checkHistoryPagingAfterDeletedKey() }
     func testExpiring() throws { try checkExpiring() }
+    func testWaking() throws { try checkWaking() }
     func testPruneChangesRaisesFloor() throws { try checkPruneChangesRaisesFloor() }
     func testPruneChangesInLimitedCalls() throws { try checkPruneChangesInLimitedCalls() }
     func testRollbackUndoesWritesAndSeq() throws { try checkRollbackUndoesWritesAndSeq() }

@@ -48,6 +48,7 @@ extension Engine {
         if let v = u.ifVersion, v != n.version {
             return .failure(HeraldError(.preconditionFailed, "version is \(n.version), not \(v)"))
         }
+        do { try u.check(against: n, now: now) } catch { return .failure(error) }
         guard let m = u.applied(to: n, now: now) else { return .success(WriteAnswer(unchanged: n, seq: try reads.feed(user).head)) }
         let r = try tx.upsert(user, m, previous: n, at: now)
         return .success(WriteAnswer(r))

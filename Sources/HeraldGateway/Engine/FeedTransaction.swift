@@ -71,15 +71,24 @@ final class FeedTransaction: BatchTransaction {
         return r
     }
 
+    /// Ends `n`'s snooze (SPEC section 11): it comes back as new, and a
+    /// device that is not connected gets the push a new one gets.
+    func wake(_ user: UserKey, _ n: Notification, at now: Millis) throws(StoreError) -> ChangeRecord {
+        let r = try store.upsert(user, n.woken(at: now), previous: n, at: now)
+        changed(user, r, published: true)
+        return r
+    }
+
+    /// `published`: pushed as a new notification is (an alert where the app configures one).
     private func changed(_ user: UserKey, _ r: ChangeRecord, published: Bool) {
         thread.preconditionCurrent()
         effects.append(.deliver(user, r))
         push.note(user, r, published: published)
     }
 
-    /// Notifications due to expire, locked for this transaction's deletes.
-    func expiring(until: Millis, limit: Int, in partition: Partition) throws(StoreError) -> [(UserKey, Notification)] {
-        try store.expiring(until: until, limit: limit, in: partition)
+    /// Notifications whose `deadline` fell, locked for this transaction's writes.
+    func due(_ deadline: Deadline, until: Millis, limit: Int, in partition: Partition) throws(StoreError) -> [(UserKey, Notification)] {
+        try store.due(deadline, until: until, limit: limit, in: partition)
     }
 
     func pruneChanges(before: Millis, limit: Int) throws(StoreError) -> Pruned {

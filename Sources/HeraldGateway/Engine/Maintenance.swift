@@ -2,8 +2,9 @@ import Dispatch
 import HeraldCore
 import HeraldPorts
 
-/// The engine's periodic store work: the expiry sweep (SPEC 3: expired
-/// notifications announced within 2 s), presence across nodes, the
+/// The engine's periodic store work: the sweep of deadlines (SPEC 3 and
+/// 11: expired notifications deleted and snoozes ended within 2 s),
+/// presence across nodes, the
 /// lastSeenAt flush, pruning of old changes and lapsed registrations, and
 /// with a bus the comparison of followed feeds with the store. Engine
 /// thread only. The checks that run every few hundred milliseconds read on
@@ -14,10 +15,10 @@ final class Maintenance {
     let audit = FeedAudit()
     let devices = DeviceAudit()
     private var nextSweep: Millis = 0
-    /// When the expiry check out on the reader thread was asked (a tick).
+    /// When the deadline check out on the reader thread was asked (a tick).
     private var checkingSince: Millis?
     /// A check found a notification due: the sweep runs at the next call.
-    private var expiryDue = false
+    private var sweepDue = false
     private var nextPrune: Millis = 0
     private var nextDevicePrune: Millis = 0
     private var nextSeenFlush: Millis = 0
@@ -39,8 +40,8 @@ final class Maintenance {
     static let pruneChunkSpacing: Millis = 50
     /// How often the store checks its tables against the planner's statistics.
     static let statisticsEvery: Millis = 5_000
-    /// How often the store is asked whether a notification is due (SPEC 3:
-    /// announced within 2 s of its expiry).
+    /// How often the store is asked whether a notification is due (SPEC 3
+    /// and 11: announced within 2 s of its expiry or its snooze's end).
     static let sweepEvery: Millis = 250
     /// A check still unanswered after this (the reader's queue long with
     /// catch-ups) gives way to a sweep on the engine, as before checks.
@@ -53,11 +54,11 @@ final class Maintenance {
         e.thread.preconditionCurrent()
         if tick >= nextSweep || force {
             nextSweep = tick + Self.sweepEvery
-            if force { expiryDue = true } else { checkExpiry(e, now: now, tick: tick) }
+            if force { sweepDue = true } else { checkDeadlines(e, now: now, tick: tick) }
         }
-        if expiryDue {
-            expiryDue = false
-            e.transactions.run("expiry sweep") { tx throws(StoreError) in try Self.sweepExpired(tx, e.share, now: now) }
+        if sweepDue {
+            sweepDue = false
+            e.transactions.run("deadline sweep") { tx throws(StoreError) in try Self.sweep(tx, e.share, now: now) }
         }
         e.cluster?.flush(e.transactions, now: now, tick: tick)
         if tick >= nextSeenFlush || force {
@@ -77,25 +78,28 @@ final class Maintenance {
         e.push.run(e.transactions, now: now, tick: tick, storeWide: e.doesStoreWideWork)
     }
 
-    /// Asks the store, off the engine, whether a notification expired by
-    /// `now`, unless the last question is still out: then, once it has been
-    /// for `checkPatience`, sweeps anyway.
-    private func checkExpiry(_ e: Engine, now: Millis, tick: Millis) {
+    /// Asks the store, off the engine, whether a notification expired or
+    /// woke by `now`, unless the last question is still out: then, once it
+    /// has been for `checkPatience`, sweeps anyway.
+    private func checkDeadlines(_ e: Engine, now: Millis, tick: Millis) {
         if let asked = checkingSince {
             // Once per patience, not at every tick while it lasts.
             if tick - asked >= Self.checkPatience {
-                expiryDue = true
+                sweepDue = true
                 checkingSince = tick
             }
             return
         }
         checkingSince = tick
-        e.readAside({ r throws(StoreError) in try r.nextExpiry() }) { e, result in
+        e.readAside({ r throws(StoreError) in
+            for d in Deadline.allCases { if let at = try r.next(d), at <= now { return true } }
+            return false
+        }) { e, result in
             let m = e.maintenance
             m.checkingSince = nil
             switch result {
-            case .success(let at): if let at, at <= now { m.expiryDue = true }
-            case .failure(let error): e.health.failed(.read, "expiry check", error)
+            case .success(let due): if due { m.sweepDue = true }
+            case .failure(let error): e.health.failed(.read, "deadline check", error)
             }
         }
     }
@@ -142,11 +146,20 @@ final class Maintenance {
         }
     }
 
-    private static func sweepExpired(_ tx: FeedTransaction, _ share: Partition, now: Millis) throws(StoreError) {
-        while true {
-            let due = try tx.expiring(until: now, limit: 500, in: share)
-            for (user, n) in due { _ = try tx.delete(user, n, reason: .expired, at: now) }
-            if due.count < 500 { return }
+    /// Expiry first, in the same transaction: a notification that expires
+    /// before its snooze ends is deleted, not woken.
+    private static func sweep(_ tx: FeedTransaction, _ share: Partition, now: Millis) throws(StoreError) {
+        for deadline in Deadline.allCases {
+            while true {
+                let due = try tx.due(deadline, until: now, limit: 500, in: share)
+                for (user, n) in due {
+                    switch deadline {
+                    case .expiry: _ = try tx.delete(user, n, reason: .expired, at: now)
+                    case .wake: _ = try tx.wake(user, n, at: now)
+                    }
+                }
+                if due.count < 500 { break }
+            }
         }
     }
 
