@@ -208,38 +208,71 @@ final class PostgresStoreTests: XCTestCase {
     /// Two nodes sweep the same due notifications at once: each is deleted
     /// and announced by one of them only.
     func testTwoNodesAnnounceEachExpiryOnce() throws {
+        let (users, announced) = try sweepOnTwoNodes(.expiry) { n, k in n.expiresAt = t0 + Millis(k) }
+        XCTAssertEqual(announced.count, 200, "announced once each")
+        XCTAssertEqual(Set(announced).count, 200)
+        var tombstones = 0
+        for u in users {
+            tombstones += try PostgresStore(url: database.url).changes(u, after: 0, limit: 1000).filter {
+                if case .delete(_, _, .expired) = $0.change.op { return true } else { return false }
+            }.count
+        }
+        XCTAssertEqual(tombstones, 200)
+    }
+
+    /// Two nodes wake the same snoozed notifications at once (SPEC section
+    /// 11: one node wakes each): each wakes once, one version up.
+    func testTwoNodesWakeEachSnoozeOnce() throws {
+        let (users, woken) = try sweepOnTwoNodes(.wake) { n, k in
+            n.userActionState = .snoozed
+            n.snoozedUntil = t0 + Millis(k)
+        }
+        XCTAssertEqual(woken.count, 200, "woken once each")
+        XCTAssertEqual(Set(woken).count, 200)
+        let store = try PostgresStore(url: database.url)
+        for u in users {
+            for n in try store.history(u, after: nil, limit: 100) {
+                XCTAssertEqual(n.userActionState, .noInteraction, n.id)
+                XCTAssertEqual(n.version, 2, n.id)
+            }
+        }
+    }
+
+    /// 200 notifications of 10 users, each made due by `due`, swept by two
+    /// nodes at once in transactions of at most 7; the users, and the ids
+    /// each node's sweep changed.
+    private func sweepOnTwoNodes(_ deadline: Deadline, due: (inout Notification, Int) -> Void) throws -> ([UserKey], [String]) {
         let url = database.url
         let nodes = [try PostgresStore(url: url), try PostgresStore(url: url)]
         let users = (0..<10).map { UserKey(app: "app1", user: "u\($0)") }
         try nodes[0].begin()
         for k in 0..<200 {
             let u = users[k % users.count]
-            _ = try nodes[0].upsert(u, note("n_\(k)", user: u, expiresAt: t0 + Millis(k)), previous: nil, at: t0)
+            var n = note("n_\(k)", user: u)
+            due(&n, k)
+            _ = try nodes[0].upsert(u, n, previous: nil, at: t0)
         }
         try nodes[0].commit()
-        let announced = Collected<String>()
+        let swept = Collected<String>()
         let now = t0 + 1000
         try concurrently(2) { i in
             let store = nodes[i]
             while true {
                 try store.begin()
-                let due = try store.due(.expiry, until: now, limit: 7)
-                for (u, n) in due { _ = try store.delete(u, n, reason: .expired, at: now) }
+                let found = try store.due(deadline, until: now, limit: 7)
+                for (u, n) in found {
+                    switch deadline {
+                    case .expiry: _ = try store.delete(u, n, reason: .expired, at: now)
+                    case .wake: _ = try store.upsert(u, n.woken(at: now), previous: n, at: now)
+                    }
+                }
                 try store.commit()
-                announced.add(contentsOf: due.map(\.1.id))
-                if due.isEmpty { break }
+                swept.add(contentsOf: found.map(\.1.id))
+                if found.isEmpty { break }
             }
         }
-        XCTAssertEqual(announced.values.count, 200, "announced once each")
-        XCTAssertEqual(Set(announced.values).count, 200)
-        var tombstones = 0
-        for u in users {
-            tombstones += try nodes[1].changes(u, after: 0, limit: 1000).filter {
-                if case .delete(_, _, .expired) = $0.change.op { return true } else { return false }
-            }.count
-        }
-        XCTAssertEqual(tombstones, 200)
-        XCTAssertEqual(try nodes[1].due(.expiry, until: now, limit: 10).count, 0)
+        XCTAssertEqual(try nodes[1].due(deadline, until: now, limit: 10).count, 0)
+        return (users, swept.values)
     }
 
     /// The database computes a user's partition as the gateway does
