@@ -16,6 +16,7 @@ const DEVICES = [
 ];
 
 const TRANSPORT_LABEL = { websocket: 'WebSocket', sse: 'Server-Sent Events', poll: 'Long-poll' };
+const SNOOZE_MS = 60_000;
 const STATE_LABEL = { noInteraction: '', activated: 'Opened', dismissed: 'Dismissed', snoozed: 'Snoozed' };
 
 const SAMPLES = [
@@ -131,6 +132,7 @@ class DevicePanel {
 
     this.list.addEventListener('click', (ev) => this.onAction(ev));
     $('.toggle', node).addEventListener('click', () => this.toggleConnection());
+    $('.seen-all', node).addEventListener('click', () => this.client?.seenAll().catch((e) => this.setError(`seen all failed: ${e.message}`)));
   }
 
   connect(userId) {
@@ -248,12 +250,17 @@ class DevicePanel {
       li.classList.contains('arrive') ? 'arrive' : ''].filter(Boolean).join(' ');
     li.dataset.state = state;
     li.dataset.readState = n.readState;
+    li.dataset.seenState = n.seenState;
     li.dataset.version = String(n.version);
     li.dataset.rendered = '1';
 
     const chips = el('div', { class: 'chips' });
     if (n.priority === 'high') chips.append(el('span', { class: 'chip high', text: 'High' }));
-    if (STATE_LABEL[state]) chips.append(el('span', { class: `chip ${state}`, 'data-testid': 'state-label', text: STATE_LABEL[state] }));
+    if (n.seenState === 'unseen') chips.append(el('span', { class: 'chip new', 'data-testid': 'unseen-label', text: 'New' }));
+    if (STATE_LABEL[state]) {
+      const until = n.snoozedUntil ? ` until ${new Date(n.snoozedUntil).toLocaleTimeString()}` : '';
+      chips.append(el('span', { class: `chip ${state}`, 'data-testid': 'state-label', text: STATE_LABEL[state] + until }));
+    }
 
     const actions = el('div', { class: 'actions' });
     const btn = (action, label, extra = {}) => el('button', {
@@ -262,7 +269,7 @@ class DevicePanel {
     }, label);
     actions.append(n.readState === 'unread' ? btn('read', 'Read') : btn('unread', 'Unread'));
     if (state !== 'dismissed') actions.append(btn('dismiss', 'Dismiss'));
-    if (state !== 'snoozed' && state !== 'dismissed') actions.append(btn('snooze', 'Snooze'));
+    if (state !== 'snoozed' && state !== 'dismissed') actions.append(btn('snooze', 'Snooze 1 min'));
     actions.append(btn('delete', 'Delete', { class: 'ghost small danger btn-delete' }));
 
     li.replaceChildren(
@@ -290,7 +297,8 @@ class DevicePanel {
         case 'unread': await c.markUnread(id); break;
         // In this demo, dismissing (the user has handled it) also marks it read.
         case 'dismiss': await c.dismiss(id, { markRead: true }); break;
-        case 'snooze': await c.snooze(id); break;
+        // Herald wakes it in a minute: unread, unseen and back on every device.
+        case 'snooze': await c.snooze(id, Date.now() + SNOOZE_MS); break;
         case 'delete': await c.remove(id); break;
         default: break;
       }

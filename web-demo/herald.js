@@ -109,6 +109,11 @@ function tellWorker(worker, msg) {
   });
 }
 
+/** A time as Herald reads it: RFC 3339 UTC with milliseconds (a string is sent as given). */
+function rfc3339(t) {
+  return typeof t === 'string' ? t : new Date(t).toISOString();
+}
+
 function randomRef() {
   return Math.random().toString(36).slice(2, 10);
 }
@@ -280,11 +285,21 @@ export class HeraldClient {
   /** opts: { ifVersion?: number, markRead?: boolean } */
   dismiss(id, opts) { return this.update(id, { userActionState: 'dismissed' }, opts); }
   activate(id, opts) { return this.update(id, { userActionState: 'activated' }, opts); }
-  snooze(id, opts) { return this.update(id, { userActionState: 'snoozed' }, opts); }
+  /**
+   * Snoozes until `until` (a Date, an RFC 3339 string or epoch milliseconds;
+   * in the future, at most 365 days ahead), when Herald wakes it: back to
+   * unread, unseen and untouched on every device. Without `until` it stays
+   * snoozed until something changes it.
+   */
+  snooze(id, until, opts) {
+    if (until != null && typeof until === 'object' && !(until instanceof Date)) [until, opts] = [null, until]; // snooze(id, opts)
+    return this.update(id, { userActionState: 'snoozed', snoozedUntil: until }, opts);
+  }
 
   /**
    * Changes a notification's state: fields { readState?, seenState?,
-   * userActionState? } (read also makes it seen), opts { ifVersion?, markRead? }.
+   * userActionState?, snoozedUntil? } (read also makes it seen; snoozedUntil
+   * alone moves the time of a snoozed one), opts { ifVersion?, markRead? }.
    * Resolves to { notification, seq }.
    */
   async update(id, fields, opts = {}) {
@@ -292,6 +307,7 @@ export class HeraldClient {
     if (fields.readState) body.readState = fields.readState;
     if (fields.seenState) body.seenState = fields.seenState;
     if (fields.userActionState) body.userActionState = fields.userActionState;
+    if (fields.snoozedUntil != null) body.snoozedUntil = rfc3339(fields.snoozedUntil);
     if (opts.markRead) body.readState = 'read';
     const ifVersion = opts.ifVersion ?? fields.ifVersion;
     let result;

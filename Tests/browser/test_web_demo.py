@@ -56,6 +56,7 @@ for (const key of arguments[0]) {
       id: li.dataset.id,
       state: li.dataset.state,
       readState: li.dataset.readState,
+      seenState: li.dataset.seenState,
       title: li.querySelector('[data-testid="notification-title"]')?.textContent,
       label: li.querySelector('[data-testid="state-label"]')?.textContent || '',
     })),
@@ -118,7 +119,16 @@ def all_live(state: dict) -> bool:
 
 
 def server_get(base: str, path: str) -> dict:
-    req = urllib.request.Request(base + path, headers={"Authorization": f"Bearer {SERVER_KEY}"})
+    return server(base, "GET", path)
+
+
+def server(base: str, method: str, path: str, body: dict | None = None) -> dict:
+    """A request of the app's server, with its key; the JSON answer."""
+    headers = {"Authorization": f"Bearer {SERVER_KEY}"}
+    if body is not None:
+        headers["Content-Type"] = "application/json"
+    req = urllib.request.Request(base + path, method=method, headers=headers,
+                                 data=None if body is None else json.dumps(body).encode())
     with urllib.request.urlopen(req, timeout=30) as r:
         return json.loads(r.read())
 
@@ -178,8 +188,20 @@ def test_three_devices_stay_in_sync(gateway, driver):
     wait_for(d, "read everywhere", lambda s: all(
         (it := item(s, k, id=nid2)) and it["readState"] == "read" for k in PANELS))
     click(d, "watch", nid2, "snooze")
-    wait_for(d, "snoozed everywhere", lambda s: all(
-        (it := item(s, k, id=nid2)) and it["state"] == "snoozed" for k in PANELS))
+    wait_for(d, "snoozed for a minute everywhere", lambda s: all(
+        (it := item(s, k, id=nid2)) and it["state"] == "snoozed" and it["label"].startswith("Snoozed until ") for k in PANELS))
+    # Rather than wait the minute, the app server moves the snooze's end
+    # 2 s ahead: Herald wakes it, unread and new again on every device.
+    r = server(gateway, "PATCH", f"/v1/apps/demo/users/alice/notifications/{nid2}",
+               {"snoozedUntil": time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(time.time() + 2))})
+    assert r["notification"]["userActionState"] == "snoozed", r
+    wait_for(d, "woken everywhere", lambda s: all(
+        (it := item(s, k, id=nid2)) and it["state"] == "noInteraction" and it["readState"] == "unread"
+        and it["seenState"] == "unseen" for k in PANELS))
+    # Seen all on the Phone (the bell opened): no longer new anywhere, still unread.
+    d.find_element("css selector", '[data-testid="device-phone"] [data-testid="btn-seen-all"]').click()
+    wait_for(d, "seen everywhere", lambda s: all(
+        (it := item(s, k, id=nid2)) and it["seenState"] == "seen" and it["readState"] == "unread" for k in PANELS))
 
     # 5. Delete on the Watch: it leaves every device.
     click(d, "watch", nid, "delete")
