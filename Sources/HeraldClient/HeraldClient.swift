@@ -183,17 +183,20 @@ public actor HeraldClient {
 
     // Over the WebSocket while it is live, else over HTTP (PROTOCOL.md 4).
 
-    /// Sets the read, seen and/or action state (read also makes it seen);
+    /// Sets the read, seen and/or action state (read also makes it seen),
+    /// and when a snooze ends (`snoozedUntil`, epoch milliseconds: with
+    /// `.snoozed`, or alone to move the time of a snoozed one);
     /// `ifVersion` makes it conditional (`.server(code:
     /// "precondition_failed", ...)` when the version moved on).
     @discardableResult
     public func update(_ id: String, readState: ReadState? = nil, seenState: SeenState? = nil,
-                       userActionState: UserActionState? = nil,
+                       userActionState: UserActionState? = nil, snoozedUntil: Millis? = nil,
                        ifVersion: Int64? = nil) async throws(HeraldClientError) -> HeraldNotification? {
         var fields = JSONObject()
         if let readState { fields["readState"] = .string(readState.rawValue) }
         if let seenState { fields["seenState"] = .string(seenState.rawValue) }
         if let userActionState { fields["userActionState"] = .string(userActionState.rawValue) }
+        if let snoozedUntil { fields["snoozedUntil"] = .string(RFC3339.format(snoozedUntil)) }
         guard isWebSocketLive else {
             return try await withAPI { api, token throws(HeraldClientError) in
                 try await api.update(token: token, id: id, fields: fields, ifVersion: ifVersion)
@@ -233,9 +236,13 @@ public actor HeraldClient {
         try await update(id, readState: markRead ? .read : nil, userActionState: .dismissed, ifVersion: ifVersion)
     }
 
+    /// Snoozes it until `until` (epoch milliseconds, in the future and at
+    /// most 365 days ahead), when the gateway wakes it: unread, unseen and
+    /// untouched again on every device. Without `until`, snoozed until
+    /// something changes it.
     @discardableResult
-    public func snooze(_ id: String, ifVersion: Int64? = nil) async throws(HeraldClientError) -> HeraldNotification? {
-        try await update(id, userActionState: .snoozed, ifVersion: ifVersion)
+    public func snooze(_ id: String, until: Millis? = nil, ifVersion: Int64? = nil) async throws(HeraldClientError) -> HeraldNotification? {
+        try await update(id, userActionState: .snoozed, snoozedUntil: until, ifVersion: ifVersion)
     }
 
     /// Deletes the notification for the user on every device. The WebSocket

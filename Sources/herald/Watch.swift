@@ -36,10 +36,10 @@ struct Watch {
     /// The answer to one command line (`dismiss n_...`).
     func answer(_ words: [String]) async -> JSONObject {
         var reply: JSONObject = ["reply": .string(words[0])]
-        guard words.count == 2, let action = Self.actions[words[0]] else {
+        guard let action = Self.action(words) else {
             reply["ok"] = false
             reply["error"] = ["code": "bad_command",
-                              "message": "commands: read|unread|seen|activate|dismiss|snooze|delete ID, quit"]
+                              "message": "commands: read|unread|seen|activate|dismiss|snooze|delete ID, snooze ID UNTIL (RFC 3339 or +SECONDS), quit"]
             return reply
         }
         reply["id"] = .string(words[1])
@@ -56,6 +56,24 @@ struct Watch {
 
     /// Throws `HeraldClientError` only (typed throws do not infer in these closures).
     typealias Action = @Sendable (HeraldClient, String) async throws -> HeraldNotification?
+
+    /// The action `words` ask for: a verb and an id, or `snooze ID UNTIL`.
+    static func action(_ words: [String]) -> Action? {
+        if words.count == 3, words[0] == "snooze" {
+            guard let until = snoozeTime(words[2]) else { return nil }
+            return { try await $0.snooze($1, until: until) }
+        }
+        return words.count == 2 ? actions[words[0]] : nil
+    }
+
+    /// `2026-12-03T10:00:00.000Z`, or `+90` for 90 seconds from now.
+    static func snoozeTime(_ text: String) -> Millis? {
+        if text.hasPrefix("+") {
+            // Bounded so the product cannot overflow; the gateway refuses past 365 days.
+            return Int64(text.dropFirst()).flatMap { (1...100 * 365 * 86_400).contains($0) ? WallClock.now() + $0 * 1000 : nil }
+        }
+        return RFC3339.parse(text)
+    }
 
     static let actions: [String: Action] = [
         "read": { try await $0.markRead($1) },

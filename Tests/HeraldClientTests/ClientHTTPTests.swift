@@ -49,13 +49,26 @@ final class ClientHTTPTests: ClientTestCase {
         XCTAssertEqual(unread.notifications.count, 117)
         let counts = try await tablet.counts()
         XCTAssertEqual(counts, Counts(unread: 117, noInteraction: 118, total: 119, unseen: 117))
+        // Snoozed until an hour from now, then the time moved: over HTTP as over WebSocket.
+        let hour = Int64(Date().timeIntervalSince1970 * 1000) + 3_600_000
+        let snoozed = try await tablet.snooze(published[11], until: hour)
+        XCTAssertEqual(snoozed?.userActionState, .snoozed)
+        XCTAssertEqual(snoozed?.snoozedUntil, hour)
+        let moved = try await tablet.update(published[11], snoozedUntil: hour + 60_000)
+        XCTAssertEqual(moved?.snoozedUntil, hour + 60_000)
+        do {
+            try await tablet.snooze(published[12], until: Int64(Date().timeIntervalSince1970 * 1000) - 1_000)
+            XCTFail("a snooze into the past was accepted")
+        } catch {
+            XCTAssertEqual(error, .server(code: "bad_request", message: "snoozedUntil must be in the future"))
+        }
         let one = try await tablet.markSeen(published[10])
         XCTAssertEqual(one?.seenState, .seen)
         XCTAssertEqual(one?.readState, .unread)
         let seen = try await tablet.seenAll()
         XCTAssertEqual(seen, 116)
         let afterSeen = try await tablet.counts()
-        XCTAssertEqual(afterSeen, Counts(unread: 117, noInteraction: 118, total: 119, unseen: 0), "seen is not read")
+        XCTAssertEqual(afterSeen, Counts(unread: 117, noInteraction: 117, total: 119, unseen: 0), "seen is not read; one snoozed")
         let marked = try await tablet.readAll()
         XCTAssertEqual(marked, 117)
         let after = try await tablet.counts()

@@ -97,6 +97,18 @@ def test_watch_prints_events_and_its_dismiss_reaches_the_other_device(herald_bin
             assert reply["notification"]["seenState"] == "seen" and reply["notification"]["readState"] == "unread", reply
             assert gateway.get_notification(user, m["id"])["seenState"] == "seen"
 
+            # `snooze ID +SECONDS`: until a time, which the gateway wakes it at (SPEC 11).
+            watch.send(f"snooze {m['id']} +3")
+            reply = watch.expect(lambda l: "reply" in l, "the snooze's answer")
+            assert reply["ok"] is True and reply["notification"]["snoozedUntil"] is not None, reply
+            watch.expect(lambda l: l.get("event") == "upserted" and l["notification"]["id"] == m["id"]
+                         and l["notification"]["userActionState"] == "noInteraction"
+                         and l["notification"]["seenState"] == "unseen", "the wake", earlier=True)
+            for bad in (f"snooze {m['id']} +0", f"snooze {m['id']} soon", f"snooze {m['id']} +99999999999999999"):
+                watch.send(bad)
+                reply = watch.expect(lambda l: "reply" in l, f"the answer to {bad!r}")
+                assert reply["ok"] is False and reply["error"]["code"] == "bad_command", reply
+
             # Errors are answers too; the watch goes on.
             watch.send("read n_nosuchnotification")
             reply = watch.expect(lambda l: "reply" in l, "the refused read's answer")
