@@ -281,7 +281,22 @@ enum PostgresSchema {
         UPDATE counts SET unseen = unread WHERE unread <> 0;
         ALTER TABLE changes ADD COLUMN before_unseen boolean, ADD COLUMN after_unseen boolean;
         """,
+        // 11: reserved for snoozedUntil (SPEC section 11), written on
+        // another branch, which puts its step here.
+        "SELECT 1",
+        preferencesMigration,
     ]
+
+    /// Preferences (SPEC section 12), as SQLite's version 13: one row per
+    /// user that saved any, their wire form without `critical`.
+    private static let preferencesMigration = """
+        CREATE TABLE preferences (
+            app         text NOT NULL,
+            user_id     text NOT NULL,
+            preferences text NOT NULL,
+            PRIMARY KEY (app, user_id)
+        );
+        """
 
     /// The versions an older node would misread: since version 3 a
     /// notification's JSON is in its change, and an older node's pruning
@@ -289,8 +304,9 @@ enum PostgresSchema {
     /// function older nodes never call, as does version 6; versions 7 and 8
     /// tables they never read; version 9 a table their writes keep too.
     /// Version 10: an older node's writes would leave `seen_state` and the
-    /// unseen counts behind.
-    static let misreadByOlderNodes: Set<Int64> = [3, 10]
+    /// unseen counts behind. Version 12: an older node cannot read a feed
+    /// holding a save of preferences.
+    static let misreadByOlderNodes: Set<Int64> = [3, 10, 12]
 
     /// Migrates through a version of `misreadByOlderNodes` only once every
     /// node on the database has stopped (`herald_nodes`, from version 2).

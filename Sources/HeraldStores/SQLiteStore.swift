@@ -44,7 +44,7 @@ public final class SQLiteStore: NotificationStore {
 
     /// The schema version this code writes; `migrations[v - 1]` brings a
     /// database from version `v - 1` to `v`.
-    public static let schemaVersion: Int64 = 11
+    public static let schemaVersion: Int64 = 13
 
     public let epoch: String
     public let path: String
@@ -392,7 +392,24 @@ public final class SQLiteStore: NotificationStore {
         ALTER TABLE changes ADD COLUMN before_unseen INTEGER;
         ALTER TABLE changes ADD COLUMN after_unseen INTEGER;
         """,
+        // 12: reserved for snoozedUntil (SPEC section 11), written on
+        // another branch, which puts its step here.
+        "",
+        preferencesMigration,
     ]
+
+    /// Preferences (SPEC section 12), one row per user that saved any:
+    /// their wire form without `critical` (`Preferences.json`), read by
+    /// key for every publish. A save's change has no presence: every
+    /// device receives it (`ChangeRecord.bytes(for:)`).
+    private static let preferencesMigration = """
+        CREATE TABLE preferences (
+            app         TEXT NOT NULL,
+            user        TEXT NOT NULL,
+            preferences TEXT NOT NULL,
+            PRIMARY KEY (app, user)
+        ) WITHOUT ROWID;
+        """
 
     /// Brings the database to version `target` (internal for tests, which
     /// build files of older versions with it).
@@ -809,6 +826,19 @@ public final class SQLiteStore: NotificationStore {
             return r
         }
     }
+
+    public func savePreferences(_ user: UserKey, _ p: Preferences, at: Millis) throws(StoreError) -> ChangeRecord {
+        try write { () throws(StoreError) -> ChangeRecord in
+            let seq = try nextSeq(user, counting: [], replacing: nil)
+            try db.execute("INSERT OR REPLACE INTO preferences (app, user, preferences) VALUES (?, ?, ?)",
+                           [.text(user.app), .text(user.user), .utf8(p.with(critical: []).json.encoded[...])])
+            let r = ChangeRecord(change: Change(seq: seq, op: .preferences(p)), before: nil, after: nil, at: at)
+            try append(user, r, notificationId: nil)
+            return r
+        }
+    }
+
+    public func preferences(_ user: UserKey) throws(StoreError) -> Preferences { try check(); return try reads.preferences(user) }
 
     // MARK: Retention
 

@@ -111,6 +111,10 @@ final class FailingStore: NotificationStore {
     func delete(_ u: UserKey, _ n: HeraldCore.Notification, reason: DeleteReason, at: Millis) throws(StoreError) -> ChangeRecord {
         try inner.delete(u, n, reason: reason, at: at)
     }
+    func preferences(_ u: UserKey) throws(StoreError) -> Preferences { try inner.preferences(u) }
+    func savePreferences(_ u: UserKey, _ p: Preferences, at: Millis) throws(StoreError) -> ChangeRecord {
+        try inner.savePreferences(u, p, at: at)
+    }
     func expiring(until: Millis, limit: Int, in partition: Partition) throws(StoreError) -> [(UserKey, HeraldCore.Notification)] {
         expiringCalls.add(1, ordering: .relaxed)
         return try inner.expiring(until: until, limit: limit, in: partition)
@@ -188,6 +192,7 @@ final class MemoryReader: StoreReader {
     func history(_ u: UserKey, after: HistoryKey?, limit: Int) throws(StoreError) -> [HeraldCore.Notification] { try store.history(u, after: after, limit: limit) }
     func counts(_ u: UserKey) throws(StoreError) -> [TargetingCounts] { try store.counts(u) }
     func devices(_ u: UserKey) throws(StoreError) -> [Device] { try store.devices(u) }
+    func preferences(_ u: UserKey) throws(StoreError) -> Preferences { try store.preferences(u) }
     func nextExpiry() throws(StoreError) -> Millis? { try store.nextExpiry() }
     func refreshPlannerStatistics() throws(StoreError) -> [String] { try store.refreshPlannerStatistics() }
 }

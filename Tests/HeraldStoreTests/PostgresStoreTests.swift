@@ -35,6 +35,7 @@ final class PostgresStoreConformanceTests: StoreConformanceTests {
     func testPushClaimedAsItIsRecorded() throws { try checkPushClaimedAsItIsRecorded() }
     func testDroppedAndRolledBackPushesLeaveNothing() throws { try checkDroppedAndRolledBackPushesLeaveNothing() }
     func testPendingPushesFollowEveryWrite() throws { try checkPendingPushesFollowEveryWrite() }
+    func testPreferencesSavedPerUserWithAChange() throws { try checkPreferencesSavedPerUserWithAChange() }
     func testTapsWaitOutTheirSpacing() throws { try checkTapsWaitOutTheirSpacing() }
     func testSharedTokensAreReplacedOnlyInPlaceOfTheOneRead() throws { try checkSharedTokensAreReplacedOnlyInPlaceOfTheOneRead() }
     func testHeadsOfManyFeeds() throws { try checkHeadsOfManyFeeds() }

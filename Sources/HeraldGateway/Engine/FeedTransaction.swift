@@ -60,21 +60,30 @@ final class FeedTransaction: BatchTransaction {
     func upsert(_ user: UserKey, _ n: Notification, previous: Notification?, at now: Millis,
                 published: Bool = false) throws(StoreError) -> ChangeRecord {
         let r = try store.upsert(user, n, previous: previous, at: now)
-        changed(user, r, published: published)
+        changed(user, r, group: n.groupName, published: published)
         if published { self.published += 1 }
         return r
     }
 
     func delete(_ user: UserKey, _ n: Notification, reason: DeleteReason, at now: Millis) throws(StoreError) -> ChangeRecord {
         let r = try store.delete(user, n, reason: reason, at: now)
-        changed(user, r, published: false)
+        changed(user, r, group: n.groupName, published: false)
         return r
     }
 
-    private func changed(_ user: UserKey, _ r: ChangeRecord, published: Bool) {
+    /// Saves `p` as `user`'s preferences with a new change, which every
+    /// device of the user receives; a save sends no push (SPEC section 12).
+    func savePreferences(_ user: UserKey, _ p: Preferences, at now: Millis) throws(StoreError) -> ChangeRecord {
+        thread.preconditionCurrent()
+        let r = try store.savePreferences(user, p, at: now)
+        effects.append(.deliver(user, r))
+        return r
+    }
+
+    private func changed(_ user: UserKey, _ r: ChangeRecord, group: String?, published: Bool) {
         thread.preconditionCurrent()
         effects.append(.deliver(user, r))
-        push.note(user, r, published: published)
+        push.note(user, r, group: group, published: published)
     }
 
     /// Notifications due to expire, locked for this transaction's deletes.
