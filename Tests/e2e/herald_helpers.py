@@ -243,9 +243,24 @@ def check_change(c: dict) -> dict:
         assert isinstance(c.get("id"), str), c
         assert isinstance(c.get("appNotificationId"), str), c
         assert c.get("reason") in ("deleted", "expired", "hidden"), c
+    elif c.get("op") == "preferences":
+        check_preferences(c.get("preferences"))
     else:
-        raise AssertionError(f"change op is neither upsert nor delete: {c}")
+        raise AssertionError(f"change op is not upsert, delete or preferences: {c}")
     return c
+
+
+def check_preferences(p: dict) -> dict:
+    """SPEC section 12's shape: both default channels, groups, critical, version, updatedAt."""
+    assert isinstance(p, dict) and set(p) == {"default", "groups", "critical", "version", "updatedAt"}, p
+    assert set(p["default"]) == {"inbox", "push"} and all(isinstance(v, bool) for v in p["default"].values()), p
+    for g in p["groups"].values():
+        assert set(g) <= {"inbox", "push"} and all(isinstance(v, bool) for v in g.values()), p
+    assert isinstance(p["version"], int) and p["version"] >= 0, p
+    assert (p["updatedAt"] is None) == (p["version"] == 0), p
+    if p["updatedAt"] is not None:
+        assert TIME_RE.match(p["updatedAt"]), p
+    return p
 
 
 def change_anid(c: dict) -> str:
