@@ -84,6 +84,18 @@ def complete_lines(gw: "Gateway") -> list[str]:
     return gw.stderr_path.read_text().split("\n")[:-1]
 
 
+def refused_start(config: dict, folder: Path) -> str:
+    """`herald serve` with `config`, which must stop it at start with one
+    line on stderr and status 2 (a bad config key); answers that line."""
+    path = folder / "herald.json"
+    path.write_text(json.dumps(config))
+    r = subprocess.run([herald_binary(), "serve", "--store", "memory", "--port", "0", "--config", path],
+                       capture_output=True, timeout=30)
+    lines = r.stderr.decode().splitlines()
+    assert (r.returncode, len(lines)) == (2, 1), r.stderr
+    return lines[0]
+
+
 def reload(gw: "Gateway", config) -> str:
     """Writes `config` (a dict, or raw text) over the gateway's config file
     and sends SIGHUP; answers the log line that ends the reload (done, or

@@ -7,12 +7,9 @@ no other user; If-Match, and bad input on every route: 400, nothing changed."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-
 import pytest
 
-from herald_helpers import APPS, changes_in, check_error, check_preferences, herald_binary, reset_notifications, uid, wait_until
+from herald_helpers import APPS, changes_in, check_error, check_preferences, refused_start, reset_notifications, uid, wait_until
 from test_push import apns_handle, apns_token, push_config, register, services, vapid_file  # noqa: F401 (fixtures)
 
 APP = "app.one"
@@ -169,13 +166,7 @@ def test_preferences_are_the_users_not_another_apps(gw):
 def test_a_bad_critical_groups_value_stops_the_start_with_one_line(tmp_path, value):
     cfg = config_with_critical()
     cfg["apps"][0]["criticalGroups"] = value
-    path = tmp_path / "herald.json"
-    path.write_text(json.dumps(cfg))
-    r = subprocess.run([herald_binary(), "serve", "--store", "memory", "--port", "0", "--config", path],
-                       capture_output=True, timeout=30)
-    lines = r.stderr.decode().splitlines()
-    assert (r.returncode, len(lines)) == (2, 1), r.stderr
-    assert "criticalGroups must be an array of group names" in lines[0]
+    assert "criticalGroups must be an array of group names" in refused_start(cfg, tmp_path)
 
 
 def test_a_group_kept_from_push_sends_none_while_its_inbox_works(gateway_factory, services, vapid_file):
