@@ -696,9 +696,19 @@ final class PostgresStoreTests: XCTestCase {
             """)
     }
 
+    /// Turns a database of this version into what version 10 wrote: no
+    /// preferences (and no save of them in a feed).
+    func downgradeToVersion10(_ store: PostgresStore) throws {
+        try store.db.script("""
+            DROP TABLE preferences; DELETE FROM changes WHERE change LIKE '%"op":"preferences"%';
+            DELETE FROM herald_schema WHERE version >= 11;
+            """)
+    }
+
     /// Turns a database of this version into what version 9 wrote: no
     /// `seenState` in the stored JSON, no seen_state or unseen columns.
     func downgradeToVersion9(_ store: PostgresStore) throws {
+        try downgradeToVersion10(store)
         try store.db.script(withoutSeenStateInTheStoredJSON + """
             ALTER TABLE notifications DROP COLUMN seen_state; ALTER TABLE counts DROP COLUMN unseen;
             ALTER TABLE changes DROP COLUMN before_unseen, DROP COLUMN after_unseen;
@@ -770,6 +780,29 @@ final class PostgresStoreTests: XCTestCase {
         try store.begin()
         try store.claim([alice], lookups: [.id(alice, "n_1")])
         try store.commit()
+    }
+
+    /// Version 12 adds preferences, which an older node could not read in a
+    /// feed: the upgrade from 10 waits for every node to stop; then they
+    /// are saved and read as on a new database.
+    func testMigrationFromVersion10AddsPreferencesOnceEveryNodeStopped() throws {
+        XCTAssertTrue(PostgresSchema.misreadByOlderNodes.contains(12))
+        do {
+            let store = try PostgresStore(url: database.url)
+            _ = try store.upsert(alice, note("n_0"), previous: nil, at: t0)
+            try downgradeToVersion10(store)
+            _ = try store.renewLease(node: "old-node", millis: 60_000)
+        }
+        XCTAssertThrowsError(try PostgresStore(url: database.url)) { e in
+            XCTAssertTrue("\(e)".contains("running on this database at schema version 10"), "\(e)")
+        }
+        try PostgresConnection(url: database.url).execute("UPDATE herald_nodes SET lease_until = now() - interval '1 second'")
+        let store = try PostgresStore(url: database.url)
+        XCTAssertEqual(try store.db.query("SELECT max(version) FROM herald_schema").int64(0, 0), PostgresSchema.version)
+        XCTAssertEqual(try store.preferences(alice), .unsaved)
+        let p = Preferences(groups: ["ads": Channels(inbox: false)], version: 1, updatedAt: t0)
+        XCTAssertEqual(try store.savePreferences(alice, p, at: t0).seq, 2)
+        XCTAssertEqual(try store.preferences(alice), p)
     }
 
     /// A database of version 2 keeps its rows' JSON; they read, change and
