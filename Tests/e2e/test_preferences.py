@@ -10,6 +10,8 @@ from __future__ import annotations
 import pytest
 
 from herald_helpers import APPS, changes_in, check_error, check_preferences, refused_start, reset_notifications, uid, wait_until
+from test_cluster import REDIS, Cluster
+from test_postgres import URL as POSTGRES, store_url  # noqa: F401 (the fixture: a schema per test)
 from test_push import apns_handle, apns_token, push_config, register, services, vapid_file  # noqa: F401 (fixtures)
 
 APP = "app.one"
@@ -22,9 +24,14 @@ def config_with_critical(base: dict | None = None) -> dict:
     return cfg
 
 
-@pytest.fixture
-def gw(gateway_factory):
-    return gateway_factory(config=config_with_critical(), store="sqlite:herald.db")
+@pytest.fixture(params=["sqlite", "postgres"])
+def gw(request, gateway_factory):
+    """SQLite, and PostgreSQL (whose feed cache answers preferences) when
+    scripts/test-servers runs one."""
+    if request.param == "postgres" and not POSTGRES:
+        pytest.skip("no test PostgreSQL (scripts/test-servers starts one)")
+    store = request.getfixturevalue("store_url") if request.param == "postgres" else "sqlite:herald.db"
+    return gateway_factory(config=config_with_critical(), store=store)
 
 
 def prefs_path(user: str) -> str:
@@ -188,3 +195,28 @@ def test_a_group_kept_from_push_sends_none_while_its_inbox_works(gateway_factory
     assert [q["payload"]["herald"]["cursor"] for q in pushes] == [loud["seq"], other["seq"]], \
         "a critical group pushes; the quiet group's publish and read sent nothing"
     assert p["payload"]["aps"]["alert"] == {"title": "t", "body": "b"}
+
+
+@pytest.mark.skipif(not (REDIS and POSTGRES), reason="no test PostgreSQL and Redis (scripts/test-servers starts them)")
+def test_a_save_on_one_node_holds_for_publishes_on_another(herald_bin, tmp_path, store_url):  # noqa: F811
+    """Node A knows the user's feed (its cache holds the preferences at its
+    head); a save on node B reaches A's WebSocket over the bus, and A's next
+    publishes follow it, muted and unmuted."""
+    cluster = Cluster(herald_bin, tmp_path, store_url)
+    try:
+        a, b = cluster.start(2)
+        user = uid("u")
+        a.publish(user, "warm", groupName="ads")
+        ws, _, _ = a.connect(user, "phone")
+        with ws:
+            r = b.server("PUT", prefs_path(user), json={"groups": {"ads": {"inbox": False}}})
+            assert r.status_code == 200, r.text
+            [c], _ = ws.expect_changes(1)
+            assert c["op"] == "preferences" and c["preferences"] == r.json()["preferences"]
+            muted = a.publish_raw(user, {"appNotificationId": "m", "payload": {}, "groupName": "ads"})
+            assert muted.json() == {"notification": None, "seq": None, "suppressed": "preferences"}
+            assert b.server("PUT", prefs_path(user), json={"groups": {}}).status_code == 200
+            ws.expect_changes(1)
+            assert a.publish(user, "m", groupName="ads")["notification"]["groupName"] == "ads"
+    finally:
+        cluster.stop()
