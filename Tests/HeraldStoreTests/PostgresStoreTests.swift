@@ -758,24 +758,34 @@ final class PostgresStoreTests: XCTestCase {
         XCTAssertEqual(try store.notification(alice, id: "n_0"), note("n_0"))
     }
 
+    /// A store on the database `downgrade` takes back to `version`, which an
+    /// older node runs on: refused while its lease runs, then migrated to
+    /// the current version once it lapsed.
+    func upgradedOnceOlderNodesStopped(from version: Int64, _ downgrade: (PostgresStore) throws -> Void) throws -> PostgresStore {
+        do {
+            let store = try PostgresStore(url: database.url)
+            try downgrade(store)
+            _ = try store.renewLease(node: "old-node", millis: 60_000)
+        }
+        XCTAssertThrowsError(try PostgresStore(url: database.url)) { e in
+            XCTAssertTrue("\(e)".contains("running on this database at schema version \(version)"), "\(e)")
+        }
+        try PostgresConnection(url: database.url).execute("UPDATE herald_nodes SET lease_until = now() - interval '1 second'")
+        let store = try PostgresStore(url: database.url)
+        XCTAssertEqual(try store.db.query("SELECT max(version) FROM herald_schema").int64(0, 0), PostgresSchema.version)
+        return store
+    }
+
     /// Versions 4 to 9 only add what older nodes never use: they would
     /// roll while those run; version 10 (seen_state and the unseen counts,
     /// which older nodes' writes would leave behind) waits for them.
     func testAnUpgradeFromVersion3RollsWhileNodesRunUpToVersion10() throws {
         XCTAssertTrue(PostgresSchema.misreadByOlderNodes.isDisjoint(with: 4...9))
         XCTAssertTrue(PostgresSchema.misreadByOlderNodes.contains(10))
-        do {
-            let store = try PostgresStore(url: database.url)
+        let store = try upgradedOnceOlderNodesStopped(from: 3) { store in
             try downgradeToVersion4(store)
             try store.db.script("DROP FUNCTION herald_expect_heads; DELETE FROM herald_schema WHERE version >= 4")
-            _ = try store.renewLease(node: "old-node", millis: 60_000)
         }
-        XCTAssertThrowsError(try PostgresStore(url: database.url)) { e in
-            XCTAssertTrue("\(e)".contains("running on this database at schema version 3"), "\(e)")
-        }
-        try PostgresConnection(url: database.url).execute("UPDATE herald_nodes SET lease_until = now() - interval '1 second'")
-        let store = try PostgresStore(url: database.url)
-        XCTAssertEqual(try store.db.query("SELECT max(version) FROM herald_schema").int64(0, 0), PostgresSchema.version)
         _ = try store.upsert(alice, note("n_1"), previous: nil, at: t0)
         try store.begin()
         try store.claim([alice], lookups: [.id(alice, "n_1")])
@@ -787,18 +797,10 @@ final class PostgresStoreTests: XCTestCase {
     /// are saved and read as on a new database.
     func testMigrationFromVersion10AddsPreferencesOnceEveryNodeStopped() throws {
         XCTAssertTrue(PostgresSchema.misreadByOlderNodes.contains(12))
-        do {
-            let store = try PostgresStore(url: database.url)
+        let store = try upgradedOnceOlderNodesStopped(from: 10) { store in
             _ = try store.upsert(alice, note("n_0"), previous: nil, at: t0)
             try downgradeToVersion10(store)
-            _ = try store.renewLease(node: "old-node", millis: 60_000)
         }
-        XCTAssertThrowsError(try PostgresStore(url: database.url)) { e in
-            XCTAssertTrue("\(e)".contains("running on this database at schema version 10"), "\(e)")
-        }
-        try PostgresConnection(url: database.url).execute("UPDATE herald_nodes SET lease_until = now() - interval '1 second'")
-        let store = try PostgresStore(url: database.url)
-        XCTAssertEqual(try store.db.query("SELECT max(version) FROM herald_schema").int64(0, 0), PostgresSchema.version)
         XCTAssertEqual(try store.preferences(alice), .unsaved)
         let p = Preferences(groups: ["ads": Channels(inbox: false)], version: 1, updatedAt: t0)
         XCTAssertEqual(try store.savePreferences(alice, p, at: t0).seq, 2)
