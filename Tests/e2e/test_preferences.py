@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from herald_helpers import APPS, changes_in, check_error, check_preferences, refused_start, reset_notifications, uid, wait_until
+from herald_helpers import APPS, changes_in, check_error, check_preferences, refused_start, reload, reset_notifications, uid, wait_until
 from test_cluster import REDIS, Cluster
 from test_postgres import URL as POSTGRES, store_url  # noqa: F401 (the fixture: a schema per test)
 from test_push import apns_handle, apns_token, push_config, register, services, vapid_file  # noqa: F401 (fixtures)
@@ -174,6 +174,25 @@ def test_a_bad_critical_groups_value_stops_the_start_with_one_line(tmp_path, val
     cfg = config_with_critical()
     cfg["apps"][0]["criticalGroups"] = value
     assert "criticalGroups must be an array of group names" in refused_start(cfg, tmp_path)
+
+
+def test_critical_groups_follow_a_reload(gateway_factory):
+    """SIGHUP puts new criticalGroups in force for answers and publishes; a
+    bad value is refused and changes nothing."""
+    gw = gateway_factory(config=config_with_critical(), store="memory")
+    user = uid("u")
+    save(gw, user, {"groups": {"alerts": {"inbox": False}, "security": {"inbox": False}}})
+    assert gw.publish_raw(user, {"appNotificationId": "a1", "payload": {}, "groupName": "alerts"}).json()["suppressed"]
+    cfg = config_with_critical()
+    cfg["apps"][0]["criticalGroups"] = ["alerts"]
+    assert "config reloaded from" in reload(gw, cfg)
+    assert get(gw, user)["critical"] == ["alerts"]
+    assert gw.publish(user, "a2", groupName="alerts")["seq"] > 0, "critical now"
+    r = gw.publish_raw(user, {"appNotificationId": "s1", "payload": {}, "groupName": "security"})
+    assert r.json()["suppressed"] == "preferences", "no longer critical: the user's choice holds"
+    cfg["apps"][0]["criticalGroups"] = [""]
+    assert "config reload refused" in reload(gw, cfg)
+    assert get(gw, user)["critical"] == ["alerts"]
 
 
 def test_a_group_kept_from_push_sends_none_while_its_inbox_works(gateway_factory, services, vapid_file):
