@@ -23,13 +23,14 @@ struct LocalState {
         /// The gateway's feed has another epoch than the one held: its
         /// history was lost, and its registrations may have gone with it.
         var epochReplaced = false
-        var needsSave: Bool { replaced || positionMoved || !changedIds.isEmpty }
+        var preferencesChanged = false
+        var needsSave: Bool { replaced || positionMoved || preferencesChanged || !changedIds.isEmpty }
     }
 
     init() {}
 
-    init(notifications: [String: HeraldNotification], cursor: Int64?, epoch: String?) {
-        self.notifications = notifications; self.cursor = cursor; self.epoch = epoch
+    init(notifications: [String: HeraldNotification], cursor: Int64?, epoch: String?, preferences: Preferences?) {
+        self.notifications = notifications; self.cursor = cursor; self.epoch = epoch; self.preferences = preferences
     }
 
     /// Applies the feed part of a frame; other frames change nothing here.
@@ -85,6 +86,7 @@ struct LocalState {
     private mutating func adopt(_ p: Preferences, into out: inout Applied) {
         guard p != preferences else { return }
         preferences = p
+        out.preferencesChanged = true
         out.events.append(.preferences(p))
     }
 
