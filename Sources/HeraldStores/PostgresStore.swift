@@ -422,6 +422,7 @@ public final class PostgresStore: NotificationStore {
         guard inTransaction, let head = heads[user] else { return try reads.preferences(user) }
         var p = cache.preferences(user, at: head - Int64(written[user]?.count ?? 0))
         if p == nil { p = try reads.preferences(user) }
+        knownPreferences[user] = p
         return p!
     }
 

@@ -533,7 +533,8 @@ final class PostgresStoreTests: XCTestCase {
 
     /// A batch whose users and notifications the node knows from its last
     /// commits reads nothing: BEGIN, the locks, the check of the heads, the
-    /// writes and COMMIT go out together.
+    /// writes and COMMIT go out together. Its users' preferences too, which
+    /// every publish reads (SPEC section 12).
     func testABatchOfWhatTheNodeKnowsCostsOneRoundTrip() throws {
         let store = try PostgresStore(url: database.url)
         _ = try store.upsert(alice, note("n_1"), previous: nil, at: t0)
@@ -542,6 +543,7 @@ final class PostgresStoreTests: XCTestCase {
             let before = store.db.roundTrips
             try store.begin()
             try store.claim([alice], lookups: [.id(alice, "n_1")])
+            XCTAssertEqual(try store.preferences(alice), .unsaved)
             let previous = try XCTUnwrap(store.notification(alice, id: "n_1"))
             XCTAssertEqual(previous, n)
             n.version += 1
