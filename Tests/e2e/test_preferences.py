@@ -7,10 +7,13 @@ no other user; If-Match, and bad input on every route: 400, nothing changed."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from herald_helpers import APPS, changes_in, check_error, check_preferences, refused_start, reload, reset_notifications, uid, wait_until
 from test_cluster import REDIS, Cluster
+from test_fallback import Sse
 from test_postgres import URL as POSTGRES, store_url  # noqa: F401 (the fixture: a schema per test)
 from test_push import apns_handle, apns_token, push_config, register, services, vapid_file  # noqa: F401 (fixtures)
 
@@ -110,6 +113,18 @@ def test_a_save_reaches_other_devices_live_on_resume_and_in_resets(gw):
     reset = gw.me("GET", "/sync", gw.token(user)).json()
     assert reset["reset"] is True and reset["preferences"] == p
 
+    stream = Sse(gw, gw.token(user))
+    try:
+        ev = stream.next()
+        assert ev["event"] == "reset" and json.loads(ev["data"])["preferences"] == p
+        again = save(gw, user, {"groups": {}})
+        ev = stream.next()
+        assert ev["event"] == "change" and int(ev["id"]) == again["seq"]
+        assert json.loads(ev["data"]) == {"seq": again["seq"], "op": "preferences", "preferences": again["preferences"]}
+        p = again["preferences"]
+    finally:
+        stream.close()
+
     ws, frames, welcome = gw.connect(user, "laptop")
     with ws:
         reset_notifications(frames)
@@ -117,7 +132,9 @@ def test_a_save_reaches_other_devices_live_on_resume_and_in_resets(gw):
         assert all("preferences" not in f for f in frames[:-1])
     ws, frames, _ = gw.connect(user, "tablet", cursor=tw["cursor"], epoch=tw["epoch"])
     with ws:
-        assert [c["op"] for c in changes_in(frames)] == ["preferences"], "resume from the tablet's cursor"
+        resumed = changes_in(frames)
+        assert [c["op"] for c in resumed] == ["preferences", "preferences"], "resume from the tablet's cursor"
+        assert resumed[-1]["preferences"] == p
 
 
 def test_if_match(gw):
