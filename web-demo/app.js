@@ -133,6 +133,8 @@ class DevicePanel {
     this.list.addEventListener('click', (ev) => this.onAction(ev));
     $('.toggle', node).addEventListener('click', () => this.toggleConnection());
     $('.seen-all', node).addEventListener('click', () => this.client?.seenAll().catch((e) => this.setError(`seen all failed: ${e.message}`)));
+    this.mute = $('[data-testid="mute-marketing"]', node);
+    this.mute.addEventListener('change', () => this.saveMute(this.mute.checked));
   }
 
   connect(userId) {
@@ -154,6 +156,8 @@ class DevicePanel {
     client.on('status', (status, transport) => this.renderStatus(status, transport));
     client.on('notifications', (list) => this.renderList(list));
     client.on('unread', (n) => this.renderUnread(n));
+    // Saved on any device, so every panel's switch follows (PROTOCOL 16).
+    client.on('preferences', (p) => this.renderPreferences(p));
     client.on('change', (c) => {
       if (c.op === 'upsert' && c.notification.version === 1) this.fresh.add(c.notification.id);
       else pushControl.changed();
@@ -166,6 +170,23 @@ class DevicePanel {
     this.renderStatus('connecting', this.spec.transport);
     this.renderUnread(0);
     client.start();
+  }
+
+  renderPreferences(p) {
+    this.mute.checked = p.groups.marketing?.inbox === false;
+  }
+
+  /** Mutes or unmutes the group for the user, at the version this device shows. */
+  async saveMute(muted) {
+    if (!this.client) return;
+    const p = this.client.preferences ?? await this.client.fetchPreferences();
+    const groups = { ...p.groups, marketing: { ...p.groups.marketing, inbox: !muted } };
+    try {
+      await this.client.savePreferences({ groups }, { ifVersion: p.version });
+    } catch (e) {
+      this.setError(`Saving the preferences failed: ${e.message}`);
+      this.renderPreferences(this.client.preferences ?? p);
+    }
   }
 
   disconnect() {
@@ -433,6 +454,7 @@ async function publish(ev) {
   const given = $('#publish-app-id').value.trim();
   const appNotificationId = given || `demo-${Date.now().toString(36)}-${Math.random().toString(36).slice(2, 6)}`;
   const priority = document.querySelector('input[name="priority"]:checked')?.value || 'normal';
+  const groupName = $('#publish-group').value;
   const button = $('#publish-button');
   button.disabled = true;
   out.className = 'publish-result';
@@ -442,11 +464,13 @@ async function publish(ev) {
       `${GATEWAY}/v1/apps/${APP_ID}/users/${encodeURIComponent(user)}/notifications`, {
         method: 'POST',
         headers: { Authorization: `Bearer ${SERVER_KEY}`, 'Content-Type': 'application/json' },
-        body: JSON.stringify({ appNotificationId, payload: { title, body }, priority }),
+        body: JSON.stringify({ appNotificationId, payload: { title, body }, priority, groupName }),
       });
     out.className = 'publish-result ok';
     out.dataset.id = data?.notification?.id || '';
-    out.textContent = `${status === 201 ? 'Published' : 'Replaced'} “${title}” (${appNotificationId}) · seq ${data?.seq}`;
+    out.textContent = data?.suppressed
+      ? `Not delivered: ${user} keeps “${groupName}” out of the inbox (their preferences)`
+      : `${status === 201 ? 'Published' : 'Replaced'} “${title}” (${appNotificationId}) · seq ${data?.seq}`;
     if (!given) {
       const [t, b] = SAMPLES[sampleIndex++ % SAMPLES.length];
       $('#publish-title').value = t;

@@ -170,6 +170,7 @@ export class HeraldClient {
     this._scope = null;
     this._unread = null;
     this._unseen = null;          // the gateway's unseen count (welcome/counts frames), else the local one
+    this._preferences = null;     // the user's preferences (PROTOCOL 16), from a reset or a save
     this._status = 'offline';
     this._transport = null;
 
@@ -215,11 +216,14 @@ export class HeraldClient {
   get transport() { return this._transport; }
   get cursor() { return this._cursor; }
   get epoch() { return this._epoch; }
+  /** The user's preferences (PROTOCOL 16) as the last reset or save brought them; null until then. */
+  get preferences() { return this._preferences; }
 
   /**
    * Events: 'notifications' (list), 'change' (change object), 'reset' (list),
    * 'status' (status, transport), 'unread' (count), 'unseen' (count, from the
-   * gateway's welcome and counts frames), 'error' (HeraldError).
+   * gateway's welcome and counts frames), 'preferences' (the user's, saved on
+   * any device or brought by a reset), 'error' (HeraldError).
    * Returns a function that removes the listener.
    */
   on(event, fn) {
@@ -272,6 +276,7 @@ export class HeraldClient {
     this._epoch = null;
     this._unread = null;
     this._unseen = null;
+    this._preferences = null;
     clearTimeout(this._persistTimer);
     this._persistTimer = null;
     try { this._storage?.removeItem(this._storageKey); } catch { /* ignore */ }
@@ -369,6 +374,47 @@ export class HeraldClient {
   /** Marks every unseen notification this device may see seen (HTTP): the bell was opened. */
   seenAll() {
     return this._http('POST', '/v1/me/notifications/seen-all', { body: {} });
+  }
+
+  /** Asks the gateway for the user's preferences (PROTOCOL 16). */
+  async fetchPreferences() {
+    const r = await this._http('GET', '/v1/me/preferences');
+    this._takePreferences(r.preferences, true);
+    return r.preferences;
+  }
+
+  /**
+   * Saves preferences for the user on every device: `default` and `groups`
+   * replace what is saved when given (`groups: {}` clears them). With
+   * `ifVersion`, a save made elsewhere meanwhile rejects (precondition_failed).
+   * @param {{default?: {inbox?: boolean, push?: boolean}, groups?: object}} changes
+   * @param {{ifVersion?: number}} [opts]
+   */
+  async savePreferences(changes, opts = {}) {
+    const headers = opts.ifVersion != null ? { 'If-Match': `"${opts.ifVersion}"` } : {};
+    const r = await this._http('PUT', '/v1/me/preferences', { body: changes, headers });
+    this._takePreferences(r.preferences, false);
+    return r.preferences;
+  }
+
+  /** Whether a notification of `group` reaches `channel` ('inbox' or 'push') under `prefs`. */
+  static allows(prefs, channel, group) {
+    if (group != null && prefs.critical.includes(group)) return true;
+    return prefs.groups[group]?.[channel] ?? prefs.default[channel] ?? true;
+  }
+
+  /**
+   * `whole`: a reset's or an answer's, taken as they are (a feed that lost
+   * its history starts again at version 0); else a save's, taken only when
+   * newer, since a reset read after its cursor may already hold it.
+   */
+  _takePreferences(p, whole) {
+    if (!p || typeof p.version !== 'number') return;
+    if (!whole && this._preferences && p.version <= this._preferences.version) return;
+    if (JSON.stringify(p) === JSON.stringify(this._preferences)) return;
+    this._preferences = p;
+    this._persist();
+    this._emit('preferences', p);
   }
 
   // ------------------------------------------------------------------ Web Push
@@ -498,6 +544,7 @@ export class HeraldClient {
       this._scope = s.scope ?? null;
       this._cursor = typeof s.cursor === 'number' ? s.cursor : null;
       this._epoch = typeof s.epoch === 'string' ? s.epoch : null;
+      this._preferences = s.preferences ?? null;
       for (const n of s.notifications || []) if (n && n.id) this._map.set(n.id, n);
     } catch {
       this._map.clear();
@@ -521,6 +568,7 @@ export class HeraldClient {
       scope: this._scope,
       cursor: this._cursor,
       epoch: this._epoch,
+      preferences: this._preferences,
       notifications: [...this._map.values()],
     };
     try {
@@ -580,6 +628,7 @@ export class HeraldClient {
     if (c.op === 'delete' && c.id) {
       return this._map.delete(c.id);
     }
+    if (c.op === 'preferences') this._takePreferences(c.preferences, false);
     return false;
   }
 
@@ -595,7 +644,8 @@ export class HeraldClient {
     }
   }
 
-  _replaceAll(list, cursor, epoch) {
+  _replaceAll(list, cursor, epoch, preferences) {
+    this._takePreferences(preferences, true);
     this._map = new Map();
     for (const n of list) if (n && n.id && !this._deleted.has(n.id)) this._map.set(n.id, n);
     this._cursor = typeof cursor === 'number' ? cursor : null;
@@ -617,7 +667,7 @@ export class HeraldClient {
       next = page.next;
     }
     if (gen !== this._gen) return false;
-    this._replaceAll(all, r.cursor, r.epoch);
+    this._replaceAll(all, r.cursor, r.epoch, r.preferences);
     return true;
   }
 
@@ -982,7 +1032,7 @@ export class HeraldClient {
         if (msg.final) {
           const all = this._resetStaging;
           this._resetStaging = null;
-          this._replaceAll(all, msg.cursor, msg.epoch);
+          this._replaceAll(all, msg.cursor, msg.epoch, msg.preferences);
         }
         break;
       }

@@ -64,6 +64,8 @@ let watcher = Task.detached {
             render(await client.notifications, unread: await client.unread)
         case .unread(let count):
             print("badge: \(count)")
+        case .preferences(let p):
+            print("preferences v\(p.version): muted \(p.groups.filter { $0.value.inbox == false }.keys.sorted())")
         case .connection(let state):
             print("connection: \(state)")
         case .problem(let problem):

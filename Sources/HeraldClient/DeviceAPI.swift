@@ -20,7 +20,7 @@ public struct Counts: Sendable, Equatable {
 enum SyncAnswer {
     case changes([Change], cursor: Int64, epoch: String, hasMore: Bool)
     /// The newest notifications; the rest are paged from history with `next`.
-    case reset([HeraldNotification], next: String?, cursor: Int64, epoch: String)
+    case reset([HeraldNotification], next: String?, cursor: Int64, epoch: String, preferences: Preferences?)
 }
 
 /// The device's HTTP routes (PROTOCOL.md 4): requests built and answers
@@ -42,7 +42,8 @@ struct DeviceAPI: Sendable {
         if o["reset"]?.boolValue == true {
             guard let list = o["notifications"]?.arrayValue, let cursor = o["cursor"]?.int64Value,
                   let epoch = o["epoch"]?.stringValue else { throw .badFrame("a malformed sync reset") }
-            return .reset(try Self.notifications(list), next: o["next"]?.stringValue, cursor: cursor, epoch: epoch)
+            return .reset(try Self.notifications(list), next: o["next"]?.stringValue, cursor: cursor, epoch: epoch,
+                          preferences: o["preferences"].flatMap(Preferences.init(json:)))
         }
         guard let list = o["changes"]?.arrayValue, let cursor = o["cursor"]?.int64Value,
               let epoch = o["epoch"]?.stringValue else { throw .badFrame("a malformed sync answer") }
@@ -87,6 +88,20 @@ struct DeviceAPI: Sendable {
 
     func delete(token: String, id: String) async throws(HeraldClientError) {
         _ = try await call("DELETE", "/v1/me/notifications/" + Self.escape(id), [], token: token)
+    }
+
+    func preferences(token: String) async throws(HeraldClientError) -> Preferences {
+        try Self.preferences(try await call("GET", "/v1/me/preferences", [], token: token))
+    }
+
+    /// `body`: `{"default"?, "groups"?}` (SPEC section 12).
+    func savePreferences(token: String, body: JSONObject, ifVersion: Int64?) async throws(HeraldClientError) -> Preferences {
+        try Self.preferences(try await call("PUT", "/v1/me/preferences", [], token: token, body: .object(body), ifMatch: ifVersion))
+    }
+
+    private static func preferences(_ o: JSONObject) throws(HeraldClientError) -> Preferences {
+        guard let p = o["preferences"].flatMap(Preferences.init(json:)) else { throw .badFrame("malformed preferences") }
+        return p
     }
 
     /// Registers this device's push handle, or removes it (`.null`).

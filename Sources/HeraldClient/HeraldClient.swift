@@ -282,6 +282,32 @@ public actor HeraldClient {
         }
     }
 
+    /// The user's preferences as last received (a reset or a save on any
+    /// device); nil until then. `fetchPreferences()` asks the gateway.
+    public var preferences: Preferences? { shown ? state.preferences : nil }
+
+    /// Asks the gateway for the user's preferences.
+    public func fetchPreferences() async throws(HeraldClientError) -> Preferences {
+        return try await withAPI { api, token throws(HeraldClientError) in try await api.preferences(token: token) }
+    }
+
+    /// Saves preferences for the user on every device (SPEC section 12):
+    /// `default` and `groups` replace what is saved when given (nil keeps
+    /// it; `[:]` clears the groups); `ifVersion` refuses the save
+    /// (`precondition_failed`) unless the saved version is that. Every
+    /// device, this one included, receives the save as a change.
+    @discardableResult
+    public func savePreferences(default d: Channels? = nil, groups: [String: Channels]? = nil,
+                                ifVersion: Int64? = nil) async throws(HeraldClientError) -> Preferences {
+        let update = Preferences(default: d ?? Channels(), groups: groups ?? [:])
+        var body = JSONObject()
+        if d != nil { body["default"] = update.json.objectValue?["default"] }
+        if groups != nil { body["groups"] = update.json.objectValue?["groups"] }
+        return try await withAPI { api, token throws(HeraldClientError) in
+            try await api.savePreferences(token: token, body: body, ifVersion: ifVersion)
+        }
+    }
+
     public func counts() async throws(HeraldClientError) -> Counts {
         return try await withAPI { api, token throws(HeraldClientError) in try await api.counts(token: token) }
     }
@@ -448,7 +474,7 @@ public actor HeraldClient {
             if state.epoch == nil { apply(.welcome(cursor: cursor, epoch: epoch, unread: state.unread)) }
             if state.unread != unreadCount { setUnread(state.unread) }
             return hasMore
-        case .reset(var all, var next, let cursor, let epoch):
+        case .reset(var all, var next, let cursor, let epoch, let preferences):
             while let before = next {
                 let page = try await withAPI { api, token throws(HeraldClientError) in
                     try await api.history(token: token, limit: 500, before: before, readState: nil, userActionState: nil)
@@ -456,7 +482,7 @@ public actor HeraldClient {
                 all += page.notifications
                 next = page.next
             }
-            apply(.reset(all, cursor: cursor, epoch: epoch, final: true))
+            apply(.reset(all, cursor: cursor, epoch: epoch, final: true, preferences: preferences))
             setUnread(state.unread)
             return false
         }
@@ -666,7 +692,7 @@ public actor HeraldClient {
         case .upserted, .removed, .reset:
             guard shown else { return }
             for k in collectors.keys { collectors[k]?.append(event) }
-        case .unread: guard shown else { return }
+        case .unread, .preferences: guard shown else { return }
         case .connection, .problem: break
         }
         for (id, c) in readers {

@@ -14,6 +14,8 @@ import Observation
 public final class HeraldModel {
     public private(set) var notifications: [HeraldNotification] = []
     public private(set) var unread = 0
+    /// The user's preferences (SPEC section 12), as every device shows them; nil until received.
+    public private(set) var preferences: Preferences?
     public private(set) var connection: ConnectionState = .offline(nextRetry: nil)
     /// The last trouble the client handled (it retries by itself): for a status line.
     public private(set) var problem: HeraldClientError?
@@ -50,6 +52,8 @@ public final class HeraldModel {
             notifications.removeAll { $0.id == id }
         case .unread(let count):
             unread = count
+        case .preferences(let p):
+            preferences = p
         case .connection(let state):
             connection = state
         case .problem(let error):

@@ -7,6 +7,8 @@ struct LocalState {
     var notifications: [String: HeraldNotification] = [:]
     var cursor: Int64?
     var epoch: String?
+    /// The user's preferences (SPEC section 12), once a reset or a save brought them.
+    var preferences: Preferences?
     /// The `reset` frames received so far: applied together at the final one,
     /// never half.
     private var staged: [HeraldNotification]?
@@ -21,13 +23,14 @@ struct LocalState {
         /// The gateway's feed has another epoch than the one held: its
         /// history was lost, and its registrations may have gone with it.
         var epochReplaced = false
-        var needsSave: Bool { replaced || positionMoved || !changedIds.isEmpty }
+        var preferencesChanged = false
+        var needsSave: Bool { replaced || positionMoved || preferencesChanged || !changedIds.isEmpty }
     }
 
     init() {}
 
-    init(notifications: [String: HeraldNotification], cursor: Int64?, epoch: String?) {
-        self.notifications = notifications; self.cursor = cursor; self.epoch = epoch
+    init(notifications: [String: HeraldNotification], cursor: Int64?, epoch: String?, preferences: Preferences?) {
+        self.notifications = notifications; self.cursor = cursor; self.epoch = epoch; self.preferences = preferences
     }
 
     /// Applies the feed part of a frame; other frames change nothing here.
@@ -47,14 +50,19 @@ struct LocalState {
                         out.changedIds.insert(id)
                         out.events.append(.removed(id: id, reason: reason))
                     }
+                case .preferences(let p) where p.version > preferences?.version ?? -1:
+                    adopt(p, into: &out)
+                case .preferences:
+                    break
                 }
                 cursor = change.seq
                 out.positionMoved = true
             }
             if let frameCursor { out.positionMoved = adopt(cursor: frameCursor, epoch: nil) || out.positionMoved }
-        case .reset(let page, let resetCursor, let resetEpoch, let final):
+        case .reset(let page, let resetCursor, let resetEpoch, let final, let resetPreferences):
             staged = (staged ?? []) + page
             guard final, let all = staged else { break }
+            if let resetPreferences { adopt(resetPreferences, into: &out) }
             staged = nil
             notifications = Dictionary(all.map { ($0.id, $0) }, uniquingKeysWith: { first, _ in first })
             cursor = resetCursor
@@ -69,6 +77,17 @@ struct LocalState {
         }
         out.epochReplaced = heldEpoch != nil && epoch != heldEpoch
         return out
+    }
+
+    /// Takes `p`: a reset's whole (a feed that lost its history starts
+    /// again at version 0), a change's only when newer than what is held
+    /// (a reset's preferences may be read after its cursor, so a save they
+    /// hold can follow them).
+    private mutating func adopt(_ p: Preferences, into out: inout Applied) {
+        guard p != preferences else { return }
+        preferences = p
+        out.preferencesChanged = true
+        out.events.append(.preferences(p))
     }
 
     /// A connection ended: a reset it left unfinished is dropped.

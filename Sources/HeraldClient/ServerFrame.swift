@@ -4,7 +4,8 @@ import HeraldCore
 /// anything is applied: a frame that does not parse changes nothing.
 enum ServerFrame {
     case changes([Change], cursor: Int64?)
-    case reset([HeraldNotification], cursor: Int64, epoch: String, final: Bool)
+    /// `preferences`: in the final frame, from a gateway that has them.
+    case reset([HeraldNotification], cursor: Int64, epoch: String, final: Bool, preferences: Preferences?)
     case welcome(cursor: Int64, epoch: String, unread: Int)
     case counts(unread: Int)
     /// `ack` and `pong`: the answer to the request named by `ref`.
@@ -31,7 +32,8 @@ enum ServerFrame {
             if let list = o["notifications"]?.arrayValue, let cursor = o["cursor"]?.int64Value,
                let epoch = o["epoch"]?.stringValue, let final = o["final"]?.boolValue {
                 let ns = list.compactMap(HeraldNotification.init(json:))
-                frame = ns.count == list.count ? .reset(ns, cursor: cursor, epoch: epoch, final: final) : nil
+                let preferences = o["preferences"].flatMap(Preferences.init(json:))
+                frame = ns.count == list.count ? .reset(ns, cursor: cursor, epoch: epoch, final: final, preferences: preferences) : nil
             } else { frame = nil }
         case "welcome":
             if let cursor = o["cursor"]?.int64Value, let epoch = o["epoch"]?.stringValue,

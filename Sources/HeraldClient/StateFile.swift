@@ -65,7 +65,8 @@ final class StateFile {
             }
         }
         let state = LocalState(notifications: notifications, cursor: meta["cursor"].flatMap { Int64($0) },
-                               epoch: meta["epoch"])
+                               epoch: meta["epoch"],
+                               preferences: meta["preferences"].flatMap { try? JSONParser.parse($0) }.flatMap(Preferences.init(json:)))
         return Saved(scope: meta["scope"], state: state, push: meta["push"])
     }
 
@@ -88,7 +89,8 @@ final class StateFile {
                     try run("DELETE FROM notifications WHERE id = ?", [id])
                 }
             }
-            for (key, value) in [("cursor", state.cursor.map(String.init)), ("epoch", state.epoch), ("scope", scope)] {
+            for (key, value) in [("cursor", state.cursor.map(String.init)), ("epoch", state.epoch), ("scope", scope),
+                                 ("preferences", state.preferences?.json.encodedString)] {
                 try run("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", [key, value])
             }
             try exec("COMMIT")

@@ -13,6 +13,9 @@ public typealias Platform = HeraldCore.Platform
 /// Why a notification left this device: `deleted`, `expired`, or `hidden`
 /// (retargeted away from it).
 public typealias RemovalReason = HeraldCore.DeleteReason
+/// The user's preferences (SPEC section 12): the same on every device.
+public typealias Preferences = HeraldCore.Preferences
+public typealias Channels = HeraldCore.Channels
 
 public enum ConnectionState: Sendable, Equatable {
     case connecting
@@ -32,6 +35,8 @@ extension HeraldClient {
         case reset([HeraldNotification])
         /// The gateway's unread count for this device.
         case unread(Int)
+        /// The user's preferences, saved on any device or brought by a reset.
+        case preferences(Preferences)
         case connection(ConnectionState)
         /// Something went wrong that the client handled (skipped a frame,
         /// will retry, stopped): for logs and diagnostics.

@@ -5,6 +5,9 @@ public struct Change: Sendable, Equatable {
     public enum Op: Sendable, Equatable {
         case upsert(Notification)
         case delete(id: String, appNotificationId: String, reason: DeleteReason)
+        /// A save of the user's preferences (SPEC section 12), `critical`
+        /// as the app's config named them then.
+        case preferences(Preferences)
     }
     public let seq: Int64
     public let op: Op
@@ -23,6 +26,9 @@ public struct Change: Sendable, Equatable {
             guard let id = o["id"]?.stringValue, let anid = o["appNotificationId"]?.stringValue,
                   let reason = o["reason"]?.stringValue.flatMap(DeleteReason.init(rawValue:)) else { return nil }
             self.init(seq: seq, op: .delete(id: id, appNotificationId: anid, reason: reason))
+        case "preferences":
+            guard let p = o["preferences"].flatMap(Preferences.init(json:)) else { return nil }
+            self.init(seq: seq, op: .preferences(p))
         default:
             return nil
         }
@@ -35,6 +41,8 @@ public struct Change: Sendable, Equatable {
         case .delete(let id, let anid, let reason):
             return ["seq": .int(seq), "op": "delete", "id": .string(id), "appNotificationId": .string(anid),
                     "reason": .string(reason.rawValue)]
+        case .preferences(let p):
+            return ["seq": .int(seq), "op": "preferences", "preferences": p.json]
         }
     }
 }
@@ -170,8 +178,11 @@ public struct ChangeRecord: Sendable {
 
     /// The encoded change `viewer` receives: the change itself, a `hidden`
     /// delete when an upsert retargeted away a notification the viewer could
-    /// see, or nil when the viewer may not see it at all.
+    /// see, or nil when the viewer may not see it at all. Preferences are
+    /// the user's, not a notification's: every device receives them, so
+    /// that every one shows the same switches (SPEC section 12).
     public func bytes(for viewer: Viewer) -> [UInt8]? {
+        if case .preferences = change.op { return encoded }
         if after?.targeting.admits(viewer) ?? false { return encoded }
         guard before?.targeting.admits(viewer) ?? false else { return nil }
         if case .upsert(let n) = change.op {

@@ -185,12 +185,13 @@ public struct StateUpdate: Sendable, Equatable {
         if let ifMatch { ifVersion = try Self.parseIfMatch(ifMatch) }
     }
 
-    /// `If-Match: "3"` (quotes optional).
-    public static func parseIfMatch(_ s: String) throws(HeraldError) -> Int64 {
+    /// `If-Match: "3"` (quotes optional); `lowest`: the first version
+    /// there is (preferences start at 0, unsaved).
+    public static func parseIfMatch(_ s: String, lowest: Int64 = 1) throws(HeraldError) -> Int64 {
         var t = Substring(s).trimmingSpaces
         if t.hasPrefix("W/") { t = t.dropFirst(2) }
         if t.count >= 2, t.first == "\"", t.last == "\"" { t = t.dropFirst().dropLast() }
-        guard !t.isEmpty, t.utf8.allSatisfy({ $0 >= 0x30 && $0 <= 0x39 }), let v = Int64(t), v >= 1 else {
+        guard !t.isEmpty, t.utf8.allSatisfy({ $0 >= 0x30 && $0 <= 0x39 }), let v = Int64(t), v >= lowest else {
             throw .badRequest("If-Match must be a version number such as \"3\"")
         }
         return v

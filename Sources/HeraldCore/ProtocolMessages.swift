@@ -155,11 +155,17 @@ public enum ServerFrame {
     }
 
     /// `notifications`: already encoded, spliced in as they are.
-    public static func reset(_ notifications: [[UInt8]], cursor: Int64, epoch: String, final: Bool) -> [UInt8] {
+    /// `preferences` (encoded) go in the final frame only (SPEC section 12).
+    public static func reset(_ notifications: [[UInt8]], cursor: Int64, epoch: String, final: Bool,
+                             preferences: [UInt8]) -> [UInt8] {
         var out = Array(#"{"type":"reset","notifications":"#.utf8)
         appendArray(notifications, to: &out)
         out.append(contentsOf: ",\"cursor\":\(cursor),\"epoch\":".utf8)
         JSON.encodeString(epoch, into: &out)
+        if final {
+            out.append(contentsOf: ",\"preferences\":".utf8)
+            out.append(contentsOf: preferences)
+        }
         out.append(contentsOf: ",\"final\":\(final)}".utf8)
         return out
     }

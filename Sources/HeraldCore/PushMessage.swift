@@ -111,6 +111,8 @@ public struct PushMessage: Sendable, Equatable {
         case .delete(let id, _, _):
             guard service != .webpush else { return nil }
             return PushMessage(kind: .tap, op: .delete, cursor: record.seq, epoch: epoch, notificationId: id, expiresAt: cap)
+        case .preferences:
+            return nil  // a save sends no push (SPEC section 12)
         }
     }
 

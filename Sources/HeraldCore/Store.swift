@@ -67,6 +67,10 @@ public protocol StoreReading: AnyObject {
     /// order, without repeats.
     func counts(_ user: UserKey) throws(StoreError) -> [TargetingCounts]
     func devices(_ user: UserKey) throws(StoreError) -> [Device]
+    /// The user's saved preferences (SPEC section 12), `Preferences.unsaved`
+    /// when none are; `critical` empty (the app's config has it). Read for
+    /// every publish: one lookup by the user's key, or the feed cache's.
+    func preferences(_ user: UserKey) throws(StoreError) -> Preferences
     /// The committed heads of the feeds of `users` (a user with no feed yet
     /// may be left out), read without taking locks: for comparing many
     /// followed feeds at once (`FeedAudit`).
@@ -189,6 +193,10 @@ public protocol NotificationStore: StoreLookups {
     func upsert(_ user: UserKey, _ n: Notification, previous: Notification?, at: Millis) throws(StoreError) -> ChangeRecord
     /// Removes `n` and appends a delete change with the user's next seq.
     func delete(_ user: UserKey, _ n: Notification, reason: DeleteReason, at: Millis) throws(StoreError) -> ChangeRecord
+    /// Saves `p` as the user's preferences (without its `critical`, which
+    /// the change carries) and appends a preferences change with the
+    /// user's next seq.
+    func savePreferences(_ user: UserKey, _ p: Preferences, at: Millis) throws(StoreError) -> ChangeRecord
 
     /// Notifications of `partition`'s users whose `deadline` falls by
     /// `until`, earliest first: each partition sweeps its own users, whose

@@ -13,17 +13,22 @@ public struct AppConfig: Sendable, Equatable {
     public let allowedOrigins: [String]
     /// The push services this app wakes devices through (SPEC section 10); nil: none.
     public let push: PushSettings?
+    /// Groups whose notifications reach the inbox and push whatever users
+    /// chose (SPEC section 12).
+    public let criticalGroups: [String]
 
-    public init(id: String, serverKeys: [String], tokenSecrets: [TokenSecret], allowedOrigins: [String] = [], push: PushSettings? = nil) {
+    public init(id: String, serverKeys: [String], tokenSecrets: [TokenSecret], allowedOrigins: [String] = [], push: PushSettings? = nil,
+                criticalGroups: [String] = []) {
         precondition(!serverKeys.isEmpty && !tokenSecrets.isEmpty, "app \(id) needs a server key and a token secret")
         self.id = id; self.serverKeys = serverKeys; self.tokenSecrets = tokenSecrets; self.allowedOrigins = allowedOrigins
-        self.push = push
+        self.push = push; self.criticalGroups = criticalGroups
     }
 
     /// One key and one secret without kid: the form without rotation.
-    public init(id: String, serverKey: String, tokenSecret: String, allowedOrigins: [String] = [], push: PushSettings? = nil) {
+    public init(id: String, serverKey: String, tokenSecret: String, allowedOrigins: [String] = [], push: PushSettings? = nil,
+                criticalGroups: [String] = []) {
         self.init(id: id, serverKeys: [serverKey], tokenSecrets: [TokenSecret(secret: tokenSecret)], allowedOrigins: allowedOrigins,
-                  push: push)
+                  push: push, criticalGroups: criticalGroups)
     }
 
     public var signingSecret: TokenSecret { tokenSecrets[0] }

@@ -13,6 +13,21 @@ public final class MemoryStore: NotificationStore {
         var order: [HistoryKey] = []
         /// Ascending seq.
         var changes: [ChangeRecord] = []
+        var preferences = Preferences.unsaved
+
+        /// Appends a change with the next seq.
+        mutating func append(_ op: Change.Op, before: Presence?, after: Presence?, at: Millis) -> ChangeRecord {
+            feed.head += 1
+            let r = ChangeRecord(change: Change(seq: feed.head, op: op), before: before, after: after, at: at)
+            changes.append(r)
+            return r
+        }
+
+        /// Undoes the last `append`.
+        mutating func removeLastChange() {
+            changes.removeLast()
+            feed.head -= 1
+        }
     }
 
     private var users: [UserKey: UserData] = [:]
@@ -114,10 +129,7 @@ public final class MemoryStore: NotificationStore {
         let old = users[user]?.byId[id]
         let r = { (d: inout UserData) -> ChangeRecord in
             Self.place(&d, id: id, n, old: old)
-            d.feed.head += 1
-            let r = ChangeRecord(change: Change(seq: d.feed.head, op: op), before: before, after: after, at: at)
-            d.changes.append(r)
-            return r
+            return d.append(op, before: before, after: after, at: at)
         }(&users[user, default: UserData()])
         if let n { noteDue(user, n) }
         // From what was stored, not from the caller's `before`: the counts
@@ -126,8 +138,7 @@ public final class MemoryStore: NotificationStore {
         count(user, deltas)
         onRollback { s in
             s.count(user, deltas.map(\.negated))
-            s.users[user]!.changes.removeLast()
-            s.users[user]!.feed.head -= 1
+            s.users[user]!.removeLastChange()
             Self.place(&s.users[user]!, id: id, old, old: n)
         }
         return r
@@ -156,6 +167,21 @@ public final class MemoryStore: NotificationStore {
     public func delete(_ user: UserKey, _ n: Notification, reason: DeleteReason, at: Millis) throws(StoreError) -> ChangeRecord {
         let op = Change.Op.delete(id: n.id, appNotificationId: n.appNotificationId, reason: reason)
         return write(user, id: n.id, nil, op, before: Presence(n), after: nil, at: at)
+    }
+
+    public func preferences(_ user: UserKey) throws(StoreError) -> Preferences { users[user]?.preferences ?? .unsaved }
+
+    public func savePreferences(_ user: UserKey, _ p: Preferences, at: Millis) throws(StoreError) -> ChangeRecord {
+        let old = users[user]?.preferences ?? .unsaved
+        let r = { (d: inout UserData) -> ChangeRecord in
+            d.preferences = p.with(critical: [])
+            return d.append(.preferences(p), before: nil, after: nil, at: at)
+        }(&users[user, default: UserData()])
+        onRollback { s in
+            s.users[user]!.removeLastChange()
+            s.users[user]!.preferences = old
+        }
+        return r
     }
 
     public func changes(_ user: UserKey, after: Int64, limit: Int) throws(StoreError) -> [ChangeRecord] {

@@ -27,6 +27,9 @@ struct PostgresFeedCache {
         /// budget, and a node whose notifications all expire in time would
         /// grow without bound.
         var known: [NotificationLookup: (notification: Notification, weight: Int)] = [:]
+        /// The user's preferences at `head`, when known (a save moves the
+        /// head like any change, so the head vouches for them too).
+        var preferences: Preferences?
         var weight = Self.baseWeight
         var used: UInt64 = 0
 
@@ -44,9 +47,19 @@ struct PostgresFeedCache {
             case .delete(let id, let appNotificationId, _):
                 unset(.id(user, id))
                 unset(.appNotificationId(user, appNotificationId))
+            case .preferences(let p):
+                know(p.with(critical: []))
             }
             head = r.seq
         }
+
+        /// About what `p` takes in memory.
+        mutating func know(_ p: Preferences) {
+            weight += Self.weight(p) - (preferences.map(Self.weight) ?? 0)
+            preferences = p
+        }
+
+        private static func weight(_ p: Preferences) -> Int { 64 + 64 * p.groups.count }
 
         private mutating func set(_ l: NotificationLookup, _ n: Notification, _ w: Int) {
             weight += w - (known.updateValue((n, w), forKey: l)?.weight ?? 0)
@@ -94,12 +107,20 @@ struct PostgresFeedCache {
         return (heads, known)
     }
 
+    /// The preferences known for `user` at `head`.
+    func preferences(_ user: UserKey, at head: Int64) -> Preferences? {
+        guard let e = entries[user], e.head == head else { return nil }
+        return e.preferences
+    }
+
     /// `user`'s feed was at `head` (read or checked under its lock) and then
-    /// took `records`, committed: this node's own transaction.
-    mutating func committed(_ user: UserKey, from head: Int64, _ records: [ChangeRecord]) {
+    /// took `records`, committed: this node's own transaction, which ended
+    /// with `preferences` when it read or saved them.
+    mutating func committed(_ user: UserKey, from head: Int64, _ records: [ChangeRecord], preferences: Preferences? = nil) {
         update(user) { e in
             if e?.head != head { e = Entry(head: head) }
             for r in records { Self.advance(&e, user, r) }
+            if let preferences { e?.know(preferences) }
         }
     }
 

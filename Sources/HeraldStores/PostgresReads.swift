@@ -188,6 +188,13 @@ struct PostgresReads {
                       push: try StoredForm.push(r.json(i, col + 5), isNull: r.isNull(i, col + 5), corrupt))
     }
 
+    func preferences(_ user: UserKey) throws(StoreError) -> Preferences {
+        let r = try db.query("SELECT preferences FROM preferences WHERE app = $1 AND user_id = $2", key(user))
+        guard r.count > 0 else { return .unsaved }
+        guard let p = r.json(0, 0).flatMap(Preferences.init(json:)) else { throw corrupt("preferences of \(user)") }
+        return p
+    }
+
     func devices(_ user: UserKey) throws(StoreError) -> [Device] {
         let r = try db.query("""
             SELECT \(Self.deviceColumns) FROM devices
@@ -291,6 +298,7 @@ final class PostgresStoreReader: StoreReader {
         try ready().history(user, after: after, limit: limit)
     }
     func counts(_ user: UserKey) throws(StoreError) -> [TargetingCounts] { try ready().counts(user) }
+    func preferences(_ user: UserKey) throws(StoreError) -> Preferences { try ready().preferences(user) }
     func devices(_ user: UserKey) throws(StoreError) -> [Device] { try ready().devices(user) }
     func next(_ deadline: Deadline) throws(StoreError) -> Millis? { try ready().next(deadline) }
     /// Outside `read` (ANALYZE refuses a read-only transaction).

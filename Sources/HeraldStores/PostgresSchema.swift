@@ -288,7 +288,20 @@ enum PostgresSchema {
         ALTER TABLE notifications ADD COLUMN snoozed_until bigint;
         CREATE INDEX notifications_wake ON notifications (snoozed_until) WHERE snoozed_until IS NOT NULL;
         """,
+        // 12: preferences (SPEC section 12).
+        preferencesMigration,
     ]
+
+    /// Preferences (SPEC section 12), as SQLite's version 13: one row per
+    /// user that saved any, their wire form without `critical`.
+    private static let preferencesMigration = """
+        CREATE TABLE preferences (
+            app         text NOT NULL,
+            user_id     text NOT NULL,
+            preferences text NOT NULL,
+            PRIMARY KEY (app, user_id)
+        );
+        """
 
     /// The versions an older node would misread: since version 3 a
     /// notification's JSON is in its change, and an older node's pruning
@@ -297,8 +310,9 @@ enum PostgresSchema {
     /// tables they never read; version 9 a table their writes keep too.
     /// Version 10: an older node's writes would leave `seen_state` and the
     /// unseen counts behind; version 11 `snoozed_until`, so a notification
-    /// it dismissed would still wake.
-    static let misreadByOlderNodes: Set<Int64> = [3, 10, 11]
+    /// it dismissed would still wake. Version 12: an older node cannot read
+    /// a feed holding a save of preferences.
+    static let misreadByOlderNodes: Set<Int64> = [3, 10, 11, 12]
 
     /// Migrates through a version of `misreadByOlderNodes` only once every
     /// node on the database has stopped (`herald_nodes`, from version 2).

@@ -63,6 +63,9 @@ public final class PostgresStore: NotificationStore {
     /// The open transaction's changes, per user, in seq order: a user's
     /// head when locked is `heads[user]` less their count.
     private var written: [UserKey: [ChangeRecord]] = [:]
+    /// Preferences of locked users as the open transaction has them: read
+    /// (from `cache` when it knows them at the locked head) or saved.
+    private var knownPreferences: [UserKey: Preferences] = [:]
     /// Feeds as last committed, which spare `claim` its reads (see there).
     private var cache: PostgresFeedCache
     /// The session `cache` was learned on (`PostgresConnection.sessions`).
@@ -128,7 +131,7 @@ public final class PostgresStore: NotificationStore {
         followSession()
         for (user, head) in heads {
             let records = written[user] ?? []
-            cache.committed(user, from: head - Int64(records.count), records)
+            cache.committed(user, from: head - Int64(records.count), records, preferences: knownPreferences[user])
         }
     }
 
@@ -152,6 +155,7 @@ public final class PostgresStore: NotificationStore {
         heads.removeAll()
         known.removeAll()
         written.removeAll()
+        knownPreferences.removeAll()
     }
 
     /// Another node committed `records` (from the bus): the cache follows.
@@ -410,6 +414,18 @@ public final class PostgresStore: NotificationStore {
 
     public func devices(_ user: UserKey) throws(StoreError) -> [Device] { try reading(user).devices(user) }
 
+    /// Inside a transaction: once per user, without a read when the cache
+    /// knows them at the head the user was locked at.
+    public func preferences(_ user: UserKey) throws(StoreError) -> Preferences {
+        if let p = knownPreferences[user] { return p }
+        let reads = try reading(user)
+        guard inTransaction, let head = heads[user] else { return try reads.preferences(user) }
+        var p = cache.preferences(user, at: head - Int64(written[user]?.count ?? 0))
+        if p == nil { p = try reads.preferences(user) }
+        knownPreferences[user] = p
+        return p!
+    }
+
     /// Committed registrations (and this transaction's), taking no locks.
     public func devices(of users: [UserKey]) throws(StoreError) -> [UserKey: [Device]] {
         try check()
@@ -612,6 +628,27 @@ public final class PostgresStore: NotificationStore {
                 ), \(Self.appendAndCount)
                 """, Self.appendParameters(user, r) + [.text(n.id)])
             remember(user, n, deleted: true)
+            written[user, default: []].append(r)
+            return r
+        }
+    }
+
+    public func savePreferences(_ user: UserKey, _ p: Preferences, at: Millis) throws(StoreError) -> ChangeRecord {
+        try write { () throws(StoreError) -> ChangeRecord in
+            let seq = try nextSeq(user)
+            let r = ChangeRecord(change: Change(seq: seq, op: .preferences(p)), before: nil, after: nil, at: at)
+            let saved = p.with(critical: [])
+            try db.send("""
+                WITH saved AS (
+                    INSERT INTO preferences (app, user_id, preferences) VALUES ($1, $2, $15)
+                    ON CONFLICT (app, user_id) DO UPDATE SET preferences = excluded.preferences
+                ), old AS (
+                    SELECT read_state, seen_state, user_action_state, count_platforms, count_tags, seq FROM notifications WHERE false
+                ), new AS (
+                    SELECT * FROM old
+                ), \(Self.appendAndCount)
+                """, Self.appendParameters(user, r) + [.null, .utf8(saved.json.encoded[...])])
+            if inTransaction { knownPreferences[user] = saved }
             written[user, default: []].append(r)
             return r
         }

@@ -130,6 +130,16 @@ struct SQLiteReads {
                       viewGeneration: r.int64(col + 4), push: try StoredForm.push(r.json(col + 5), isNull: r.isNull(col + 5), corrupt))
     }
 
+    func preferences(_ user: UserKey) throws(StoreError) -> Preferences {
+        var out = Preferences.unsaved
+        try db.query("SELECT preferences FROM preferences WHERE app = ? AND user = ?", [.text(user.app), .text(user.user)]) { r throws(StoreError) in
+            guard let p = r.json(0).flatMap(Preferences.init(json:)) else { throw corrupt("preferences of \(user)") }
+            out = p
+            return false
+        }
+        return out
+    }
+
     func devices(_ user: UserKey) throws(StoreError) -> [Device] {
         var out: [Device] = []
         try db.query("""
@@ -214,6 +224,7 @@ final class SQLiteStoreReader: StoreReader {
     }
     func counts(_ user: UserKey) throws(StoreError) -> [TargetingCounts] { try reads.counts(user) }
     func devices(_ user: UserKey) throws(StoreError) -> [Device] { try reads.devices(user) }
+    func preferences(_ user: UserKey) throws(StoreError) -> Preferences { try reads.preferences(user) }
     func pushDevices(of users: [UserKey]) throws(StoreError) -> [UserKey: [Device]] { try reads.pushDevices(of: users) }
     func next(_ deadline: Deadline) throws(StoreError) -> Millis? { try reads.next(deadline) }
 }

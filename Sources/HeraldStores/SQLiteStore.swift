@@ -44,7 +44,7 @@ public final class SQLiteStore: NotificationStore {
 
     /// The schema version this code writes; `migrations[v - 1]` brings a
     /// database from version `v - 1` to `v`.
-    public static let schemaVersion: Int64 = 12
+    public static let schemaVersion: Int64 = 13
 
     public let epoch: String
     public let path: String
@@ -399,7 +399,22 @@ public final class SQLiteStore: NotificationStore {
         ALTER TABLE notifications ADD COLUMN snoozed_until INTEGER;
         CREATE INDEX notifications_wake ON notifications (snoozed_until) WHERE snoozed_until IS NOT NULL;
         """,
+        // 13: preferences (SPEC section 12).
+        preferencesMigration,
     ]
+
+    /// Preferences (SPEC section 12), one row per user that saved any:
+    /// their wire form without `critical` (`Preferences.json`), read by
+    /// key for every publish. A save's change has no presence: every
+    /// device receives it (`ChangeRecord.bytes(for:)`).
+    private static let preferencesMigration = """
+        CREATE TABLE preferences (
+            app         TEXT NOT NULL,
+            user        TEXT NOT NULL,
+            preferences TEXT NOT NULL,
+            PRIMARY KEY (app, user)
+        ) WITHOUT ROWID;
+        """
 
     /// Brings the database to version `target` (internal for tests, which
     /// build files of older versions with it).
@@ -824,6 +839,19 @@ public final class SQLiteStore: NotificationStore {
             return r
         }
     }
+
+    public func savePreferences(_ user: UserKey, _ p: Preferences, at: Millis) throws(StoreError) -> ChangeRecord {
+        try write { () throws(StoreError) -> ChangeRecord in
+            let seq = try nextSeq(user, counting: [], replacing: nil)
+            try db.execute("INSERT OR REPLACE INTO preferences (app, user, preferences) VALUES (?, ?, ?)",
+                           [.text(user.app), .text(user.user), .utf8(p.with(critical: []).json.encoded[...])])
+            let r = ChangeRecord(change: Change(seq: seq, op: .preferences(p)), before: nil, after: nil, at: at)
+            try append(user, r, notificationId: nil)
+            return r
+        }
+    }
+
+    public func preferences(_ user: UserKey) throws(StoreError) -> Preferences { try check(); return try reads.preferences(user) }
 
     // MARK: Retention
 

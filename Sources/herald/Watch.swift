@@ -33,25 +33,69 @@ struct Watch {
         exit(0)
     }
 
-    /// The answer to one command line (`dismiss n_...`).
+    /// The answer to one command line (`dismiss n_...`, `prefs`).
     func answer(_ words: [String]) async -> JSONObject {
         var reply: JSONObject = ["reply": .string(words[0])]
+        if let prefs = PrefsCommand(words) {
+            return await answering(reply) { () async throws(HeraldClientError) in
+                ["preferences": try await preferences(prefs).json]
+            }
+        }
         guard let action = Self.action(words) else {
             reply["ok"] = false
-            reply["error"] = ["code": "bad_command",
-                              "message": "commands: read|unread|seen|activate|dismiss|snooze|delete ID, snooze ID UNTIL (RFC 3339 or +SECONDS), quit"]
+            reply["error"] = ["code": "bad_command", "message": .string(Self.usage)]
             return reply
         }
         reply["id"] = .string(words[1])
+        return await answering(reply) { () async throws(HeraldClientError) in
+            do {
+                return try await action(client, words[1]).map { ["notification": $0.json] } ?? [:]
+            } catch {
+                throw error as? HeraldClientError ?? .server(code: "internal", message: "\(error)")
+            }
+        }
+    }
+
+    static let usage = "commands: read|unread|seen|activate|dismiss|snooze|delete ID, snooze ID UNTIL (RFC 3339 or +SECONDS), "
+        + "prefs [GROUP inbox|push on|off], quit"
+
+    /// `reply` with `ok` and what `body` gives, or its error.
+    private func answering(_ reply: JSONObject, _ body: () async throws(HeraldClientError) -> JSONObject) async -> JSONObject {
+        var reply = reply
         do {
-            let n = try await action(client, words[1])
+            for (k, v) in try await body().pairs { reply[k] = v }
             reply["ok"] = true
-            if let n { reply["notification"] = n.json }
         } catch {
             reply["ok"] = false
-            reply["error"] = .object(Self.describe(error as? HeraldClientError ?? .server(code: "internal", message: "\(error)")))
+            reply["error"] = .object(Self.describe(error))
         }
         return reply
+    }
+
+    /// `prefs`, or `prefs GROUP inbox|push on|off`.
+    enum PrefsCommand {
+        case show
+        case set(group: String, Channel, Bool)
+
+        init?(_ words: [String]) {
+            guard words[0] == "prefs" else { return nil }
+            if words.count == 1 { self = .show; return }
+            guard words.count == 4, let channel = Channel(rawValue: words[2]), ["on", "off"].contains(words[3]) else { return nil }
+            self = .set(group: words[1], channel, words[3] == "on")
+        }
+    }
+
+    /// The user's preferences, after setting one group's channel if asked:
+    /// on the version read, so a save elsewhere meanwhile is refused, not lost.
+    private func preferences(_ command: PrefsCommand) async throws(HeraldClientError) -> Preferences {
+        let current = try await client.fetchPreferences()
+        guard case .set(let group, let channel, let on) = command else { return current }
+        var groups = current.groups
+        switch channel {
+        case .inbox: groups[group, default: Channels()].inbox = on
+        case .push: groups[group, default: Channels()].push = on
+        }
+        return try await client.savePreferences(groups: groups, ifVersion: current.version)
     }
 
     /// Throws `HeraldClientError` only (typed throws do not infer in these closures).
@@ -97,6 +141,8 @@ struct Watch {
             return ["event": "reset", "count": .int(Int64(all.count)), "ids": .array(all.map { .string($0.id) })]
         case .unread(let count):
             return ["event": "unread", "count": .int(Int64(count))]
+        case .preferences(let p):
+            return ["event": "preferences", "preferences": p.json]
         case .connection(let state):
             var o: JSONObject = ["event": "connection"]
             switch state {

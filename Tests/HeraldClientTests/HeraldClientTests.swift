@@ -342,6 +342,56 @@ final class HeraldClientTests: ClientTestCase {
     }
 }
 
+/// Preferences (SPEC section 12): saved on one device, held by every one.
+final class ClientPreferencesTests: ClientTestCase {
+    func testASaveOnOneDeviceReachesTheOthersStateEventsAndModel() async throws {
+        let gateway = try GatewayProcess()
+        defer { gateway.stop() }
+        let user = "noa-\(UUID().uuidString.prefix(8))"
+        let phone = try await client(gateway, user: user, device: "phone", file: "phone.db")
+        let laptop = try await client(gateway, user: user, device: "laptop", file: "laptop.db")
+        let log = EventLog()
+        try await log.startLive(phone, as: "phone")
+        try await log.startLive(laptop, as: "laptop")
+        let model = await MainActor.run { HeraldModel(client: laptop) }
+        try await log.eventually("both hold the unsaved ones from their reset") {
+            let (p, l) = (await phone.preferences, await laptop.preferences)
+            return p == .unsaved && l == .unsaved
+        }
+
+        let saved = try await phone.savePreferences(groups: ["ads": Channels(inbox: false)], ifVersion: 0)
+        XCTAssertEqual(saved.version, 1)
+        XCTAssertFalse(saved.allows(.inbox, group: "ads"))
+        try await log.eventually("the laptop holds the save") { await laptop.preferences == saved }
+        let events = await log.events(of: "laptop")
+        XCTAssertTrue(events.contains(.preferences(saved)), "an event says so")
+        try await model.until("the model shows it") { model.preferences == saved }
+        let fetched = try await laptop.fetchPreferences()
+        XCTAssertEqual(fetched, saved)
+
+        do {
+            try await laptop.savePreferences(groups: [:], ifVersion: 0)
+            XCTFail("a stale ifVersion was accepted")
+        } catch {
+            guard case .server(let code, _) = error else { return XCTFail("unexpected \(error)") }
+            XCTAssertEqual(code, "precondition_failed")
+        }
+        let after = try await phone.fetchPreferences()
+        XCTAssertEqual(after, saved, "nothing saved")
+        await phone.stop()
+        await laptop.stop()
+
+        // The state file keeps them: a resume (no reset) shows them at once.
+        let again = try await client(gateway, user: user, device: "laptop", file: "laptop.db")
+        try await log.startLive(again, as: "again")
+        let resumed = await again.preferences
+        XCTAssertEqual(resumed, saved)
+        let resumedEvents = await log.events(of: "again")
+        XCTAssertFalse(resumedEvents.contains { if case .reset = $0 { true } else { false } }, "resumed, not reset")
+        await again.stop()
+    }
+}
+
 /// HeraldModel: the client's state on the main actor, for SwiftUI.
 final class HeraldModelTests: ClientTestCase {
     func testTheModelMirrorsTheClientAndTellsItsObservers() async throws {

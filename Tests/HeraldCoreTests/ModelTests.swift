@@ -135,14 +135,17 @@ final class ServerFrameTests: XCTestCase {
     }
 
     func testResetWelcomeAckErrorCountsPongTokenExpiring() {
-        let r = parsed(ServerFrame.reset([Note.sample().json.encoded], cursor: 3, epoch: "E", final: true))
+        let r = parsed(ServerFrame.reset([Note.sample().json.encoded], cursor: 3, epoch: "E", final: true, preferences: Preferences.unsaved.json.encoded))
         XCTAssertEqual(r.keys.first, "type")
         XCTAssertEqual(r["type"], "reset")
         XCTAssertEqual(r["notifications"], [Note.sample().json])
         XCTAssertEqual(r["cursor"], .number("3"))
         XCTAssertEqual(r["epoch"], "E")
         XCTAssertEqual(r["final"], true)
-        XCTAssertEqual(parsed(ServerFrame.reset([], cursor: 0, epoch: "E", final: false))["final"], false)
+        XCTAssertEqual(r["preferences"], Preferences.unsaved.json, "the last frame of a reset carries the preferences")
+        let first = parsed(ServerFrame.reset([], cursor: 0, epoch: "E", final: false, preferences: Preferences.unsaved.json.encoded))
+        XCTAssertEqual(first["final"], false)
+        XCTAssertNil(first["preferences"], "only the last frame carries them")
 
         let w = parsed(ServerFrame.welcome(cursor: 8, epoch: "E.1", connectionId: "c-1", badge: Badge(unread: 4, unseen: 3)))
         XCTAssertEqual(w.keys, ["type", "cursor", "epoch", "connectionId", "unread", "unseen"])

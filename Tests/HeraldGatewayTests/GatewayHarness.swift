@@ -115,6 +115,10 @@ final class FailingStore: NotificationStore {
         if deadline == .expiry { expiringCalls.add(1, ordering: .relaxed) }
         return try inner.due(deadline, until: until, limit: limit, in: partition)
     }
+    func preferences(_ u: UserKey) throws(StoreError) -> Preferences { try inner.preferences(u) }
+    func savePreferences(_ u: UserKey, _ p: Preferences, at: Millis) throws(StoreError) -> ChangeRecord {
+        try inner.savePreferences(u, p, at: at)
+    }
     func next(_ deadline: Deadline) throws(StoreError) -> Millis? {
         try failIfDue(&failExpiryChecks)
         return try inner.next(deadline)
@@ -189,6 +193,7 @@ final class MemoryReader: StoreReader {
     func counts(_ u: UserKey) throws(StoreError) -> [TargetingCounts] { try store.counts(u) }
     func devices(_ u: UserKey) throws(StoreError) -> [Device] { try store.devices(u) }
     func next(_ deadline: Deadline) throws(StoreError) -> Millis? { try store.next(deadline) }
+    func preferences(_ u: UserKey) throws(StoreError) -> Preferences { try store.preferences(u) }
     func refreshPlannerStatistics() throws(StoreError) -> [String] { try store.refreshPlannerStatistics() }
 }
 

@@ -36,6 +36,7 @@ final class PostgresStoreConformanceTests: StoreConformanceTests {
     func testPushClaimedAsItIsRecorded() throws { try checkPushClaimedAsItIsRecorded() }
     func testDroppedAndRolledBackPushesLeaveNothing() throws { try checkDroppedAndRolledBackPushesLeaveNothing() }
     func testPendingPushesFollowEveryWrite() throws { try checkPendingPushesFollowEveryWrite() }
+    func testPreferencesSavedPerUserWithAChange() throws { try checkPreferencesSavedPerUserWithAChange() }
     func testTapsWaitOutTheirSpacing() throws { try checkTapsWaitOutTheirSpacing() }
     func testSharedTokensAreReplacedOnlyInPlaceOfTheOneRead() throws { try checkSharedTokensAreReplacedOnlyInPlaceOfTheOneRead() }
     func testHeadsOfManyFeeds() throws { try checkHeadsOfManyFeeds() }
@@ -566,7 +567,8 @@ final class PostgresStoreTests: XCTestCase {
 
     /// A batch whose users and notifications the node knows from its last
     /// commits reads nothing: BEGIN, the locks, the check of the heads, the
-    /// writes and COMMIT go out together.
+    /// writes and COMMIT go out together. Its users' preferences too, which
+    /// every publish reads (SPEC section 12).
     func testABatchOfWhatTheNodeKnowsCostsOneRoundTrip() throws {
         let store = try PostgresStore(url: database.url)
         _ = try store.upsert(alice, note("n_1"), previous: nil, at: t0)
@@ -575,6 +577,7 @@ final class PostgresStoreTests: XCTestCase {
             let before = store.db.roundTrips
             try store.begin()
             try store.claim([alice], lookups: [.id(alice, "n_1")])
+            XCTAssertEqual(try store.preferences(alice), .unsaved)
             let previous = try XCTUnwrap(store.notification(alice, id: "n_1"))
             XCTAssertEqual(previous, n)
             n.version += 1
@@ -729,17 +732,27 @@ final class PostgresStoreTests: XCTestCase {
             """)
     }
 
-    /// Turns a database of this version into what version 9 wrote: no
-    /// `seenState` in the stored JSON, no seen_state or unseen columns.
+    /// Turns a database of this version into what version 11 wrote: no
+    /// preferences (and no save of them in a feed).
+    func downgradeToVersion11(_ store: PostgresStore) throws {
+        try store.db.script("""
+            DROP TABLE preferences; DELETE FROM changes WHERE change LIKE '%"op":"preferences"%';
+            DELETE FROM herald_schema WHERE version >= 12;
+            """)
+    }
+
     /// Turns a database of this version into what version 10 wrote: no
     /// `snoozedUntil`, no wake index.
     func downgradeToVersion10(_ store: PostgresStore) throws {
+        try downgradeToVersion11(store)
         try store.db.script(withoutSnoozedUntilInTheStoredJSON + """
             DROP INDEX notifications_wake; ALTER TABLE notifications DROP COLUMN snoozed_until;
             DELETE FROM herald_schema WHERE version >= 11;
             """)
     }
 
+    /// Turns a database of this version into what version 9 wrote: no
+    /// `seenState` in the stored JSON, no seen_state or unseen columns.
     func downgradeToVersion9(_ store: PostgresStore) throws {
         try downgradeToVersion10(store)
         try store.db.script(withoutSeenStateInTheStoredJSON + """
@@ -791,28 +804,53 @@ final class PostgresStoreTests: XCTestCase {
         XCTAssertEqual(try store.notification(alice, id: "n_0"), note("n_0"))
     }
 
+    /// A store on the database `downgrade` takes back to `version`, which an
+    /// older node runs on: refused while its lease runs, then migrated to
+    /// the current version once it lapsed.
+    func upgradedOnceOlderNodesStopped(from version: Int64, _ downgrade: (PostgresStore) throws -> Void) throws -> PostgresStore {
+        do {
+            let store = try PostgresStore(url: database.url)
+            try downgrade(store)
+            _ = try store.renewLease(node: "old-node", millis: 60_000)
+        }
+        XCTAssertThrowsError(try PostgresStore(url: database.url)) { e in
+            XCTAssertTrue("\(e)".contains("running on this database at schema version \(version)"), "\(e)")
+        }
+        try PostgresConnection(url: database.url).execute("UPDATE herald_nodes SET lease_until = now() - interval '1 second'")
+        let store = try PostgresStore(url: database.url)
+        XCTAssertEqual(try store.db.query("SELECT max(version) FROM herald_schema").int64(0, 0), PostgresSchema.version)
+        return store
+    }
+
     /// Versions 4 to 9 only add what older nodes never use: they would
     /// roll while those run; version 10 (seen_state and the unseen counts,
     /// which older nodes' writes would leave behind) waits for them.
     func testAnUpgradeFromVersion3RollsWhileNodesRunUpToVersion10() throws {
         XCTAssertTrue(PostgresSchema.misreadByOlderNodes.isDisjoint(with: 4...9))
         XCTAssertTrue(PostgresSchema.misreadByOlderNodes.contains(10))
-        do {
-            let store = try PostgresStore(url: database.url)
+        let store = try upgradedOnceOlderNodesStopped(from: 3) { store in
             try downgradeToVersion4(store)
             try store.db.script("DROP FUNCTION herald_expect_heads; DELETE FROM herald_schema WHERE version >= 4")
-            _ = try store.renewLease(node: "old-node", millis: 60_000)
         }
-        XCTAssertThrowsError(try PostgresStore(url: database.url)) { e in
-            XCTAssertTrue("\(e)".contains("running on this database at schema version 3"), "\(e)")
-        }
-        try PostgresConnection(url: database.url).execute("UPDATE herald_nodes SET lease_until = now() - interval '1 second'")
-        let store = try PostgresStore(url: database.url)
-        XCTAssertEqual(try store.db.query("SELECT max(version) FROM herald_schema").int64(0, 0), PostgresSchema.version)
         _ = try store.upsert(alice, note("n_1"), previous: nil, at: t0)
         try store.begin()
         try store.claim([alice], lookups: [.id(alice, "n_1")])
         try store.commit()
+    }
+
+    /// Version 12 adds preferences, which an older node could not read in a
+    /// feed: the upgrade from 11 waits for every node to stop; then they
+    /// are saved and read as on a new database.
+    func testMigrationFromVersion11AddsPreferencesOnceEveryNodeStopped() throws {
+        XCTAssertTrue(PostgresSchema.misreadByOlderNodes.contains(12))
+        let store = try upgradedOnceOlderNodesStopped(from: 11) { store in
+            _ = try store.upsert(alice, note("n_0"), previous: nil, at: t0)
+            try downgradeToVersion11(store)
+        }
+        XCTAssertEqual(try store.preferences(alice), .unsaved)
+        let p = Preferences(groups: ["ads": Channels(inbox: false)], version: 1, updatedAt: t0)
+        XCTAssertEqual(try store.savePreferences(alice, p, at: t0).seq, 2)
+        XCTAssertEqual(try store.preferences(alice), p)
     }
 
     /// A database of version 2 keeps its rows' JSON; they read, change and

@@ -222,11 +222,19 @@ final class SQLiteStoreTests: XCTestCase {
             """)
     }
 
-    /// Turns a file of this version into what version 10 wrote: no
-    /// `seenState` in the stored JSON, no seen_state or unseen columns.
+    /// Turns a file of this version into what version 12 wrote: no
+    /// preferences (and no save of them in a feed).
+    func downgradeToVersion12(_ s: SQLiteStore) throws {
+        try s.db.script("""
+            DROP TABLE preferences; DELETE FROM changes WHERE json_extract(change, '$.op') = 'preferences';
+            PRAGMA user_version = 12;
+            """)
+    }
+
     /// Turns a file of this version into what version 11 wrote: no
     /// `snoozedUntil`, no wake index.
     func downgradeToVersion11(_ s: SQLiteStore) throws {
+        try downgradeToVersion12(s)
         try s.db.script(withoutSnoozedUntilInTheStoredJSON + """
             DROP INDEX notifications_wake; ALTER TABLE notifications DROP COLUMN snoozed_until;
             PRAGMA user_version = 11;
@@ -234,6 +242,8 @@ final class SQLiteStoreTests: XCTestCase {
         XCTAssertEqual(try s.db.int("SELECT count(*) FROM changes WHERE instr(change, 'snoozedUntil') > 0"), 0)
     }
 
+    /// Turns a file of this version into what version 10 wrote: no
+    /// `seenState` in the stored JSON, no seen_state or unseen columns.
     func downgradeToVersion10(_ s: SQLiteStore) throws {
         try downgradeToVersion11(s)
         try s.db.script(withoutSeenStateInTheStoredJSON + """
@@ -243,6 +253,24 @@ final class SQLiteStoreTests: XCTestCase {
             PRAGMA user_version = 10;
             """)
         XCTAssertEqual(try s.db.int("SELECT count(*) FROM changes WHERE instr(change, 'seenState') > 0"), 0)
+    }
+
+    /// Version 13 adds preferences: a file of version 12 keeps its feed,
+    /// and saves and reads them after.
+    func testMigrationFromVersion12AddsPreferences() throws {
+        do {
+            let s = try SQLiteStore(path: path)
+            _ = try s.upsert(alice, note("n_1", "a1"), previous: nil, at: t0)
+            try downgradeToVersion12(s)
+            s.close()
+        }
+        let s = try SQLiteStore(path: path)
+        XCTAssertEqual(try s.db.int("PRAGMA user_version"), 13)
+        XCTAssertEqual(try s.preferences(alice), .unsaved)
+        let p = Preferences(default: Channels(push: false), version: 1, updatedAt: t0)
+        XCTAssertEqual(try s.savePreferences(alice, p, at: t0).seq, 2)
+        XCTAssertEqual(try s.preferences(alice), p)
+        XCTAssertEqual(try s.notification(alice, id: "n_1")?.id, "n_1")
     }
 
     // MARK: Counts

@@ -624,6 +624,59 @@ class StoreConformanceTests: XCTestCase {
         XCTAssertEqual(try reader.read { r throws(StoreError) in try Reads(r, alice) }, expected)
     }
 
+    // MARK: Preferences (SPEC section 12)
+
+    /// Saved per user with a change of their own, which every device
+    /// receives; read back by every read path, inside a transaction too
+    /// (PostgreSQL: from its feed cache on a later one); undone by a rollback.
+    func checkPreferencesSavedPerUserWithAChange() throws {
+        XCTAssertEqual(try store.preferences(alice), .unsaved)
+        try publish(alice, note("n_1", "a1"))
+        let p1 = Preferences(default: Channels(push: false), groups: ["ads": Channels(inbox: false)],
+                             critical: ["security"], version: 1, updatedAt: Self.t0 + 5)
+        let r1 = try store.savePreferences(alice, p1, at: Self.t0 + 5)
+        XCTAssertEqual(r1.seq, 2)
+        XCTAssertEqual(r1.change.op, .preferences(p1), "the change carries critical as the save had it")
+        XCTAssertEqual(try store.preferences(alice), p1.with(critical: []), "the store keeps no critical")
+        XCTAssertEqual(try store.feed(alice).head, 2)
+        for other in [bob, aliceInApp2] {
+            XCTAssertEqual(try store.preferences(other), .unsaved, "\(other) is untouched")
+            XCTAssertEqual(try store.feed(other).head, 0)
+        }
+        let stored = try store.changes(alice, after: 1, limit: 10)
+        XCTAssertEqual(stored.count, 1)
+        assertSame(stored[0], r1)
+        let tablet = Viewer(userId: "alice", device: Device(deviceId: "tablet", platform: .android, tags: [], lastSeenAt: 0))
+        XCTAssertEqual(stored[0].bytes(for: tablet), r1.encoded, "no device is excluded from preferences")
+        XCTAssertEqual(stored[0].badgeDelta(for: tablet), .zero)
+
+        try store.begin()
+        try store.claim([alice])
+        XCTAssertEqual(try store.preferences(alice), p1.with(critical: []))
+        let p2 = Preferences(groups: [:], version: 2, updatedAt: Self.t0 + 6)
+        let r2 = try store.savePreferences(alice, p2, at: Self.t0 + 6)
+        XCTAssertEqual(try store.preferences(alice), p2, "the transaction reads its own save")
+        try store.commit()
+        XCTAssertEqual(r2.seq, 3)
+
+        try store.begin()
+        try store.claim([alice])
+        XCTAssertEqual(try store.preferences(alice), p2, "a later transaction reads the last save")
+        _ = try store.savePreferences(alice, Preferences(version: 3, updatedAt: Self.t0 + 7), at: Self.t0 + 7)
+        store.rollback()
+        XCTAssertEqual(try store.preferences(alice), p2, "a rollback undoes the save")
+        XCTAssertEqual(try store.feed(alice).head, 3, "and its seq")
+        try store.begin()
+        try store.claim([alice])
+        XCTAssertEqual(try store.preferences(alice), p2)
+        try store.commit()
+
+        if let reader = try store.makeReader() {
+            XCTAssertEqual(try reader.read { r throws(StoreError) in try r.preferences(alice) }, p2)
+            XCTAssertEqual(try reader.preferences(bob), .unsaved)
+        }
+    }
+
     /// Heads of many feeds at once (the feed audit's read), also past one
     /// statement's 500 users and through a reader.
     func checkHeadsOfManyFeeds() throws {
@@ -981,6 +1034,7 @@ final class MemoryStoreConformanceTests: StoreConformanceTests {
     func testSharedTokensAreReplacedOnlyInPlaceOfTheOneRead() throws { try checkSharedTokensAreReplacedOnlyInPlaceOfTheOneRead() }
     func testHeadsOfManyFeeds() throws { try checkHeadsOfManyFeeds() }
     func testDevicesOfManyUsers() throws { try checkDevicesOfManyUsers() }
+    func testPreferencesSavedPerUserWithAChange() throws { try checkPreferencesSavedPerUserWithAChange() }
 }
 
 final class SQLiteStoreConformanceTests: StoreConformanceTests {
@@ -1019,6 +1073,7 @@ final class SQLiteStoreConformanceTests: StoreConformanceTests {
     func testSharedTokensAreReplacedOnlyInPlaceOfTheOneRead() throws { try checkSharedTokensAreReplacedOnlyInPlaceOfTheOneRead() }
     func testHeadsOfManyFeeds() throws { try checkHeadsOfManyFeeds() }
     func testDevicesOfManyUsers() throws { try checkDevicesOfManyUsers() }
+    func testPreferencesSavedPerUserWithAChange() throws { try checkPreferencesSavedPerUserWithAChange() }
 
     override func tearDown() {
         super.tearDown()

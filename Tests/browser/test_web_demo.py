@@ -52,6 +52,7 @@ for (const key of arguments[0]) {
     status: s.dataset.status,
     transport: s.dataset.transport,
     unread: Number(p.querySelector('[data-testid="unread"]').textContent),
+    muted: p.querySelector('[data-testid="mute-marketing"]').checked,
     items: [...p.querySelectorAll('[data-testid="notification"]')].map((li) => ({
       id: li.dataset.id,
       state: li.dataset.state,
@@ -95,8 +96,10 @@ def click(d, key: str, nid: str, button: str) -> None:
     d.find_element("css selector", sel).click()
 
 
-def publish(d, title: str, body: str, priority: str = "normal", app_id: str = "") -> None:
+def publish(d, title: str, body: str, priority: str = "normal", app_id: str = "", group: str = "builds") -> str:
+    """Publishes through the page's form; answers what it says of the publish."""
     f = lambda tid: d.find_element("css selector", f'[data-testid="{tid}"]')  # noqa: E731
+    d.find_element("css selector", f'[data-testid="publish-group"] option[value="{group}"]').click()
     for tid, value in (("publish-title", title), ("publish-body", body), ("publish-app-id", app_id)):
         f(tid).clear()
         if value:
@@ -112,6 +115,7 @@ def publish(d, title: str, body: str, priority: str = "normal", app_id: str = ""
         time.sleep(0.05)
     cls = f("publish-result").get_attribute("class")
     assert "ok" in cls.split(), f"publish failed: {f('publish-result').text!r}"
+    return f("publish-result").text
 
 
 def all_live(state: dict) -> bool:
@@ -271,3 +275,23 @@ def test_second_tab_is_another_set_of_devices(gateway, driver):
     click(d, "laptop", nid, "delete")
     d.switch_to.window(tab2)
     wait_for(d, "tab 2 shows it deleted", lambda s: all(item(s, k, id=nid) is None for k in PANELS))
+
+
+def test_muting_a_group_on_one_device_shows_on_every_device_and_keeps_it_out(gateway, driver):
+    """The preferences switch (SPEC section 12): muted on the Watch (long-poll),
+    every panel's switch follows; a publish of the muted group reaches none,
+    another group's reaches all; unmuted on the Laptop, it goes in again."""
+    d = driver
+    d.get(f"{gateway}/?user=prefs-user")
+    wait_for(d, "all three devices live", lambda s: all_live(s) and s)
+    d.find_element("css selector", '[data-testid="device-watch"] [data-testid="mute-marketing"]').click()
+    wait_for(d, "muted on every device", lambda s: all(s[k]["muted"] for k in PANELS))
+    said = publish(d, "Spring sale", "20% off", group="marketing")
+    assert "Not delivered" in said, said
+    publish(d, "Build green", "all tests pass", group="builds")
+    wait_for(d, "the build on every device", lambda s: all(item(s, k, title="Build green") for k in PANELS))
+    assert all(item(panels(d), k, title="Spring sale") is None for k in PANELS)
+    d.find_element("css selector", '[data-testid="device-laptop"] [data-testid="mute-marketing"]').click()
+    wait_for(d, "unmuted on every device", lambda s: not any(s[k]["muted"] for k in PANELS))
+    publish(d, "Summer sale", "30% off", group="marketing")
+    wait_for(d, "the sale on every device", lambda s: all(item(s, k, title="Summer sale") for k in PANELS))

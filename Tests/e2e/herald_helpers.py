@@ -84,6 +84,18 @@ def complete_lines(gw: "Gateway") -> list[str]:
     return gw.stderr_path.read_text().split("\n")[:-1]
 
 
+def refused_start(config: dict, folder: Path) -> str:
+    """`herald serve` with `config`, which must stop it at start with one
+    line on stderr and status 2 (a bad config key); answers that line."""
+    path = folder / "herald.json"
+    path.write_text(json.dumps(config))
+    r = subprocess.run([herald_binary(), "serve", "--store", "memory", "--port", "0", "--config", path],
+                       capture_output=True, timeout=30)
+    lines = r.stderr.decode().splitlines()
+    assert (r.returncode, len(lines)) == (2, 1), r.stderr
+    return lines[0]
+
+
 def reload(gw: "Gateway", config) -> str:
     """Writes `config` (a dict, or raw text) over the gateway's config file
     and sends SIGHUP; answers the log line that ends the reload (done, or
@@ -243,9 +255,24 @@ def check_change(c: dict) -> dict:
         assert isinstance(c.get("id"), str), c
         assert isinstance(c.get("appNotificationId"), str), c
         assert c.get("reason") in ("deleted", "expired", "hidden"), c
+    elif c.get("op") == "preferences":
+        check_preferences(c.get("preferences"))
     else:
-        raise AssertionError(f"change op is neither upsert nor delete: {c}")
+        raise AssertionError(f"change op is not upsert, delete or preferences: {c}")
     return c
+
+
+def check_preferences(p: dict) -> dict:
+    """SPEC section 12's shape: both default channels, groups, critical, version, updatedAt."""
+    assert isinstance(p, dict) and set(p) == {"default", "groups", "critical", "version", "updatedAt"}, p
+    assert set(p["default"]) == {"inbox", "push"} and all(isinstance(v, bool) for v in p["default"].values()), p
+    for g in p["groups"].values():
+        assert set(g) <= {"inbox", "push"} and all(isinstance(v, bool) for v in g.values()), p
+    assert isinstance(p["version"], int) and p["version"] >= 0, p
+    assert (p["updatedAt"] is None) == (p["version"] == 0), p
+    if p["updatedAt"] is not None:
+        assert TIME_RE.match(p["updatedAt"]), p
+    return p
 
 
 def change_anid(c: dict) -> str:

@@ -214,7 +214,9 @@ def test_openapi_fuzz(gateway_factory, tmp_path, store):
                "GET /v1/me/events", "PUT /v1/me/devices/{deviceId}", "DELETE /v1/me/devices/{deviceId}",
                "GET /v1/apps/{app}/users/{user}/notifications", "GET /v1/apps/{app}/users/{user}/devices",
                "POST /v1/apps/{app}/users/{user}/notifications", "POST /v1/apps/{app}/notifications",
-               "POST /v1/me/notifications/read-all", "GET /v1/me/counts", "GET /{file}"):
+               "POST /v1/me/notifications/read-all", "GET /v1/me/counts", "GET /{file}",
+               "GET /v1/me/preferences", "PUT /v1/me/preferences",
+               "GET /v1/apps/{app}/users/{user}/preferences", "PUT /v1/apps/{app}/users/{user}/preferences"):
         assert any(200 <= s < 300 for s in statuses[op]), f"{op} never succeeded: {dict(statuses[op])}"
 
 

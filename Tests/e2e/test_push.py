@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from herald_helpers import APPS, Gateway, complete_lines, herald_binary, reload, uid, uid_in, wait_until
+from herald_helpers import APPS, Gateway, complete_lines, herald_binary, refused_start, reload, uid, uid_in, wait_until
 from push_standins import APNsStandIn, FCMStandIn, Outcome, WebPushStandIn, pem_private
 
 APP = "app.one"
@@ -73,13 +73,7 @@ def apns_handle(token: str) -> dict:
 def test_a_bad_tap_interval_stops_the_start_with_one_line(services, vapid_file, tmp_path, value):
     cfg = push_config(*services, vapid_file)
     cfg["apps"][0]["push"]["tapIntervalSeconds"] = value
-    path = tmp_path / "herald.json"
-    path.write_text(json.dumps(cfg))
-    r = subprocess.run([herald_binary(), "serve", "--store", "memory", "--port", "0", "--config", path],
-                       capture_output=True, timeout=30)
-    lines = r.stderr.decode().splitlines()
-    assert (r.returncode, len(lines)) == (2, 1), r.stderr
-    assert "push.tapIntervalSeconds must be a whole number from 0 to 3600" in lines[0]
+    assert "push.tapIntervalSeconds must be a whole number from 0 to 3600" in refused_start(cfg, tmp_path)
 
 
 def test_taps_to_one_device_go_the_tap_interval_apart(gateway_factory, services, vapid_file):

@@ -150,3 +150,31 @@ def test_a_token_file_is_read_again_when_the_token_runs_out(herald_bin, gateway,
         assert got == {"event": "upserted", "notification": n}
     finally:
         watch.stop()
+
+
+def test_watch_prefs_shows_and_saves_the_users_preferences(herald_bin, gateway, user, tmp_path):
+    """`prefs` answers the user's preferences; `prefs GROUP CHANNEL on|off`
+    saves one switch, which reaches the user's other device and comes back
+    to the watch as a `preferences` event (SPEC section 12)."""
+    laptop, _, _ = gateway.connect(user, "laptop", platform="web")
+    watch = Watch(herald_bin, gateway, gateway.token(user), "terminal", tmp_path / "watch.db")
+    try:
+        with laptop:
+            watch.expect(lambda l: l.get("event") == "connection" and l.get("state") == "live", "live")
+            watch.send("prefs")
+            reply = watch.expect(lambda l: "reply" in l, "the prefs answer")
+            assert reply["ok"] is True and reply["preferences"]["version"] == 0, reply
+            watch.send("prefs marketing inbox off")
+            reply = watch.expect(lambda l: "reply" in l, "the save's answer")
+            assert reply["ok"] is True and reply["preferences"]["groups"] == {"marketing": {"inbox": False}}, reply
+            [c], _ = laptop.expect_changes(1)
+            assert c["op"] == "preferences" and c["preferences"] == reply["preferences"]
+            watch.expect(lambda l: l.get("event") == "preferences" and l["preferences"] == reply["preferences"],
+                         "the save as an event", earlier=True)
+            r = gateway.publish_raw(user, {"appNotificationId": "ad", "payload": {}, "groupName": "marketing"})
+            assert r.json()["suppressed"] == "preferences"
+            watch.send("prefs marketing sms on")
+            reply = watch.expect(lambda l: "reply" in l, "the bad prefs answer")
+            assert reply["ok"] is False and reply["error"]["code"] == "bad_command", reply
+    finally:
+        watch.stop()

@@ -4,16 +4,39 @@ import HeraldCore
 /// writes go through the batch's `FeedTransaction`, which records what
 /// each leaves to do after the commit.
 extension Engine {
+    /// What a publish did to one user's feed.
+    enum Published {
+        case saved(WriteAnswer, created: Bool)
+        /// The user keeps the draft's group out of the inbox (SPEC section
+        /// 12): nothing was created or changed.
+        case suppressed
+    }
+
     /// Creates or replaces the notification with the draft's
-    /// appNotificationId (SPEC section 3).
+    /// appNotificationId (SPEC section 3), unless the user's preferences
+    /// keep its group out of the inbox.
     func upsertNotification(_ user: UserKey, _ draft: NotificationDraft, now: Millis) throws(StoreError)
-        -> Result<(WriteAnswer, created: Bool), HeraldError>
+        -> Result<Published, HeraldError>
     {
         let existing = try reads.notification(user, appNotificationId: draft.appNotificationId)
         let n: Notification
         do { n = try draft.notification(replacing: existing, userId: user.user, now: now) } catch { return .failure(error) }
+        guard try push.preferences(user, in: reads).allows(.inbox, group: n.groupName) else { return .success(.suppressed) }
         let r = try tx.upsert(user, n, previous: existing, at: now, published: true)
-        return .success((WriteAnswer(r), existing == nil))
+        return .success(.saved(WriteAnswer(r), created: existing == nil))
+    }
+
+    /// `PUT .../preferences` (SPEC section 12): the preferences saved, as
+    /// answers show them, and the save's seq.
+    func savePreferences(_ user: UserKey, _ update: PreferencesUpdate, now: Millis) throws(StoreError)
+        -> Result<(Preferences, seq: Int64), HeraldError>
+    {
+        let saved = try push.preferences(user, in: reads)
+        if let v = update.ifVersion, v != saved.version {
+            return .failure(HeraldError(.preconditionFailed, "the preferences are at version \(saved.version), not \(v)"))
+        }
+        let p = update.applied(to: saved, now: now)
+        return .success((p, try tx.savePreferences(user, p, at: now).seq))
     }
 
     /// The users of this partition that an app-wide send by tags reaches:
@@ -26,19 +49,23 @@ extension Engine {
 
     /// One notification per user of this partition's share of the
     /// audience (SPEC section 3, bulk send): `named`, or when nil those the
-    /// send's tag expression finds here.
+    /// send's tag expression finds here; how many got one (a user whose
+    /// preferences keep its group out of the inbox is not counted).
     func bulkSend(app: String, _ send: BulkSend, to named: [UserKey]?, now: Millis) throws(StoreError) -> Result<Int, HeraldError> {
         var users = named ?? []
         if named == nil, case .tags(let expr) = send.audience {
             users = try audience(app: app, matching: expr)
             try tx.claim(users)  // those found by tags, in the shared order
         }
+        var reached = 0
         for u in users {
-            if case .failure(let err) = try upsertNotification(u, send.draft, now: now) {
-                return .failure(err)
+            switch try upsertNotification(u, send.draft, now: now) {
+            case .failure(let err): return .failure(err)
+            case .success(.saved): reached += 1
+            case .success(.suppressed): break
             }
         }
-        return .success(users.count)
+        return .success(reached)
     }
 
     func updateState(_ user: UserKey, id: String, _ u: StateUpdate, viewer: Viewer, now: Millis) throws(StoreError)

@@ -47,29 +47,34 @@ extension StoreReading {
         }
     }
 
-    /// The next page of a catch-up (see `Subscription`), read in one snapshot.
-    func catchUpPage(_ user: UserKey, viewer: Viewer, epoch: String, step: CatchUpStep, bounds: PageBounds) throws(StoreError) -> CatchUpPage {
+    /// The next page of a catch-up (see `Subscription`), read in one
+    /// snapshot; `critical`: the app's critical groups, for a reset's preferences.
+    func catchUpPage(_ user: UserKey, viewer: Viewer, epoch: String, step: CatchUpStep, bounds: PageBounds,
+                     critical: [String]) throws(StoreError) -> CatchUpPage {
         let feed = try feed(user)
+        func reset(after: HistoryKey?, head: Int64) throws(StoreError) -> CatchUpPage {
+            .reset(try resetPage(user, viewer: viewer, after: after, head: head, bounds: bounds, critical: critical))
+        }
         switch step {
         case .begin(let position):
-            guard let cursor = position.resumable(in: feed, epoch: epoch) else {
-                return .reset(try resetPage(user, viewer: viewer, after: nil, head: feed.head, bounds: bounds))
-            }
+            guard let cursor = position.resumable(in: feed, epoch: epoch) else { return try reset(after: nil, head: feed.head) }
             return .changes(try changesPage(user, viewer: viewer, after: cursor, feed: feed, bounds: bounds))
         case .changes(let after):
             // Retention overtook a slow catch-up: start over with a reset.
-            guard feed.accepts(cursor: after) else {
-                return .reset(try resetPage(user, viewer: viewer, after: nil, head: feed.head, bounds: bounds))
-            }
+            guard feed.accepts(cursor: after) else { return try reset(after: nil, head: feed.head) }
             return .changes(try changesPage(user, viewer: viewer, after: after, feed: feed, bounds: bounds))
         case .reset(let after, let cursor):
-            return .reset(try resetPage(user, viewer: viewer, after: after, head: cursor, bounds: bounds))
+            return try reset(after: after, head: cursor)
         }
     }
 
-    private func resetPage(_ user: UserKey, viewer: Viewer, after: HistoryKey?, head: Int64, bounds: PageBounds) throws(StoreError) -> ResetPage {
+    /// Every page carries the preferences, for whichever page is the last
+    /// its transport sends (SPEC section 12): one lookup by key.
+    private func resetPage(_ user: UserKey, viewer: Viewer, after: HistoryKey?, head: Int64, bounds: PageBounds,
+                           critical: [String]) throws(StoreError) -> ResetPage {
         let page = try historyPage(user, viewer: viewer, after: after, limit: bounds.items, maxBytes: bounds.bytes)
-        return ResetPage(notifications: page.notifications, next: page.next, cursor: head)
+        return ResetPage(notifications: page.notifications, next: page.next, cursor: head,
+                         preferences: try preferences(user).with(critical: critical).json.encoded)
     }
 
     /// Visible changes after `after`, up to the bounds; `complete` when they
@@ -189,6 +194,8 @@ struct ResetPage: Sendable {
     var next: HistoryKey?
     /// The feed position the whole reset brings the client to.
     var cursor: Int64
+    /// The user's preferences, encoded, as of this page's snapshot.
+    var preferences: [UInt8]
 }
 
 struct ChangesPage: Sendable {

@@ -60,14 +60,14 @@ final class FeedTransaction: BatchTransaction {
     func upsert(_ user: UserKey, _ n: Notification, previous: Notification?, at now: Millis,
                 published: Bool = false) throws(StoreError) -> ChangeRecord {
         let r = try store.upsert(user, n, previous: previous, at: now)
-        changed(user, r, published: published)
+        changed(user, r, group: n.groupName, published: published)
         if published { self.published += 1 }
         return r
     }
 
     func delete(_ user: UserKey, _ n: Notification, reason: DeleteReason, at now: Millis) throws(StoreError) -> ChangeRecord {
         let r = try store.delete(user, n, reason: reason, at: now)
-        changed(user, r, published: false)
+        changed(user, r, group: n.groupName, published: false)
         return r
     }
 
@@ -75,15 +75,25 @@ final class FeedTransaction: BatchTransaction {
     /// device that is not connected gets the push a new one gets.
     func wake(_ user: UserKey, _ n: Notification, at now: Millis) throws(StoreError) -> ChangeRecord {
         let r = try store.upsert(user, n.woken(at: now), previous: n, at: now)
-        changed(user, r, published: true)
+        changed(user, r, group: n.groupName, published: true)
         return r
     }
 
-    /// `published`: pushed as a new notification is (an alert where the app configures one).
-    private func changed(_ user: UserKey, _ r: ChangeRecord, published: Bool) {
+    /// Saves `p` as `user`'s preferences with a new change, which every
+    /// device of the user receives; a save sends no push (SPEC section 12).
+    func savePreferences(_ user: UserKey, _ p: Preferences, at now: Millis) throws(StoreError) -> ChangeRecord {
+        thread.preconditionCurrent()
+        let r = try store.savePreferences(user, p, at: now)
+        effects.append(.deliver(user, r))
+        return r
+    }
+
+    /// `group`: whose push preferences apply; `published`: pushed as a new
+    /// notification is (an alert where the app configures one).
+    private func changed(_ user: UserKey, _ r: ChangeRecord, group: String?, published: Bool) {
         thread.preconditionCurrent()
         effects.append(.deliver(user, r))
-        push.note(user, r, published: published)
+        push.note(user, r, group: group, published: published)
     }
 
     /// Notifications whose `deadline` fell, locked for this transaction's writes.

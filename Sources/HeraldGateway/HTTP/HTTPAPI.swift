@@ -100,8 +100,30 @@ extension Gateway {
         try admitPublishes(user.app, 1)
         let clock = self.clock
         c.x.write(user, [.appNotificationId(user, draft.appNotificationId)]) { e throws(StoreError) in
-            try e.upsertNotification(user, draft, now: clock.now()).map { (answer, created) in
-                HTTPResponse(status: created ? 201 : 200, body: answer.httpBody)
+            try e.upsertNotification(user, draft, now: clock.now()).map { published in
+                switch published {
+                case .saved(let answer, let created): HTTPResponse(status: created ? 201 : 200, body: answer.httpBody)
+                case .suppressed: .json(200, ["notification": .null, "seq": .null, "suppressed": "preferences"])
+                }
+            }
+        }
+    }
+
+    /// `GET .../preferences` (SPEC section 12), of a device's user or by its app's server.
+    func preferences(_ c: Call, _ user: UserKey) {
+        let critical = apps[user.app]?.criticalGroups ?? []
+        c.x.read(user, nil) { s, _ throws(StoreError) in
+            .success(.json(200, ["preferences": try s.preferences(user).with(critical: critical).json]))
+        }
+    }
+
+    /// `PUT .../preferences` (SPEC section 12).
+    func savePreferences(_ c: Call, _ user: UserKey) throws(HeraldError) {
+        let update = try PreferencesUpdate(bytes: c.req.body, ifMatch: c.req.headers["if-match"])
+        let clock = self.clock
+        c.x.write(user) { e throws(StoreError) in
+            try e.savePreferences(user, update, now: clock.now()).map { p, seq in
+                .json(200, ["preferences": p.json, "seq": .int(seq)])
             }
         }
     }

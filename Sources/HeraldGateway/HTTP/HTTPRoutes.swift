@@ -151,7 +151,17 @@ final class Route: Sendable {
                     one("DELETE") { g, c, user, device throws(HeraldError) in try g.deleteNotification(c, user, device) }]
         }
 
-        /// SPEC sections 2-4, 6 and 10, as docs/openapi.yaml names them.
+        /// Preferences' routes (SPEC section 12), by a user's server or by a
+        /// device of the user (whose name changes nothing: they are the user's).
+        static func preferences(server: Bool) -> [Route] {
+            func one(_ method: String, _ h: @escaping @Sendable (Gateway, Gateway.Call, UserKey) throws(HeraldError) -> Void) -> Route {
+                server ? Route(method, .user(h)) : Route(method, .device(namesDevice: false) { g, c, d throws(HeraldError) in try h(g, c, d.user) })
+            }
+            return [one("GET") { g, c, user in g.preferences(c, user) },
+                    one("PUT") { g, c, user throws(HeraldError) in try g.savePreferences(c, user) }]
+        }
+
+        /// SPEC sections 2-4, 6, 10 and 12, as docs/openapi.yaml names them.
         /// The first match wins: `read-all` and `seen-all` before the notification ids.
         static let all: [Path] = [
             Path("healthz", [Route("GET", .open { g, c in g.health(c) })]),
@@ -169,6 +179,7 @@ final class Route: Sendable {
             Path("v1/me/notifications/read-all", [Route("POST", .device { g, c, d in g.readAll(c, d) })]),
             Path("v1/me/notifications/seen-all", [Route("POST", .device { g, c, d in g.seenAll(c, d) })]),
             Path("v1/me/notifications/{id}", notification(server: false)),
+            Path("v1/me/preferences", preferences(server: false)),
             Path("v1/me/devices/{deviceId}",
                  [Route("PUT", .device(namesDevice: false) { g, c, d throws(HeraldError) in try g.registerDevice(c, d) }),
                   Route("DELETE", .device(namesDevice: false) { g, c, d throws(HeraldError) in try g.deleteDevice(c, d) })]),
@@ -179,6 +190,7 @@ final class Route: Sendable {
                   Route("POST", .user { g, c, user throws(HeraldError) in try g.publish(c, user) })]),
             Path("v1/apps/{app}/users/{user}/devices", [Route("GET", .user { g, c, user in g.listDevices(c, user) })]),
             Path("v1/apps/{app}/users/{user}/notifications/{id}", notification(server: true)),
+            Path("v1/apps/{app}/users/{user}/preferences", preferences(server: true)),
             Path("v1/apps/{app}/users/{user}/devices/{deviceId}",
                  [Route("PUT", .user { g, c, user throws(HeraldError) in try g.registerDevice(c, user) }),
                   Route("DELETE", .user { g, c, user throws(HeraldError) in try g.deleteDevice(c, user) })]),

@@ -27,6 +27,9 @@ import HeraldPorts
 final class PushDispatch {
     /// Apps' push settings by app id, swapped whole by a reload.
     let settings = Locked<[String: PushSettings]>([:])
+    /// Apps' critical groups (SPEC section 12) by app id, swapped whole by a
+    /// reload: the engine's one view of them.
+    private let criticalGroups = Locked<[String: [String]]>([:])
     /// Set once before the engine starts (`connect`); nil: pushes are recorded, not sent.
     private(set) var transport: PushTransport?
     /// This partition's share of what the transport takes at once.
@@ -54,8 +57,16 @@ final class PushDispatch {
 
     static func outlives(_ m: PushMessage, at t: Millis) -> Bool { m.expiresAt - t >= minLifetime }
 
+    /// `app`'s critical groups, as its config in force names them.
+    func critical(_ app: String) -> [String] { criticalGroups.withLock { $0[app] ?? [] } }
+
+    /// `user`'s preferences as they apply now: the store's, with the app's critical groups.
+    func preferences(_ user: UserKey, in reads: StoreLookups) throws(StoreError) -> Preferences {
+        try reads.preferences(user).with(critical: critical(user.app))
+    }
+
     // Engine thread only.
-    private var candidates: [(user: UserKey, record: ChangeRecord, published: Bool)] = []
+    private var candidates: [(user: UserKey, record: ChangeRecord, group: String?, published: Bool)] = []
     /// Claimed by this node and not yet answered, counting those the open
     /// batch claimed (given back if it rolls back).
     private var inFlight = 0
@@ -80,15 +91,17 @@ final class PushDispatch {
     func configure(_ apps: [AppConfig]) {
         let pushing = apps.compactMap { a in a.push.map { (a.id, $0) } }
         settings.withLock { $0 = Dictionary(pushing, uniquingKeysWith: { _, last in last }) }
+        criticalGroups.withLock { $0 = Dictionary(apps.map { ($0.id, $0.criticalGroups) }, uniquingKeysWith: { _, last in last }) }
         if !pushing.isEmpty { metrics.enabled.store(true, ordering: .relaxed) }
     }
 
     // MARK: Recording (inside the batch's transaction)
 
-    /// A change of `user` committing in this batch (`FeedTransaction`).
-    func note(_ user: UserKey, _ record: ChangeRecord, published: Bool) {
+    /// A change of `user` committing in this batch (`FeedTransaction`), to
+    /// a notification of `group`.
+    func note(_ user: UserKey, _ record: ChangeRecord, group: String?, published: Bool) {
         guard settings.withLock({ $0.keys.contains(user.app) }) else { return }
-        candidates.append((user, record, published))
+        candidates.append((user, record, group, published))
     }
 
     func rolledBack() { candidates.removeAll() }
@@ -106,9 +119,17 @@ final class PushDispatch {
         let all = settings.withLock { $0 }
         let now = clock.now()
         var order: [UserKey] = [], byUser: [UserKey: [(record: ChangeRecord, published: Bool)]] = [:]
+        // Preferences as this transaction has them, read once per user with
+        // a handle: a group kept from push sends nothing (SPEC section 12).
+        var preferences: [UserKey: Preferences] = [:]
         for c in candidates where holders[c.user] != nil {
-            if byUser[c.user] == nil { order.append(c.user) }
-            byUser[c.user, default: []].append((c.record, c.published))
+            if byUser[c.user] == nil {
+                order.append(c.user)
+                byUser[c.user] = []
+                preferences[c.user] = try self.preferences(c.user, in: tx.reads)
+            }
+            guard preferences[c.user]!.allows(.push, group: c.group) else { continue }
+            byUser[c.user]!.append((c.record, c.published))
         }
         var waiting = false, claimed: [OutgoingPush] = []
         for user in order {
@@ -321,12 +342,14 @@ struct LostChange: Sendable {
     let deleted: Bool
     let at: Millis
 
-    init(_ r: ChangeRecord, at: Millis) {
+    /// nil for a save of preferences, which sends no push (SPEC section 12).
+    init?(_ r: ChangeRecord, at: Millis) {
         seq = r.seq
         self.at = at
         switch r.change.op {
         case .upsert(let n): notificationId = n.id; deleted = false
         case .delete(let id, _, _): notificationId = id; deleted = true
+        case .preferences: return nil
         }
     }
 }

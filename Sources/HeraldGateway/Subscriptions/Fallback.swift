@@ -68,6 +68,8 @@ enum SyncBody {
         if let next = page.next { JSON.encodeString(PageToken.encode(next), into: &out) } else { out.append(contentsOf: "null".utf8) }
         out.append(contentsOf: ",\"cursor\":\(page.cursor),\"epoch\":".utf8)
         JSON.encodeString(epoch, into: &out)
+        out.append(contentsOf: ",\"preferences\":".utf8)
+        out.append(contentsOf: page.preferences)
         out.append(UInt8(ascii: "}"))
         return out
     }

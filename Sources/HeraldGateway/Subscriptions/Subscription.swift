@@ -243,8 +243,9 @@ final class Subscription {
         reading = true
         readSerial += 1
         let serial = readSerial, user = self.user, v = viewer, e = epoch, s = step, b = terms.bounds
+        let critical = gateway.apps[user.app]?.criticalGroups ?? []
         gateway.reads.read(on: shard, of: user, { st throws(StoreError) in
-            try st.catchUpPage(user, viewer: v, epoch: e, step: s, bounds: b)
+            try st.catchUpPage(user, viewer: v, epoch: e, step: s, bounds: b, critical: critical)
         }) { [self] result in
             reading = false
             guard phase == .catchingUp else { return }
@@ -358,7 +359,7 @@ final class Subscription {
         if !items.isEmpty {
             gateway.metrics.deliveries.add(items.count, ordering: .relaxed)
             if let r = records.last(where: { $0.seq == items.last!.seq }) {
-                lastSent = LostChange(r, at: gateway.clock.ticks())
+                lastSent = LostChange(r, at: gateway.clock.ticks()) ?? lastSent
             }
         }
         output.live(items, cursor: cursor, badge: delta.isZero ? nil : badge)

@@ -384,7 +384,7 @@ extension WebSocketSession: SubscriptionOutput {
     func opened(epoch: String) {}
 
     func reset(_ page: ResetPage, epoch: String, final: Bool) {
-        send(ServerFrame.reset(page.notifications, cursor: page.cursor, epoch: epoch, final: final))
+        send(ServerFrame.reset(page.notifications, cursor: page.cursor, epoch: epoch, final: final, preferences: page.preferences))
     }
 
     func catchUp(_ changes: [EncodedChange], cursor: Int64, more: Bool) {
