@@ -39,6 +39,8 @@ public final class Metrics: Sendable {
     public let bus = BusMetrics()
     /// Shown once an app configures push.
     public let push = PushMetrics()
+    /// Shown once an app configures webhooks.
+    public let webhooks = WebhookMetrics()
 
     public init() {}
 
@@ -80,6 +82,7 @@ public final class Metrics: Sendable {
         }
         if bus.enabled.load(ordering: .relaxed) { s += bus.text() }
         if push.enabled.load(ordering: .relaxed) { s += push.text() }
+        if webhooks.enabled.load(ordering: .relaxed) { s += webhooks.text() }
         return s
     }
 }

@@ -52,7 +52,7 @@ struct Flags {
 }
 
 /// `herald.json`: `{"apps": [...], "host", "port", "store", "bus", "limits", "tlsCert", "tlsKey"}`;
-/// an app is `{"id", "serverKey" or "serverKeys", "tokenSecret" or "tokenSecrets", "allowedOrigins"?, "push"?}`
+/// an app is `{"id", "serverKey" or "serverKeys", "tokenSecret" or "tokenSecrets", "allowedOrigins"?, "push"?, "webhooks"?}`
 /// (docs/OPERATIONS.md).
 struct ConfigFile {
     var apps: [AppConfig] = []
@@ -146,7 +146,7 @@ struct ConfigFile {
     /// rotating (`serverKeys`; `tokenSecrets` of `{"kid", "secret"}`).
     static func app(_ json: JSON) throws(UsageError) -> AppConfig {
         guard let o = json.objectValue else { throw UsageError("an app must be an object") }
-        for k in o.keys where !["id", "serverKey", "serverKeys", "tokenSecret", "tokenSecrets", "allowedOrigins", "push"].contains(k) {
+        for k in o.keys where !["id", "serverKey", "serverKeys", "tokenSecret", "tokenSecrets", "allowedOrigins", "push", "webhooks"].contains(k) {
             throw UsageError("unknown key \"\(k)\"")
         }
         guard let id = o["id"]?.stringValue else { throw UsageError("needs an id string") }
@@ -188,12 +188,13 @@ struct ConfigFile {
             origins = list.map { $0.stringValue! }
         }
         let push = try o["push"].map { v throws(UsageError) in try Self.push(v, app: id) }
-        return try app(id: id, serverKeys: keys, tokenSecrets: secrets, origins: origins, push: push)
+        let webhooks = try o["webhooks"].map { v throws(UsageError) in try Self.webhooks(v, app: id) } ?? []
+        return try app(id: id, serverKeys: keys, tokenSecrets: secrets, origins: origins, push: push, webhooks: webhooks)
     }
 
     /// The checks every app passes, from the file or from flags.
     static func app(id: String, serverKeys: [String], tokenSecrets: [TokenSecret], origins: [String],
-                    push: PushSettings? = nil) throws(UsageError) -> AppConfig {
+                    push: PushSettings? = nil, webhooks: [WebhookEndpoint] = []) throws(UsageError) -> AppConfig {
         guard Identifiers.isAppId(id) else { throw UsageError("app id '\(id)' must be 1-64 characters of A-Z a-z 0-9 . _ -") }
         guard !serverKeys.contains(""), !tokenSecrets.contains(where: { $0.secret.isEmpty }) else {
             throw UsageError("app \(id): server keys and token secrets must not be empty")
@@ -208,7 +209,8 @@ struct ConfigFile {
             throw UsageError("app \(id): allowed origin '\(o)' must be * or scheme://host[:port] as browsers send it"
                              + " (lower case, no path or trailing slash, no default port)")
         }
-        return AppConfig(id: id, serverKeys: serverKeys, tokenSecrets: tokenSecrets, allowedOrigins: origins, push: push)
+        return AppConfig(id: id, serverKeys: serverKeys, tokenSecrets: tokenSecrets, allowedOrigins: origins, push: push,
+                         webhooks: webhooks)
     }
 }
 

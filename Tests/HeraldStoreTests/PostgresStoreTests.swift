@@ -32,6 +32,7 @@ final class PostgresStoreConformanceTests: StoreConformanceTests {
     func testPushHandlesAreStoredAndFoundByKey() throws { try checkPushHandlesAreStoredAndFoundByKey() }
     func testPushOutboxClaimsFinishesAndRetries() throws { try checkPushOutboxClaimsFinishesAndRetries() }
     func testTapsToOneDeviceShareOneRow() throws { try checkTapsToOneDeviceShareOneRow() }
+    func testWebhookOutbox() throws { try checkWebhookOutboxClaimsPerEndpointFinishesRetriesAndDrops() }
     func testPushClaimedAsItIsRecorded() throws { try checkPushClaimedAsItIsRecorded() }
     func testDroppedAndRolledBackPushesLeaveNothing() throws { try checkDroppedAndRolledBackPushesLeaveNothing() }
     func testPendingPushesFollowEveryWrite() throws { try checkPendingPushesFollowEveryWrite() }

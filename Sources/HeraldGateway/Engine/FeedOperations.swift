@@ -12,7 +12,7 @@ extension Engine {
         let existing = try reads.notification(user, appNotificationId: draft.appNotificationId)
         let n: Notification
         do { n = try draft.notification(replacing: existing, userId: user.user, now: now) } catch { return .failure(error) }
-        let r = try tx.upsert(user, n, previous: existing, at: now, published: true)
+        let r = try tx.upsert(user, n, previous: existing, at: now, published: true, by: .app)
         return .success((WriteAnswer(r), existing == nil))
     }
 
@@ -41,7 +41,7 @@ extension Engine {
         return .success(users.count)
     }
 
-    func updateState(_ user: UserKey, id: String, _ u: StateUpdate, viewer: Viewer, now: Millis) throws(StoreError)
+    func updateState(_ user: UserKey, id: String, _ u: StateUpdate, viewer: Viewer, by actor: ChangeActor, now: Millis) throws(StoreError)
         -> Result<WriteAnswer, HeraldError>
     {
         guard let n = try reads.visibleNotification(user, id: id, viewer: viewer) else { return .failure(.notFound) }
@@ -49,13 +49,14 @@ extension Engine {
             return .failure(HeraldError(.preconditionFailed, "version is \(n.version), not \(v)"))
         }
         guard let m = u.applied(to: n, now: now) else { return .success(WriteAnswer(unchanged: n, seq: try reads.feed(user).head)) }
-        let r = try tx.upsert(user, m, previous: n, at: now)
+        let r = try tx.upsert(user, m, previous: n, at: now, by: actor)
         return .success(WriteAnswer(r))
     }
 
-    func deleteNotification(_ user: UserKey, id: String, viewer: Viewer, now: Millis) throws(StoreError) -> Result<WriteAnswer, HeraldError> {
+    func deleteNotification(_ user: UserKey, id: String, viewer: Viewer, by actor: ChangeActor,
+                            now: Millis) throws(StoreError) -> Result<WriteAnswer, HeraldError> {
         guard let n = try reads.visibleNotification(user, id: id, viewer: viewer) else { return .failure(.notFound) }
-        let r = try tx.delete(user, n, reason: .deleted, at: now)
+        let r = try tx.delete(user, n, reason: .deleted, at: now, by: actor)
         return .success(WriteAnswer(r))
     }
 
@@ -81,7 +82,7 @@ extension Engine {
             let page = try reads.history(user, after: after, limit: 1000)
             for n in page where pending(n) && n.targeting.admits(viewer) {
                 guard let m = update.applied(to: n, now: now) else { continue }
-                _ = try tx.upsert(user, m, previous: n, at: now)
+                _ = try tx.upsert(user, m, previous: n, at: now, by: .device(viewer.device?.deviceId))
                 updated += 1
             }
             guard page.count == 1000, let last = page.last else { break }
@@ -180,7 +181,8 @@ extension Engine {
         return .array(try reads.devices(user).map { deviceJSON(user, $0, elsewhere: elsewhere[$0.deviceId], now: now) })
     }
 
-    private func deviceJSON(_ user: UserKey, _ d: Device, elsewhere: TransportKind?, now: Millis) -> JSON {
+    /// A registration as the devices listing shows it.
+    func deviceJSON(_ user: UserKey, _ d: Device, elsewhere: TransportKind?, now: Millis) -> JSON {
         let c = registry.connections(user, device: d.deviceId)
         let here = c?.transport(now: now)
         let transport = here.map { h in elsewhere.map { TransportKind.best(h, $0) } ?? h } ?? elsewhere

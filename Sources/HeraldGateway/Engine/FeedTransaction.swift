@@ -35,6 +35,7 @@ final class FeedTransaction: BatchTransaction {
     private let store: NotificationStore
     private let thread: ThreadOwner
     private let push: PushDispatch
+    private let webhooks: WebhookDispatch
     private let registry: FollowerRegistry
     private var effects: [Effect] = []
     /// Undoes bookkeeping outside the store if the transaction rolls back.
@@ -46,8 +47,8 @@ final class FeedTransaction: BatchTransaction {
     /// by the engine.
     var durable: ((Committed) -> Void)!
 
-    init(store: NotificationStore, thread: ThreadOwner, push: PushDispatch, registry: FollowerRegistry) {
-        self.store = store; self.thread = thread; self.push = push; self.registry = registry
+    init(store: NotificationStore, thread: ThreadOwner, push: PushDispatch, webhooks: WebhookDispatch, registry: FollowerRegistry) {
+        self.store = store; self.thread = thread; self.push = push; self.webhooks = webhooks; self.registry = registry
     }
 
     /// What the transaction's code may read.
@@ -56,25 +57,35 @@ final class FeedTransaction: BatchTransaction {
     // MARK: Writes that change feeds
 
     /// Saves `n` with a new change; `published`: by its app (a publish,
-    /// which may show an alert, and counts as one).
+    /// which may show an alert, and counts as one); `actor`: who made it,
+    /// which its webhook events name (`.wake`: a snooze ended).
     func upsert(_ user: UserKey, _ n: Notification, previous: Notification?, at now: Millis,
-                published: Bool = false) throws(StoreError) -> ChangeRecord {
+                published: Bool = false, by actor: ChangeActor) throws(StoreError) -> ChangeRecord {
         let r = try store.upsert(user, n, previous: previous, at: now)
-        changed(user, r, published: published)
+        changed(user, r, previous: previous, published: published, by: actor)
         if published { self.published += 1 }
         return r
     }
 
-    func delete(_ user: UserKey, _ n: Notification, reason: DeleteReason, at now: Millis) throws(StoreError) -> ChangeRecord {
+    func delete(_ user: UserKey, _ n: Notification, reason: DeleteReason, at now: Millis, by actor: ChangeActor) throws(StoreError) -> ChangeRecord {
         let r = try store.delete(user, n, reason: reason, at: now)
-        changed(user, r, published: false)
+        changed(user, r, previous: n, published: false, by: actor)
         return r
     }
 
-    private func changed(_ user: UserKey, _ r: ChangeRecord, published: Bool) {
+    private func changed(_ user: UserKey, _ r: ChangeRecord, previous: Notification?, published: Bool, by actor: ChangeActor) {
         thread.preconditionCurrent()
         effects.append(.deliver(user, r))
         push.note(user, r, published: published)
+        webhooks.note(user, r, previous: previous, published: published, by: actor)
+    }
+
+    /// Records `event` for `app`'s webhooks with this transaction: one that
+    /// no `upsert` or `delete` gives (`WebhookEvent.pushUnregistered`,
+    /// `.preferencesUpdated`).
+    func webhookEvent(_ app: String, _ event: WebhookEvent) {
+        thread.preconditionCurrent()
+        webhooks.note(app, event)
     }
 
     /// Notifications due to expire, locked for this transaction's deletes.
@@ -118,7 +129,7 @@ final class FeedTransaction: BatchTransaction {
         try store.pruneDevices(lastSeenBefore: before)
     }
 
-    // MARK: The push outbox and shared tokens (NotificationStore's documentation)
+    // MARK: The push and webhook outboxes and shared tokens (NotificationStore's documentation)
 
     @discardableResult
     func enqueuePush(_ user: UserKey, deviceId: String, _ message: PushMessage, at: Millis,
@@ -134,6 +145,17 @@ final class FeedTransaction: BatchTransaction {
         try store.spaceTaps(user, deviceId: deviceId, until: until)
     }
     func dropPushes(_ user: UserKey, deviceId: String) throws(StoreError) { try store.dropPushes(user, deviceId: deviceId) }
+    func enqueueWebhook(app: String, url: String, eventId: String, body: [UInt8], at: Millis) throws(StoreError) {
+        try store.enqueueWebhook(app: app, url: url, eventId: eventId, body: body, at: at)
+    }
+    func claimWebhooks(app: String, url: String, now: Millis, until: Millis, limit: Int) throws(StoreError) -> [WebhookJob] {
+        try store.claimWebhooks(app: app, url: url, now: now, until: until, limit: limit)
+    }
+    func finishWebhook(_ job: WebhookJob) throws(StoreError) { try store.finishWebhook(job) }
+    func retryWebhook(_ job: WebhookJob, at: Millis) throws(StoreError) { try store.retryWebhook(job, at: at) }
+    func dropWebhooks(committedBefore before: Millis, limit: Int) throws(StoreError) -> Int {
+        try store.dropWebhooks(committedBefore: before, limit: limit)
+    }
     func replaceSharedToken(_ name: String, with token: SharedToken, replacing: Millis?) throws(StoreError) -> Bool {
         try store.replaceSharedToken(name, with: token, replacing: replacing)
     }
@@ -185,6 +207,7 @@ final class FeedTransaction: BatchTransaction {
     /// the transaction for `rollback`.
     func commit(beforeCommit: () -> Void) throws(StoreError) -> () -> Void {
         try push.record(self)
+        try webhooks.record(self)
         beforeCommit()
         try store.commit()
         registry.settle()
@@ -206,6 +229,7 @@ final class FeedTransaction: BatchTransaction {
         store.rollback()
         effects.removeAll()
         push.rolledBack()
+        webhooks.rolledBack()
         published = 0
         registry.revert()
         for f in undo.reversed() { f() }

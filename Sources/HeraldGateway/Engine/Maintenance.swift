@@ -75,6 +75,7 @@ final class Maintenance {
         }
         if e.devicesStale { e.devicesStale = !e.refreshConnectedDevices() }
         e.push.run(e.transactions, now: now, tick: tick, storeWide: e.doesStoreWideWork)
+        e.webhooks.run(e.transactions, now: now, tick: tick, storeWide: e.doesStoreWideWork)
     }
 
     /// Asks the store, off the engine, whether a notification expired by
@@ -145,7 +146,7 @@ final class Maintenance {
     private static func sweepExpired(_ tx: FeedTransaction, _ share: Partition, now: Millis) throws(StoreError) {
         while true {
             let due = try tx.expiring(until: now, limit: 500, in: share)
-            for (user, n) in due { _ = try tx.delete(user, n, reason: .expired, at: now) }
+            for (user, n) in due { _ = try tx.delete(user, n, reason: .expired, at: now, by: .herald) }
             if due.count < 500 { return }
         }
     }

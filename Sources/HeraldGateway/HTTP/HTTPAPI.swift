@@ -145,7 +145,7 @@ extension Gateway {
         c.x.write(user, [.id(user, id)]) { e throws(StoreError) in
             let now = clock.now()
             return try e.withViewer(user, deviceId: device, now: now) { v throws(StoreError) in
-                try e.updateState(user, id: id, u, viewer: v, now: now).map { HTTPResponse(status: 200, body: $0.httpBody) }
+                try e.updateState(user, id: id, u, viewer: v, by: device.map(ChangeActor.device) ?? .app, now: now).map { HTTPResponse(status: 200, body: $0.httpBody) }
             }
         }
     }
@@ -156,7 +156,7 @@ extension Gateway {
         c.x.write(user, [.id(user, id)]) { e throws(StoreError) in
             let now = clock.now()
             return try e.withViewer(user, deviceId: device, now: now) { v throws(StoreError) in
-                try e.deleteNotification(user, id: id, viewer: v, now: now).map { _ in .noContent }
+                try e.deleteNotification(user, id: id, viewer: v, by: device.map(ChangeActor.device) ?? .app, now: now).map { _ in .noContent }
             }
         }
     }

@@ -1,0 +1,115 @@
+/// Who made a change (SPEC section 13, `data.deviceId`), recorded with the
+/// write (`FeedTransaction`): the events it gives depend on it.
+public enum ChangeActor: Sendable, Equatable {
+    /// The app's servers (server key).
+    case app
+    /// A device's request; nil for a device token naming no device.
+    case device(String?)
+    /// Herald itself: an expiry, a dead push handle removed.
+    case herald
+    /// Herald waking a snoozed notification (SPEC section 11): the change
+    /// gives `notification.woke` alone, whatever states it reset.
+    case wake
+
+    /// `data.deviceId`: only a device's request names one.
+    public var deviceId: String? {
+        if case .device(let id) = self { return id }
+        return nil
+    }
+}
+
+/// The event types of SPEC section 13.
+public enum WebhookEventType: String, Sendable, CaseIterable {
+    case created = "notification.created"
+    case replaced = "notification.replaced"
+    case read = "notification.read"
+    case unread = "notification.unread"
+    case seen = "notification.seen"
+    case activated = "notification.activated"
+    case dismissed = "notification.dismissed"
+    case snoozed = "notification.snoozed"
+    case woke = "notification.woke"
+    case deleted = "notification.deleted"
+    case preferencesUpdated = "preferences.updated"
+    case pushUnregistered = "push.unregistered"
+}
+
+/// One webhook event: its type, and its `data` (SPEC section 13). Pure:
+/// derived from what a write did, encoded once into the body every
+/// endpoint and every retry sends.
+public struct WebhookEvent: Sendable, Equatable {
+    public let type: WebhookEventType
+    /// When the change happened (the body's `timestamp`).
+    public let at: Millis
+    public let data: JSONObject
+
+    public init(_ type: WebhookEventType, at: Millis, data: JSONObject) {
+        self.type = type; self.at = at; self.data = data
+    }
+
+    /// The body: `{"type", "timestamp", "data"}`.
+    public var body: [UInt8] {
+        JSON.object(["type": .string(type.rawValue), "timestamp": .string(RFC3339.format(at)), "data": .object(data)]).encoded
+    }
+
+    private static func common(_ user: UserKey, seq: Int64?, by actor: ChangeActor) -> JSONObject {
+        ["appId": .string(user.app), "userId": .string(user.user), "seq": seq.map(JSON.int) ?? .null,
+         "deviceId": actor.deviceId.map(JSON.string) ?? .null]
+    }
+
+    /// The events a change of `user`'s feed gives: `previous` is the
+    /// notification before it (nil for a new one), `published` whether the
+    /// app published it. One event per state the change moved, in the
+    /// order read/unread, seen, then the user action; none for a change
+    /// that moved nothing an event names (`userActionState` back to
+    /// `noInteraction`, a `hidden` delete, which is no stored change).
+    public static func events(_ user: UserKey, _ change: Change, at: Millis, previous: Notification?,
+                              published: Bool, by actor: ChangeActor) -> [WebhookEvent] {
+        var data = common(user, seq: change.seq, by: actor)
+        switch change.op {
+        case .delete(let id, let anid, let reason):
+            guard reason != .hidden else { return [] }
+            data["id"] = .string(id); data["appNotificationId"] = .string(anid); data["reason"] = .string(reason.rawValue)
+            return [WebhookEvent(.deleted, at: at, data: data)]
+        case .upsert(let n):
+            data["notification"] = n.json
+            var types: [WebhookEventType] = []
+            if actor == .wake {
+                types = [.woke]
+            } else if published || previous == nil {
+                types = [previous == nil ? .created : .replaced]
+            } else if let p = previous {
+                if p.readState != n.readState { types.append(n.readState == .read ? .read : .unread) }
+                if p.seenState != n.seenState, n.seenState == .seen { types.append(.seen) }
+                if p.userActionState != n.userActionState {
+                    switch n.userActionState {
+                    case .activated: types.append(.activated)
+                    case .dismissed: types.append(.dismissed)
+                    case .snoozed: types.append(.snoozed)
+                    case .noInteraction: break
+                    }
+                }
+            }
+            return types.map { WebhookEvent($0, at: at, data: data) }
+        }
+    }
+
+    /// `preferences.updated`: a save of `user`'s preferences (SPEC section
+    /// 12), `preferences` in the form the answers show, at change `seq`.
+    public static func preferencesUpdated(_ user: UserKey, seq: Int64, preferences: JSON, at: Millis,
+                                          by actor: ChangeActor) -> WebhookEvent {
+        var data = common(user, seq: seq, by: actor)
+        data["preferences"] = preferences
+        return WebhookEvent(.preferencesUpdated, at: at, data: data)
+    }
+
+    /// `push.unregistered`: Herald removed `device`'s dead handle of
+    /// `service`; `device` as the devices listing shows it. No change of
+    /// the feed, so `seq` is null; Herald acted.
+    public static func pushUnregistered(_ user: UserKey, device: JSON, service: PushService, at: Millis) -> WebhookEvent {
+        var data = common(user, seq: nil, by: .herald)
+        data["device"] = device
+        data["service"] = .string(service.rawValue)
+        return WebhookEvent(.pushUnregistered, at: at, data: data)
+    }
+}
