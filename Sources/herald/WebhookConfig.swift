@@ -1,3 +1,4 @@
+import Foundation
 import HeraldCore
 import HeraldPorts
 
@@ -34,6 +35,7 @@ extension ConfigFile {
                 }
             }
             let caFile = try f.string("caFile")
+            if let caFile, !FileManager.default.isReadableFile(atPath: caFile) { throw UsageError("\(what).caFile \(caFile) cannot be read") }
             try f.finish()
             out.append(WebhookEndpoint(url: url, secrets: keys, events: events, caFile: caFile))
         }

@@ -696,9 +696,30 @@ final class PostgresStoreTests: XCTestCase {
             """)
     }
 
+    /// Turns a database of this version into what version 10 wrote: no webhook outbox.
+    func downgradeToVersion10(_ store: PostgresStore) throws {
+        try store.db.script("""
+            DROP TABLE webhook_outbox; DROP TABLE webhook_outbox_size; DROP FUNCTION herald_outbox_size;
+            DELETE FROM herald_schema WHERE version >= 11;
+            """)
+    }
+
+    /// Version 13 adds the webhook outbox: empty, counted from 0, kept by what writes it.
+    func testMigrationFromVersion10StartsAnEmptyCountedWebhookOutbox() throws {
+        do { try downgradeToVersion10(try PostgresStore(url: database.url)) }
+        let store = try PostgresStore(url: database.url)
+        XCTAssertEqual(try store.db.query("SELECT max(version) FROM herald_schema").int64(0, 0), PostgresSchema.version)
+        XCTAssertEqual(try store.pendingWebhooks(), 0)
+        try store.begin()
+        try store.enqueueWebhook(app: "a", url: "http://h", eventId: "msg_1", body: Array("{}".utf8), at: t0)
+        try store.commit()
+        XCTAssertEqual(try store.pendingWebhooks(), 1)
+    }
+
     /// Turns a database of this version into what version 9 wrote: no
     /// `seenState` in the stored JSON, no seen_state or unseen columns.
     func downgradeToVersion9(_ store: PostgresStore) throws {
+        try downgradeToVersion10(store)
         try store.db.script(withoutSeenStateInTheStoredJSON + """
             ALTER TABLE notifications DROP COLUMN seen_state; ALTER TABLE counts DROP COLUMN unseen;
             ALTER TABLE changes DROP COLUMN before_unseen, DROP COLUMN after_unseen;

@@ -222,9 +222,31 @@ final class SQLiteStoreTests: XCTestCase {
             """)
     }
 
+    /// Turns a file of this version into what version 11 wrote: no webhook outbox.
+    func downgradeToVersion11(_ s: SQLiteStore) throws {
+        try s.db.script("DROP TABLE webhook_outbox; DROP TABLE webhook_outbox_size; PRAGMA user_version = 11")
+    }
+
+    /// Version 14 adds the webhook outbox: empty, counted from 0, kept by what writes it.
+    func testMigrationFromVersion11StartsAnEmptyCountedWebhookOutbox() throws {
+        do {
+            let s = try SQLiteStore(path: path)
+            try downgradeToVersion11(s)
+            s.close()
+        }
+        let s = try SQLiteStore(path: path)
+        XCTAssertEqual(try s.db.int("PRAGMA user_version"), SQLiteStore.schemaVersion)
+        XCTAssertEqual(try s.pendingWebhooks(), 0)
+        try s.begin()
+        try s.enqueueWebhook(app: "a", url: "http://h", eventId: "msg_1", body: Array("{}".utf8), at: t0)
+        try s.commit()
+        XCTAssertEqual(try s.pendingWebhooks(), 1)
+    }
+
     /// Turns a file of this version into what version 10 wrote: no
     /// `seenState` in the stored JSON, no seen_state or unseen columns.
     func downgradeToVersion10(_ s: SQLiteStore) throws {
+        try downgradeToVersion11(s)
         try s.db.script(withoutSeenStateInTheStoredJSON + """
             ALTER TABLE notifications DROP COLUMN seen_state; ALTER TABLE feeds DROP COLUMN unseen;
             ALTER TABLE counts DROP COLUMN unseen;
