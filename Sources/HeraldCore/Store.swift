@@ -165,7 +165,7 @@ public protocol StoreLookups: StoreReading {
     func sharedToken(_ name: String) throws(StoreError) -> SharedToken?
 }
 
-public protocol NotificationStore: StoreLookups {
+public protocol NotificationStore: StoreLookups, WebhookOutbox {
     func begin() throws(StoreError)
     func commit() throws(StoreError)
     /// Whether the last `commit()` reached the store: only then does it say
@@ -238,24 +238,6 @@ public protocol NotificationStore: StoreLookups {
     /// Drops every push waiting for `deviceId`: its handle is dead, removed or moved.
     func dropPushes(_ user: UserKey, deviceId: String) throws(StoreError)
 
-    // The webhook outbox (SPEC section 13): the push outbox's mechanism
-    // (a row due at a time, claimed under a lease, PostgreSQL skipping rows
-    // another node claims, retried at a later time, counted by the store's
-    // own transactions), one row per event and endpoint.
-
-    /// Records `body`, event `eventId`, for endpoint `url` of `app`, due now.
-    func enqueueWebhook(app: String, url: String, eventId: String, body: [UInt8], at: Millis) throws(StoreError)
-    /// Up to `limit` deliveries to `url` of `app` due by `now` that nobody
-    /// holds, oldest due first, now held until `until` (as `claimPushes`).
-    func claimWebhooks(app: String, url: String, now: Millis, until: Millis, limit: Int) throws(StoreError) -> [WebhookJob]
-    /// A delivery done or given up: removed.
-    func finishWebhook(_ job: WebhookJob) throws(StoreError)
-    /// A delivery to try again at `at`, one more attempt counted.
-    func retryWebhook(_ job: WebhookJob, at: Millis) throws(StoreError)
-    /// Drops deliveries recorded before `before` (their 24 hours ran out,
-    /// or their endpoint left the config): how many, at most `limit`.
-    func dropWebhooks(committedBefore before: Millis, limit: Int) throws(StoreError) -> Int
-
     // Tokens every process and node of the deployment signs with at a time
     // (SPEC section 10: one APNs provider token per key), by name.
 
@@ -308,6 +290,26 @@ extension NotificationStore {
     public func pruneChanges(before: Millis) throws(StoreError) -> Int {
         try pruneChanges(before: before, limit: .max).changes
     }
+}
+
+/// The webhook outbox's writes (SPEC section 13): the push outbox's
+/// mechanism (a row due at a time, claimed under a lease, PostgreSQL
+/// skipping rows another node claims, retried at a later time, counted by
+/// the store's own transactions), one row per event and endpoint.
+/// Engine thread, inside a transaction (`FeedTransaction.webhookOutbox`).
+public protocol WebhookOutbox: AnyObject {
+    /// Records `body`, event `eventId`, for endpoint `url` of `app`, due now.
+    func enqueueWebhook(app: String, url: String, eventId: String, body: [UInt8], at: Millis) throws(StoreError)
+    /// Up to `limit` deliveries to `url` of `app` due by `now` that nobody
+    /// holds, oldest due first, now held until `until` (as `claimPushes`).
+    func claimWebhooks(app: String, url: String, now: Millis, until: Millis, limit: Int) throws(StoreError) -> [WebhookJob]
+    /// A delivery done or given up: removed.
+    func finishWebhook(_ job: WebhookJob) throws(StoreError)
+    /// A delivery to try again at `at`, one more attempt counted.
+    func retryWebhook(_ job: WebhookJob, at: Millis) throws(StoreError)
+    /// Drops deliveries recorded before `before` (their 24 hours ran out,
+    /// or their endpoint left the config): how many, at most `limit`.
+    func dropWebhooks(committedBefore before: Millis, limit: Int) throws(StoreError) -> Int
 }
 
 /// A row of an outbox (push or webhook), as the stores' shared claim and retry code sees it.

@@ -20,18 +20,11 @@ public enum ChangeActor: Sendable, Equatable {
 
 /// The event types of SPEC section 13.
 public enum WebhookEventType: String, Sendable, CaseIterable {
-    case created = "notification.created"
-    case replaced = "notification.replaced"
-    case read = "notification.read"
-    case unread = "notification.unread"
-    case seen = "notification.seen"
-    case activated = "notification.activated"
-    case dismissed = "notification.dismissed"
-    case snoozed = "notification.snoozed"
-    case woke = "notification.woke"
-    case deleted = "notification.deleted"
-    case preferencesUpdated = "preferences.updated"
-    case pushUnregistered = "push.unregistered"
+    case created = "notification.created", replaced = "notification.replaced"
+    case read = "notification.read", unread = "notification.unread", seen = "notification.seen"
+    case activated = "notification.activated", dismissed = "notification.dismissed", snoozed = "notification.snoozed"
+    case woke = "notification.woke", deleted = "notification.deleted"
+    case preferencesUpdated = "preferences.updated", pushUnregistered = "push.unregistered"
 }
 
 /// One webhook event: its type, and its `data` (SPEC section 13). Pure:

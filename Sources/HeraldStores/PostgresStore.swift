@@ -933,30 +933,24 @@ extension PostgresStore {
 
 // MARK: The webhook outbox
 extension PostgresStore {
-    static let webhookOutbox = OutboxSQL.postgres("webhook_outbox", returning: "id, app, url, event_id, body, committed_at, attempts")
+    static let webhookOutbox = OutboxSQL.postgres("webhook_outbox", returning: OutboxSQL.webhookColumns)
 
     public func enqueueWebhook(app: String, url: String, eventId: String, body: [UInt8], at: Millis) throws(StoreError) {
         try check()
-        try db.send("INSERT INTO webhook_outbox (app, url, event_id, body, committed_at, due_at) VALUES ($1, $2, $3, $4, $5, $5)",
-                    [.text(app), .text(url), .text(eventId), .utf8(body[...]), .int(at)])
+        try db.send(Self.webhookOutbox.insertWebhook, [.text(app), .text(url), .text(eventId), .utf8(body[...]), .int(at)])
     }
 
     public func claimWebhooks(app: String, url: String, now: Millis, until: Millis, limit: Int) throws(StoreError) -> [WebhookJob] {
         try check()
-        let r = try db.query(Self.webhookOutbox.claim(filter: " AND app = $4 AND url = $5"),
-                             [.int(until), .int(now), .int(Int64(limit)), .text(app), .text(url)])
+        let r = try db.query(Self.webhookOutbox.claimWebhooks, [.int(until), .int(now), .int(Int64(limit)), .text(app), .text(url)])
         var out: [WebhookJob] = []
         for i in 0..<r.count {
-            guard let app = r.text(i, 1), let url = r.text(i, 2), let id = r.text(i, 3) else { throw reads.corrupt("webhook") }
-            out.append(WebhookJob(id: r.int64(i, 0), app: app, url: url, eventId: id, body: r.bytes(i, 4), committedAt: r.int64(i, 5),
-                                  attempts: Int(r.int64(i, 6))))
+            guard let job = OutboxSQL.webhookJob(text: { r.text(i, $0) }, bytes: { r.bytes(i, $0) }, int: { r.int64(i, $0) }) else {
+                throw reads.corrupt("webhook")
+            }
+            out.append(job)
         }
         return out.sorted { $0.id < $1.id }
-    }
-
-    public func finishWebhook(_ job: WebhookJob) throws(StoreError) {
-        try check()
-        try db.send("DELETE FROM webhook_outbox WHERE id = $1", [.int(job.id)])
     }
 
     public func retryWebhook(_ job: WebhookJob, at: Millis) throws(StoreError) {
@@ -966,10 +960,12 @@ extension PostgresStore {
 
     public func dropWebhooks(committedBefore before: Millis, limit: Int) throws(StoreError) -> Int {
         try check()
-        return try db.execute("""
-            DELETE FROM webhook_outbox WHERE id IN (
-                SELECT id FROM webhook_outbox WHERE committed_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED)
-            """, [.int(before), .int(Int64(limit))])
+        return try db.execute(Self.webhookOutbox.dropOlder, [.int(before), .int(Int64(limit))])
+    }
+
+    public func finishWebhook(_ job: WebhookJob) throws(StoreError) {
+        try check()
+        try db.send(Self.webhookOutbox.delete, [.int(job.id)])
     }
 
     public func pendingWebhooks() throws(StoreError) -> Int { try outboxSize("webhook_outbox_size") }

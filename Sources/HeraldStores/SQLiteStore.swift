@@ -399,20 +399,7 @@ public final class SQLiteStore: NotificationStore {
         // 14: the webhook outbox (SPEC section 13), rows as the push
         // outbox's (OutboxSQL), one per event and endpoint, its length kept
         // by triggers as push_outbox_size is. Renumbered by moving it alone.
-        """
-        CREATE TABLE webhook_outbox (
-            id            INTEGER PRIMARY KEY,
-            app           TEXT NOT NULL,
-            url           TEXT NOT NULL,
-            event_id      TEXT NOT NULL,
-            body          TEXT NOT NULL,
-            committed_at  INTEGER NOT NULL,
-            due_at        INTEGER NOT NULL,
-            claimed_until INTEGER NOT NULL DEFAULT 0,
-            attempts      INTEGER NOT NULL DEFAULT 0
-        );
-        CREATE INDEX webhook_outbox_due ON webhook_outbox (app, url, due_at);
-        CREATE INDEX webhook_outbox_age ON webhook_outbox (committed_at);
+        OutboxSQL.webhookTable(id: "INTEGER PRIMARY KEY", integer: "INTEGER") + """
         CREATE TABLE webhook_outbox_size (deliveries INTEGER NOT NULL);
         INSERT INTO webhook_outbox_size VALUES (0);
         CREATE TRIGGER webhook_outbox_added AFTER INSERT ON webhook_outbox
@@ -1049,42 +1036,38 @@ extension SQLiteStore {
 
 // MARK: The webhook outbox
 extension SQLiteStore {
-    static let webhookOutbox = OutboxSQL.sqlite("webhook_outbox", returning: "id, app, url, event_id, body, committed_at, attempts")
+    static let webhookOutbox = OutboxSQL.sqlite("webhook_outbox", returning: OutboxSQL.webhookColumns)
+
+    @discardableResult
+    private func writeWebhooks(_ sql: String, _ args: [SQLiteValue]) throws(StoreError) -> Int {
+        try check()
+        return try db.execute(sql, args)
+    }
 
     public func enqueueWebhook(app: String, url: String, eventId: String, body: [UInt8], at: Millis) throws(StoreError) {
-        try check()
-        try db.execute("INSERT INTO webhook_outbox (app, url, event_id, body, committed_at, due_at) VALUES (?1, ?2, ?3, ?4, ?5, ?5)",
-                       [.text(app), .text(url), .text(eventId), .utf8(body[...]), .int(at)])
+        try writeWebhooks(Self.webhookOutbox.insertWebhook, [.text(app), .text(url), .text(eventId), .utf8(body[...]), .int(at)])
+    }
+
+    public func finishWebhook(_ job: WebhookJob) throws(StoreError) { try writeWebhooks(Self.webhookOutbox.delete, [.int(job.id)]) }
+
+    public func retryWebhook(_ job: WebhookJob, at: Millis) throws(StoreError) {
+        try writeWebhooks(Self.webhookOutbox.retry, [.int(at), .int(Int64(job.attempts + 1)), .int(job.id)])
+    }
+
+    public func dropWebhooks(committedBefore before: Millis, limit: Int) throws(StoreError) -> Int {
+        try writeWebhooks(Self.webhookOutbox.dropOlder, [.int(before), .int(Int64(limit))])
     }
 
     public func claimWebhooks(app: String, url: String, now: Millis, until: Millis, limit: Int) throws(StoreError) -> [WebhookJob] {
         try check()
         var out: [WebhookJob] = []
-        try db.query(Self.webhookOutbox.claim(filter: " AND app = ?4 AND url = ?5"),
-                     [.int(until), .int(now), .int(Int64(limit)), .text(app), .text(url)]) { r throws(StoreError) in
-            guard let app = r.text(1), let url = r.text(2), let id = r.text(3) else { throw reads.corrupt("webhook") }
-            out.append(WebhookJob(id: r.int64(0), app: app, url: url, eventId: id, body: r.bytes(4), committedAt: r.int64(5),
-                                  attempts: Int(r.int64(6))))
+        try db.query(Self.webhookOutbox.claimWebhooks, [.int(until), .int(now), .int(Int64(limit)), .text(app), .text(url)]) { r throws(StoreError) in
+            guard let job = OutboxSQL.webhookJob(text: r.text, bytes: r.bytes, int: r.int64) else { throw reads.corrupt("webhook") }
+            out.append(job)
             return true
         }
         // RETURNING gives rows in no set order.
         return out.sorted { $0.id < $1.id }
-    }
-
-    public func finishWebhook(_ job: WebhookJob) throws(StoreError) {
-        try check()
-        try db.execute("DELETE FROM webhook_outbox WHERE id = ?", [.int(job.id)])
-    }
-
-    public func retryWebhook(_ job: WebhookJob, at: Millis) throws(StoreError) {
-        try check()
-        try db.execute(Self.webhookOutbox.retry, [.int(at), .int(Int64(job.attempts + 1)), .int(job.id)])
-    }
-
-    public func dropWebhooks(committedBefore before: Millis, limit: Int) throws(StoreError) -> Int {
-        try check()
-        return try db.execute("DELETE FROM webhook_outbox WHERE id IN (SELECT id FROM webhook_outbox WHERE committed_at < ? LIMIT ?)",
-                              [.int(before), .int(Int64(limit))])
     }
 
     public func pendingWebhooks() throws(StoreError) -> Int {

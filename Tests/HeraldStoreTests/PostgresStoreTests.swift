@@ -698,22 +698,37 @@ final class PostgresStoreTests: XCTestCase {
 
     /// Turns a database of this version into what version 10 wrote: no webhook outbox.
     func downgradeToVersion10(_ store: PostgresStore) throws {
+        // The push outbox's count as version 9 made it: its own function.
         try store.db.script("""
-            DROP TABLE webhook_outbox; DROP TABLE webhook_outbox_size; DROP FUNCTION herald_outbox_size;
-            DELETE FROM herald_schema WHERE version >= 11;
+            DROP TABLE webhook_outbox; DROP TABLE webhook_outbox_size; DROP FUNCTION herald_outbox_size CASCADE;
+            DROP TABLE push_outbox_size; DELETE FROM herald_schema WHERE version >= 11;
             """)
+        try store.db.script(PostgresSchema.migrations[8])
     }
 
     /// Version 13 adds the webhook outbox: empty, counted from 0, kept by what writes it.
+    /// Version 13 adds the webhook outbox, empty and counted from 0, and
+    /// moves the push outbox's count to the function both share: the
+    /// pushes waiting stay counted, and so are those added after.
     func testMigrationFromVersion10StartsAnEmptyCountedWebhookOutbox() throws {
-        do { try downgradeToVersion10(try PostgresStore(url: database.url)) }
+        let tap = PushMessage(kind: .tap, op: .state, cursor: 1, epoch: "e", notificationId: nil, expiresAt: t0 + 86_400_000)
+        do {
+            let old = try PostgresStore(url: database.url)
+            try old.begin()
+            try old.enqueuePush(alice, deviceId: "phone", tap, at: t0, claimUntil: nil)
+            try old.commit()
+            try downgradeToVersion10(old)
+        }
         let store = try PostgresStore(url: database.url)
         XCTAssertEqual(try store.db.query("SELECT max(version) FROM herald_schema").int64(0, 0), PostgresSchema.version)
         XCTAssertEqual(try store.pendingWebhooks(), 0)
+        XCTAssertEqual(try store.pendingPushes(), 1)
         try store.begin()
         try store.enqueueWebhook(app: "a", url: "http://h", eventId: "msg_1", body: Array("{}".utf8), at: t0)
+        try store.enqueuePush(alice, deviceId: "tablet", tap, at: t0, claimUntil: nil)
         try store.commit()
         XCTAssertEqual(try store.pendingWebhooks(), 1)
+        XCTAssertEqual(try store.pendingPushes(), 2)
     }
 
     /// Turns a database of this version into what version 9 wrote: no

@@ -145,17 +145,8 @@ final class FeedTransaction: BatchTransaction {
         try store.spaceTaps(user, deviceId: deviceId, until: until)
     }
     func dropPushes(_ user: UserKey, deviceId: String) throws(StoreError) { try store.dropPushes(user, deviceId: deviceId) }
-    func enqueueWebhook(app: String, url: String, eventId: String, body: [UInt8], at: Millis) throws(StoreError) {
-        try store.enqueueWebhook(app: app, url: url, eventId: eventId, body: body, at: at)
-    }
-    func claimWebhooks(app: String, url: String, now: Millis, until: Millis, limit: Int) throws(StoreError) -> [WebhookJob] {
-        try store.claimWebhooks(app: app, url: url, now: now, until: until, limit: limit)
-    }
-    func finishWebhook(_ job: WebhookJob) throws(StoreError) { try store.finishWebhook(job) }
-    func retryWebhook(_ job: WebhookJob, at: Millis) throws(StoreError) { try store.retryWebhook(job, at: at) }
-    func dropWebhooks(committedBefore before: Millis, limit: Int) throws(StoreError) -> Int {
-        try store.dropWebhooks(committedBefore: before, limit: limit)
-    }
+    /// The webhook outbox's writes, which have no effects to record.
+    var webhookOutbox: WebhookOutbox { store }
     func replaceSharedToken(_ name: String, with token: SharedToken, replacing: Millis?) throws(StoreError) -> Bool {
         try store.replaceSharedToken(name, with: token, replacing: replacing)
     }

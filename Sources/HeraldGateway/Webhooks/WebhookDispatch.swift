@@ -31,8 +31,6 @@ final class WebhookDispatch {
 
     /// Longer than a request may take (15 s) and its answer's write.
     static let claimLease: Millis = 60_000
-    static let pollEvery: Millis = 1_000
-    static let pendingEvery: Millis = 5_000
     static let sweepEvery: Millis = 60_000
     static let firstRetry: Millis = 5_000
     static let lastRetry: Millis = 3_600_000
@@ -96,7 +94,7 @@ final class WebhookDispatch {
             guard !takers.isEmpty else { continue }
             // One id per event, the same for every endpoint and retry.
             let id = "msg_" + Random.hex(12), body = e.body
-            for endpoint in takers { try tx.enqueueWebhook(app: app, url: endpoint.url, eventId: id, body: body, at: now) }
+            for endpoint in takers { try tx.webhookOutbox.enqueueWebhook(app: app, url: endpoint.url, eventId: id, body: body, at: now) }
         }
         tx.afterCommit { [self] in wake = true }
     }
@@ -113,16 +111,16 @@ final class WebhookDispatch {
         let sweep = tick >= nextSweep, countPending = tick >= nextPending
         guard wake || retryDue || tick >= nextPoll || sweep || countPending else { return }
         wake = false
-        nextPoll = tick + Self.pollEvery
+        nextPoll = tick + Outbox.pollEvery
         if retryDue { nextRetry = nil }
         if sweep { nextSweep = tick + Self.sweepEvery }
-        if countPending { nextPending = tick + Self.pendingEvery }
+        if countPending { nextPending = tick + Outbox.pendingEvery }
         let all = endpoints.withLock { $0 }
         var full = false
         transactions.run("webhook claim") { tx throws(StoreError) in
             if sweep {
                 // Past their 24 hours, or for an endpoint the config no longer names.
-                let dropped = try tx.dropWebhooks(committedBefore: now - Self.lifetime, limit: 10_000)
+                let dropped = try tx.webhookOutbox.dropWebhooks(committedBefore: now - Self.lifetime, limit: 10_000)
                 if dropped > 0 {
                     metrics.count(.expired, dropped)
                     Log.warning("webhook: dropped \(dropped) event(s) undelivered for 24 hours")
@@ -133,7 +131,7 @@ final class WebhookDispatch {
                     let key = EndpointKey(app: app, url: endpoint.url)
                     let room = WebhookSenders.perEndpoint - inFlight[key, default: 0]
                     guard room > 0 else { continue }
-                    let jobs = try tx.claimWebhooks(app: app, url: endpoint.url, now: now, until: now + Self.claimLease, limit: room)
+                    let jobs = try tx.webhookOutbox.claimWebhooks(app: app, url: endpoint.url, now: now, until: now + Self.claimLease, limit: room)
                     guard !jobs.isEmpty else { continue }
                     if jobs.count == room { full = true }
                     inFlight[key, default: 0] += jobs.count
@@ -168,7 +166,7 @@ final class WebhookDispatch {
         wake = true
         switch outcome {
         case .delivered:
-            try tx.finishWebhook(job)
+            try tx.webhookOutbox.finishWebhook(job)
             metrics.count(.delivered)
             metrics.latency.observe(nanos: UInt64(max(0, now - job.committedAt)) * 1_000_000)
             if failing.remove(key) != nil { Log.info("webhook: \(key.url) of app \(key.app) accepts events again") }
@@ -176,24 +174,22 @@ final class WebhookDispatch {
             if failing.insert(key).inserted {
                 Log.warning("webhook: \(key.url) of app \(key.app) failed (\(why)); its events are kept and retried for 24 hours")
             }
-            let at = now + Self.delay(attempts: job.attempts, retryAfterSeconds: after) { Millis.random(in: 0...$0) }
+            let at = now + Self.delay(attempts: job.attempts, retryAfterSeconds: after, jitter: Outbox.randomJitter)
             guard at <= job.committedAt + Self.lifetime else {
-                try tx.finishWebhook(job)
+                try tx.webhookOutbox.finishWebhook(job)
                 return metrics.count(.expired)
             }
-            try tx.retryWebhook(job, at: at)
+            try tx.webhookOutbox.retryWebhook(job, at: at)
             metrics.count(.retried)
             nextRetry = min(nextRetry ?? at, at)
         }
     }
 
     /// How long until the next attempt after `attempts` failed ones: 5 s
-    /// doubling, plus up to a quarter more at random (`jitter(max)`), so
-    /// events failed together are not retried together; no sooner than
-    /// the receiver's `Retry-After`; never more than 1 h.
+    /// doubling, with jitter (`Outbox.backoff`); no sooner than the
+    /// receiver's `Retry-After`; never more than 1 h.
     static func delay(attempts: Int, retryAfterSeconds: Int?, jitter: (Millis) -> Millis) -> Millis {
-        let backoff = min(lastRetry, firstRetry << min(attempts, 20))
         let asked = Millis(min(max(0, retryAfterSeconds ?? 0), Int(lastRetry / 1_000))) * 1_000
-        return min(lastRetry, max(backoff + jitter(backoff / 4), asked))
+        return min(lastRetry, max(Outbox.backoff(attempts: attempts, first: firstRetry, last: lastRetry, jitter: jitter), asked))
     }
 }

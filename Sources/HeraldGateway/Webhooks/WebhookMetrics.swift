@@ -18,11 +18,8 @@ public final class WebhookMetrics: Sendable {
     public func sent(_ outcome: Outcome) -> Int { sent.withLock { $0[Outcome.allCases.firstIndex(of: outcome)!] } }
 
     func text() -> String {
-        var s = "# HELP herald_webhook_sent_total Webhook deliveries, by outcome.\n# TYPE herald_webhook_sent_total counter\n"
-        let counts = sent.withLock { $0 }
-        for (i, outcome) in Outcome.allCases.enumerated() {
-            s += "herald_webhook_sent_total{outcome=\"\(outcome.rawValue)\"} \(counts[i])\n"
-        }
+        var s = Metrics.family("herald_webhook_sent_total", "counter", "Webhook deliveries, by outcome.", label: "outcome",
+                               zip(Outcome.allCases.map(\.rawValue), sent.withLock { $0 }))
         s += "# HELP herald_webhook_pending Webhook deliveries waiting in the outbox or in flight.\n# TYPE herald_webhook_pending gauge\n"
         s += "herald_webhook_pending \(pending.load(ordering: .relaxed))\n"
         s += latency.text(name: "herald_webhook_latency_seconds", help: "From the commit of a change to the receiver's 2xx for its event.")
