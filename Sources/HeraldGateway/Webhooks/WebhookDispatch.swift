@@ -11,9 +11,10 @@ import HeraldPorts
 /// transaction. An acknowledged change is never left without its events
 /// by a crash (at least once; exactly once while nothing fails).
 ///
-/// **Sending.** `run` (each engine loop turn, when something may be due)
-/// claims, per endpoint, no more than that endpoint has room for
-/// (`WebhookSenders.perEndpoint` in flight), in a transaction of its own;
+/// **Sending.** Each endpoint has room for `WebhookSenders.perEndpoint`
+/// requests in flight per partition. Rows are claimed as they are recorded,
+/// where there is room (the common case), or else by `run` (each engine
+/// loop turn, when something may be due), in a transaction of its own;
 /// PostgreSQL skips rows another node claims, so one node sends each. Once
 /// the claim is durable the requests go to the endpoint's own client
 /// (`WebhookSenders`), and each answer comes back as a write in a later
@@ -89,26 +90,53 @@ final class WebhookDispatch {
         defer { events.removeAll(keepingCapacity: true) }
         let all = endpoints.withLock { $0 }
         let now = clock.now()
+        var written: [String: [WebhookEndpoint]] = [:]
         for (app, e) in events {
             let takers = (all[app] ?? []).filter { $0.takes(e.type) }
             guard !takers.isEmpty else { continue }
             // One id per event, the same for every endpoint and retry.
             let id = "msg_" + Random.hex(12), body = e.body
-            for endpoint in takers { try tx.webhookOutbox.enqueueWebhook(app: app, url: endpoint.url, eventId: id, body: body, at: now) }
+            for endpoint in takers {
+                try tx.webhookOutbox.enqueueWebhook(app: app, url: endpoint.url, eventId: id, body: body, at: now)
+                if !(written[app]?.contains(endpoint) ?? false) { written[app, default: []].append(endpoint) }
+            }
         }
-        tx.afterCommit { [self] in wake = true }
+        // Claimed in the change's own transaction where there is room (the
+        // common case: no second transaction before they go).
+        if try claim(tx, written, now: now) { tx.afterCommit { [self] in wake = true } }
+    }
+
+    /// Claims, for each of `endpoints`, what it has room for, to send once
+    /// `tx` is durable; whether some endpoint's claim filled its room (more may be due).
+    private func claim(_ tx: FeedTransaction, _ endpoints: [String: [WebhookEndpoint]], now: Millis) throws(StoreError) -> Bool {
+        guard let engine else { return false }
+        var full = false
+        for (app, list) in endpoints {
+            for endpoint in list {
+                let key = EndpointKey(app: app, url: endpoint.url)
+                let room = WebhookSenders.perEndpoint - inFlight[key, default: 0]
+                // A full endpoint is claimed for again as its answers come (`finished`).
+                guard room > 0 else { continue }
+                let jobs = try tx.webhookOutbox.claimWebhooks(app: app, url: endpoint.url, now: now, until: now + Self.claimLease, limit: room)
+                guard !jobs.isEmpty else { continue }
+                if jobs.count == room { full = true }
+                inFlight[key, default: 0] += jobs.count
+                tx.onRollback { [self] in inFlight[key, default: 0] -= jobs.count }
+                tx.afterCommit { [self] in for j in jobs { send(engine, endpoint, key, j) } }
+            }
+        }
+        return full
     }
 
     // MARK: Sending
 
     /// Claims due deliveries for each endpoint with room and sends them,
-    /// when something may be due. `storeWide`: this partition sends its
-    /// store's outbox (`Engine.doesStoreWideWork`): one per shared store.
+    /// when something may be due. `storeWide`: this partition also sweeps
+    /// and counts its store's outbox (`Engine.doesStoreWideWork`).
     func run(_ transactions: Transactions, now: Millis, tick: Millis, storeWide: Bool) {
         thread.preconditionCurrent()
-        guard storeWide, let engine else { return }
         let retryDue = nextRetry.map { now >= $0 } ?? false
-        let sweep = tick >= nextSweep, countPending = tick >= nextPending
+        let sweep = storeWide && tick >= nextSweep, countPending = storeWide && tick >= nextPending
         guard wake || retryDue || tick >= nextPoll || sweep || countPending else { return }
         wake = false
         nextPoll = tick + Outbox.pollEvery
@@ -126,19 +154,7 @@ final class WebhookDispatch {
                     Log.warning("webhook: dropped \(dropped) event(s) undelivered for 24 hours")
                 }
             }
-            for (app, list) in all {
-                for endpoint in list {
-                    let key = EndpointKey(app: app, url: endpoint.url)
-                    let room = WebhookSenders.perEndpoint - inFlight[key, default: 0]
-                    guard room > 0 else { continue }
-                    let jobs = try tx.webhookOutbox.claimWebhooks(app: app, url: endpoint.url, now: now, until: now + Self.claimLease, limit: room)
-                    guard !jobs.isEmpty else { continue }
-                    if jobs.count == room { full = true }
-                    inFlight[key, default: 0] += jobs.count
-                    tx.onRollback { [self] in inFlight[key, default: 0] -= jobs.count }
-                    tx.afterCommit { [self] in for j in jobs { send(engine, endpoint, key, j) } }
-                }
-            }
+            full = try claim(tx, all, now: now)
             if countPending {
                 // The gauge sums the partitions' outboxes: each adds how its own moved.
                 let pending = try tx.reads.pendingWebhooks()
