@@ -1,7 +1,10 @@
 """Webhook benchmarks (SPEC section 13; figures in docs/BENCHMARKS.md, "Webhooks").
 
-  python3 bench/webhooks.py [throughput] [memory]      (both by default)
+  python3 bench/webhooks.py [burst] [throughput] [memory]      (all by default)
 
+burst       one user with COUNT (10,000) unread notifications marks them all
+            read in one request (read-all): COUNT notification.read events.
+            Reports the time from the request to the last event received.
 throughput  COUNT (10,000) users with one notification each; then one state
             change each (read-all by the user's device: one
             notification.read event) at RATE (2,000/s) to a receiver on
@@ -41,6 +44,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "Tests" / "e2e"))
 from herald_helpers import mint_token  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "bench"))
+from push_load import DEADLINE, paced  # noqa: E402
+
 HERALD = os.environ.get("HERALD_BIN", str(ROOT / ".build" / "release" / "herald"))
 COUNT = int(os.environ.get("COUNT", 10_000))
 RATE = float(os.environ.get("RATE", 2_000))
@@ -48,7 +54,6 @@ WAITING = int(os.environ.get("WAITING", 100_000))
 VERIFY_EVERY = int(os.environ.get("VERIFY_EVERY", 50))
 APP, KEY, TOKEN_SECRET = "bench", "bench-key", "bench-secret"
 SECRET = "whsec_" + base64.b64encode(os.urandom(32)).decode()
-DEADLINE = time.monotonic() + 900
 
 
 class Receiver:
@@ -56,6 +61,7 @@ class Receiver:
 
     def __init__(self, status: int):
         self.status, self.got, self.bad, self.count = status, {}, 0, 0
+        self.note = lambda at: None   # called with each 2xx event's arrival time
         self.hook = Webhook(SECRET)
         self.ready = threading.Event()
         threading.Thread(target=lambda: asyncio.run(self.serve()), daemon=True).start()
@@ -84,8 +90,9 @@ class Receiver:
                             self.hook.verify(body, headers)
                         except Exception:
                             self.bad += 1
-                    user = json.loads(body)["data"]["userId"]
-                    self.got.setdefault(user, time.time())
+                    user, now = json.loads(body)["data"]["userId"], time.time()
+                    self.got.setdefault(user, now)
+                    self.note(now)
                 writer.write(answer)
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
@@ -169,30 +176,17 @@ def throughput(work: Path) -> str:
         bulk(port, "t", COUNT)
         acks: dict[str, float] = {}
         lock = threading.Lock()
-        workers, start = 16, time.monotonic()
 
-        def work_(k: int):
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-            for i in range(k, COUNT, workers):
-                due = start + i / RATE
-                while (now := time.monotonic()) < due:
-                    time.sleep(due - now)
-                if now > DEADLINE:
-                    return
-                user = f"t{i}"
-                status, data = call(conn, "POST", "/v1/me/notifications/read-all", None,
-                                    mint_token(user, APP, secret=TOKEN_SECRET, dev="phone"))
-                assert status == 200 and json.loads(data)["updated"] == 1, (status, data[:200])
-                with lock:
-                    acks[user] = time.time()
+        def one(conn, i: int):
+            user = f"t{i}"
+            status, data = call(conn, "POST", "/v1/me/notifications/read-all", None,
+                                mint_token(user, APP, secret=TOKEN_SECRET, dev="phone"))
+            assert status == 200 and json.loads(data)["updated"] == 1, (status, data[:200])
+            with lock:
+                acks[user] = time.time()
 
         c0 = cpu_seconds(proc.pid)
-        threads = [threading.Thread(target=work_, args=(k,)) for k in range(workers)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        sent_for = time.monotonic() - start
+        sent_for = paced(f"http://127.0.0.1:{port}", COUNT, RATE, one)
         last_ack = max(acks.values())
         while len(receiver.got) < COUNT and time.monotonic() < DEADLINE and time.time() - last_ack < 120:
             time.sleep(0.01)
@@ -203,6 +197,32 @@ def throughput(work: Path) -> str:
         return (f"| {len(acks):,} at {len(acks) / sent_for:,.0f}/s | {len(receiver.got):,} | "
                 f"{max(receiver.got.values()) - last_ack:.2f} s | {q(0.5):.1f} / {q(0.99):.1f} ms | {p99_bound(port)} | "
                 f"{delivered:,} | {receiver.count // VERIFY_EVERY} checked, {receiver.bad} bad | {c1 - c0:.1f} s |")
+    finally:
+        stop(proc)
+
+
+def burst(work: Path) -> str:
+    """One user with COUNT unread notifications marks them all read at once."""
+    receiver = Receiver(204)
+    proc, port = start_herald(work, receiver, ["notification.read"])
+    try:
+        def one(conn, i: int):
+            status, data = call(conn, "POST", f"/v1/apps/{APP}/users/b/notifications",
+                                {"appNotificationId": f"n{i}", "payload": {"title": "t"}}, KEY)
+            assert status in (200, 201), (status, data[:200])
+        paced(f"http://127.0.0.1:{port}", COUNT, 1e9, one)
+        receiver.got = {}
+        seen: list[float] = []
+        receiver.note = seen.append
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+        start = time.time()
+        status, data = call(conn, "POST", "/v1/me/notifications/read-all", None, mint_token("b", APP, secret=TOKEN_SECRET, dev="phone"))
+        acked = time.time()
+        assert status == 200 and json.loads(data)["updated"] == COUNT, (status, data[:200])
+        while len(seen) < COUNT and time.time() - acked < 120:
+            time.sleep(0.01)
+        return (f"| {COUNT:,} in one read-all | {acked - start:.2f} s | {len(seen):,} | {max(seen) - start:.2f} s | "
+                f"{max(seen) - acked:.2f} s | {receiver.count // VERIFY_EVERY} checked, {receiver.bad} bad |")
     finally:
         stop(proc)
 
@@ -225,9 +245,14 @@ def memory(work: Path) -> str:
 
 
 def main() -> None:
-    wanted = sys.argv[1:] or ["throughput", "memory"]
+    wanted = sys.argv[1:] or ["burst", "throughput", "memory"]
     out = [f"# Webhook benchmarks\n\n{time.strftime('%Y-%m-%dT%H:%MZ', time.gmtime())}, herald {HERALD}\n"]
     with tempfile.TemporaryDirectory(prefix="herald-wh-bench-") as tmp:
+        if "burst" in wanted:
+            (Path(tmp) / "b").mkdir()
+            out += [f"## Burst: {COUNT:,} state changes in one request\n",
+                    "| changes | read-all answered after | events received | first byte sent to last event | read-all's 2xx to last event "
+                    "| signatures |", "|---|---|---|---|---|---|", burst(Path(tmp) / "b"), ""]
         if "throughput" in wanted:
             (Path(tmp) / "t").mkdir()
             out += [f"## Throughput: {COUNT:,} state changes at {RATE:,.0f}/s\n",

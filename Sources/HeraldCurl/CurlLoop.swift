@@ -55,8 +55,8 @@ final class CurlLoop: @unchecked Sendable {  // `shared` only under `lock`; `mul
         let codes = [
             herald_multi_setopt_long(m, CURLMOPT_PIPELINING, Int(CURLPIPE_MULTIPLEX)),
             // HTTP/2: every stream on one connection per host, as APNs asks.
-            // HTTP/1.1 carries one request at a time per connection: a few, as browsers keep.
-            herald_multi_setopt_long(m, CURLMOPT_MAX_HOST_CONNECTIONS, http2 ? 1 : 6),
+            // HTTP/1.1 carries one request at a time per connection: one per request in flight.
+            herald_multi_setopt_long(m, CURLMOPT_MAX_HOST_CONNECTIONS, http2 ? 1 : maxInFlight),
             herald_multi_setopt_long(m, CURLMOPT_MAX_CONCURRENT_STREAMS, maxInFlight),
         ]
         if let bad = codes.first(where: { $0 != CURLM_OK }) {

@@ -28,7 +28,7 @@ enum WebhookSignature {
 /// start and each reload). Any thread.
 public final class WebhookSenders: Sendable {
     /// Requests to one endpoint at once: what `WebhookDispatch` claims for it at most.
-    static let perEndpoint = 6
+    static let perEndpoint = 16
     static let timeout: Duration = .seconds(15)
 
     private struct Key: Hashable { let url: String; let caFile: String? }
