@@ -16,7 +16,8 @@ throughput  COUNT (10,000) users with one notification each; then one state
             histogram's bucket bound); Herald's CPU.
 memory      WAITING (100,000) events for a receiver that answers 503:
             Herald's RSS before, and every 5 s for 30 s after, with
-            herald_webhook_pending.
+            herald_webhook_pending; then the same publishes with the
+            endpoint taking no event type, for what the publishes alone cost.
 
 Herald runs on SQLite (`--durability normal`) from HERALD_BIN (default
 .build/release/herald). Everything is on 127.0.0.1, bounded in count and
@@ -227,9 +228,9 @@ def burst(work: Path) -> str:
         stop(proc)
 
 
-def memory(work: Path) -> str:
+def memory(work: Path, events: list[str] | None) -> str:
     receiver = Receiver(503)
-    proc, port = start_herald(work, receiver, None)
+    proc, port = start_herald(work, receiver, events)
     try:
         rss0 = rss_kib(proc.pid)
         bulk(port, "m", WAITING)
@@ -239,7 +240,8 @@ def memory(work: Path) -> str:
             samples.append(rss_kib(proc.pid))
         pending = int(metric(port, "herald_webhook_pending"))
         retried = int(metric(port, 'herald_webhook_sent_total{outcome="retried"}'))
-        return f"| {rss0:,} KiB | {' '.join(f'{s:,}' for s in samples)} | {pending:,} | {retried:,} |"
+        return (f"| {'every event' if events is None else 'none (the same publishes)'} | {rss0:,} KiB | "
+                f"{' '.join(f'{s:,}' for s in samples)} | {pending:,} | {retried:,} |")
     finally:
         stop(proc)
 
@@ -261,9 +263,10 @@ def main() -> None:
                     "|---|---|---|---|---|---|---|---|", throughput(Path(tmp) / "t"), ""]
         if "memory" in wanted:
             (Path(tmp) / "m").mkdir()
+            (Path(tmp) / "m0").mkdir()
             out += [f"## Memory while {WAITING:,} events wait (the receiver answers 503)\n",
-                    "| RSS before | RSS every 5 s after the publishes (KiB) | pending | retried so far |",
-                    "|---|---|---|---|", memory(Path(tmp) / "m"), ""]
+                    "| events recorded | RSS before | RSS every 5 s after the publishes (KiB) | pending | retried so far |",
+                    "|---|---|---|---|---|", memory(Path(tmp) / "m", None), memory(Path(tmp) / "m0", ["push.unregistered"]), ""]
     print("\n".join(out))
 
 
