@@ -50,41 +50,53 @@ public struct WebhookEvent: Sendable, Equatable {
          "deviceId": actor.deviceId.map(JSON.string) ?? .null]
     }
 
-    /// The events a change of `user`'s feed gives: `previous` is the
+    /// The types of the events a change gives: `previous` is the
     /// notification before it (nil for a new one), `published` whether the
-    /// app published it. One event per state the change moved, in the
-    /// order read/unread, seen, then the user action; none for a change
-    /// that moved nothing an event names (`userActionState` back to
+    /// app published it. One per state the change moved, in the order
+    /// read/unread, seen, then the user action; none for a change that
+    /// moved nothing an event names (`userActionState` back to
     /// `noInteraction`, a `hidden` delete, which is no stored change).
-    public static func events(_ user: UserKey, _ change: Change, at: Millis, previous: Notification?,
-                              published: Bool, by actor: ChangeActor) -> [WebhookEvent] {
+    public static func types(_ change: Change, previous: Notification?, published: Bool, by actor: ChangeActor) -> [WebhookEventType] {
+        switch change.op {
+        case .delete(_, _, let reason):
+            return reason == .hidden ? [] : [.deleted]
+        case .upsert(let n):
+            if actor == .wake { return [.woke] }
+            guard let p = previous, !published else { return [previous == nil ? .created : .replaced] }
+            var types: [WebhookEventType] = []
+            if p.readState != n.readState { types.append(n.readState == .read ? .read : .unread) }
+            if p.seenState != n.seenState, n.seenState == .seen { types.append(.seen) }
+            if p.userActionState != n.userActionState {
+                switch n.userActionState {
+                case .activated: types.append(.activated)
+                case .dismissed: types.append(.dismissed)
+                case .snoozed: types.append(.snoozed)
+                case .noInteraction: break
+                }
+            }
+            return types
+        }
+    }
+
+    /// The events of `types` for a change of `user`'s feed, which all share
+    /// its data (built once: a notification's JSON is the dearest part).
+    public static func events(_ user: UserKey, _ change: Change, at: Millis, types: [WebhookEventType],
+                              by actor: ChangeActor) -> [WebhookEvent] {
+        guard !types.isEmpty else { return [] }
         var data = common(user, seq: change.seq, by: actor)
         switch change.op {
         case .delete(let id, let anid, let reason):
-            guard reason != .hidden else { return [] }
             data["id"] = .string(id); data["appNotificationId"] = .string(anid); data["reason"] = .string(reason.rawValue)
-            return [WebhookEvent(.deleted, at: at, data: data)]
         case .upsert(let n):
             data["notification"] = n.json
-            var types: [WebhookEventType] = []
-            if actor == .wake {
-                types = [.woke]
-            } else if published || previous == nil {
-                types = [previous == nil ? .created : .replaced]
-            } else if let p = previous {
-                if p.readState != n.readState { types.append(n.readState == .read ? .read : .unread) }
-                if p.seenState != n.seenState, n.seenState == .seen { types.append(.seen) }
-                if p.userActionState != n.userActionState {
-                    switch n.userActionState {
-                    case .activated: types.append(.activated)
-                    case .dismissed: types.append(.dismissed)
-                    case .snoozed: types.append(.snoozed)
-                    case .noInteraction: break
-                    }
-                }
-            }
-            return types.map { WebhookEvent($0, at: at, data: data) }
         }
+        return types.map { WebhookEvent($0, at: at, data: data) }
+    }
+
+    /// Every event a change gives (`types`, then `events`).
+    public static func events(_ user: UserKey, _ change: Change, at: Millis, previous: Notification?,
+                              published: Bool, by actor: ChangeActor) -> [WebhookEvent] {
+        events(user, change, at: at, types: types(change, previous: previous, published: published, by: actor), by: actor)
     }
 
     /// `preferences.updated`: a save of `user`'s preferences (SPEC section

@@ -69,10 +69,11 @@ final class WebhookDispatch {
     /// A change of `user` committing in this batch (`FeedTransaction`):
     /// its events, when the app has endpoints.
     func note(_ user: UserKey, _ record: ChangeRecord, previous: Notification?, published: Bool, by actor: ChangeActor) {
-        guard endpoints.withLock({ $0[user.app] != nil }) else { return }
-        for e in WebhookEvent.events(user, record.change, at: record.at, previous: previous, published: published, by: actor) {
-            events.append((user.app, e))
-        }
+        guard let list = endpoints.withLock({ $0[user.app] }) else { return }
+        // Only the types some endpoint takes are built.
+        let types = WebhookEvent.types(record.change, previous: previous, published: published, by: actor)
+            .filter { t in list.contains { $0.takes(t) } }
+        for e in WebhookEvent.events(user, record.change, at: record.at, types: types, by: actor) { events.append((user.app, e)) }
     }
 
     /// An event that is no change of a feed (`push.unregistered`), or one
