@@ -14,6 +14,8 @@ throughput  COUNT (10,000) users with one notification each; then one state
             event received; change-acknowledged to event-received p50/p99
             (measured at the receiver); Herald's commit-to-2xx p99 (its
             histogram's bucket bound); Herald's CPU.
+receive     a receiver alone (bench/push.sh HARM_FEATURE=webhooks); its
+            endpoint takes WEBHOOK_EVENTS (comma-separated) when set.
 memory      WAITING (100,000) events for a receiver that answers 503:
             Herald's RSS before, and every 5 s for 30 s after, with
             herald_webhook_pending; then the same publishes with the
@@ -246,7 +248,21 @@ def memory(work: Path, events: list[str] | None) -> str:
         stop(proc)
 
 
+def receive() -> None:
+    """`receive`: a 204 receiver alone, for bench/push.sh's harm scenario
+    with HARM_FEATURE=webhooks: prints the app's webhooks JSON, then serves
+    until killed."""
+    receiver = Receiver(204)
+    hook = {"url": receiver.url, "secret": SECRET}
+    if os.environ.get("WEBHOOK_EVENTS"):
+        hook["events"] = os.environ["WEBHOOK_EVENTS"].split(",")
+    print(json.dumps([hook]), flush=True)
+    threading.Event().wait(DEADLINE - time.monotonic())
+
+
 def main() -> None:
+    if sys.argv[1:] == ["receive"]:
+        return receive()
     wanted = sys.argv[1:] or ["burst", "throughput", "memory"]
     out = [f"# Webhook benchmarks\n\n{time.strftime('%Y-%m-%dT%H:%MZ', time.gmtime())}, herald {HERALD}\n"]
     with tempfile.TemporaryDirectory(prefix="herald-wh-bench-") as tmp:

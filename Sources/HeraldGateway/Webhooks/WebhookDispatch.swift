@@ -43,6 +43,9 @@ final class WebhookDispatch {
     // Engine thread only.
     private var events: [(app: String, event: WebhookEvent)] = []
     private var inFlight: [EndpointKey: Int] = [:]
+    /// Endpoints that may have due rows left unclaimed (a claim filled
+    /// their room, or found none): an answer from one claims again at once.
+    private var backlog: Set<EndpointKey> = []
     /// Endpoints whose last answer failed: logged once when they start and stop failing.
     private var failing: Set<EndpointKey> = []
     private var wake = true
@@ -117,10 +120,18 @@ final class WebhookDispatch {
                 let key = EndpointKey(app: app, url: endpoint.url)
                 let room = WebhookSenders.perEndpoint - inFlight[key, default: 0]
                 // A full endpoint is claimed for again as its answers come (`finished`).
-                guard room > 0 else { continue }
+                guard room > 0 else {
+                    backlog.insert(key)
+                    continue
+                }
                 let jobs = try tx.webhookOutbox.claimWebhooks(app: app, url: endpoint.url, now: now, until: now + Self.claimLease, limit: room)
+                if jobs.count == room {
+                    full = true
+                    backlog.insert(key)
+                } else {
+                    backlog.remove(key)
+                }
                 guard !jobs.isEmpty else { continue }
-                if jobs.count == room { full = true }
                 inFlight[key, default: 0] += jobs.count
                 tx.onRollback { [self] in inFlight[key, default: 0] -= jobs.count }
                 tx.afterCommit { [self] in for j in jobs { send(engine, endpoint, key, j) } }
@@ -179,8 +190,8 @@ final class WebhookDispatch {
     private func finished(_ tx: FeedTransaction, _ job: WebhookJob, _ key: EndpointKey, _ outcome: WebhookOutcome,
                           now: Millis) throws(StoreError) {
         thread.preconditionCurrent()
-        // Room for the endpoint's next: claim again at the next turn.
-        wake = true
+        // Room for the endpoint's next, if any wait: claim again at the next turn.
+        if backlog.contains(key) { wake = true }
         switch outcome {
         case .delivered:
             try tx.webhookOutbox.finishWebhook(job)
