@@ -34,15 +34,34 @@ public struct WebhookEvent: Sendable, Equatable {
     public let type: WebhookEventType
     /// When the change happened (the body's `timestamp`).
     public let at: Millis
+    /// `data` but its `notification`, which is written from its own bytes.
     public let data: JSONObject
+    /// `data.notification`, for the events that carry one.
+    public let notification: Notification?
 
-    public init(_ type: WebhookEventType, at: Millis, data: JSONObject) {
-        self.type = type; self.at = at; self.data = data
+    public init(_ type: WebhookEventType, at: Millis, data: JSONObject, notification: Notification? = nil) {
+        self.type = type; self.at = at; self.data = data; self.notification = notification
     }
 
-    /// The body: `{"type", "timestamp", "data"}`.
+    /// The body: `{"type", "timestamp", "data"}`, written straight to
+    /// bytes (the notification's as every change writes it: no JSON tree).
     public var body: [UInt8] {
-        JSON.object(["type": .string(type.rawValue), "timestamp": .string(RFC3339.format(at)), "data": .object(data)]).encoded
+        var out: [UInt8] = []
+        out.reserveCapacity(1024)
+        out += #"{"type":"#.utf8
+        JSON.encodeString(type.rawValue, into: &out)
+        out += #","timestamp":""#.utf8
+        RFC3339.append(at, to: &out)
+        out += #"","data":"#.utf8
+        JSON.object(data).encode(into: &out)
+        if let notification {
+            out.removeLast()  // data's closing brace: it always holds appId and the rest
+            out += #","notification":"#.utf8
+            notification.encode(into: &out)
+            out.append(UInt8(ascii: "}"))
+        }
+        out.append(UInt8(ascii: "}"))
+        return out
     }
 
     private static func common(_ user: UserKey, seq: Int64?, by actor: ChangeActor) -> JSONObject {
@@ -84,13 +103,14 @@ public struct WebhookEvent: Sendable, Equatable {
                               by actor: ChangeActor) -> [WebhookEvent] {
         guard !types.isEmpty else { return [] }
         var data = common(user, seq: change.seq, by: actor)
+        var notification: Notification? = nil
         switch change.op {
         case .delete(let id, let anid, let reason):
             data["id"] = .string(id); data["appNotificationId"] = .string(anid); data["reason"] = .string(reason.rawValue)
         case .upsert(let n):
-            data["notification"] = n.json
+            notification = n
         }
-        return types.map { WebhookEvent($0, at: at, data: data) }
+        return types.map { WebhookEvent($0, at: at, data: data, notification: notification) }
     }
 
     /// Every event a change gives (`types`, then `events`).

@@ -44,7 +44,10 @@ final class WebhookEventTests: XCTestCase {
         XCTAssertEqual(data["appId"], "app")
         XCTAssertEqual(data["userId"], "alice")
         XCTAssertEqual(data["deviceId"], "phone")
-        XCTAssertEqual(data["notification"]?.objectValue?["readState"], "read")
+        XCTAssertEqual(e[0].notification?.readState, .read)
+        let body = try JSONParser.parse(e[0].body).objectValue?["data"]?.objectValue
+        XCTAssertEqual(body?["notification"], note(.read, .seen).json, "the body's data carries the notification")
+        XCTAssertEqual(body?["deviceId"], "phone")
         let app = WebhookEvent.events(alice, Change(seq: 1, op: .upsert(note())), at: 5, previous: nil, published: true, by: .app)
         XCTAssertEqual(app[0].data["deviceId"], .null)
     }
