@@ -113,12 +113,6 @@ public struct WebhookEvent: Sendable, Equatable {
         return types.map { WebhookEvent($0, at: at, data: data, notification: notification) }
     }
 
-    /// Every event a change gives (`types`, then `events`).
-    public static func events(_ user: UserKey, _ change: Change, at: Millis, previous: Notification?,
-                              published: Bool, by actor: ChangeActor) -> [WebhookEvent] {
-        events(user, change, at: at, types: types(change, previous: previous, published: published, by: actor), by: actor)
-    }
-
     /// `preferences.updated`: a save of `user`'s preferences (SPEC section
     /// 12), `preferences` in the form the answers show, at change `seq`.
     public static func preferencesUpdated(_ user: UserKey, seq: Int64, preferences: JSON, at: Millis,

@@ -4,6 +4,13 @@ import XCTest
 final class WebhookEventTests: XCTestCase {
     let alice = UserKey(app: "app", user: "alice")
 
+    /// Every event a change gives, as `WebhookDispatch.note` builds them for an endpoint taking all.
+    func events(_ user: UserKey, _ change: Change, at: Millis, previous: HeraldCore.Notification?, published: Bool,
+                by actor: ChangeActor) -> [WebhookEvent] {
+        WebhookEvent.events(user, change, at: at, types: WebhookEvent.types(change, previous: previous, published: published, by: actor),
+                            by: actor)
+    }
+
     func note(_ read: ReadState = .unread, _ seen: SeenState = .unseen, _ action: UserActionState = .noInteraction,
               version: Int64 = 1) -> HeraldCore.Notification {
         Notification(id: "n_1", appNotificationId: "task-1", userId: "alice", payload: [:], createdAt: 0, updatedAt: 0,
@@ -11,7 +18,7 @@ final class WebhookEventTests: XCTestCase {
     }
 
     func types(_ previous: HeraldCore.Notification?, _ next: HeraldCore.Notification, published: Bool = false, by actor: ChangeActor = .device("phone")) -> [String] {
-        WebhookEvent.events(alice, Change(seq: 7, op: .upsert(next)), at: 5, previous: previous, published: published, by: actor)
+        events(alice, Change(seq: 7, op: .upsert(next)), at: 5, previous: previous, published: published, by: actor)
             .map(\.type.rawValue)
     }
 
@@ -36,7 +43,7 @@ final class WebhookEventTests: XCTestCase {
     }
 
     func testDataNamesTheActorTheSeqAndTheNotification() throws {
-        let e = WebhookEvent.events(alice, Change(seq: 7, op: .upsert(note(.read, .seen))), at: 5, previous: note(), published: false,
+        let e = events(alice, Change(seq: 7, op: .upsert(note(.read, .seen))), at: 5, previous: note(), published: false,
                                     by: .device("phone"))
         XCTAssertEqual(e.count, 2)
         XCTAssertEqual(e.map(\.data["seq"]), [.int(7), .int(7)], "one request: one seq for both")
@@ -48,13 +55,13 @@ final class WebhookEventTests: XCTestCase {
         let body = try JSONParser.parse(e[0].body).objectValue?["data"]?.objectValue
         XCTAssertEqual(body?["notification"], note(.read, .seen).json, "the body's data carries the notification")
         XCTAssertEqual(body?["deviceId"], "phone")
-        let app = WebhookEvent.events(alice, Change(seq: 1, op: .upsert(note())), at: 5, previous: nil, published: true, by: .app)
+        let app = events(alice, Change(seq: 1, op: .upsert(note())), at: 5, previous: nil, published: true, by: .app)
         XCTAssertEqual(app[0].data["deviceId"], .null)
     }
 
     func testDeletesAndExpiriesButNoHiddenOnes() {
         func deleted(_ reason: DeleteReason, by actor: ChangeActor) -> [WebhookEvent] {
-            WebhookEvent.events(alice, Change(seq: 9, op: .delete(id: "n_1", appNotificationId: "task-1", reason: reason)), at: 5,
+            events(alice, Change(seq: 9, op: .delete(id: "n_1", appNotificationId: "task-1", reason: reason)), at: 5,
                                 previous: note(), published: false, by: actor)
         }
         let e = deleted(.expired, by: .herald)
