@@ -49,3 +49,36 @@ final class WebhookTests: XCTestCase {
         XCTAssertEqual(WebhookDispatch.delay(attempts: 0, retryAfterSeconds: -5, jitter: none), 5_000)
     }
 }
+
+/// The outbox's recording end, in process: what a batch records, and that
+/// a rolled-back one records nothing. The endpoint refuses connections
+/// (port 9 on loopback), so what was recorded stays pending.
+final class WebhookOutboxTests: XCTestCase {
+    func app(events: Set<WebhookEventType>? = nil) -> AppConfig {
+        AppConfig(id: Harness.app.id, serverKeys: Harness.app.serverKeys, tokenSecrets: Harness.app.tokenSecrets,
+                  webhooks: [WebhookEndpoint(url: "http://127.0.0.1:9/hooks", secrets: [[UInt8](repeating: 1, count: 32)], events: events)])
+    }
+
+    func testAFailedCommitRecordsNoEventAndTheNextBatchOnlyItsOwn() throws {
+        let store = FailingStore()
+        let h = Harness(store: store, apps: [app()])
+        store.failCommits = 1
+        let failed = h.publish("u", "n0")
+        h.settle()
+        XCTAssertEqual(failed.response?.status, 503)
+        XCTAssertEqual(try store.pendingWebhooks(), 0, "nothing of the rolled-back batch")
+        let published = h.publish("u", "n1")
+        h.settle()
+        XCTAssertEqual(published.response?.status, 201)
+        XCTAssertEqual(try store.pendingWebhooks(), 1, "notification.created, kept until delivered")
+    }
+
+    func testAnEndpointGetsOnlyTheTypesItTakes() throws {
+        let store = FailingStore()
+        let h = Harness(store: store, apps: [app(events: [.read])])
+        let published = h.publish("u", "n0")
+        h.settle()
+        XCTAssertEqual(published.response?.status, 201)
+        XCTAssertEqual(try store.pendingWebhooks(), 0, "a publish gives no notification.read")
+    }
+}
