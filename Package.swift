@@ -44,7 +44,7 @@ let package = Package(
         .target(name: "HeraldPorts", dependencies: ["HeraldCore"]),
         // The gateway's logic: engine (store owner, fan-out), HTTP API,
         // WebSocket sessions. Knows nothing of libwebsockets.
-        .target(name: "HeraldGateway", dependencies: ["HeraldCore", "HeraldCrypto", "HeraldPorts"]),
+        .target(name: "HeraldGateway", dependencies: ["HeraldCore", "HeraldCrypto", "HeraldPorts", "HeraldCurl"]),
         // The Redis bus behind HeraldPorts.Bus: the only code that talks to hiredis.
         .target(name: "HeraldRedis", dependencies: ["HeraldCore", "HeraldPorts", "CHiredis"]),
         // The only code that talks to libcurl: an HTTP/2 client on a thread of its own.

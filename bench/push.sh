@@ -18,6 +18,12 @@
 #   memory      WAITING (100,000) pushes for a stand-in that answers 503:
 #               Herald's RSS while they wait and retry.
 #
+# HARM_FEATURE=webhooks makes harm compare webhooks off and on instead
+# (SPEC 13: every publish an event to a 204 receiver, bench/webhooks.py
+# receive; WEBHOOK_EVENTS=notification.read,notification.dismissed: an
+# endpoint the publishes give nothing); PAIRS=0 and PERF=0 leave only the
+# callgrind counts.
+#
 # SCENARIOS="throughput harm memory" picks some. Everything runs on
 # 127.0.0.1, bounded in count and time; what it starts it stops, by pid.
 set -euo pipefail
@@ -32,6 +38,8 @@ PAIRS=${PAIRS:-3}
 IR_PAIRS=${IR_PAIRS:-2}
 IR_RATE=${IR_RATE:-200}
 HARM_STORE=${HARM_STORE:-memory}  # the callgrind pairs' store: memory or sqlite
+HARM_FEATURE=${HARM_FEATURE:-push}  # what harm turns on: push or webhooks
+PERF=${PERF:-1}
 WAITING=${WAITING:-100000}
 FANOUT_USERS=${FANOUT_USERS:-1000}
 FANOUT_DEVICES=${FANOUT_DEVICES:-3}
@@ -69,7 +77,9 @@ standin() { # service state-dir args...
 herald_start() { # name store push-state|off
     local name=$1 store=$2 state=$3
     local push=""
-    if [ "$state" != off ]; then
+    if [ "$state" != off ] && [ "$HARM_FEATURE" = webhooks ] && [[ "$name" == harm-* || "$name" == ir-* ]]; then
+        push=",\"webhooks\":$WEBHOOKS"
+    elif [ "$state" != off ]; then
         push=$(python3 - "$state" "$STANDIN_URL" <<'EOF'
 import json, sys
 state, url = sys.argv[1], sys.argv[2]
@@ -200,8 +210,14 @@ if [[ " $SCENARIOS " == *" throughput "* ]]; then
 fi
 
 if [[ " $SCENARIOS " == *" harm "* ]]; then
-    log "harm: live fan-out with push off and on ($HANDLES idle handles), $PAIRS alternated pairs"
+    log "harm: live fan-out with $HARM_FEATURE off and on ($HANDLES idle handles), $PAIRS alternated pairs"
     standin apns "$WORK/apns-idle"
+    if [ "$HARM_FEATURE" = webhooks ]; then
+        python3 "$BENCH/webhooks.py" receive > "$WORK/webhooks.json" 2> "$OUT/push-webhook-receiver.log" &
+        STARTED_PIDS+=("$!")
+        for _ in $(seq 1 100); do [ -s "$WORK/webhooks.json" ] && break; sleep 0.1; done
+        WEBHOOKS=$(head -1 "$WORK/webhooks.json")
+    fi
     echo "## Live delivery with push off and on ($HANDLES idle handles)" >> "$RESULTS"
     echo >> "$RESULTS"
     echo "| pair | push | fan-out CPU s per million deliveries | fan-out p99 ms | saturation deliveries/s |" >> "$RESULTS"
@@ -235,7 +251,7 @@ if [[ " $SCENARIOS " == *" harm "* ]]; then
     echo >> "$RESULTS"
     # Apart from the pairs, whose CPU figures perf would inflate: which
     # share of Herald's samples the push code takes in the same fan-out.
-    if command -v perf >/dev/null; then
+    if [ "$PERF" = 1 ] && command -v perf >/dev/null; then
         herald_start harm-profiled memory "$WORK/apns-idle"
         python3 "$BENCH/push_load.py" register "http://127.0.0.1:$PORT" "$HANDLES" idle
         perf record -q -g -p "$HERALD_PID" -o "$WORK/harm.perf" -- sleep "$FANOUT_SECONDS" >/dev/null 2>&1 &
@@ -268,6 +284,7 @@ if [[ " $SCENARIOS " == *" harm "* ]]; then
             for mode in off on; do
                 state=off plain=plain
                 [ "$mode" = on ] && state=$WORK/apns-idle plain=""
+                [ "$HARM_FEATURE" = webhooks ] && plain=plain  # no push configured: devices without handles
                 store=$HARM_STORE
                 [ "$store" = sqlite ] && store=sqlite:$WORK/ir-$mode-$pair.db
                 CG_OUT=$OUT/push-ir-$mode-$pair.callgrind HERALD_BIN=$WORK/herald-callgrind herald_start "ir-$mode" "$store" "$state"
@@ -279,12 +296,13 @@ if [[ " $SCENARIOS " == *" harm "* ]]; then
                 herald_stop "$HERALD_PID"
                 # Inclusive counts: all, Maintenance.run, PushDispatch.note + record.
                 row=$(callgrind_annotate --inclusive=yes "$OUT/push-ir-$mode-$pair.callgrind" 2>/dev/null | swift demangle --simplified | awk \
-                    -v d="$(res "$log" step=0 delivered)" -v pair="$pair" -v mode="$mode" '
+                    -v d="$(res "$log" step=0 delivered)" -v pair="$pair" -v mode="$mode" \
+                    -v f="$( [ "$HARM_FEATURE" = webhooks ] && echo WebhookDispatch || echo PushDispatch )" '
                     function n(s) { gsub(",", "", s); return s + 0 }
                     /PROGRAM TOTALS/ { t = n($1) }
                     /[:.]Maintenance\.run\(/ && !m { m = n($1) }
-                    /[:.]PushDispatch\.record\(/ && !r { r = n($1) }
-                    /[:.]PushDispatch\.note\(/ && !o { o = n($1) }
+                    $0 ~ "[:.]" f "\\.record\\(" && !r { r = n($1) }
+                    $0 ~ "[:.]" f "\\.note\\(" && !o { o = n($1) }
                     END { if (d > 0) printf "| %s | %s | %d | %.0f | %.0f | %.0f | %.0f |", pair, mode, d, t / d, m / d, (t - m) / d, (r + o) / d
                           else printf "| %s | %s | 0 | - | - | - | - |", pair, mode }')
                 echo "$row" >> "$RESULTS"

@@ -63,14 +63,13 @@ def register(base: str, count: int, prefix: str, handles: bool = True) -> None:
         t.join()
 
 
-def publish(base: str, count: int, rate: float, prefix: str) -> None:
-    acked, errors, ack_times = 0, 0, {}
-    lock = threading.Lock()
-    workers = 16
+def paced(base: str, count: int, rate: float, call, workers: int = 16) -> float:
+    """Runs `call(conn, i)` for i in 0..<count at `rate` per second over
+    `workers` connections (each i no sooner than its turn); answers the
+    seconds it took. Bounded by DEADLINE."""
     start = time.monotonic()
 
     def work(k: int):
-        nonlocal acked, errors
         conn = connection(base)
         for i in range(k, count, workers):
             due = start + i / rate
@@ -78,20 +77,31 @@ def publish(base: str, count: int, rate: float, prefix: str) -> None:
                 time.sleep(due - now)
             if now > DEADLINE:
                 return
-            status, data = request(conn, "POST", f"/v1/apps/{APP}/users/{prefix}{i}/notifications",
-                                {"appNotificationId": f"b{i}", "payload": {"title": f"Bench {i}", "body": "push benchmark"}})
-            with lock:
-                if status in (200, 201):
-                    acked += 1
-                    ack_times[json.loads(data)["notification"]["id"]] = time.time()
-                else:
-                    errors += 1
+            call(conn, i)
     threads = [threading.Thread(target=work, args=(k,)) for k in range(workers)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    print(json.dumps({"acked": acked, "errors": errors, "seconds": time.monotonic() - start,
+    return time.monotonic() - start
+
+
+def publish(base: str, count: int, rate: float, prefix: str) -> None:
+    acked, errors, ack_times = 0, 0, {}
+    lock = threading.Lock()
+
+    def one(conn, i: int):
+        nonlocal acked, errors
+        status, data = request(conn, "POST", f"/v1/apps/{APP}/users/{prefix}{i}/notifications",
+                               {"appNotificationId": f"b{i}", "payload": {"title": f"Bench {i}", "body": "push benchmark"}})
+        with lock:
+            if status in (200, 201):
+                acked += 1
+                ack_times[json.loads(data)["notification"]["id"]] = time.time()
+            else:
+                errors += 1
+    seconds = paced(base, count, rate, one)
+    print(json.dumps({"acked": acked, "errors": errors, "seconds": seconds,
                       "cpu": time.process_time(), "ack_times": ack_times}))
 
 

@@ -58,3 +58,18 @@ public enum Base64URL {
         return out
     }
 }
+
+/// Standard base64 (RFC 4648 section 4), padded: what Standard Webhooks
+/// secrets and signatures are written in.
+public enum Base64 {
+    public static func encode(_ bytes: [UInt8]) -> String {
+        let url = Base64URL.encode(bytes)
+        return String(url.map { $0 == "-" ? "+" : $0 == "_" ? "/" : $0 }) + String(repeating: "=", count: (4 - url.count % 4) % 4)
+    }
+
+    /// Strict: padded to a multiple of four, no stray bits.
+    public static func decode(_ s: Substring) -> [UInt8]? {
+        guard s.count % 4 == 0, !s.contains("-"), !s.contains("_") else { return nil }
+        return Base64URL.decode(optionallyPadded: Substring(s.map { $0 == "+" ? "-" : $0 == "/" ? "_" : $0 }))
+    }
+}

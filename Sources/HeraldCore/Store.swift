@@ -161,12 +161,15 @@ public protocol StoreLookups: StoreReading {
     /// count the store keeps in the transactions that add and remove them,
     /// not a scan of the outbox, which may be long.
     func pendingPushes() throws(StoreError) -> Int
+    /// How many webhook deliveries wait or are in flight
+    /// (`herald_webhook_pending`), kept as `pendingPushes` is.
+    func pendingWebhooks() throws(StoreError) -> Int
     /// The token kept under `name` (SPEC section 10: one APNs provider
     /// token per key for the deployment), nil when none is.
     func sharedToken(_ name: String) throws(StoreError) -> SharedToken?
 }
 
-public protocol NotificationStore: StoreLookups {
+public protocol NotificationStore: StoreLookups, WebhookOutbox {
     func begin() throws(StoreError)
     func commit() throws(StoreError)
     /// Whether the last `commit()` reached the store: only then does it say
@@ -294,6 +297,53 @@ extension NotificationStore {
     /// Drops every change recorded before `before` in one call; how many.
     public func pruneChanges(before: Millis) throws(StoreError) -> Int {
         try pruneChanges(before: before, limit: .max).changes
+    }
+}
+
+/// The webhook outbox's writes (SPEC section 13): the push outbox's
+/// mechanism (a row due at a time, claimed under a lease, PostgreSQL
+/// skipping rows another node claims, retried at a later time, counted by
+/// the store's own transactions), one row per event and endpoint.
+/// Engine thread, inside a transaction (`FeedTransaction.webhookOutbox`).
+public protocol WebhookOutbox: AnyObject {
+    /// Records `body`, event `eventId`, for endpoint `url` of `app`, due now.
+    func enqueueWebhook(app: String, url: String, eventId: String, body: [UInt8], at: Millis) throws(StoreError)
+    /// Up to `limit` deliveries to `url` of `app` due by `now` that nobody
+    /// holds, oldest due first, now held until `until` (as `claimPushes`).
+    func claimWebhooks(app: String, url: String, now: Millis, until: Millis, limit: Int) throws(StoreError) -> [WebhookJob]
+    /// A delivery done or given up: removed.
+    func finishWebhook(_ job: WebhookJob) throws(StoreError)
+    /// A delivery to try again at `at`, one more attempt counted.
+    func retryWebhook(_ job: WebhookJob, at: Millis) throws(StoreError)
+    /// Drops deliveries recorded before `before` (their 24 hours ran out,
+    /// or their endpoint left the config): how many, at most `limit`.
+    func dropWebhooks(committedBefore before: Millis, limit: Int) throws(StoreError) -> Int
+}
+
+/// A row of an outbox (push or webhook), as the stores' shared claim and retry code sees it.
+public protocol OutboxJob: Sendable {
+    var id: Int64 { get }
+    var attempts: Int { get set }
+}
+
+extension PushJob: OutboxJob {}
+extension WebhookJob: OutboxJob {}
+
+/// One webhook event waiting for one endpoint (`NotificationStore.claimWebhooks`).
+public struct WebhookJob: Sendable, Equatable {
+    public let id: Int64
+    public let app: String
+    public let url: String
+    /// `webhook-id`: one per event, the same for every endpoint and retry.
+    public let eventId: String
+    public let body: [UInt8]
+    /// When the change behind it committed: the latency metric's start, and its 24 hours'.
+    public let committedAt: Millis
+    public var attempts: Int
+
+    public init(id: Int64, app: String, url: String, eventId: String, body: [UInt8], committedAt: Millis, attempts: Int = 0) {
+        self.id = id; self.app = app; self.url = url; self.eventId = eventId; self.body = body
+        self.committedAt = committedAt; self.attempts = attempts
     }
 }
 

@@ -3,7 +3,7 @@
 /// per host (APNs wants exactly that), kept between requests.
 ///
 /// A device can name a Web Push endpoint, so every request is held to
-/// `https` with the peer's certificate checked, follows no redirect, uses no
+/// `https` (unless `plainHTTP`) with the peer's certificate checked, follows no redirect, uses no
 /// proxy from the environment, and takes at most `maxResponseBytes` of
 /// headers and as much of body.
 public final class CurlClient: Sendable {
@@ -21,11 +21,13 @@ public final class CurlClient: Sendable {
     ///     every quiet two minutes, which APNs asks senders not to do).
     ///     curl counts whole seconds. A connection the server closed, or
     ///     whose peer TCP keepalive found gone, is replaced whatever the limit.
+    ///   - plainHTTP: `http://` URLs are sent to as well, for addresses an
+    ///     operator chose (webhooks); never for one a device can name.
     public init(name: String, caFile: String?, http2: Bool, maxInFlight: Int, maxResponseBytes: Int = 64 * 1024,
-                idleLimit: Duration? = nil) throws {
+                idleLimit: Duration? = nil, plainHTTP: Bool = false) throws {
         let idleSeconds = idleLimit.map { Int(($0 / .seconds(1)).rounded(.down)) } ?? Int.max
         loop = try CurlLoop(caFile: caFile, http2: http2, maxInFlight: max(1, maxInFlight), maxResponseBytes: maxResponseBytes,
-                            idleSeconds: idleSeconds)
+                            idleSeconds: idleSeconds, plainHTTP: plainHTTP)
         loop.start(name: name)
     }
 

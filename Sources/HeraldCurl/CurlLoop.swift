@@ -35,6 +35,7 @@ final class CurlLoop: @unchecked Sendable {  // `shared` only under `lock`; `mul
     private let multi: UnsafeMutableRawPointer
     private let caFile: String?
     private let http2: Bool
+    private let plainHTTP: Bool
     private let maxInFlight: Int
     private let maxResponseBytes: Int
     private let idleSeconds: Int
@@ -48,14 +49,14 @@ final class CurlLoop: @unchecked Sendable {  // `shared` only under `lock`; `mul
 
     private static let globalInit: Void = { curl_global_init(Int(CURL_GLOBAL_DEFAULT)) }()
 
-    init(caFile: String?, http2: Bool, maxInFlight: Int, maxResponseBytes: Int, idleSeconds: Int) throws {
+    init(caFile: String?, http2: Bool, maxInFlight: Int, maxResponseBytes: Int, idleSeconds: Int, plainHTTP: Bool) throws {
         _ = Self.globalInit
         guard let m = curl_multi_init() else { throw CurlFailure.other("curl_multi_init failed") }
         let codes = [
             herald_multi_setopt_long(m, CURLMOPT_PIPELINING, Int(CURLPIPE_MULTIPLEX)),
             // HTTP/2: every stream on one connection per host, as APNs asks.
-            // HTTP/1.1 carries one request at a time per connection: a few, as browsers keep.
-            herald_multi_setopt_long(m, CURLMOPT_MAX_HOST_CONNECTIONS, http2 ? 1 : 6),
+            // HTTP/1.1 carries one request at a time per connection: one per request in flight.
+            herald_multi_setopt_long(m, CURLMOPT_MAX_HOST_CONNECTIONS, http2 ? 1 : maxInFlight),
             herald_multi_setopt_long(m, CURLMOPT_MAX_CONCURRENT_STREAMS, maxInFlight),
         ]
         if let bad = codes.first(where: { $0 != CURLM_OK }) {
@@ -63,7 +64,7 @@ final class CurlLoop: @unchecked Sendable {  // `shared` only under `lock`; `mul
             throw CurlFailure.other("curl_multi_setopt: " + String(cString: curl_multi_strerror(bad)))
         }
         multi = m
-        self.caFile = caFile; self.http2 = http2; self.maxInFlight = maxInFlight; self.maxResponseBytes = maxResponseBytes
+        self.caFile = caFile; self.http2 = http2; self.plainHTTP = plainHTTP; self.maxInFlight = maxInFlight; self.maxResponseBytes = maxResponseBytes
         self.idleSeconds = idleSeconds
     }
 
@@ -144,7 +145,8 @@ final class CurlLoop: @unchecked Sendable {  // `shared` only under `lock`; `mul
         guard let t = CurlTransfer(limit: maxResponseBytes, completion: w.completion) else {
             return complete(w.completion, .failure(.other("curl_easy_init failed")))
         }
-        if let failure = t.configure(w.request, timeout: left, caFile: caFile, http2: http2, idleSeconds: idleSeconds) {
+        if let failure = t.configure(w.request, timeout: left, caFile: caFile, http2: http2, idleSeconds: idleSeconds,
+                                     plainHTTP: plainHTTP) {
             return complete(w.completion, .failure(failure))
         }
         let code = curl_multi_add_handle(multi, t.easy)

@@ -1,3 +1,5 @@
+import Foundation
+
 /// One HTTP request to a push service.
 public struct CurlRequest: Sendable {
     /// An HTTP method token, such as "POST".
@@ -28,4 +30,9 @@ public struct CurlResponse: Sendable {
     public init(status: Int, headers: [String: String], body: [UInt8], httpVersion: Int) {
         self.status = status; self.headers = headers; self.body = body; self.httpVersion = httpVersion
     }
+}
+
+extension CurlResponse {
+    /// `Retry-After` in seconds (the delta form; a date is taken as none).
+    public var retryAfterSeconds: Int? { headers["retry-after"].flatMap { Int($0.trimmingCharacters(in: .whitespaces)) } }
 }

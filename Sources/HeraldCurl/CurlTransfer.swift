@@ -31,8 +31,8 @@ final class CurlTransfer {
 
     /// Sets the handle up for `r` with `timeout` left, taking a connection
     /// idle at most `idleSeconds`; nil when it is ready to go.
-    func configure(_ r: CurlRequest, timeout: Duration, caFile: String?, http2: Bool, idleSeconds: Int) -> CurlFailure? {
-        if let problem = Self.problem(r) { return .refused(problem) }
+    func configure(_ r: CurlRequest, timeout: Duration, caFile: String?, http2: Bool, idleSeconds: Int, plainHTTP: Bool) -> CurlFailure? {
+        if let problem = Self.problem(r, plainHTTP: plainHTTP) { return .refused(problem) }
         for (name, value) in r.headers {
             // "Name;" is how curl sends an empty value: "Name:" would drop the header.
             headerList = curl_slist_append(headerList, value.isEmpty ? "\(name);" : "\(name): \(value)")
@@ -44,8 +44,9 @@ final class CurlTransfer {
         var codes = [
             herald_curl_setopt_string(easy, CURLOPT_URL, r.url),
             // A device can name a Web Push endpoint, so nothing here may reach
-            // further than that: https only, no redirect, no proxy from the environment.
-            herald_curl_setopt_string(easy, CURLOPT_PROTOCOLS_STR, "https"),
+            // further than that: https only (http too where an operator chose
+            // the address), no redirect, no proxy from the environment.
+            herald_curl_setopt_string(easy, CURLOPT_PROTOCOLS_STR, plainHTTP ? "http,https" : "https"),
             herald_curl_setopt_string(easy, CURLOPT_REDIR_PROTOCOLS_STR, "https"),
             herald_curl_setopt_long(easy, CURLOPT_FOLLOWLOCATION, 0),
             herald_curl_setopt_string(easy, CURLOPT_PROXY, ""),
@@ -90,8 +91,10 @@ final class CurlTransfer {
     }
 
     /// Why `r` must not be sent, if it must not.
-    private static func problem(_ r: CurlRequest) -> String? {
-        guard r.url.prefix(8).lowercased() == "https://" else { return "only https URLs are sent to" }
+    private static func problem(_ r: CurlRequest, plainHTTP: Bool) -> String? {
+        guard r.url.prefix(8).lowercased() == "https://" || (plainHTTP && r.url.prefix(7).lowercased() == "http://") else {
+            return "only https URLs are sent to"
+        }
         guard !r.method.isEmpty, r.method.allSatisfy({ $0.isASCII && $0.isLetter }) else {
             return "method \(r.method.debugDescription)"
         }

@@ -10,6 +10,8 @@ import Synchronization
 public final class Gateway: Sendable {
     public let config: GatewayConfig
     public let metrics = Metrics()
+    /// The webhook endpoints' HTTP clients, shared by the partitions.
+    let webhookSenders = WebhookSenders()
     public let clock: Clock
     /// The apps in force by id (with the demo app), replaced whole by a
     /// reload; read on every loop.
@@ -63,13 +65,17 @@ public final class Gateway: Sendable {
         startedAt = clock.ticks()
         let reader = try stores[0].makeReader().map(ReaderThread.init)
         let metrics = self.metrics
+        let webhookSenders = self.webhookSenders
+        webhookSenders.configure(config.allApps)
         partitions = stores.enumerated().map { i, store in
-            Engine(store: store, reader: reader, bus: bus, limits: config.limits, metrics: metrics, clock: clock, partition: i)
+            Engine(store: store, reader: reader, bus: bus, limits: config.limits, metrics: metrics, clock: clock, partition: i,
+                   webhookSenders: webhookSenders)
         }
         if bus != nil { metrics.bus.enabled.store(true, ordering: .relaxed) }
         for e in partitions {
             e.partitions = partitions
             e.push.configure(config.allApps)
+            e.webhooks.configure(config.allApps)
             e.push.connect(push, partitions: partitions.count)
         }
         push?.share(StoreTokens(engine: partitions[0]))
@@ -103,6 +109,7 @@ public final class Gateway: Sendable {
     public func stop() {
         // Pushes in flight come back as retries, written before the engines stop.
         partitions[0].push.transport?.stop()
+        webhookSenders.stop()
         for e in partitions { e.stop() }
         reads.stop()
         bus?.stop()
@@ -129,7 +136,9 @@ public final class Gateway: Sendable {
         next.apps = apps
         let served = Self.byId(next.allApps)
         appsInForce.withLock { $0 = served }
-        for e in partitions { e.push.configure(next.allApps) }
+        // The clients first: an endpoint's events are claimed for it once its client is there.
+        webhookSenders.configure(next.allApps)
+        for e in partitions { e.push.configure(next.allApps); e.webhooks.configure(next.allApps) }
         partitions[0].push.transport?.reload(next.allApps)
         let tally = Locked((shardsLeft: shards.count, ended: 0))
         for shard in shards {

@@ -39,6 +39,8 @@ public final class Metrics: Sendable {
     public let bus = BusMetrics()
     /// Shown once an app configures push.
     public let push = PushMetrics()
+    /// Shown once an app configures webhooks.
+    public let webhooks = WebhookMetrics()
 
     public init() {}
 
@@ -49,12 +51,16 @@ public final class Metrics: Sendable {
 
     private func index(_ t: TransportKind) -> Int { TransportKind.allCases.firstIndex(of: t)! }
 
+    /// One metric's HELP and TYPE lines, then a series per value of its one label.
+    static func family(_ name: String, _ type: String, _ help: String, label: String, _ rows: some Sequence<(String, Int)>) -> String {
+        var s = "# HELP \(name) \(help)\n# TYPE \(name) \(type)\n"
+        for (value, n) in rows { s += "\(name){\(label)=\"\(value)\"} \(n)\n" }
+        return s
+    }
+
     public func prometheusText() -> String {
-        var s = "# HELP herald_connections Open device connections by transport.\n# TYPE herald_connections gauge\n"
-        let open = connections.withLock { $0 }
-        for (i, t) in TransportKind.allCases.enumerated() {
-            s += "herald_connections{transport=\"\(t.rawValue)\"} \(open[i])\n"
-        }
+        var s = Self.family("herald_connections", "gauge", "Open device connections by transport.", label: "transport",
+                            zip(TransportKind.allCases.map(\.rawValue), connections.withLock { $0 }))
         s += "# HELP herald_publishes_total Notifications published.\n# TYPE herald_publishes_total counter\n"
         s += "herald_publishes_total \(publishes.load(ordering: .relaxed))\n"
         s += "# HELP herald_deliveries_total Changes delivered to devices.\n# TYPE herald_deliveries_total counter\n"
@@ -68,18 +74,13 @@ public final class Metrics: Sendable {
         s += "herald_store_conflict_retries_total \(storeConflictRetries.load(ordering: .relaxed))\n"
         s += "# HELP herald_deferred_bursts_total Live changes that would have taken a connection past its unsent-data limit, sent from the store as the client read instead.\n# TYPE herald_deferred_bursts_total counter\n"
         s += "herald_deferred_bursts_total \(deferredBursts.load(ordering: .relaxed))\n"
-        s += "# HELP herald_dropped_connections_total Connections closed by the gateway.\n# TYPE herald_dropped_connections_total counter\n"
-        let dropped = drops.withLock { $0 }
-        for (i, r) in DropReason.allCases.enumerated() {
-            s += "herald_dropped_connections_total{reason=\"\(r.rawValue)\"} \(dropped[i])\n"
-        }
-        s += "# HELP herald_refused_connections_total Connections turned away at accept.\n# TYPE herald_refused_connections_total counter\n"
-        let refused = refusals.withLock { $0 }
-        for (i, r) in RefusalReason.allCases.enumerated() {
-            s += "herald_refused_connections_total{reason=\"\(r.rawValue)\"} \(refused[i])\n"
-        }
+        s += Self.family("herald_dropped_connections_total", "counter", "Connections closed by the gateway.", label: "reason",
+                         zip(DropReason.allCases.map(\.rawValue), drops.withLock { $0 }))
+        s += Self.family("herald_refused_connections_total", "counter", "Connections turned away at accept.", label: "reason",
+                         zip(RefusalReason.allCases.map(\.rawValue), refusals.withLock { $0 }))
         if bus.enabled.load(ordering: .relaxed) { s += bus.text() }
         if push.enabled.load(ordering: .relaxed) { s += push.text() }
+        if webhooks.enabled.load(ordering: .relaxed) { s += webhooks.text() }
         return s
     }
 }

@@ -16,12 +16,14 @@ public struct AppConfig: Sendable, Equatable {
     /// Groups whose notifications reach the inbox and push whatever users
     /// chose (SPEC section 12).
     public let criticalGroups: [String]
+    /// Where this app's events go (SPEC section 13); none by default.
+    public let webhooks: [WebhookEndpoint]
 
     public init(id: String, serverKeys: [String], tokenSecrets: [TokenSecret], allowedOrigins: [String] = [], push: PushSettings? = nil,
-                criticalGroups: [String] = []) {
+                criticalGroups: [String] = [], webhooks: [WebhookEndpoint] = []) {
         precondition(!serverKeys.isEmpty && !tokenSecrets.isEmpty, "app \(id) needs a server key and a token secret")
         self.id = id; self.serverKeys = serverKeys; self.tokenSecrets = tokenSecrets; self.allowedOrigins = allowedOrigins
-        self.push = push; self.criticalGroups = criticalGroups
+        self.push = push; self.criticalGroups = criticalGroups; self.webhooks = webhooks
     }
 
     /// One key and one secret without kid: the form without rotation.
@@ -32,6 +34,33 @@ public struct AppConfig: Sendable, Equatable {
     }
 
     public var signingSecret: TokenSecret { tokenSecrets[0] }
+}
+
+/// One `webhooks` entry of an app (SPEC section 13, docs/OPERATIONS.md
+/// "Webhooks"). Its description leaves the secrets out: they are never logged.
+public struct WebhookEndpoint: Sendable, Equatable, CustomStringConvertible {
+    /// `http://` or `https://`: the outbox keeps its events under it.
+    public let url: String
+    /// The keys (the bytes after `whsec_`), newest first: each signs.
+    public let secrets: [[UInt8]]
+    /// The types sent; nil: all.
+    public let events: Set<WebhookEventType>?
+    public let caFile: String?
+
+    public init(url: String, secrets: [[UInt8]], events: Set<WebhookEventType>? = nil, caFile: String? = nil) {
+        self.url = url; self.secrets = secrets; self.events = events; self.caFile = caFile
+    }
+
+    public func takes(_ type: WebhookEventType) -> Bool { events?.contains(type) ?? true }
+
+    public var description: String { "webhook \(url)" }
+
+    /// The key of a Standard Webhooks secret, `whsec_` and the base64 of 24
+    /// to 64 bytes; nil when it is not one.
+    public static func key(ofSecret s: String) -> [UInt8]? {
+        guard s.hasPrefix("whsec_"), let key = Base64.decode(s.dropFirst(6)), (24...64).contains(key.count) else { return nil }
+        return key
+    }
 }
 
 /// An app's push credentials and options (SPEC section 10, docs/OPERATIONS.md

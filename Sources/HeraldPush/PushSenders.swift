@@ -135,11 +135,6 @@ public final class PushSenders: PushTransport {
     }
 }
 
-extension CurlResponse {
-    /// `Retry-After` in seconds (the delta form; a date is taken as none).
-    var retryAfterSeconds: Int? { headers["retry-after"].flatMap { Int($0.trimmingCharacters(in: .whitespaces)) } }
-}
-
 extension PushMessage {
     /// FCM's `ttl` and Web Push's `TTL`: the lifetime left, rounded up and
     /// never 0, which means "now or never" (WNS refuses it). The gateway

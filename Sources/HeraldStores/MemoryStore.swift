@@ -36,9 +36,8 @@ public final class MemoryStore: NotificationStore {
     private var devicesByUser: [UserKey: [Device]] = [:]
     /// Per deadline, the notifications it falls for, earliest first.
     private var dueHeaps: [Deadline: Heap<DueEntry>] = [.expiry: Heap(), .wake: Heap()]
-    /// The push outbox by id (ids ascend in the order recorded).
-    private var pushes: [Int64: PushRow] = [:]
-    private var lastPushId: Int64 = 0
+    private var pushes = OutboxRows<PushJob>()
+    private var webhooks = OutboxRows<WebhookJob>()
     /// Per device, when its next tap may be sent (`spaceTaps`).
     private var tapsNotBefore: [DeviceKey: Millis] = [:]
     private var sharedTokens: [String: SharedToken] = [:]
@@ -48,10 +47,17 @@ public final class MemoryStore: NotificationStore {
         let deviceId: String
     }
 
-    struct PushRow {
-        var job: PushJob
-        var dueAt: Millis
-        var claimedUntil: Millis = 0
+    /// An outbox, the push one or the webhook one, by id (ids ascend in
+    /// the order recorded): each row due at a time, held until its claim
+    /// runs out.
+    struct OutboxRows<Job: OutboxJob> {
+        struct Row {
+            var job: Job
+            var dueAt: Millis
+            var claimedUntil: Millis = 0
+        }
+        var rows: [Int64: Row] = [:]
+        var lastId: Int64 = 0
     }
 
     struct DueEntry: Comparable {
@@ -293,16 +299,38 @@ public final class MemoryStore: NotificationStore {
 }
 
 extension MemoryStore {
-    private func setPush(_ id: Int64, _ row: PushRow?) {
-        let old = pushes[id]
-        pushes[id] = row
-        onRollback { s in s.pushes[id] = old }
+    private func set<J>(_ box: ReferenceWritableKeyPath<MemoryStore, OutboxRows<J>>, _ id: Int64, _ row: OutboxRows<J>.Row?) {
+        let old = self[keyPath: box].rows[id]
+        self[keyPath: box].rows[id] = row
+        onRollback { s in s[keyPath: box].rows[id] = old }
+    }
+
+    private func setPush(_ id: Int64, _ row: OutboxRows<PushJob>.Row?) { set(\.pushes, id, row) }
+
+    /// Up to `limit` rows of `box` due by `now`, unheld and `matching`, oldest due first, now held until `until`.
+    private func claim<J>(_ box: ReferenceWritableKeyPath<MemoryStore, OutboxRows<J>>, now: Millis, until: Millis, limit: Int,
+                          matching: (J) -> Bool = { _ in true }) -> [J] {
+        let due = self[keyPath: box].rows.values.filter { $0.dueAt <= now && $0.claimedUntil <= now && matching($0.job) }
+            .sorted { ($0.dueAt, $0.job.id) < ($1.dueAt, $1.job.id) }.prefix(limit)
+        for var row in due {
+            row.claimedUntil = until
+            set(box, row.job.id, row)
+        }
+        return due.map(\.job)
+    }
+
+    private func retry<J>(_ box: ReferenceWritableKeyPath<MemoryStore, OutboxRows<J>>, _ job: J, at: Millis) {
+        guard var row = self[keyPath: box].rows[job.id] else { return }
+        row.job.attempts = job.attempts + 1
+        row.dueAt = at
+        row.claimedUntil = 0
+        set(box, job.id, row)
     }
 
     @discardableResult
     public func enqueuePush(_ user: UserKey, deviceId: String, _ message: PushMessage, at: Millis,
                             claimUntil: Millis?) throws(StoreError) -> PushJob? {
-        if message.kind == .tap, var row = pushes.values.first(where: {
+        if message.kind == .tap, var row = pushes.rows.values.first(where: {
             $0.job.user == user && $0.job.deviceId == deviceId && $0.job.message.kind == .tap
         }) {
             row.job.message = message
@@ -310,11 +338,11 @@ extension MemoryStore {
             setPush(row.job.id, row)
             return nil
         }
-        lastPushId += 1
-        let job = PushJob(id: lastPushId, user: user, deviceId: deviceId, message: message, committedAt: at)
+        pushes.lastId += 1
+        let job = PushJob(id: pushes.lastId, user: user, deviceId: deviceId, message: message, committedAt: at)
         let due = message.kind == .tap ? max(at, tapsNotBefore[DeviceKey(user: user, deviceId: deviceId)] ?? at) : at
         let claimed = due == at ? claimUntil : nil
-        setPush(lastPushId, PushRow(job: job, dueAt: due, claimedUntil: claimed ?? 0))
+        setPush(job.id, .init(job: job, dueAt: due, claimedUntil: claimed ?? 0))
         return claimed == nil ? nil : job
     }
 
@@ -326,40 +354,28 @@ extension MemoryStore {
 
     public func spaceTaps(_ user: UserKey, deviceId: String, until: Millis) throws(StoreError) {
         setTapsNotBefore(DeviceKey(user: user, deviceId: deviceId), until)
-        for var row in pushes.values where row.job.user == user && row.job.deviceId == deviceId && row.job.message.kind == .tap {
+        for var row in pushes.rows.values where row.job.user == user && row.job.deviceId == deviceId && row.job.message.kind == .tap {
             row.dueAt = max(row.dueAt, until)
             setPush(row.job.id, row)
         }
     }
 
     public func claimPushes(now: Millis, until: Millis, limit: Int) throws(StoreError) -> [PushJob] {
-        let due = pushes.values.filter { $0.dueAt <= now && $0.claimedUntil <= now }
-            .sorted { ($0.dueAt, $0.job.id) < ($1.dueAt, $1.job.id) }.prefix(limit)
-        for var row in due {
-            row.claimedUntil = until
-            setPush(row.job.id, row)
-        }
-        return due.map(\.job)
+        claim(\.pushes, now: now, until: until, limit: limit)
     }
 
     public func finishPush(_ job: PushJob) throws(StoreError) {
-        guard var row = pushes[job.id] else { return }
+        guard var row = pushes.rows[job.id] else { return }
         guard row.job.generation != job.generation else { return setPush(job.id, nil) }
         row.claimedUntil = 0
         row.dueAt = min(row.dueAt, job.committedAt)
         setPush(job.id, row)
     }
 
-    public func retryPush(_ job: PushJob, at: Millis) throws(StoreError) {
-        guard var row = pushes[job.id] else { return }
-        row.job.attempts = job.attempts + 1
-        row.dueAt = at
-        row.claimedUntil = 0
-        setPush(job.id, row)
-    }
+    public func retryPush(_ job: PushJob, at: Millis) throws(StoreError) { retry(\.pushes, job, at: at) }
 
     public func dropPushes(_ user: UserKey, deviceId: String) throws(StoreError) {
-        for row in pushes.values where row.job.user == user && row.job.deviceId == deviceId { setPush(row.job.id, nil) }
+        for row in pushes.rows.values where row.job.user == user && row.job.deviceId == deviceId { setPush(row.job.id, nil) }
     }
 
     public func pushHolder(app: String, key: String) throws(StoreError) -> (user: String, deviceId: String)? {
@@ -369,7 +385,29 @@ extension MemoryStore {
         return nil
     }
 
-    public func pendingPushes() throws(StoreError) -> Int { pushes.count }
+    public func pendingPushes() throws(StoreError) -> Int { pushes.rows.count }
+
+    public func enqueueWebhook(app: String, url: String, eventId: String, body: [UInt8], at: Millis) throws(StoreError) {
+        webhooks.lastId += 1
+        let job = WebhookJob(id: webhooks.lastId, app: app, url: url, eventId: eventId, body: body, committedAt: at)
+        set(\.webhooks, job.id, .init(job: job, dueAt: at))
+    }
+
+    public func claimWebhooks(app: String, url: String, now: Millis, until: Millis, limit: Int) throws(StoreError) -> [WebhookJob] {
+        claim(\.webhooks, now: now, until: until, limit: limit) { $0.app == app && $0.url == url }
+    }
+
+    public func finishWebhook(_ job: WebhookJob) throws(StoreError) { set(\.webhooks, job.id, nil) }
+
+    public func retryWebhook(_ job: WebhookJob, at: Millis) throws(StoreError) { retry(\.webhooks, job, at: at) }
+
+    public func dropWebhooks(committedBefore before: Millis, limit: Int) throws(StoreError) -> Int {
+        let old = webhooks.rows.values.filter { $0.job.committedAt < before }.prefix(limit)
+        for row in old { set(\.webhooks, row.job.id, nil) }
+        return old.count
+    }
+
+    public func pendingWebhooks() throws(StoreError) -> Int { webhooks.rows.count }
 
     public func sharedToken(_ name: String) throws(StoreError) -> SharedToken? { sharedTokens[name] }
 

@@ -290,6 +290,38 @@ enum PostgresSchema {
         """,
         // 12: preferences (SPEC section 12).
         preferencesMigration,
+        // 13: the webhook outbox (SPEC section 13), rows as the push
+        // outbox's (OutboxSQL), one per event and endpoint. A new table:
+        // older nodes never read it. Its length is kept as push_outbox_size
+        // is (migration 9), by one function both outboxes' statement
+        // triggers now call with their size table's name (its column is
+        // named as push_outbox_size's). Renumbered by moving it alone.
+        OutboxSQL.webhookTable(id: "bigserial PRIMARY KEY", integer: "bigint") + """
+        CREATE TABLE webhook_outbox_size (writer integer PRIMARY KEY, pushes bigint NOT NULL);
+        INSERT INTO webhook_outbox_size VALUES (0, 0);
+        CREATE FUNCTION herald_outbox_size() RETURNS trigger
+        LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+        DECLARE moved bigint;
+        BEGIN
+            IF TG_OP = 'INSERT' THEN SELECT count(*) INTO moved FROM added; ELSE SELECT -count(*) INTO moved FROM removed; END IF;
+            IF moved <> 0 THEN
+                EXECUTE format('INSERT INTO %I AS s (writer, pushes) VALUES (pg_backend_pid(), $1)'
+                               ' ON CONFLICT (writer) DO UPDATE SET pushes = s.pushes + excluded.pushes', TG_ARGV[0]) USING moved;
+            END IF;
+            RETURN NULL;
+        END $$;
+        DROP TRIGGER push_outbox_added ON push_outbox;
+        DROP TRIGGER push_outbox_removed ON push_outbox;
+        DROP FUNCTION herald_push_outbox_size();
+        """ + ["push_outbox", "webhook_outbox"].map { t in
+            """
+            CREATE TRIGGER \(t)_added AFTER INSERT ON \(t) REFERENCING NEW TABLE AS added
+                FOR EACH STATEMENT EXECUTE FUNCTION herald_outbox_size('\(t)_size');
+            CREATE TRIGGER \(t)_removed AFTER DELETE ON \(t) REFERENCING OLD TABLE AS removed
+                FOR EACH STATEMENT EXECUTE FUNCTION herald_outbox_size('\(t)_size');
+
+            """
+        }.joined(),
     ]
 
     /// Preferences (SPEC section 12), as SQLite's version 13: one row per

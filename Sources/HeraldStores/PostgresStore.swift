@@ -817,6 +817,8 @@ extension PostgresStore: ClusterDirectory {
 
 // MARK: The push outbox
 extension PostgresStore {
+    static let pushOutbox = OutboxSQL.postgres("push_outbox", returning: "id, app, user_id, device_id, message, committed_at, attempts, generation")
+
     @discardableResult
     public func enqueuePush(_ user: UserKey, deviceId: String, _ message: PushMessage, at: Millis,
                             claimUntil: Millis?) throws(StoreError) -> PushJob? {
@@ -847,12 +849,7 @@ extension PostgresStore {
         try check()
         // SKIP LOCKED: rows another node is claiming at this moment are
         // left to it; claimed_until keeps them from everyone once it commits.
-        let r = try db.query("""
-            UPDATE push_outbox SET claimed_until = $1
-            WHERE id IN (SELECT id FROM push_outbox WHERE due_at <= $2 AND claimed_until <= $2
-                         ORDER BY due_at, id LIMIT $3 FOR UPDATE SKIP LOCKED)
-            RETURNING id, app, user_id, device_id, message, committed_at, attempts, generation
-            """, [.int(until), .int(now), .int(Int64(limit))])
+        let r = try db.query(Self.pushOutbox.claim(), [.int(until), .int(now), .int(Int64(limit))])
         var out: [PushJob] = []
         for i in 0..<r.count {
             guard let app = r.text(i, 1), let u = r.text(i, 2), let d = r.text(i, 3),
@@ -874,8 +871,7 @@ extension PostgresStore {
 
     public func retryPush(_ job: PushJob, at: Millis) throws(StoreError) {
         try check()
-        try db.send("UPDATE push_outbox SET claimed_until = 0, due_at = $1, attempts = $2 WHERE id = $3",
-                    [.int(at), .int(Int64(job.attempts + 1)), .int(job.id)])
+        try db.send(Self.pushOutbox.retry, [.int(at), .int(Int64(job.attempts + 1)), .int(job.id)])
     }
 
     public func spaceTaps(_ user: UserKey, deviceId: String, until: Millis) throws(StoreError) {
@@ -925,7 +921,11 @@ extension PostgresStore {
         heads[user] = r.int64(0, 0)
     }
 
-    public func pendingPushes() throws(StoreError) -> Int {
+    public func pendingPushes() throws(StoreError) -> Int { try outboxSize("push_outbox_size") }
+
+    /// The length of the outbox whose size table is `table` (migrations 9
+    /// and 13): one row per session that wrote it.
+    private func outboxSize(_ table: String) throws(StoreError) -> Int {
         try check()
         // The rows of sessions that ended fold into row 0, so the table stays
         // as long as the sessions writing (SKIP LOCKED, row 0 too: a node
@@ -934,18 +934,18 @@ extension PostgresStore {
         // fold, which moves no total.
         return Int(try db.query("""
             WITH zero AS (
-                SELECT writer FROM push_outbox_size WHERE writer = 0 FOR UPDATE SKIP LOCKED
+                SELECT writer FROM \(table) WHERE writer = 0 FOR UPDATE SKIP LOCKED
             ), ended AS (
-                DELETE FROM push_outbox_size WHERE EXISTS (SELECT 1 FROM zero) AND writer IN (
-                    SELECT writer FROM push_outbox_size s
+                DELETE FROM \(table) WHERE EXISTS (SELECT 1 FROM zero) AND writer IN (
+                    SELECT writer FROM \(table) s
                     WHERE writer <> 0 AND NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = s.writer)
                     FOR UPDATE SKIP LOCKED)
                 RETURNING pushes
             ), folded AS (
-                UPDATE push_outbox_size SET pushes = pushes + (SELECT sum(pushes) FROM ended)
+                UPDATE \(table) SET pushes = pushes + (SELECT sum(pushes) FROM ended)
                 WHERE writer = 0 AND EXISTS (SELECT 1 FROM ended)
             )
-            SELECT coalesce(sum(pushes), 0)::bigint FROM push_outbox_size
+            SELECT coalesce(sum(pushes), 0)::bigint FROM \(table)
             """).int64(0, 0))
     }
 
@@ -968,4 +968,44 @@ extension PostgresStore {
         return try db.execute("UPDATE shared_tokens SET value = $2, issued_at = $3 WHERE name = $1 AND issued_at = $4",
                               [.text(name), .text(token.value), .int(token.issuedAt), .int(replacing)]) == 1
     }
+}
+
+// MARK: The webhook outbox
+extension PostgresStore {
+    static let webhookOutbox = OutboxSQL.postgres("webhook_outbox", returning: OutboxSQL.webhookColumns)
+
+    public func enqueueWebhook(app: String, url: String, eventId: String, body: [UInt8], at: Millis) throws(StoreError) {
+        try check()
+        try db.send(Self.webhookOutbox.insertWebhook, [.text(app), .text(url), .text(eventId), .utf8(body[...]), .int(at)])
+    }
+
+    public func claimWebhooks(app: String, url: String, now: Millis, until: Millis, limit: Int) throws(StoreError) -> [WebhookJob] {
+        try check()
+        let r = try db.query(Self.webhookOutbox.claimWebhooks, [.int(until), .int(now), .int(Int64(limit)), .text(app), .text(url)])
+        var out: [WebhookJob] = []
+        for i in 0..<r.count {
+            guard let job = OutboxSQL.webhookJob(text: { r.text(i, $0) }, bytes: { r.bytes(i, $0) }, int: { r.int64(i, $0) }) else {
+                throw reads.corrupt("webhook")
+            }
+            out.append(job)
+        }
+        return out.sorted { $0.id < $1.id }
+    }
+
+    public func retryWebhook(_ job: WebhookJob, at: Millis) throws(StoreError) {
+        try check()
+        try db.send(Self.webhookOutbox.retry, [.int(at), .int(Int64(job.attempts + 1)), .int(job.id)])
+    }
+
+    public func dropWebhooks(committedBefore before: Millis, limit: Int) throws(StoreError) -> Int {
+        try check()
+        return try db.execute(Self.webhookOutbox.dropOlder, [.int(before), .int(Int64(limit))])
+    }
+
+    public func finishWebhook(_ job: WebhookJob) throws(StoreError) {
+        try check()
+        try db.send(Self.webhookOutbox.delete, [.int(job.id)])
+    }
+
+    public func pendingWebhooks() throws(StoreError) -> Int { try outboxSize("webhook_outbox_size") }
 }

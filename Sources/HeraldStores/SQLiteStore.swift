@@ -44,7 +44,7 @@ public final class SQLiteStore: NotificationStore {
 
     /// The schema version this code writes; `migrations[v - 1]` brings a
     /// database from version `v - 1` to `v`.
-    public static let schemaVersion: Int64 = 13
+    public static let schemaVersion: Int64 = 14
 
     public let epoch: String
     public let path: String
@@ -119,7 +119,7 @@ public final class SQLiteStore: NotificationStore {
             // One process writes a SQLite file: pushes claimed before this
             // open were in flight when it stopped, and go again at once
             // rather than when their claim would have run out.
-            try db.execute("UPDATE push_outbox SET claimed_until = 0 WHERE claimed_until > 0")
+            for outbox in [Self.pushOutbox, Self.webhookOutbox] { try db.execute(outbox.releaseAll) }
             guard let e = try db.text("SELECT value FROM meta WHERE key = 'epoch'"), !e.isEmpty else {
                 throw StoreError("sqlite (\(path)): the database has no epoch (damaged?)")
             }
@@ -401,6 +401,17 @@ public final class SQLiteStore: NotificationStore {
         """,
         // 13: preferences (SPEC section 12).
         preferencesMigration,
+        // 14: the webhook outbox (SPEC section 13), rows as the push
+        // outbox's (OutboxSQL), one per event and endpoint, its length kept
+        // by triggers as push_outbox_size is. Renumbered by moving it alone.
+        OutboxSQL.webhookTable(id: "INTEGER PRIMARY KEY", integer: "INTEGER") + """
+        CREATE TABLE webhook_outbox_size (deliveries INTEGER NOT NULL);
+        INSERT INTO webhook_outbox_size VALUES (0);
+        CREATE TRIGGER webhook_outbox_added AFTER INSERT ON webhook_outbox
+        BEGIN UPDATE webhook_outbox_size SET deliveries = deliveries + 1; END;
+        CREATE TRIGGER webhook_outbox_removed AFTER DELETE ON webhook_outbox
+        BEGIN UPDATE webhook_outbox_size SET deliveries = deliveries - 1; END;
+        """,
     ]
 
     /// Preferences (SPEC section 12), one row per user that saved any:
@@ -954,6 +965,8 @@ public final class SQLiteStore: NotificationStore {
 
 // MARK: The push outbox
 extension SQLiteStore {
+    static let pushOutbox = OutboxSQL.sqlite("push_outbox", returning: "id, app, user, device_id, message, committed_at, attempts, generation")
+
     @discardableResult
     public func enqueuePush(_ user: UserKey, deviceId: String, _ message: PushMessage, at: Millis,
                             claimUntil: Millis?) throws(StoreError) -> PushJob? {
@@ -983,11 +996,7 @@ extension SQLiteStore {
     public func claimPushes(now: Millis, until: Millis, limit: Int) throws(StoreError) -> [PushJob] {
         try check()
         var out: [PushJob] = []
-        try db.query("""
-            UPDATE push_outbox SET claimed_until = ?
-            WHERE id IN (SELECT id FROM push_outbox WHERE due_at <= ? AND claimed_until <= ? ORDER BY due_at, id LIMIT ?)
-            RETURNING id, app, user, device_id, message, committed_at, attempts, generation
-            """, [.int(until), .int(now), .int(now), .int(Int64(limit))]) { r throws(StoreError) in
+        try db.query(Self.pushOutbox.claim(), [.int(until), .int(now), .int(Int64(limit))]) { r throws(StoreError) in
             guard let app = r.text(1), let u = r.text(2), let d = r.text(3),
                   let m = r.json(4).flatMap(PushMessage.init(json:)) else { throw reads.corrupt("push") }
             out.append(PushJob(id: r.int64(0), user: UserKey(app: app, user: u), deviceId: d, message: m,
@@ -1007,8 +1016,7 @@ extension SQLiteStore {
 
     public func retryPush(_ job: PushJob, at: Millis) throws(StoreError) {
         try check()
-        try db.execute("UPDATE push_outbox SET claimed_until = 0, due_at = ?, attempts = ? WHERE id = ?",
-                       [.int(at), .int(Int64(job.attempts + 1)), .int(job.id)])
+        try db.execute(Self.pushOutbox.retry, [.int(at), .int(Int64(job.attempts + 1)), .int(job.id)])
     }
 
     public func spaceTaps(_ user: UserKey, deviceId: String, until: Millis) throws(StoreError) {
@@ -1062,5 +1070,47 @@ extension SQLiteStore {
         }
         return try db.execute("UPDATE shared_tokens SET value = ?, issued_at = ? WHERE name = ? AND issued_at = ?",
                               [.text(token.value), .int(token.issuedAt), .text(name), .int(replacing)]) == 1
+    }
+}
+
+// MARK: The webhook outbox
+extension SQLiteStore {
+    static let webhookOutbox = OutboxSQL.sqlite("webhook_outbox", returning: OutboxSQL.webhookColumns)
+
+    @discardableResult
+    private func writeWebhooks(_ sql: String, _ args: [SQLiteValue]) throws(StoreError) -> Int {
+        try check()
+        return try db.execute(sql, args)
+    }
+
+    public func enqueueWebhook(app: String, url: String, eventId: String, body: [UInt8], at: Millis) throws(StoreError) {
+        try writeWebhooks(Self.webhookOutbox.insertWebhook, [.text(app), .text(url), .text(eventId), .utf8(body[...]), .int(at)])
+    }
+
+    public func finishWebhook(_ job: WebhookJob) throws(StoreError) { try writeWebhooks(Self.webhookOutbox.delete, [.int(job.id)]) }
+
+    public func retryWebhook(_ job: WebhookJob, at: Millis) throws(StoreError) {
+        try writeWebhooks(Self.webhookOutbox.retry, [.int(at), .int(Int64(job.attempts + 1)), .int(job.id)])
+    }
+
+    public func dropWebhooks(committedBefore before: Millis, limit: Int) throws(StoreError) -> Int {
+        try writeWebhooks(Self.webhookOutbox.dropOlder, [.int(before), .int(Int64(limit))])
+    }
+
+    public func claimWebhooks(app: String, url: String, now: Millis, until: Millis, limit: Int) throws(StoreError) -> [WebhookJob] {
+        try check()
+        var out: [WebhookJob] = []
+        try db.query(Self.webhookOutbox.claimWebhooks, [.int(until), .int(now), .int(Int64(limit)), .text(app), .text(url)]) { r throws(StoreError) in
+            guard let job = OutboxSQL.webhookJob(text: r.text, bytes: r.bytes, int: r.int64) else { throw reads.corrupt("webhook") }
+            out.append(job)
+            return true
+        }
+        // RETURNING gives rows in no set order.
+        return out.sorted { $0.id < $1.id }
+    }
+
+    public func pendingWebhooks() throws(StoreError) -> Int {
+        try check()
+        return Int(try db.int("SELECT deliveries FROM webhook_outbox_size") ?? 0)
     }
 }

@@ -52,7 +52,7 @@ struct Flags {
 }
 
 /// `herald.json`: `{"apps": [...], "host", "port", "store", "bus", "limits", "tlsCert", "tlsKey"}`;
-/// an app is `{"id", "serverKey" or "serverKeys", "tokenSecret" or "tokenSecrets", "allowedOrigins"?, "push"?, "criticalGroups"?}`
+/// an app is `{"id", "serverKey" or "serverKeys", "tokenSecret" or "tokenSecrets", "allowedOrigins"?, "push"?, "criticalGroups"?, "webhooks"?}`
 /// (docs/OPERATIONS.md).
 struct ConfigFile {
     var apps: [AppConfig] = []
@@ -146,7 +146,8 @@ struct ConfigFile {
     /// rotating (`serverKeys`; `tokenSecrets` of `{"kid", "secret"}`).
     static func app(_ json: JSON) throws(UsageError) -> AppConfig {
         guard let o = json.objectValue else { throw UsageError("an app must be an object") }
-        for k in o.keys where !["id", "serverKey", "serverKeys", "tokenSecret", "tokenSecrets", "allowedOrigins", "push", "criticalGroups"].contains(k) {
+        for k in o.keys where !["id", "serverKey", "serverKeys", "tokenSecret", "tokenSecrets", "allowedOrigins", "push", "criticalGroups",
+                                "webhooks"].contains(k) {
             throw UsageError("unknown key \"\(k)\"")
         }
         guard let id = o["id"]?.stringValue else { throw UsageError("needs an id string") }
@@ -196,12 +197,14 @@ struct ConfigFile {
             critical = list.map { $0.stringValue! }
         }
         let push = try o["push"].map { v throws(UsageError) in try Self.push(v, app: id) }
-        return try app(id: id, serverKeys: keys, tokenSecrets: secrets, origins: origins, push: push, criticalGroups: critical)
+        let webhooks = try o["webhooks"].map { v throws(UsageError) in try Self.webhooks(v, app: id) } ?? []
+        return try app(id: id, serverKeys: keys, tokenSecrets: secrets, origins: origins, push: push, criticalGroups: critical,
+                       webhooks: webhooks)
     }
 
     /// The checks every app passes, from the file or from flags.
     static func app(id: String, serverKeys: [String], tokenSecrets: [TokenSecret], origins: [String],
-                    push: PushSettings? = nil, criticalGroups: [String] = []) throws(UsageError) -> AppConfig {
+                    push: PushSettings? = nil, criticalGroups: [String] = [], webhooks: [WebhookEndpoint] = []) throws(UsageError) -> AppConfig {
         guard Identifiers.isAppId(id) else { throw UsageError("app id '\(id)' must be 1-64 characters of A-Z a-z 0-9 . _ -") }
         guard !serverKeys.contains(""), !tokenSecrets.contains(where: { $0.secret.isEmpty }) else {
             throw UsageError("app \(id): server keys and token secrets must not be empty")
@@ -217,7 +220,7 @@ struct ConfigFile {
                              + " (lower case, no path or trailing slash, no default port)")
         }
         return AppConfig(id: id, serverKeys: serverKeys, tokenSecrets: tokenSecrets, allowedOrigins: origins, push: push,
-                         criticalGroups: criticalGroups)
+                         criticalGroups: criticalGroups, webhooks: webhooks)
     }
 }
 

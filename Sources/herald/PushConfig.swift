@@ -63,7 +63,7 @@ extension ConfigFile {
     }
 
     /// One object of the config file, read key by key; unknown keys refused.
-    private struct Section {
+    struct Section {
         let o: JSONObject
         let what: String
         var seen: Set<String> = []

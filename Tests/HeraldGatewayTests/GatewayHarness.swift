@@ -155,6 +155,18 @@ final class FailingStore: NotificationStore {
         try inner.pushHolder(app: app, key: key)
     }
     func pendingPushes() throws(StoreError) -> Int { try inner.pendingPushes() }
+    func enqueueWebhook(app: String, url: String, eventId: String, body: [UInt8], at: Millis) throws(StoreError) {
+        try inner.enqueueWebhook(app: app, url: url, eventId: eventId, body: body, at: at)
+    }
+    func claimWebhooks(app: String, url: String, now: Millis, until: Millis, limit: Int) throws(StoreError) -> [WebhookJob] {
+        try inner.claimWebhooks(app: app, url: url, now: now, until: until, limit: limit)
+    }
+    func finishWebhook(_ job: WebhookJob) throws(StoreError) { try inner.finishWebhook(job) }
+    func retryWebhook(_ job: WebhookJob, at: Millis) throws(StoreError) { try inner.retryWebhook(job, at: at) }
+    func dropWebhooks(committedBefore before: Millis, limit: Int) throws(StoreError) -> Int {
+        try inner.dropWebhooks(committedBefore: before, limit: limit)
+    }
+    func pendingWebhooks() throws(StoreError) -> Int { try inner.pendingWebhooks() }
     func sharedToken(_ name: String) throws(StoreError) -> SharedToken? { try inner.sharedToken(name) }
     func replaceSharedToken(_ name: String, with t: SharedToken, replacing: Millis?) throws(StoreError) -> Bool {
         try inner.replaceSharedToken(name, with: t, replacing: replacing)

@@ -33,6 +33,7 @@ final class PostgresStoreConformanceTests: StoreConformanceTests {
     func testPushHandlesAreStoredAndFoundByKey() throws { try checkPushHandlesAreStoredAndFoundByKey() }
     func testPushOutboxClaimsFinishesAndRetries() throws { try checkPushOutboxClaimsFinishesAndRetries() }
     func testTapsToOneDeviceShareOneRow() throws { try checkTapsToOneDeviceShareOneRow() }
+    func testWebhookOutbox() throws { try checkWebhookOutboxClaimsPerEndpointFinishesRetriesAndDrops() }
     func testPushClaimedAsItIsRecorded() throws { try checkPushClaimedAsItIsRecorded() }
     func testDroppedAndRolledBackPushesLeaveNothing() throws { try checkDroppedAndRolledBackPushesLeaveNothing() }
     func testPendingPushesFollowEveryWrite() throws { try checkPendingPushesFollowEveryWrite() }
@@ -734,9 +735,44 @@ final class PostgresStoreTests: XCTestCase {
             """)
     }
 
+    /// Turns a database of this version into what version 12 wrote: no webhook outbox.
+    func downgradeToVersion12(_ store: PostgresStore) throws {
+        // The push outbox's count as version 9 made it: its own function.
+        try store.db.script("""
+            DROP TABLE webhook_outbox; DROP TABLE webhook_outbox_size; DROP FUNCTION herald_outbox_size CASCADE;
+            DROP TABLE push_outbox_size; DELETE FROM herald_schema WHERE version >= 13;
+            """)
+        try store.db.script(PostgresSchema.migrations[8])
+    }
+
+    /// Version 13 adds the webhook outbox, empty and counted from 0, and
+    /// moves the push outbox's count to the function both share: the
+    /// pushes waiting stay counted, and so are those added after.
+    func testMigrationFromVersion12StartsAnEmptyCountedWebhookOutbox() throws {
+        let tap = PushMessage(kind: .tap, op: .state, cursor: 1, epoch: "e", notificationId: nil, expiresAt: t0 + 86_400_000)
+        do {
+            let old = try PostgresStore(url: database.url)
+            try old.begin()
+            try old.enqueuePush(alice, deviceId: "phone", tap, at: t0, claimUntil: nil)
+            try old.commit()
+            try downgradeToVersion12(old)
+        }
+        let store = try PostgresStore(url: database.url)
+        XCTAssertEqual(try store.db.query("SELECT max(version) FROM herald_schema").int64(0, 0), PostgresSchema.version)
+        XCTAssertEqual(try store.pendingWebhooks(), 0)
+        XCTAssertEqual(try store.pendingPushes(), 1)
+        try store.begin()
+        try store.enqueueWebhook(app: "a", url: "http://h", eventId: "msg_1", body: Array("{}".utf8), at: t0)
+        try store.enqueuePush(alice, deviceId: "tablet", tap, at: t0, claimUntil: nil)
+        try store.commit()
+        XCTAssertEqual(try store.pendingWebhooks(), 1)
+        XCTAssertEqual(try store.pendingPushes(), 2)
+    }
+
     /// Turns a database of this version into what version 11 wrote: no
     /// preferences (and no save of them in a feed).
     func downgradeToVersion11(_ store: PostgresStore) throws {
+        try downgradeToVersion12(store)
         try store.db.script("""
             DROP TABLE preferences; DELETE FROM changes WHERE change LIKE '%"op":"preferences"%';
             DELETE FROM herald_schema WHERE version >= 12;

@@ -222,9 +222,31 @@ final class SQLiteStoreTests: XCTestCase {
             """)
     }
 
+    /// Turns a file of this version into what version 13 wrote: no webhook outbox.
+    func downgradeToVersion13(_ s: SQLiteStore) throws {
+        try s.db.script("DROP TABLE webhook_outbox; DROP TABLE webhook_outbox_size; PRAGMA user_version = 13")
+    }
+
+    /// Version 14 adds the webhook outbox: empty, counted from 0, kept by what writes it.
+    func testMigrationFromVersion13StartsAnEmptyCountedWebhookOutbox() throws {
+        do {
+            let s = try SQLiteStore(path: path)
+            try downgradeToVersion13(s)
+            s.close()
+        }
+        let s = try SQLiteStore(path: path)
+        XCTAssertEqual(try s.db.int("PRAGMA user_version"), SQLiteStore.schemaVersion)
+        XCTAssertEqual(try s.pendingWebhooks(), 0)
+        try s.begin()
+        try s.enqueueWebhook(app: "a", url: "http://h", eventId: "msg_1", body: Array("{}".utf8), at: t0)
+        try s.commit()
+        XCTAssertEqual(try s.pendingWebhooks(), 1)
+    }
+
     /// Turns a file of this version into what version 12 wrote: no
     /// preferences (and no save of them in a feed).
     func downgradeToVersion12(_ s: SQLiteStore) throws {
+        try downgradeToVersion13(s)
         try s.db.script("""
             DROP TABLE preferences; DELETE FROM changes WHERE json_extract(change, '$.op') = 'preferences';
             PRAGMA user_version = 12;

@@ -831,6 +831,57 @@ class StoreConformanceTests: XCTestCase {
         try store.commit()
     }
 
+    func checkWebhookOutboxClaimsPerEndpointFinishesRetriesAndDrops() throws {
+        let body = Array(#"{"type":"notification.read"}"#.utf8)
+        try store.begin()
+        try store.enqueueWebhook(app: "a", url: "http://one", eventId: "msg_1", body: body, at: Self.t0)
+        try store.enqueueWebhook(app: "a", url: "http://two", eventId: "msg_1", body: body, at: Self.t0)
+        try store.enqueueWebhook(app: "a", url: "http://one", eventId: "msg_2", body: body, at: Self.t0 + 1)
+        try store.commit()
+        XCTAssertEqual(try store.pendingWebhooks(), 3)
+
+        // A rolled-back enqueue leaves nothing, count included.
+        try store.begin()
+        try store.enqueueWebhook(app: "a", url: "http://one", eventId: "msg_3", body: body, at: Self.t0 + 2)
+        store.rollback()
+        XCTAssertEqual(try store.pendingWebhooks(), 3)
+
+        try store.begin()
+        XCTAssertEqual(try store.claimWebhooks(app: "a", url: "http://one", now: Self.t0 - 1, until: Self.t0 + 1000, limit: 10), [])
+        let one = try store.claimWebhooks(app: "a", url: "http://one", now: Self.t0 + 1, until: Self.t0 + 1000, limit: 1)
+        try store.commit()
+        XCTAssertEqual(one.map(\.eventId), ["msg_1"], "oldest first, at most the limit, this endpoint's only")
+        XCTAssertEqual(one.first?.body, body)
+        XCTAssertEqual(one.first?.committedAt, Self.t0)
+        try store.begin()
+        let rest = try store.claimWebhooks(app: "a", url: "http://one", now: Self.t0 + 2, until: Self.t0 + 1000, limit: 10)
+        XCTAssertEqual(rest.map(\.eventId), ["msg_2"], "held until the claim runs out")
+        XCTAssertEqual(try store.claimWebhooks(app: "b", url: "http://one", now: Self.t0 + 2, until: Self.t0 + 1000, limit: 10), [])
+        try store.finishWebhook(one[0])
+        try store.retryWebhook(rest[0], at: Self.t0 + 5000)
+        try store.commit()
+        XCTAssertEqual(try store.pendingWebhooks(), 2)
+
+        try store.begin()
+        XCTAssertEqual(try store.claimWebhooks(app: "a", url: "http://one", now: Self.t0 + 4999, until: Self.t0 + 9000, limit: 10), [])
+        let again = try store.claimWebhooks(app: "a", url: "http://one", now: Self.t0 + 5000, until: Self.t0 + 9000, limit: 10)
+        try store.commit()
+        XCTAssertEqual(again.map(\.attempts), [1])
+        // A claim that runs out (its node died) lets the delivery go to another.
+        try store.begin()
+        XCTAssertEqual(try store.claimWebhooks(app: "a", url: "http://one", now: Self.t0 + 9000, until: Self.t0 + 20_000, limit: 10).map(\.id),
+                       again.map(\.id))
+        try store.commit()
+
+        try store.begin()
+        XCTAssertEqual(try store.dropWebhooks(committedBefore: Self.t0 + 1, limit: 10), 1, "the one of t0 that is left")
+        try store.commit()
+        XCTAssertEqual(try store.pendingWebhooks(), 1)
+        try store.begin()
+        XCTAssertEqual(try store.claimWebhooks(app: "a", url: "http://two", now: Self.t0 + 30_000, until: Self.t0 + 40_000, limit: 10), [])
+        try store.commit()
+    }
+
     func checkTapsToOneDeviceShareOneRow() throws {
         try store.begin()
         try store.enqueuePush(alice, deviceId: "phone", tap(1), at: Self.t0, claimUntil: nil)
@@ -1027,6 +1078,7 @@ final class MemoryStoreConformanceTests: StoreConformanceTests {
     func testPushHandlesAreStoredAndFoundByKey() throws { try checkPushHandlesAreStoredAndFoundByKey() }
     func testPushOutboxClaimsFinishesAndRetries() throws { try checkPushOutboxClaimsFinishesAndRetries() }
     func testTapsToOneDeviceShareOneRow() throws { try checkTapsToOneDeviceShareOneRow() }
+    func testWebhookOutbox() throws { try checkWebhookOutboxClaimsPerEndpointFinishesRetriesAndDrops() }
     func testPushClaimedAsItIsRecorded() throws { try checkPushClaimedAsItIsRecorded() }
     func testDroppedAndRolledBackPushesLeaveNothing() throws { try checkDroppedAndRolledBackPushesLeaveNothing() }
     func testPendingPushesFollowEveryWrite() throws { try checkPendingPushesFollowEveryWrite() }
@@ -1066,6 +1118,7 @@ final class SQLiteStoreConformanceTests: StoreConformanceTests {
     func testPushHandlesAreStoredAndFoundByKey() throws { try checkPushHandlesAreStoredAndFoundByKey() }
     func testPushOutboxClaimsFinishesAndRetries() throws { try checkPushOutboxClaimsFinishesAndRetries() }
     func testTapsToOneDeviceShareOneRow() throws { try checkTapsToOneDeviceShareOneRow() }
+    func testWebhookOutbox() throws { try checkWebhookOutboxClaimsPerEndpointFinishesRetriesAndDrops() }
     func testPushClaimedAsItIsRecorded() throws { try checkPushClaimedAsItIsRecorded() }
     func testDroppedAndRolledBackPushesLeaveNothing() throws { try checkDroppedAndRolledBackPushesLeaveNothing() }
     func testPendingPushesFollowEveryWrite() throws { try checkPendingPushesFollowEveryWrite() }

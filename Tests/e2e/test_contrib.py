@@ -49,13 +49,14 @@ def test_systemd_unit_verifies_and_its_command_serves(herald_bin, tmp_path):
 
 def test_grafana_panels_query_metrics_that_are_served(gateway, gateway_factory, tmp_path):
     """Against a gateway as it usually runs, one whose app configures push
-    and, when scripts/test-servers gave a PostgreSQL and a Redis, one on a
+    and webhooks and, when scripts/test-servers gave a PostgreSQL and a Redis, one on a
     bus: each serves metrics only it has."""
     vapid = tmp_path / "vapid.pem"
     vapid.write_bytes(ec.generate_private_key(ec.SECP256R1()).private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
     pushing = {"apps": [{**CONFIG["apps"][0], "push": {"webpush": {"vapidPrivateKeyFile": str(vapid),
-                                                                    "subject": "mailto:ops@example.com"}}}]}
+                                                                    "subject": "mailto:ops@example.com"}},
+                         "webhooks": [{"url": "http://127.0.0.1:9/hooks", "secret": "whsec_" + "A" * 32}]}]}
     gateways = [gateway, gateway_factory(config=pushing)]
     pg, redis = os.environ.get("HERALD_TEST_POSTGRES_URL"), os.environ.get("HERALD_TEST_REDIS_URL")
     if pg and redis:

@@ -56,12 +56,14 @@ public final class Engine: @unchecked Sendable {  // engine-thread state, checke
     let maintenance = Maintenance()
     /// The push outbox's recording and sending (SPEC section 10).
     let push: PushDispatch
+    /// The webhook outbox's recording and sending (SPEC section 13).
+    let webhooks: WebhookDispatch
 
     var health: StoreHealth { executor.health }
     var syncer: CommitSyncer? { executor.syncer }
 
     init(store: NotificationStore, reader: ReaderThread?, bus: Bus?, limits: GatewayLimits, metrics: Metrics, clock: Clock,
-         partition: Int = 0) {
+         partition: Int = 0, webhookSenders: WebhookSenders = WebhookSenders()) {
         self.store = store; self.reader = reader; self.bus = bus; self.limits = limits; self.metrics = metrics; self.clock = clock
         self.partition = partition
         thread = ThreadOwner("engine \(partition)")
@@ -74,10 +76,12 @@ public final class Engine: @unchecked Sendable {  // engine-thread state, checke
             cluster = nil
         }
         push = PushDispatch(metrics: metrics.push, clock: clock, registry: registry, cluster: cluster)
-        tx = FeedTransaction(store: store, thread: thread, push: push, registry: registry)
+        webhooks = WebhookDispatch(metrics: metrics.webhooks, senders: webhookSenders, clock: clock, thread: thread)
+        tx = FeedTransaction(store: store, thread: thread, push: push, webhooks: webhooks, registry: registry)
         executor = BatchExecutor(tx, name: "herald-engine-\(partition)", thread: thread,
                                  syncer: store.commitSync.map(CommitSyncer.init), metrics: metrics, clock: clock)
         push.engine = self
+        webhooks.engine = self
         tx.durable = { [unowned self] in run($0) }
     }
 

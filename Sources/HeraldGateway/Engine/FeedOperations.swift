@@ -22,13 +22,13 @@ extension Engine {
         let n: Notification
         do { n = try draft.notification(replacing: existing, userId: user.user, now: now) } catch { return .failure(error) }
         guard try push.preferences(user, in: reads).allows(.inbox, group: n.groupName) else { return .success(.suppressed) }
-        let r = try tx.upsert(user, n, previous: existing, at: now, published: true)
+        let r = try tx.upsert(user, n, previous: existing, at: now, published: true, by: .app)
         return .success(.saved(WriteAnswer(r), created: existing == nil))
     }
 
     /// `PUT .../preferences` (SPEC section 12): the preferences saved, as
     /// answers show them, and the save's seq.
-    func savePreferences(_ user: UserKey, _ update: PreferencesUpdate, now: Millis) throws(StoreError)
+    func savePreferences(_ user: UserKey, _ update: PreferencesUpdate, by actor: ChangeActor, now: Millis) throws(StoreError)
         -> Result<(Preferences, seq: Int64), HeraldError>
     {
         let saved = try push.preferences(user, in: reads)
@@ -36,7 +36,7 @@ extension Engine {
             return .failure(HeraldError(.preconditionFailed, "the preferences are at version \(saved.version), not \(v)"))
         }
         let p = update.applied(to: saved, now: now)
-        return .success((p, try tx.savePreferences(user, p, at: now).seq))
+        return .success((p, try tx.savePreferences(user, p, at: now, by: actor).seq))
     }
 
     /// The users of this partition that an app-wide send by tags reaches:
@@ -68,7 +68,7 @@ extension Engine {
         return .success(reached)
     }
 
-    func updateState(_ user: UserKey, id: String, _ u: StateUpdate, viewer: Viewer, now: Millis) throws(StoreError)
+    func updateState(_ user: UserKey, id: String, _ u: StateUpdate, viewer: Viewer, by actor: ChangeActor, now: Millis) throws(StoreError)
         -> Result<WriteAnswer, HeraldError>
     {
         guard let n = try reads.visibleNotification(user, id: id, viewer: viewer) else { return .failure(.notFound) }
@@ -77,13 +77,14 @@ extension Engine {
         }
         do { try u.check(against: n, now: now) } catch { return .failure(error) }
         guard let m = u.applied(to: n, now: now) else { return .success(WriteAnswer(unchanged: n, seq: try reads.feed(user).head)) }
-        let r = try tx.upsert(user, m, previous: n, at: now)
+        let r = try tx.upsert(user, m, previous: n, at: now, by: actor)
         return .success(WriteAnswer(r))
     }
 
-    func deleteNotification(_ user: UserKey, id: String, viewer: Viewer, now: Millis) throws(StoreError) -> Result<WriteAnswer, HeraldError> {
+    func deleteNotification(_ user: UserKey, id: String, viewer: Viewer, by actor: ChangeActor,
+                            now: Millis) throws(StoreError) -> Result<WriteAnswer, HeraldError> {
         guard let n = try reads.visibleNotification(user, id: id, viewer: viewer) else { return .failure(.notFound) }
-        let r = try tx.delete(user, n, reason: .deleted, at: now)
+        let r = try tx.delete(user, n, reason: .deleted, at: now, by: actor)
         return .success(WriteAnswer(r))
     }
 
@@ -109,7 +110,7 @@ extension Engine {
             let page = try reads.history(user, after: after, limit: 1000)
             for n in page where pending(n) && n.targeting.admits(viewer) {
                 guard let m = update.applied(to: n, now: now) else { continue }
-                _ = try tx.upsert(user, m, previous: n, at: now)
+                _ = try tx.upsert(user, m, previous: n, at: now, by: .device(viewer.device?.deviceId))
                 updated += 1
             }
             guard page.count == 1000, let last = page.last else { break }
@@ -208,7 +209,8 @@ extension Engine {
         return .array(try reads.devices(user).map { deviceJSON(user, $0, elsewhere: elsewhere[$0.deviceId], now: now) })
     }
 
-    private func deviceJSON(_ user: UserKey, _ d: Device, elsewhere: TransportKind?, now: Millis) -> JSON {
+    /// A registration as the devices listing shows it.
+    func deviceJSON(_ user: UserKey, _ d: Device, elsewhere: TransportKind?, now: Millis) -> JSON {
         let c = registry.connections(user, device: d.deviceId)
         let here = c?.transport(now: now)
         let transport = here.map { h in elsewhere.map { TransportKind.best(h, $0) } ?? h } ?? elsewhere

@@ -35,6 +35,7 @@ final class FeedTransaction: BatchTransaction {
     private let store: NotificationStore
     private let thread: ThreadOwner
     private let push: PushDispatch
+    private let webhooks: WebhookDispatch
     private let registry: FollowerRegistry
     private var effects: [Effect] = []
     /// Undoes bookkeeping outside the store if the transaction rolls back.
@@ -46,8 +47,8 @@ final class FeedTransaction: BatchTransaction {
     /// by the engine.
     var durable: ((Committed) -> Void)!
 
-    init(store: NotificationStore, thread: ThreadOwner, push: PushDispatch, registry: FollowerRegistry) {
-        self.store = store; self.thread = thread; self.push = push; self.registry = registry
+    init(store: NotificationStore, thread: ThreadOwner, push: PushDispatch, webhooks: WebhookDispatch, registry: FollowerRegistry) {
+        self.store = store; self.thread = thread; self.push = push; self.webhooks = webhooks; self.registry = registry
     }
 
     /// What the transaction's code may read.
@@ -56,44 +57,59 @@ final class FeedTransaction: BatchTransaction {
     // MARK: Writes that change feeds
 
     /// Saves `n` with a new change; `published`: by its app (a publish,
-    /// which may show an alert, and counts as one).
+    /// which may show an alert, and counts as one); `actor`: who made it,
+    /// which its webhook events name (`.wake`: a snooze ended).
     func upsert(_ user: UserKey, _ n: Notification, previous: Notification?, at now: Millis,
-                published: Bool = false) throws(StoreError) -> ChangeRecord {
+                published: Bool = false, by actor: ChangeActor) throws(StoreError) -> ChangeRecord {
         let r = try store.upsert(user, n, previous: previous, at: now)
-        changed(user, r, group: n.groupName, published: published)
+        changed(user, r, previous: previous, group: n.groupName, published: published, by: actor)
         if published { self.published += 1 }
         return r
     }
 
-    func delete(_ user: UserKey, _ n: Notification, reason: DeleteReason, at now: Millis) throws(StoreError) -> ChangeRecord {
+    func delete(_ user: UserKey, _ n: Notification, reason: DeleteReason, at now: Millis, by actor: ChangeActor) throws(StoreError) -> ChangeRecord {
         let r = try store.delete(user, n, reason: reason, at: now)
-        changed(user, r, group: n.groupName, published: false)
+        changed(user, r, previous: n, group: n.groupName, published: false, by: actor)
         return r
     }
 
     /// Ends `n`'s snooze (SPEC section 11): it comes back as new, and a
-    /// device that is not connected gets the push a new one gets.
+    /// device that is not connected gets the push a new one gets; its
+    /// webhook event is `notification.woke` alone.
     func wake(_ user: UserKey, _ n: Notification, at now: Millis) throws(StoreError) -> ChangeRecord {
         let r = try store.upsert(user, n.woken(at: now), previous: n, at: now)
-        changed(user, r, group: n.groupName, published: true)
+        changed(user, r, previous: n, group: n.groupName, published: true, by: .wake)
         return r
+    }
+
+    /// Records `event` for `app`'s webhooks with this transaction: one that
+    /// no `upsert` or `delete` gives (`WebhookEvent.pushUnregistered`).
+    func webhookEvent(_ app: String, _ event: WebhookEvent) {
+        thread.preconditionCurrent()
+        webhooks.note(app, event)
     }
 
     /// Saves `p` as `user`'s preferences with a new change, which every
-    /// device of the user receives; a save sends no push (SPEC section 12).
-    func savePreferences(_ user: UserKey, _ p: Preferences, at now: Millis) throws(StoreError) -> ChangeRecord {
+    /// device of the user receives, and its `preferences.updated` event; a
+    /// save sends no push (SPEC sections 12 and 13).
+    func savePreferences(_ user: UserKey, _ p: Preferences, at now: Millis, by actor: ChangeActor) throws(StoreError) -> ChangeRecord {
         thread.preconditionCurrent()
         let r = try store.savePreferences(user, p, at: now)
         effects.append(.deliver(user, r))
+        webhooks.note(user, r, previous: nil, published: false, by: actor)
         return r
     }
 
-    /// `group`: whose push preferences apply; `published`: pushed as a new
-    /// notification is (an alert where the app configures one).
-    private func changed(_ user: UserKey, _ r: ChangeRecord, group: String?, published: Bool) {
+    /// `previous`: the notification before (nil for a new one); `group`:
+    /// whose push preferences apply; `published`: pushed as a new
+    /// notification is (an alert where the app configures one); `actor`:
+    /// who made it, which its webhook events name.
+    private func changed(_ user: UserKey, _ r: ChangeRecord, previous: Notification?, group: String?, published: Bool,
+                         by actor: ChangeActor) {
         thread.preconditionCurrent()
         effects.append(.deliver(user, r))
         push.note(user, r, group: group, published: published)
+        webhooks.note(user, r, previous: previous, published: published, by: actor)
     }
 
     /// Notifications whose `deadline` fell, locked for this transaction's writes.
@@ -137,7 +153,7 @@ final class FeedTransaction: BatchTransaction {
         try store.pruneDevices(lastSeenBefore: before)
     }
 
-    // MARK: The push outbox and shared tokens (NotificationStore's documentation)
+    // MARK: The push and webhook outboxes and shared tokens (NotificationStore's documentation)
 
     @discardableResult
     func enqueuePush(_ user: UserKey, deviceId: String, _ message: PushMessage, at: Millis,
@@ -153,6 +169,8 @@ final class FeedTransaction: BatchTransaction {
         try store.spaceTaps(user, deviceId: deviceId, until: until)
     }
     func dropPushes(_ user: UserKey, deviceId: String) throws(StoreError) { try store.dropPushes(user, deviceId: deviceId) }
+    /// The webhook outbox's writes, which have no effects to record.
+    var webhookOutbox: WebhookOutbox { store }
     func replaceSharedToken(_ name: String, with token: SharedToken, replacing: Millis?) throws(StoreError) -> Bool {
         try store.replaceSharedToken(name, with: token, replacing: replacing)
     }
@@ -204,6 +222,7 @@ final class FeedTransaction: BatchTransaction {
     /// the transaction for `rollback`.
     func commit(beforeCommit: () -> Void) throws(StoreError) -> () -> Void {
         try push.record(self)
+        try webhooks.record(self)
         beforeCommit()
         try store.commit()
         registry.settle()
@@ -225,6 +244,7 @@ final class FeedTransaction: BatchTransaction {
         store.rollback()
         effects.removeAll()
         push.rolledBack()
+        webhooks.rolledBack()
         published = 0
         registry.revert()
         for f in undo.reversed() { f() }

@@ -76,6 +76,7 @@ final class Maintenance {
         }
         if e.devicesStale { e.devicesStale = !e.refreshConnectedDevices() }
         e.push.run(e.transactions, now: now, tick: tick, storeWide: e.doesStoreWideWork)
+        e.webhooks.run(e.transactions, now: now, tick: tick, storeWide: e.doesStoreWideWork)
     }
 
     /// Asks the store, off the engine, whether a notification expired or
@@ -154,7 +155,7 @@ final class Maintenance {
                 let due = try tx.due(deadline, until: now, limit: 500, in: share)
                 for (user, n) in due {
                     switch deadline {
-                    case .expiry: _ = try tx.delete(user, n, reason: .expired, at: now)
+                    case .expiry: _ = try tx.delete(user, n, reason: .expired, at: now, by: .herald)
                     case .wake: _ = try tx.wake(user, n, at: now)
                     }
                 }

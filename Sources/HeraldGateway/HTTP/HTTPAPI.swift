@@ -118,11 +118,11 @@ extension Gateway {
     }
 
     /// `PUT .../preferences` (SPEC section 12).
-    func savePreferences(_ c: Call, _ user: UserKey) throws(HeraldError) {
+    func savePreferences(_ c: Call, _ user: UserKey, by actor: ChangeActor) throws(HeraldError) {
         let update = try PreferencesUpdate(bytes: c.req.body, ifMatch: c.req.headers["if-match"])
         let clock = self.clock
         c.x.write(user) { e throws(StoreError) in
-            try e.savePreferences(user, update, now: clock.now()).map { p, seq in
+            try e.savePreferences(user, update, by: actor, now: clock.now()).map { p, seq in
                 .json(200, ["preferences": p.json, "seq": .int(seq)])
             }
         }
@@ -167,7 +167,7 @@ extension Gateway {
         c.x.write(user, [.id(user, id)]) { e throws(StoreError) in
             let now = clock.now()
             return try e.withViewer(user, deviceId: device, now: now) { v throws(StoreError) in
-                try e.updateState(user, id: id, u, viewer: v, now: now).map { HTTPResponse(status: 200, body: $0.httpBody) }
+                try e.updateState(user, id: id, u, viewer: v, by: device.map(ChangeActor.device) ?? .app, now: now).map { HTTPResponse(status: 200, body: $0.httpBody) }
             }
         }
     }
@@ -178,7 +178,7 @@ extension Gateway {
         c.x.write(user, [.id(user, id)]) { e throws(StoreError) in
             let now = clock.now()
             return try e.withViewer(user, deviceId: device, now: now) { v throws(StoreError) in
-                try e.deleteNotification(user, id: id, viewer: v, now: now).map { _ in .noContent }
+                try e.deleteNotification(user, id: id, viewer: v, by: device.map(ChangeActor.device) ?? .app, now: now).map { _ in .noContent }
             }
         }
     }

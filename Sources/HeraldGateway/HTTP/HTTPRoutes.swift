@@ -152,13 +152,15 @@ final class Route: Sendable {
         }
 
         /// Preferences' routes (SPEC section 12), by a user's server or by a
-        /// device of the user (whose name changes nothing: they are the user's).
+        /// device of the user: they are the user's, so the device's name
+        /// changes nothing but who a save's webhook event says made it.
         static func preferences(server: Bool) -> [Route] {
-            func one(_ method: String, _ h: @escaping @Sendable (Gateway, Gateway.Call, UserKey) throws(HeraldError) -> Void) -> Route {
-                server ? Route(method, .user(h)) : Route(method, .device(namesDevice: false) { g, c, d throws(HeraldError) in try h(g, c, d.user) })
+            func one(_ method: String, _ h: @escaping @Sendable (Gateway, Gateway.Call, UserKey, ChangeActor) throws(HeraldError) -> Void) -> Route {
+                server ? Route(method, .user { g, c, user throws(HeraldError) in try h(g, c, user, .app) })
+                    : Route(method, .device { g, c, d throws(HeraldError) in try h(g, c, d.user, .device(d.deviceId)) })
             }
-            return [one("GET") { g, c, user in g.preferences(c, user) },
-                    one("PUT") { g, c, user throws(HeraldError) in try g.savePreferences(c, user) }]
+            return [one("GET") { g, c, user, _ in g.preferences(c, user) },
+                    one("PUT") { g, c, user, actor throws(HeraldError) in try g.savePreferences(c, user, by: actor) }]
         }
 
         /// SPEC sections 2-4, 6, 10 and 12, as docs/openapi.yaml names them.

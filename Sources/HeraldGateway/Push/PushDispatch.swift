@@ -45,10 +45,6 @@ final class PushDispatch {
     /// 30 s for the request, then its answer's write. (A SQLite node
     /// releases its own claims when it starts.)
     static let claimLease: Millis = 120_000
-    /// How often the outbox is asked for due pushes with nothing else
-    /// saying so: another node's lapsed claims, a backlog left at a restart.
-    static let pollEvery: Millis = 1_000
-    static let pendingEvery: Millis = 5_000
     static let firstRetry: Millis = 1_000
     static let lastRetry: Millis = 300_000
     /// A push with less lifetime left is not sent (`expired`): a TTL that
@@ -201,10 +197,10 @@ final class PushDispatch {
         let retryDue = nextRetry.map { now >= $0 } ?? false
         guard room > 0, wake || retryDue || tick >= nextPoll else { return }
         wake = false
-        nextPoll = tick + Self.pollEvery
+        nextPoll = tick + Outbox.pollEvery
         if retryDue { nextRetry = nil }
         let countPending = tick >= nextPending && storeWide
-        if countPending { nextPending = tick + Self.pendingEvery }
+        if countPending { nextPending = tick + Outbox.pendingEvery }
         var claimed = 0
         let done = transactions.run("push claim") { tx throws(StoreError) in
             var outgoing: [OutgoingPush] = []
@@ -281,6 +277,7 @@ final class PushDispatch {
             // registered since (a new token) keeps the device's pushes.
             if let d = try tx.reads.device(o.job.user, id: o.job.deviceId), d.push?.key == o.handle.key {
                 try tx.removeHandle(o.job.user, from: d)
+                if let engine { try unregistered(tx, engine, o.job.user, d, service, now: now) }
             } else {
                 try tx.finishPush(o.job)
             }
@@ -302,6 +299,17 @@ final class PushDispatch {
         }
     }
 
+    /// `push.unregistered` (SPEC section 13): the device as the listing
+    /// shows it, now without its handle.
+    private func unregistered(_ tx: FeedTransaction, _ engine: Engine, _ user: UserKey, _ d: Device, _ service: PushService,
+                              now: Millis) throws(StoreError) {
+        var gone = d
+        gone.push = nil
+        let elsewhere = try cluster?.elsewhere(user)[d.deviceId]
+        tx.webhookEvent(user.app, .pushUnregistered(user, device: engine.deviceJSON(user, gone, elsewhere: elsewhere, now: now),
+                                                      service: service, at: now))
+    }
+
     /// Logs, once, that most of an app's recent answers from a service call
     /// handles dead for one reason, and when they no longer do (`DeadHandleWatch`).
     private func judge(_ app: String, _ service: PushService, deadReason: String?) {
@@ -320,8 +328,7 @@ final class PushDispatch {
     /// sooner than the service asked; dropped once that leaves less than
     /// `minLifetime` of the push's lifetime.
     private func retry(_ tx: FeedTransaction, _ o: OutgoingPush, afterSeconds: Int?, now: Millis) throws(StoreError) {
-        let backoff = min(Self.lastRetry, Self.firstRetry << min(o.job.attempts, 20))
-        let jittered = backoff + Millis.random(in: 0...backoff / 4)
+        let jittered = Outbox.backoff(attempts: o.job.attempts, first: Self.firstRetry, last: Self.lastRetry, jitter: Outbox.randomJitter)
         let at = now + max(jittered, Millis(afterSeconds ?? 0) * 1_000)
         guard Self.outlives(o.job.message, at: at) else {
             try tx.finishPush(o.job)

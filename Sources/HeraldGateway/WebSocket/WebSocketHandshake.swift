@@ -35,19 +35,12 @@ public enum WebSocketHandshake {
     }
 
     static func isValidKey(_ key: String) -> Bool {
-        guard key.utf8.count == 24, key.hasSuffix("==") else { return false }
-        return Base64URL.decode(Substring(urlAlphabet(key.dropLast(2))))?.count == 16
+        Base64.decode(Substring(key))?.count == 16
     }
 
     /// `Sec-WebSocket-Accept` for a client's key.
     static func accept(key: String) -> String {
         let digest = SHA1.digest(Array((key + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11").utf8))
-        // 20 bytes: 27 digits and one `=` of padding.
-        return String(Base64URL.encode(digest).map { $0 == "-" ? "+" : $0 == "_" ? "/" : $0 }) + "="
-    }
-
-    private static func urlAlphabet(_ s: Substring) -> String {
-        // `-` and `_` are not base64 digits: leave them out of the URL alphabet too.
-        String(s.map { $0 == "+" ? "-" : $0 == "/" ? "_" : $0 == "-" || $0 == "_" ? "!" : $0 })
+        return Base64.encode(digest)
     }
 }

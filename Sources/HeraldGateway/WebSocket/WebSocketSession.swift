@@ -199,11 +199,11 @@ public final class WebSocketSession {
             refresh(ref: ref, token: token)
         case .update(let ref, let id, let u):
             request(ref, user, id) { e throws(StoreError) in
-                try e.updateState(user, id: id, u, viewer: v, now: clock.now())
+                try e.updateState(user, id: id, u, viewer: v, by: .device(v.device?.deviceId), now: clock.now())
             }
         case .delete(let ref, let id):
             request(ref, user, id) { e throws(StoreError) in
-                try e.deleteNotification(user, id: id, viewer: v, now: clock.now())
+                try e.deleteNotification(user, id: id, viewer: v, by: .device(v.device?.deviceId), now: clock.now())
             }
         case .sync(let ref, let position):
             guard s.queuedSyncCount < Self.maxQueuedSyncs else {
