@@ -128,7 +128,7 @@ EOF2
 # over the step, summed over the threads whose names match NAME (a regex;
 # "process" for the whole process)
 counted() { # file field name
-    awk -v f="$2:" -v n="^($3)\$" '$2 == f && $1 ~ n { if (FILENAME ~ /start$/) s -= $3; else s += $3 } END { print s + 0 }' "$1.start" "$1.stop"
+    awk -v f="$2:" -v n="^($3)\$" '$2 == f && $1 ~ n { if (FILENAME ~ /start$/) s -= $3; else s += $3 } END { printf "%.0f\n", s }' "$1.start" "$1.stop"
 }
 # from count_around's FILE.perf: the syncs, and the CPU ms of threads matching NAME
 perf_syncs() { awk -F, '$4 ~ /fdatasync|fsync/ {s += $2} END {print s + 0}' "$1.perf"; }
