@@ -104,7 +104,7 @@ for page in $PAGE_SIZES; do
         log "${rows[-1]}"
         # who wrote what (bytes dirtied, bytes passed to write), by thread
         awk '$2 == "write_bytes:" || $2 == "wchar:" { v[$1 " " $2] += (FILENAME ~ /start$/ ? -$3 : $3) }
-             END { for (k in v) if (v[k] > 0) print k, v[k] }' "$WORK/count.start" "$WORK/count.stop" | sort \
+             END { for (k in v) if (v[k] > 0) printf "%s %.0f\n", k, v[k] }' "$WORK/count.start" "$WORK/count.stop" | sort \
             > "$OUT/sqlite-bytes-$page-$rate-threads.txt"
         rm -f "$WORK"/run.db*
     done
