@@ -6,7 +6,9 @@
 # 1. The disk: `dd` writing 8 KiB blocks with O_DSYNC (one sync per write)
 #    and 1 GiB in 1 MiB blocks (then one fdatasync), and PostgreSQL's
 #    `pg_test_fsync` (8 KiB writes, each followed by fdatasync), in the
-#    folder the database lives in.
+#    folder the database lives in; and bench/fsync_probe (16 KiB writes,
+#    each followed by fdatasync, PROBE_SECONDS [8] each): appended to a
+#    growing file and overwriting a written one, p50/p99/p99.9/max.
 # 2. Herald on `--store sqlite:` at full durability (every answer waits for
 #    the log's fsync), one device per user, 512 publisher connections:
 #    - run.sh's durable ramp (DURABLE_RAMP [ramp:2000:2000:30000], 5 s a
@@ -23,6 +25,7 @@ source "$(dirname "$0")/lib.sh"
 
 DURABLE_RAMP=${DURABLE_RAMP:-ramp:2000:2000:30000}
 RATE=${RATE:-4000}
+PROBE_SECONDS=${PROBE_SECONDS:-8}
 PORT=${PORT:-18196}
 HERALD_BIN=${HERALD_BIN:-$ROOT/.build/release/herald}
 RESULTS=$OUT/durable-results.md
@@ -30,6 +33,7 @@ PG_TEST_FSYNC=$(ls /usr/lib/postgresql/*/bin/pg_test_fsync 2>/dev/null | tail -1
 command -v perf >/dev/null || { log "perf is needed (Debian: linux-perf)"; exit 1; }
 
 build_loadgen
+make -s -C "$BENCH" fsync_probe
 build_herald
 measure_background
 
@@ -45,6 +49,8 @@ if [ -n "$PG_TEST_FSYNC" ]; then
     # "fdatasync   NNNN.NNN ops/sec" under "one 8kB write"
     pgtf=$(awk '/Compare file sync methods using one 8kB write/ {on=1} on && $1 == "fdatasync" {print int($2); exit}' "$OUT/durable-pg_test_fsync.log")
 fi
+"$BENCH/fsync_probe" -s "$PROBE_SECONDS" "$WORK" > "$OUT/durable-fsync_probe.log"
+log "disk: $(grep '^RESULT' "$OUT/durable-fsync_probe.log" | tr '\n' ' ')"
 log "disk: dd 8 KiB O_DSYNC writes $dd_syncs/s, 1 MiB blocks $dd_mbs; pg_test_fsync fdatasync ${pgtf:-n/a} ops/s"
 
 HERALD_ARGS=()
@@ -61,27 +67,15 @@ ramp_max=$(res "$OUT/durable-ramp.log" mode=saturation at_rate)
 # ---- the steady step, counted
 herald_spawn durable-steady "$WORK/herald" "$PORT" --store "sqlite:$WORK/herald/herald.db" || { log "herald did not start"; exit 1; }
 pid=$SPAWNED_PID
-cat > "$WORK/count-around" <<EOF2
-#!/bin/sh
-case "\$1" in
-start) awk '/^write_bytes/ {print \$2}' /proc/$pid/io > "$WORK/io.start"
-       perf stat --per-thread -e 'syscalls:sys_enter_fdatasync,syscalls:sys_enter_fsync,task-clock' -p $pid -x, -o "$WORK/perf.csv" &
-       echo \$! > "$WORK/perf.pid"; sleep 0.5 ;;
-stop)  kill -INT "\$(cat "$WORK/perf.pid")"
-       while kill -0 "\$(cat "$WORK/perf.pid")" 2>/dev/null; do sleep 0.1; done
-       awk '/^write_bytes/ {print \$2}' /proc/$pid/io > "$WORK/io.stop" ;;
-esac
-EOF2
-chmod +x "$WORK/count-around"
+count_around "$pid" "$WORK/count-around"
 "${HERALD_ARGS[@]}" --mode fanout --users 1000 --devices 1 --rate "$RATE" --duration 10 \
     --user-prefix "s${RUN_ID}u" --server-pids "$pid" --pub-conns 512 --around-steps "$WORK/count-around" > "$OUT/durable-steady.log" 2>&1 || true
 herald_stop "$pid"
 published=$(res "$OUT/durable-steady.log" step=0 published)
 p99=$(res "$OUT/durable-steady.log" step=0 p99_ms)
-# --per-thread -x,: "comm-tid,count,unit,event,..."; task-clock in ms
-syncs=$(awk -F, '$4 ~ /fdatasync|fsync/ {s += $2} END {print s + 0}' "$WORK/perf.csv")
-engine_ms=$(awk -F, '$1 ~ /^herald-engine/ && $4 ~ /task-clock/ {s += $2} END {print s + 0}' "$WORK/perf.csv")
-bytes=$(( $(cat "$WORK/io.stop") - $(cat "$WORK/io.start") ))
+syncs=$(perf_syncs "$WORK/count-around")
+engine_ms=$(perf_cpu_ms "$WORK/count-around" herald-engine)
+bytes=$(counted "$WORK/count-around" write_bytes process)
 
 per() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.1f", a / b; else print "n/a" }'; }
 {
@@ -94,6 +88,7 @@ per() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.1f", a / b; else p
     echo "| disk: 8 KiB writes with O_DSYNC (\`dd\`) | $dd_syncs/s |"
     echo "| disk: 8 KiB write + fdatasync (\`pg_test_fsync\`) | ${pgtf:-n/a}/s |"
     echo "| disk: 1 GiB in 1 MiB blocks, then fdatasync (\`dd\`) | $dd_mbs |"
+    probe_rows "$OUT/durable-fsync_probe.log"
     echo "| acknowledged publishes/s with p99 ≤ 100 ms ($DURABLE_RAMP, 5 s steps) | ${ramp_max:-n/a} |"
     echo "| steady step: publishes in 10 s at $RATE/s, publish-to-delivery p99 | ${published:-n/a}, ${p99:-n/a} ms |"
     echo "| log syncs per second, publishes per sync | $(per "$syncs" 10) , $(per "${published:-0}" "$syncs") |"

@@ -94,6 +94,46 @@ res() { # file filter key
     { grep '^RESULT' "$1" | grep -- "$2" | tail -1 | tr ' ' '\n' | awk -F= -v k="$3" '$1==k {print $2}'; } 2>/dev/null || true
 }
 
+# table rows of bench/fsync_probe's RESULT lines in a log: the disk's floor
+probe_rows() { # log
+    grep '^RESULT way=' "$1" | tr ' ' '\n' | awk -F= '
+        $1 == "way" { w = $2 } $1 == "bytes" { b = $2 } $1 == "per_s" { r = $2 }
+        $1 == "p50_ms" { p50 = $2 } $1 == "p99_ms" { p99 = $2 } $1 == "p999_ms" { p999 = $2 }
+        $1 == "max_ms" { printf "| disk: %d KiB write + fdatasync, %s (`fsync_probe`): p50 / p99 / p99.9 / max | %s / %s / %s / %s ms (%s/s) |\n", b / 1024, w, p50, p99, p999, $2, r }'
+}
+
+# writes FILE, a loadgen --around-steps hook that counts what herald PID does
+# during a step: /proc I/O of the process and of each of its threads, by
+# name (FILE.start, FILE.stop: "name field value" lines), and `perf stat`
+# of its syncs and CPU per thread in between (FILE.perf, CSV)
+count_around() { # pid file
+    cat > "$2" <<EOF2
+#!/bin/sh
+snapshot() {
+    awk '{print "process", \$1, \$2}' /proc/$1/io
+    for t in /proc/$1/task/*; do awk -v c="\$(cat \$t/comm)" '{print c, \$1, \$2}' \$t/io 2>/dev/null; done
+}
+case "\$1" in
+start) snapshot > "$2.start"
+       perf stat --per-thread -e 'syscalls:sys_enter_fdatasync,syscalls:sys_enter_fsync,task-clock' -p $1 -x, -o "$2.perf" &
+       echo \$! > "$2.perfpid"; sleep 0.5 ;;
+stop)  kill -INT "\$(cat "$2.perfpid")"
+       while kill -0 "\$(cat "$2.perfpid")" 2>/dev/null; do sleep 0.1; done
+       snapshot > "$2.stop" ;;
+esac
+EOF2
+    chmod +x "$2"
+}
+# what count_around's FILE saw of FIELD (write_bytes, wchar, syscw: proc(5))
+# over the step, summed over the threads whose names match NAME (a regex;
+# "process" for the whole process)
+counted() { # file field name
+    awk -v f="$2:" -v n="^($3)\$" '$2 == f && $1 ~ n { if (FILENAME ~ /start$/) s -= $3; else s += $3 } END { printf "%.0f\n", s }' "$1.start" "$1.stop"
+}
+# from count_around's FILE.perf: the syncs, and the CPU ms of threads matching NAME
+perf_syncs() { awk -F, '$4 ~ /fdatasync|fsync/ {s += $2} END {print s + 0}' "$1.perf"; }
+perf_cpu_ms() { awk -F, -v n="^$2" '$1 ~ n && $4 ~ /task-clock/ {s += $2} END {print s + 0}' "$1.perf"; }
+
 # ---------------------------------------------------------------- herald
 # the loadgen command line for Herald's wire contract: subscribers on each
 # SUB_PORT in turn (connection k on the (k mod n)-th), publishes to each of
