@@ -287,7 +287,7 @@ final class SQLiteStoreTests: XCTestCase {
             s.close()
         }
         let s = try SQLiteStore(path: path)
-        XCTAssertEqual(try s.db.int("PRAGMA user_version"), 13)
+        XCTAssertEqual(try s.db.int("PRAGMA user_version"), SQLiteStore.schemaVersion)
         XCTAssertEqual(try s.preferences(alice), .unsaved)
         let p = Preferences(default: Channels(push: false), version: 1, updatedAt: t0)
         XCTAssertEqual(try s.savePreferences(alice, p, at: t0).seq, 2)

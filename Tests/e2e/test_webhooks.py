@@ -22,7 +22,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
-from herald_helpers import APPS, CONFIG, Gateway, herald_binary, mint_token, reload, uid, wait_until
+from herald_helpers import APPS, CONFIG, Gateway, herald_binary, iso, mint_token, reload, uid, wait_until
 from push_standins import APNsStandIn, Outcome
 from test_postgres import store_url  # noqa: F401  (the fixture: a schema per test)
 
@@ -226,6 +226,35 @@ def test_every_notification_event_and_its_data(gateway_factory, receivers):
     wait_until(lambda: gw.metric('herald_webhook_sent_total{outcome="delivered"}') == len(every.got) + len(reads.got),
                "the deliveries counted")
     assert b  # published above, read by read-all
+
+
+def test_a_wake_and_a_save_of_preferences_send_their_events(gateway_factory, receivers):
+    """notification.woke alone when a snooze ends (Herald's own change, so
+    no device), and preferences.updated naming the device that saved, or
+    none for the app's server (SPEC 11-13)."""
+    every = receivers()
+    gw = gateway_factory(config=hooked(endpoint(every)))
+    user = uid("u")
+    nid = gw.publish(user, "later")["notification"]["id"]
+    until = time.time() + 2
+    patch(gw, user, "phone", nid, {"userActionState": "snoozed", "snoozedUntil": iso(until)})
+    evs = every.wait_events(user, 3, timeout=30)[1:]
+    assert types(evs) == ["notification.snoozed", "notification.woke"], evs
+    woke = next(e for e in evs if e["type"] == "notification.woke")
+    n = woke["data"]["notification"]
+    assert (woke["data"]["deviceId"], n["userActionState"], n["readState"], n["seenState"], n["snoozedUntil"]) == \
+        (None, "noInteraction", "unread", "unseen", None)
+
+    r = gw.me("PUT", "/preferences", gw.token(user, dev="tablet"), json={"groups": {"ads": {"push": False}}})
+    assert r.status_code == 200, r.text
+    [e] = every.wait_events(user, 4)[3:]
+    assert e["type"] == "preferences.updated"
+    assert e["data"] == {"appId": APP, "userId": user, "seq": r.json()["seq"], "deviceId": "tablet",
+                         "preferences": r.json()["preferences"]}
+    r = gw.server("PUT", f"/users/{user}/preferences", json={"groups": {}})
+    assert r.status_code == 200, r.text
+    [e] = every.wait_events(user, 5)[4:]
+    assert (e["type"], e["data"]["deviceId"], e["data"]["preferences"]) == ("preferences.updated", None, r.json()["preferences"])
 
 
 def test_a_dead_push_handle_is_push_unregistered(gateway_factory, receivers, tmp_path):
