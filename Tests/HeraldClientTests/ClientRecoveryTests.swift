@@ -12,11 +12,7 @@ final class ClientRecoveryTests: ClientTestCase {
         var gateway = first
         defer { gateway.stop() }
         let user = "frank-\(UUID().uuidString.prefix(8))"
-        let phone = try await client(gateway, user: user, device: "phone", file: "phone.db")
-        let laptop = try await client(gateway, user: user, device: "laptop", file: "laptop.db")
-        let log = EventLog()
-        try await log.startLive(phone, as: "phone")
-        try await log.startLive(laptop, as: "laptop")
+        let (phone, laptop, log) = try await livePhoneAndLaptop(gateway, user: user)
 
         // The burst talks to whatever answers on the port: `first` only
         // lends it the address, which the restarted gateway takes over.

@@ -43,6 +43,15 @@ class ClientTestCase: XCTestCase {
         return (phone, log)
     }
 
+    /// Clients "phone" and "laptop" of `user` (state in phone.db and
+    /// laptop.db), both watched by one new log and live.
+    func livePhoneAndLaptop(_ gateway: GatewayProcess, user: String) async throws -> (HeraldClient, HeraldClient, EventLog) {
+        let (phone, log) = try await livePhone(gateway, user: user)
+        let laptop = try await client(gateway, user: user, device: "laptop", file: "laptop.db")
+        try await log.startLive(laptop, as: "laptop")
+        return (phone, laptop, log)
+    }
+
     /// The client's local set in the form the server listing is compared in.
     func snapshots(_ client: HeraldClient) async -> [String: Snapshot] {
         Dictionary(uniqueKeysWithValues: await client.notifications.map { ($0.id, Snapshot($0)) })

@@ -348,11 +348,7 @@ final class ClientPreferencesTests: ClientTestCase {
         let gateway = try GatewayProcess()
         defer { gateway.stop() }
         let user = "noa-\(UUID().uuidString.prefix(8))"
-        let phone = try await client(gateway, user: user, device: "phone", file: "phone.db")
-        let laptop = try await client(gateway, user: user, device: "laptop", file: "laptop.db")
-        let log = EventLog()
-        try await log.startLive(phone, as: "phone")
-        try await log.startLive(laptop, as: "laptop")
+        let (phone, laptop, log) = try await livePhoneAndLaptop(gateway, user: user)
         let model = await MainActor.run { HeraldModel(client: laptop) }
         try await log.eventually("both hold the unsaved ones from their reset") {
             let (p, l) = (await phone.preferences, await laptop.preferences)
