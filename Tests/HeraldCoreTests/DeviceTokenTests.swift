@@ -323,7 +323,10 @@ final class DeviceTokenTests: XCTestCase {
         XCTAssertEqual(hex(HMACSHA256.mac(key: Array(repeating: 0xaa, count: 131),
                                           message: bytes("Test Using Larger Than Block-Size Key - Hash Key First"))),
                        "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54")
-        XCTAssertEqual(HMACSHA256.mac(key: [], message: []).count, 32)
+        XCTAssertEqual(hex(HMACSHA256.mac(key: [], message: [])), "b613679a0814d9ec772f95d778c35fc5ff1697c493715653c6c712144292c5ad")
+        // A key of exactly the block size is used as it is, one byte more is hashed first.
+        let block = Array(repeating: UInt8(0x61), count: 64)
+        XCTAssertNotEqual(HMACSHA256.mac(key: block, message: bytes("m")), HMACSHA256.mac(key: block + [0x61], message: bytes("m")))
     }
 
     func hex(_ b: [UInt8]) -> String { b.map { String(format: "%02x", $0) }.joined() }
