@@ -56,6 +56,9 @@ final class WebhookDispatch {
     private var nextRetry: Millis?
     /// This partition's outbox length, as last added to `herald_webhook_pending`.
     private var countedPending = 0
+    /// Each endpoint's last failed deliveries, for the inspector: the why
+    /// stays in the log (a receiver's answer may quote anything).
+    private var failures = RecentOutcomes<EndpointKey>(perKey: 10, keys: 1_000)
 
     init(metrics: WebhookMetrics, senders: WebhookSenders, clock: Clock, thread: ThreadOwner) {
         self.metrics = metrics; self.senders = senders; self.clock = clock; self.thread = thread
@@ -199,6 +202,7 @@ final class WebhookDispatch {
             metrics.latency.observe(nanos: UInt64(max(0, now - job.committedAt)) * 1_000_000)
             if failing.remove(key) != nil { Log.info("webhook: \(key.url) of app \(key.app) accepts events again") }
         case .failed(let why, let after):
+            failures.note(key, .init(at: now, outcome: "failed", reason: nil))
             if failing.insert(key).inserted {
                 Log.warning("webhook: \(key.url) of app \(key.app) failed (\(why)); its events are kept and retried for 24 hours")
             }
@@ -210,6 +214,16 @@ final class WebhookDispatch {
             try tx.webhookOutbox.retryWebhook(job, at: at)
             metrics.count(.retried)
             nextRetry = min(nextRetry ?? at, at)
+        }
+    }
+
+    /// The inspector's view of `app`'s endpoints on this partition: URLs
+    /// (never their secrets), requests in flight, and last failures.
+    func inspection(app: String) -> [(url: String, inFlight: Int, failures: [RecentOutcome])] {
+        thread.preconditionCurrent()
+        return (endpoints.withLock { $0[app] } ?? []).map { e in
+            let key = EndpointKey(app: app, url: e.url)
+            return (e.url, inFlight[key] ?? 0, failures.recent(key))
         }
     }
 
