@@ -73,6 +73,7 @@ async function inspectUser(user, before) {
       d.deviceId, d.platform, d.tags.join(", "),
       d.connected ? `${d.transport}${d.here ? " (this node)" : " (another node)"}` : "no",
       d.push?.service ?? "none",
+      String(d.pushesPending),
       d.lastSeenAt,
       problem(d.pushOutcomes.map(outcomeText).join("; ") || "none",
               d.pushOutcomes.some((o) => o.outcome !== "delivered")),

@@ -161,6 +161,9 @@ public protocol StoreLookups: StoreReading {
     /// count the store keeps in the transactions that add and remove them,
     /// not a scan of the outbox, which may be long.
     func pendingPushes() throws(StoreError) -> Int
+    /// How many of `user`'s pushes wait or are in flight, by device (the
+    /// inspector's): a scan of the user's rows only (by their index).
+    func pendingPushes(_ user: UserKey) throws(StoreError) -> [String: Int]
     /// How many webhook deliveries wait or are in flight
     /// (`herald_webhook_pending`), kept as `pendingPushes` is.
     func pendingWebhooks() throws(StoreError) -> Int

@@ -387,6 +387,12 @@ extension MemoryStore {
 
     public func pendingPushes() throws(StoreError) -> Int { pushes.rows.count }
 
+    public func pendingPushes(_ user: UserKey) throws(StoreError) -> [String: Int] {
+        var out: [String: Int] = [:]
+        for row in pushes.rows.values where row.job.user == user { out[row.job.deviceId, default: 0] += 1 }
+        return out
+    }
+
     public func enqueueWebhook(app: String, url: String, eventId: String, body: [UInt8], at: Millis) throws(StoreError) {
         webhooks.lastId += 1
         let job = WebhookJob(id: webhooks.lastId, app: app, url: url, eventId: eventId, body: body, committedAt: at)

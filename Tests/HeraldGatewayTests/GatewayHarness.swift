@@ -155,6 +155,7 @@ final class FailingStore: NotificationStore {
         try inner.pushHolder(app: app, key: key)
     }
     func pendingPushes() throws(StoreError) -> Int { try inner.pendingPushes() }
+    func pendingPushes(_ u: UserKey) throws(StoreError) -> [String: Int] { try inner.pendingPushes(u) }
     func enqueueWebhook(app: String, url: String, eventId: String, body: [UInt8], at: Millis) throws(StoreError) {
         try inner.enqueueWebhook(app: app, url: url, eventId: eventId, body: body, at: at)
     }

@@ -63,6 +63,7 @@ final class InspectorTests: XCTestCase {
         let device = try XCTUnwrap(before.json?["devices"]?.arrayValue?.first?.objectValue)
         XCTAssertEqual(device["push"], ["service": "apns"], "the service, never the token")
         XCTAssertEqual(device["pushOutcomes"], [])
+        XCTAssertEqual(device["pushesPending"], 1, "claimed, in flight")
         XCTAssertEqual(device["connected"], false)
         assertNothingSecret(before)
 
@@ -72,6 +73,7 @@ final class InspectorTests: XCTestCase {
         let json = try XCTUnwrap(after.json)
         let phone = try XCTUnwrap(json["devices"]?.arrayValue?.first?.objectValue)
         XCTAssertEqual(phone["push"], .null)
+        XCTAssertEqual(phone["pushesPending"], 0)
         let outcome = try XCTUnwrap(phone["pushOutcomes"]?.arrayValue?.first?.objectValue)
         XCTAssertEqual(outcome["outcome"], "handleRemoved")
         XCTAssertEqual(outcome["reason"], "Unregistered", "the service's reason code, not its text")

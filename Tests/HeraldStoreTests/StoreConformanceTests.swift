@@ -1015,6 +1015,8 @@ class StoreConformanceTests: XCTestCase {
         }
         try store.commit()
         XCTAssertEqual(try store.pendingPushes(), 10, "four taps (one per device) and six alerts")
+        XCTAssertEqual(try store.pendingPushes(alice), ["d0": 1, "d1": 1, "d2": 1, "d3": 1], "by device, the inspector's")
+        XCTAssertEqual(try store.pendingPushes(bob), ["phone": 6])
         try store.begin()
         let claimed = try store.claimPushes(now: Self.t0, until: Self.t0 + 1000, limit: 100)
         XCTAssertEqual(claimed.count, 10)
@@ -1028,6 +1030,7 @@ class StoreConformanceTests: XCTestCase {
         try store.finishPush(claimed[0])
         try store.commit()
         XCTAssertEqual(try store.pendingPushes(), 3)
+        XCTAssertEqual(try store.pendingPushes(bob), [:])
         try store.begin()
         for d in 1..<4 { try store.dropPushes(alice, deviceId: "d\(d)") }
         try store.commit()

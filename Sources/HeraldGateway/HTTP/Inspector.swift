@@ -81,13 +81,16 @@ extension Gateway {
 
 extension Engine {
     /// The user's devices as the listing shows them (no handle: only its
-    /// service), with where each is connected and its last push outcomes.
+    /// service), with where each is connected, its pushes in the outbox and
+    /// its last push outcomes.
     func inspectedDevices(_ user: UserKey, now: Millis) throws(StoreError) -> JSON {
         let elsewhere = try cluster?.elsewhere(user) ?? [:]
+        let pending = try reads.pendingPushes(user)
         return .array(try reads.devices(user).map { d in
             var o = deviceJSON(user, d, elsewhere: elsewhere[d.deviceId], now: now).objectValue!
             o["here"] = registry.connections(user, device: d.deviceId)?.transport(now: now).map { .string($0.rawValue) } ?? .null
             o["elsewhere"] = elsewhere[d.deviceId].map { .string($0.rawValue) } ?? .null
+            o["pushesPending"] = .int(pending[d.deviceId] ?? 0)
             o["pushOutcomes"] = .array(push.outcomes.recent(DeviceKey(user: user, device: d.deviceId)).map(\.json))
             return .object(o)
         })
