@@ -56,7 +56,7 @@ async function refreshLive() {
     ]);
     fill("connections-table", Object.entries(a.connections).map(([t, n]) => [t, String(n)]));
     fill("webhooks-table", a.webhooks.map((w) => [
-      w.url, String(w.inFlight), problem(w.lastFailures.map(outcomeText).join("; ") || "none", w.lastFailures.length > 0),
+      w.url, String(w.pending ?? "unknown (store down)"), String(w.inFlight), problem(w.lastFailures.map(outcomeText).join("; ") || "none", w.lastFailures.length > 0),
     ]), "no webhook endpoints");
   } catch (e) {
     if (e.status === 401) return signOut("The server key was refused; sign in again.");

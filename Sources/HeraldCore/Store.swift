@@ -167,6 +167,10 @@ public protocol StoreLookups: StoreReading {
     /// How many webhook deliveries wait or are in flight
     /// (`herald_webhook_pending`), kept as `pendingPushes` is.
     func pendingWebhooks() throws(StoreError) -> Int
+    /// How many deliveries to `url` of `app` wait or are in flight, counted
+    /// up to `limit` (the inspector's: a dead endpoint may hold a day of
+    /// events, and a count costs what it counts).
+    func pendingWebhooks(app: String, url: String, upTo limit: Int) throws(StoreError) -> Int
     /// The token kept under `name` (SPEC section 10: one APNs provider
     /// token per key for the deployment), nil when none is.
     func sharedToken(_ name: String) throws(StoreError) -> SharedToken?

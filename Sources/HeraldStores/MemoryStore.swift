@@ -415,6 +415,10 @@ extension MemoryStore {
 
     public func pendingWebhooks() throws(StoreError) -> Int { webhooks.rows.count }
 
+    public func pendingWebhooks(app: String, url: String, upTo limit: Int) throws(StoreError) -> Int {
+        webhooks.rows.values.lazy.filter { $0.job.app == app && $0.job.url == url }.prefix(limit).count
+    }
+
     public func sharedToken(_ name: String) throws(StoreError) -> SharedToken? { sharedTokens[name] }
 
     public func replaceSharedToken(_ name: String, with token: SharedToken, replacing: Millis?) throws(StoreError) -> Bool {

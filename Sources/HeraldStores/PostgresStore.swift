@@ -1019,4 +1019,10 @@ extension PostgresStore {
     }
 
     public func pendingWebhooks() throws(StoreError) -> Int { try outboxSize("webhook_outbox_size") }
+
+    public func pendingWebhooks(app: String, url: String, upTo limit: Int) throws(StoreError) -> Int {
+        try check()
+        return Int(try db.query("SELECT count(*) FROM (SELECT 1 FROM webhook_outbox WHERE app = $1 AND url = $2 LIMIT $3) AS p",
+                                [.text(app), .text(url), .int(Int64(limit))]).int64(0, 0))
+    }
 }

@@ -1125,4 +1125,10 @@ extension SQLiteStore {
         try check()
         return Int(try db.int("SELECT deliveries FROM webhook_outbox_size") ?? 0)
     }
+
+    public func pendingWebhooks(app: String, url: String, upTo limit: Int) throws(StoreError) -> Int {
+        try check()
+        return Int(try db.int("SELECT count(*) FROM (SELECT 1 FROM webhook_outbox WHERE app = ? AND url = ? LIMIT ?)",
+                              [.text(app), .text(url), .int(Int64(limit))]) ?? 0)
+    }
 }

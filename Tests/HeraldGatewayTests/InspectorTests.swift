@@ -91,7 +91,7 @@ final class InspectorTests: XCTestCase {
         let r = get("/v1/apps/\(Self.app.id)/inspect")
         XCTAssertEqual(r.response?.status, 200)
         let json = try XCTUnwrap(r.json)
-        XCTAssertEqual(json["webhooks"], [["url": "http://127.0.0.1:9/hooks", "inFlight": 0, "lastFailures": []]])
+        XCTAssertEqual(json["webhooks"], [["url": "http://127.0.0.1:9/hooks", "inFlight": 0, "pending": 0, "lastFailures": []]])
         XCTAssertEqual(json["connections"]?.objectValue?["websocket"], 1)
         XCTAssertEqual(json["health"]?.objectValue?["store"], "ok")
         assertNothingSecret(r)

@@ -839,6 +839,9 @@ class StoreConformanceTests: XCTestCase {
         try store.enqueueWebhook(app: "a", url: "http://one", eventId: "msg_2", body: body, at: Self.t0 + 1)
         try store.commit()
         XCTAssertEqual(try store.pendingWebhooks(), 3)
+        XCTAssertEqual(try store.pendingWebhooks(app: "a", url: "http://one", upTo: 10), 2, "one endpoint's, the inspector's")
+        XCTAssertEqual(try store.pendingWebhooks(app: "a", url: "http://one", upTo: 1), 1, "counted up to the limit")
+        XCTAssertEqual(try store.pendingWebhooks(app: "b", url: "http://one", upTo: 10), 0)
 
         // A rolled-back enqueue leaves nothing, count included.
         try store.begin()

@@ -4,11 +4,14 @@ the user's inspection; and the `/admin` page's policy."""
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 
 from herald_helpers import APPS, uid, wait_until
 from push_standins import Outcome
 from test_push import apns_handle, apns_token, push_config, register, services, vapid_file  # noqa: F401 (fixtures)
+from test_webhooks import hooked, secret
 
 APP = "app.one"
 
@@ -55,6 +58,23 @@ def test_the_apps_inspection_takes_only_its_own_key(fresh_gateway):
     body = r.json()
     assert body["app"] == APP and body["health"]["store"] == "ok"
     assert set(body["connections"]) == {"websocket", "sse", "poll"}
+
+
+def test_a_failing_webhook_endpoint_shows_by_url_with_its_backlog_and_no_secret(gateway_factory):
+    with socket.socket() as s:  # a port nothing listens on once closed: every delivery is refused
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}/hooks"
+    key = secret()
+    gw = gateway_factory(config=hooked({"url": url, "secret": key}))
+    gw.publish(uid("u"))
+
+    def failed():
+        r = gw.server("GET", "/inspect", app=APP)
+        [hook] = r.json()["webhooks"]
+        return hook["lastFailures"] and (hook, r.text)
+    hook, text = wait_until(failed, "the refused delivery in the app's inspection")
+    assert hook["url"] == url and hook["pending"] == 1 and hook["lastFailures"][0]["outcome"] == "failed"
+    assert key.removeprefix("whsec_") not in text and "whsec_" not in text
 
 
 def test_the_admin_page_is_served_under_a_strict_policy_without_demo_mode(fresh_gateway):

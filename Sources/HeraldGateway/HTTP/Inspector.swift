@@ -8,6 +8,8 @@ import HeraldPorts
 extension Gateway {
     /// How many of the feed's last changes the user's inspection shows.
     static let inspectedChanges = 20
+    /// How far an endpoint's waiting deliveries are counted: a dead one may hold a day of events.
+    static let pendingWebhooksCounted = 10_000
 
     /// `GET /v1/apps/{app}/users/{user}/inspect`: the devices as the engine
     /// knows them (who is connected is the registry's, on its thread), then
@@ -46,23 +48,24 @@ extension Gateway {
 
     /// `GET /v1/apps/{app}/inspect`: the app's webhook endpoints, gathered
     /// from every partition's dispatcher, and this node's live status.
-    /// Bookkeeping (`control`), not a batch: it answers while the store is down.
+    /// Bookkeeping (`control`), not a batch: it answers while the store is
+    /// down, then without the outbox's counts.
     func inspectApp(_ c: Call, _ app: AppConfig) {
         let shard = c.x.shard, responder = c.x.responder, partitions = self.partitions
         // Summed by URL: a reload between two partitions' answers may add or drop one.
-        var urls: [String] = [], endpoints: [String: (inFlight: Int, failures: [RecentOutcome])] = [:]
+        var urls: [String] = [], endpoints: [String: (inFlight: Int, pending: Int?, failures: [RecentOutcome])] = [:]
         var waiting = partitions.count
-        let gathered = LoopBound({ [self] (part: [(url: String, inFlight: Int, failures: [RecentOutcome])]) in
+        let gathered = LoopBound({ [self] (part: [EndpointInspection]) in
             for e in part {
                 if endpoints[e.url] == nil { urls.append(e.url) }
-                endpoints[e.url, default: (0, [])].inFlight += e.inFlight
-                endpoints[e.url]!.failures += e.failures
+                let had = endpoints[e.url] ?? (0, 0, [])
+                endpoints[e.url] = (had.inFlight + e.inFlight, had.pending.flatMap { p in e.pending.map { p + $0 } }, had.failures + e.failures)
             }
             waiting -= 1
             guard waiting == 0 else { return }
             let hooks: [JSON] = urls.map { url in
                 let e = endpoints[url]!
-                return ["url": .string(url), "inFlight": .int(e.inFlight),
+                return ["url": .string(url), "inFlight": .int(e.inFlight), "pending": e.pending.map(JSON.int) ?? .null,
                         "lastFailures": .array(e.failures.sorted { $0.at > $1.at }.prefix(10).map(\.json))]
             }
             var live = JSONObject()
@@ -72,7 +75,12 @@ extension Gateway {
         }, owner: shard.thread)
         for engine in partitions {
             engine.control { e in
-                let part = e.webhooks.inspection(app: app.id)
+                let part = e.webhooks.inspection(app: app.id) { url in
+                    // Partitions sharing a store count its rows once; a store that is down is not asked.
+                    guard e.doesStoreWideWork else { return 0 }
+                    guard e.health.isAvailable else { return nil }
+                    return try? e.reads.pendingWebhooks(app: app.id, url: url, upTo: Self.pendingWebhooksCounted)
+                }
                 shard.post { gathered.value(part) }
             }
         }

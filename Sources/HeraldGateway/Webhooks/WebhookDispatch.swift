@@ -218,12 +218,13 @@ final class WebhookDispatch {
     }
 
     /// The inspector's view of `app`'s endpoints on this partition: URLs
-    /// (never their secrets), requests in flight, and last failures.
-    func inspection(app: String) -> [(url: String, inFlight: Int, failures: [RecentOutcome])] {
+    /// (never their secrets), requests in flight, the deliveries `pending`
+    /// counts for a URL, and last failures.
+    func inspection(app: String, pending: (String) -> Int?) -> [EndpointInspection] {
         thread.preconditionCurrent()
         return (endpoints.withLock { $0[app] } ?? []).map { e in
             let key = EndpointKey(app: app, url: e.url)
-            return (e.url, inFlight[key] ?? 0, failures.recent(key))
+            return EndpointInspection(url: e.url, inFlight: inFlight[key] ?? 0, pending: pending(e.url), failures: failures.recent(key))
         }
     }
 
@@ -234,4 +235,13 @@ final class WebhookDispatch {
         let asked = Millis(min(max(0, retryAfterSeconds ?? 0), Int(lastRetry / 1_000))) * 1_000
         return min(lastRetry, max(Outbox.backoff(attempts: attempts, first: firstRetry, last: lastRetry, jitter: jitter), asked))
     }
+}
+
+/// A webhook endpoint as one partition sees it (`WebhookDispatch.inspection`).
+struct EndpointInspection: Sendable {
+    let url: String
+    let inFlight: Int
+    /// Its deliveries in the outbox; nil when the store did not answer.
+    let pending: Int?
+    let failures: [RecentOutcome]
 }
