@@ -1,6 +1,7 @@
 import XCTest
 import HeraldCore
 import HeraldPorts
+import HeraldStores
 @testable import HeraldGateway
 
 /// The inspector's routes (docs/PROTOCOL.md section 18): their keys, what
@@ -52,8 +53,8 @@ final class InspectorTests: XCTestCase {
         let token = h.token("u", app: Self.app)
         h.request("PUT", "/v1/me/devices/phone", token: token,
                   body: ["platform": "ios", "push": ["service": "apns", "token": .string(PushOutboxTests.apnsToken)]])
-        h.request("POST", "/v1/apps/\(Self.app.id)/users/u/notifications",
-                  body: ["appNotificationId": "n1", "payload": ["title": "Hello", "body": "world"]], headers: ["authorization": "Bearer inspector-key"])
+        h.request("POST", "/v1/apps/\(Self.app.id)/users/u/notifications", token: "inspector-key",
+                  body: ["appNotificationId": "n1", "payload": ["title": "Hello", "body": "world"]])
         h.settle()
         h.gateway.soleEngine.runMaintenance()
         h.settle()
@@ -96,5 +97,39 @@ final class InspectorTests: XCTestCase {
         XCTAssertEqual(json["health"]?.objectValue?["store"], "ok")
         assertNothingSecret(r)
         XCTAssertEqual(get("/v1/apps/other.app/inspect", key: "other-key").json?["webhooks"], [], "another app's endpoints are not shown")
+    }
+
+    func testAnAppsInspectionAnswersWhileTheStoreIsDownWithoutItsCounts() throws {
+        let store = FailingStore()
+        h = Harness(store: store, apps: [Self.app], push: transport)
+        store.failCommits = 1
+        let failed = h.request("POST", "/v1/apps/\(Self.app.id)/users/u/notifications", token: "inspector-key",
+                               body: ["appNotificationId": "n1", "payload": ["title": "Hello"]])
+        h.settle()
+        XCTAssertEqual(failed.response?.status, 503)
+        let r = get("/v1/apps/\(Self.app.id)/inspect")
+        XCTAssertEqual(r.response?.status, 200)
+        XCTAssertEqual(r.json?["health"]?.objectValue?["store"], "unavailable")
+        XCTAssertEqual(r.json?["webhooks"]?.arrayValue?.first?.objectValue?["pending"], .null, "the store is not asked")
+    }
+}
+
+/// The inspector's memory of outcomes stays bounded however many keys and outcomes come.
+final class RecentOutcomesTests: XCTestCase {
+    func outcome(_ at: Millis) -> RecentOutcome { RecentOutcome(at: at, outcome: "delivered", reason: nil) }
+
+    func testEachKeyKeepsItsLastOutcomesNewestFirst() {
+        var r = RecentOutcomes<String>(perKey: 3, keys: 10)
+        for t in 1...5 { r.note("a", outcome(Millis(t))) }
+        XCTAssertEqual(r.recent("a").map(\.at), [5, 4, 3])
+        XCTAssertEqual(r.recent("b").count, 0)
+    }
+
+    func testPastItsKeysTheLeastRecentlyNotedHalfGoes() {
+        var r = RecentOutcomes<Int>(perKey: 1, keys: 4)
+        for k in 0..<4 { r.note(k, outcome(Millis(k))) }
+        r.note(0, outcome(10))  // 0 noted again: now the most recent
+        r.note(4, outcome(11))
+        XCTAssertEqual((0...4).filter { !r.recent($0).isEmpty }, [0, 3, 4], "1 and 2 were noted least recently")
     }
 }
