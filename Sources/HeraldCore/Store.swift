@@ -161,9 +161,16 @@ public protocol StoreLookups: StoreReading {
     /// count the store keeps in the transactions that add and remove them,
     /// not a scan of the outbox, which may be long.
     func pendingPushes() throws(StoreError) -> Int
+    /// How many of `user`'s pushes wait or are in flight, by device (the
+    /// inspector's): a scan of the user's rows only (by their index).
+    func pendingPushes(_ user: UserKey) throws(StoreError) -> [String: Int]
     /// How many webhook deliveries wait or are in flight
     /// (`herald_webhook_pending`), kept as `pendingPushes` is.
     func pendingWebhooks() throws(StoreError) -> Int
+    /// How many deliveries to `url` of `app` wait or are in flight, counted
+    /// up to `limit` (the inspector's: a dead endpoint may hold a day of
+    /// events, and a count costs what it counts).
+    func pendingWebhooks(app: String, url: String, upTo limit: Int) throws(StoreError) -> Int
     /// The token kept under `name` (SPEC section 10: one APNs provider
     /// token per key for the deployment), nil when none is.
     func sharedToken(_ name: String) throws(StoreError) -> SharedToken?

@@ -73,6 +73,8 @@ public struct GatewayConfig: Sendable {
     public var limits: GatewayLimits
     /// Folder served at `/` in demo mode.
     public var webRoot: String?
+    /// Folder served at `/admin`, the inspector's page, in any mode.
+    public var adminRoot: String?
     /// A worker of `herald serve --workers N`: `/metrics` answers for every worker.
     public var workerMetrics: WorkerMetrics?
 

@@ -51,6 +51,9 @@ public final class Metrics: Sendable {
 
     private func index(_ t: TransportKind) -> Int { TransportKind.allCases.firstIndex(of: t)! }
 
+    /// This node's open connections, by transport name.
+    func openConnections() -> [(String, Int)] { Array(zip(TransportKind.allCases.map(\.rawValue), connections.withLock { $0 })) }
+
     /// One metric's HELP and TYPE lines, then a series per value of its one label.
     static func family(_ name: String, _ type: String, _ help: String, label: String, _ rows: some Sequence<(String, Int)>) -> String {
         var s = "# HELP \(name) \(help)\n# TYPE \(name) \(type)\n"
@@ -59,8 +62,7 @@ public final class Metrics: Sendable {
     }
 
     public func prometheusText() -> String {
-        var s = Self.family("herald_connections", "gauge", "Open device connections by transport.", label: "transport",
-                            zip(TransportKind.allCases.map(\.rawValue), connections.withLock { $0 }))
+        var s = Self.family("herald_connections", "gauge", "Open device connections by transport.", label: "transport", openConnections())
         s += "# HELP herald_publishes_total Notifications published.\n# TYPE herald_publishes_total counter\n"
         s += "herald_publishes_total \(publishes.load(ordering: .relaxed))\n"
         s += "# HELP herald_deliveries_total Changes delivered to devices.\n# TYPE herald_deliveries_total counter\n"

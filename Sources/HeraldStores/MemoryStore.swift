@@ -387,6 +387,12 @@ extension MemoryStore {
 
     public func pendingPushes() throws(StoreError) -> Int { pushes.rows.count }
 
+    public func pendingPushes(_ user: UserKey) throws(StoreError) -> [String: Int] {
+        var out: [String: Int] = [:]
+        for row in pushes.rows.values where row.job.user == user { out[row.job.deviceId, default: 0] += 1 }
+        return out
+    }
+
     public func enqueueWebhook(app: String, url: String, eventId: String, body: [UInt8], at: Millis) throws(StoreError) {
         webhooks.lastId += 1
         let job = WebhookJob(id: webhooks.lastId, app: app, url: url, eventId: eventId, body: body, committedAt: at)
@@ -408,6 +414,10 @@ extension MemoryStore {
     }
 
     public func pendingWebhooks() throws(StoreError) -> Int { webhooks.rows.count }
+
+    public func pendingWebhooks(app: String, url: String, upTo limit: Int) throws(StoreError) -> Int {
+        webhooks.rows.values.lazy.filter { $0.job.app == app && $0.job.url == url }.prefix(limit).count
+    }
 
     public func sharedToken(_ name: String) throws(StoreError) -> SharedToken? { sharedTokens[name] }
 

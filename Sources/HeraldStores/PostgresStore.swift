@@ -923,6 +923,17 @@ extension PostgresStore {
 
     public func pendingPushes() throws(StoreError) -> Int { try outboxSize("push_outbox_size") }
 
+    public func pendingPushes(_ user: UserKey) throws(StoreError) -> [String: Int] {
+        try check()
+        let r = try db.query("SELECT device_id, count(*) FROM push_outbox WHERE app = $1 AND user_id = $2 GROUP BY device_id", Self.key(user))
+        var out: [String: Int] = [:]
+        for i in 0..<r.count {
+            guard let d = r.text(i, 0) else { throw reads.corrupt("push outbox row") }
+            out[d] = Int(r.int64(i, 1))
+        }
+        return out
+    }
+
     /// The length of the outbox whose size table is `table` (migrations 9
     /// and 13): one row per session that wrote it.
     private func outboxSize(_ table: String) throws(StoreError) -> Int {
@@ -1008,4 +1019,10 @@ extension PostgresStore {
     }
 
     public func pendingWebhooks() throws(StoreError) -> Int { try outboxSize("webhook_outbox_size") }
+
+    public func pendingWebhooks(app: String, url: String, upTo limit: Int) throws(StoreError) -> Int {
+        try check()
+        return Int(try db.query("SELECT count(*) FROM (SELECT 1 FROM webhook_outbox WHERE app = $1 AND url = $2 LIMIT $3) AS p",
+                                [.text(app), .text(url), .int(Int64(limit))]).int64(0, 0))
+    }
 }

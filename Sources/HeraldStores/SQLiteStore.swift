@@ -1051,6 +1051,18 @@ extension SQLiteStore {
         return Int(try db.int("SELECT pushes FROM push_outbox_size") ?? 0)
     }
 
+    public func pendingPushes(_ user: UserKey) throws(StoreError) -> [String: Int] {
+        try check()
+        var out: [String: Int] = [:]
+        try db.query("SELECT device_id, count(*) FROM push_outbox WHERE app = ? AND user = ? GROUP BY device_id",
+                     [.text(user.app), .text(user.user)]) { r throws(StoreError) in
+            guard let d = r.text(0) else { throw reads.corrupt("push outbox row") }
+            out[d] = Int(r.int64(1))
+            return true
+        }
+        return out
+    }
+
     public func sharedToken(_ name: String) throws(StoreError) -> SharedToken? {
         try check()
         var out: SharedToken?
@@ -1112,5 +1124,11 @@ extension SQLiteStore {
     public func pendingWebhooks() throws(StoreError) -> Int {
         try check()
         return Int(try db.int("SELECT deliveries FROM webhook_outbox_size") ?? 0)
+    }
+
+    public func pendingWebhooks(app: String, url: String, upTo limit: Int) throws(StoreError) -> Int {
+        try check()
+        return Int(try db.int("SELECT count(*) FROM (SELECT 1 FROM webhook_outbox WHERE app = ? AND url = ? LIMIT ?)",
+                              [.text(app), .text(url), .int(Int64(limit))]) ?? 0)
     }
 }

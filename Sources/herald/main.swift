@@ -18,7 +18,7 @@ usage: herald serve [--host 127.0.0.1] [--port 8080] [--config herald.json]
                     [--store sqlite:herald.db | memory | postgres://USER@HOST:PORT/DATABASE]
                     [--bus redis://[:PASSWORD@]HOST[:PORT][/DB]]
                     [--app ID --server-key KEY --token-secret SECRET [--allowed-origins ORIGIN,...]]
-                    [--demo] [--threads N] [--partitions N] [--workers N] [--web-root DIR]
+                    [--demo] [--threads N] [--partitions N] [--workers N] [--web-root DIR] [--admin-root DIR]
                     [--durability full|normal|off] [--event-loop libev|poll] [--log-format text|json]
                     [--tls-cert FILE --tls-key FILE]
        herald token --app ID --user USER [--ttl 3600] [--device ID] [--config herald.json | --token-secret SECRET]
@@ -34,7 +34,7 @@ func fail(_ m: String) -> Never {
 
 func serve(_ args: ArraySlice<String>) throws(UsageError) -> Never {
     let f = try Flags(args, valued: ["host", "port", "config", "store", "bus", "app", "server-key", "token-secret", "allowed-origins",
-                                     "threads", "partitions", "workers", "web-root", "durability", "event-loop", "log-format", "tls-cert", "tls-key"],
+                                     "threads", "partitions", "workers", "web-root", "admin-root", "durability", "event-loop", "log-format", "tls-cert", "tls-key"],
                       switches: ["demo"])
     if let l = f["log-format"] {
         guard let format = Log.Format(rawValue: l) else { throw UsageError("--log-format must be text or json") }
@@ -80,7 +80,8 @@ func serve(_ args: ArraySlice<String>) throws(UsageError) -> Never {
     let stores = try openStores(settings.store, durability: f["durability"], partitions: try f.int("partitions", in: 1...64), threads: threads)
 
     var config = GatewayConfig(apps: settings.apps, demo: demo, limits: settings.limits)
-    config.webRoot = f["web-root"] ?? findWebRoot()
+    config.webRoot = f["web-root"] ?? findWebRoot("web-demo")
+    config.adminRoot = f["admin-root"] ?? findWebRoot("web-admin")
     if let worker, let folder = worker.metricsFolder { config.workerMetrics = WorkerMetrics(folder: folder, index: worker.index) }
     if demo { Log.warning("demo mode: app 'demo' is open to anyone (POST /v1/demo/token, server key 'demo-server-key'); never use it in production") }
     // Key files were read when the config was; a client that cannot start
@@ -225,10 +226,11 @@ func openBus(_ url: String, store: String) throws(UsageError) -> RedisBus {
 func storeName(_ s: NotificationStore) -> String { String(describing: type(of: s)) }
 
 /// The demo page: `web-demo/` in the working directory or beside the package.
-func findWebRoot() -> String? {
+/// `folder` (with an `index.html`) in the working directory or up to four levels above the binary.
+func findWebRoot(_ folder: String) -> String? {
     let exe = URL(fileURLWithPath: CommandLine.arguments[0]).resolvingSymlinksInPath().deletingLastPathComponent()
-    let candidates = [FileManager.default.currentDirectoryPath + "/web-demo"]
-        + (1...4).map { n in (0..<n).reduce(exe) { u, _ in u.deletingLastPathComponent() }.appendingPathComponent("web-demo").path }
+    let candidates = [FileManager.default.currentDirectoryPath + "/" + folder]
+        + (1...4).map { n in (0..<n).reduce(exe) { u, _ in u.deletingLastPathComponent() }.appendingPathComponent(folder).path }
     return candidates.first { FileManager.default.fileExists(atPath: $0 + "/index.html") }
 }
 

@@ -134,8 +134,10 @@ final class CORSTests: XCTestCase {
                 refused.append("\(method) \(p.pattern)")
             }
         }
-        XCTAssertEqual(open, ["GET healthz", "GET metrics", "GET v1/ws"], "the routes that take no credentials")
-        for route in ["PUT v1/apps/{app}/users/{user}/devices/{deviceId}", "DELETE v1/apps/{app}/users/{user}/devices/{deviceId}",
+        XCTAssertEqual(open, ["GET healthz", "GET metrics", "GET v1/ws", "GET admin", "GET admin/{file}"],
+                       "the routes that take no credentials (the admin page's files hold no app's data)")
+        for route in ["GET v1/apps/{app}/inspect", "GET v1/apps/{app}/users/{user}/inspect",
+                      "PUT v1/apps/{app}/users/{user}/devices/{deviceId}", "DELETE v1/apps/{app}/users/{user}/devices/{deviceId}",
                       "POST v1/apps/{app}/users/{user}/notifications", "PATCH v1/me/notifications/{id}"] {
             XCTAssertTrue(refused.contains(route), "\(route) was walked: \(refused)")
         }

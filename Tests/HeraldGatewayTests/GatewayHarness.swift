@@ -155,6 +155,7 @@ final class FailingStore: NotificationStore {
         try inner.pushHolder(app: app, key: key)
     }
     func pendingPushes() throws(StoreError) -> Int { try inner.pendingPushes() }
+    func pendingPushes(_ u: UserKey) throws(StoreError) -> [String: Int] { try inner.pendingPushes(u) }
     func enqueueWebhook(app: String, url: String, eventId: String, body: [UInt8], at: Millis) throws(StoreError) {
         try inner.enqueueWebhook(app: app, url: url, eventId: eventId, body: body, at: at)
     }
@@ -167,6 +168,9 @@ final class FailingStore: NotificationStore {
         try inner.dropWebhooks(committedBefore: before, limit: limit)
     }
     func pendingWebhooks() throws(StoreError) -> Int { try inner.pendingWebhooks() }
+    func pendingWebhooks(app: String, url: String, upTo limit: Int) throws(StoreError) -> Int {
+        try inner.pendingWebhooks(app: app, url: url, upTo: limit)
+    }
     func sharedToken(_ name: String) throws(StoreError) -> SharedToken? { try inner.sharedToken(name) }
     func replaceSharedToken(_ name: String, with t: SharedToken, replacing: Millis?) throws(StoreError) -> Bool {
         try inner.replaceSharedToken(name, with: t, replacing: replacing)

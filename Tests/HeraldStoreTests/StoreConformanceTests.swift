@@ -839,6 +839,9 @@ class StoreConformanceTests: XCTestCase {
         try store.enqueueWebhook(app: "a", url: "http://one", eventId: "msg_2", body: body, at: Self.t0 + 1)
         try store.commit()
         XCTAssertEqual(try store.pendingWebhooks(), 3)
+        XCTAssertEqual(try store.pendingWebhooks(app: "a", url: "http://one", upTo: 10), 2, "one endpoint's, the inspector's")
+        XCTAssertEqual(try store.pendingWebhooks(app: "a", url: "http://one", upTo: 1), 1, "counted up to the limit")
+        XCTAssertEqual(try store.pendingWebhooks(app: "b", url: "http://one", upTo: 10), 0)
 
         // A rolled-back enqueue leaves nothing, count included.
         try store.begin()
@@ -1015,6 +1018,8 @@ class StoreConformanceTests: XCTestCase {
         }
         try store.commit()
         XCTAssertEqual(try store.pendingPushes(), 10, "four taps (one per device) and six alerts")
+        XCTAssertEqual(try store.pendingPushes(alice), ["d0": 1, "d1": 1, "d2": 1, "d3": 1], "by device, the inspector's")
+        XCTAssertEqual(try store.pendingPushes(bob), ["phone": 6])
         try store.begin()
         let claimed = try store.claimPushes(now: Self.t0, until: Self.t0 + 1000, limit: 100)
         XCTAssertEqual(claimed.count, 10)
@@ -1028,6 +1033,7 @@ class StoreConformanceTests: XCTestCase {
         try store.finishPush(claimed[0])
         try store.commit()
         XCTAssertEqual(try store.pendingPushes(), 3)
+        XCTAssertEqual(try store.pendingPushes(bob), [:])
         try store.begin()
         for d in 1..<4 { try store.dropPushes(alice, deviceId: "d\(d)") }
         try store.commit()

@@ -19,6 +19,7 @@ import subprocess
 import threading
 import time
 import urllib.request
+import uuid
 from pathlib import Path
 
 import pytest
@@ -156,6 +157,19 @@ class Gateway:
             headers={"Authorization": f"Bearer {SERVER_KEY}", "Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=30) as r:
             return json.loads(r.read())
+
+
+def pushing_gateway(folder: Path, push: dict) -> Gateway:
+    """A demo gateway whose `demo` app (the config file's, server key
+    SERVER_KEY) pushes with `push` (besides the alert pointers); its
+    token secret is kept as `token_secret`."""
+    config = folder / "herald.json"
+    secret = uuid.uuid4().hex
+    config.write_text(json.dumps({"apps": [{"id": "demo", "serverKey": SERVER_KEY, "tokenSecret": secret,
+                                            "push": {"alert": {"title": "/title", "body": "/body"}, **push}}]}))
+    g = Gateway(folder, ["--config", str(config)]).start()
+    g.token_secret = secret
+    return g
 
 
 def _stop_checked(gw: Gateway) -> None:

@@ -23,7 +23,7 @@ import urllib.request
 import uuid
 
 import pytest
-from conftest import REPO_ROOT, SERVER_KEY, Gateway, _stop_checked
+from conftest import REPO_ROOT, SERVER_KEY, Gateway, _stop_checked, pushing_gateway
 
 sys.path.insert(0, str(REPO_ROOT / "Tests" / "e2e"))
 from push_standins import WebPushStandIn, pem_private  # noqa: E402
@@ -44,14 +44,8 @@ def gw(web_push, tmp_path_factory):
     folder = tmp_path_factory.mktemp("herald")
     vapid = folder / "vapid.pem"
     vapid.write_bytes(pem_private(ec.generate_private_key(ec.SECP256R1())))
-    config = folder / "herald.json"
-    secret = uuid.uuid4().hex
-    config.write_text(json.dumps({"apps": [{"id": "demo", "serverKey": SERVER_KEY, "tokenSecret": secret, "push": {
-        "alert": {"title": "/title", "body": "/body"},
-        "webpush": {"vapidPrivateKeyFile": str(vapid), "subject": "mailto:ops@example.com",
-                    "allowedHosts": [f"127.0.0.1:{web_push.server.port}"], "caFile": web_push.ca_file}}}]}))
-    g = Gateway(folder, ["--config", str(config)]).start()
-    g.token_secret = secret
+    g = pushing_gateway(folder, {"webpush": {"vapidPrivateKeyFile": str(vapid), "subject": "mailto:ops@example.com",
+                                             "allowedHosts": [f"127.0.0.1:{web_push.server.port}"], "caFile": web_push.ca_file}})
     yield g
     _stop_checked(g)
 

@@ -102,7 +102,7 @@ def _seed(gw) -> tuple[str, dict[str, list]]:
         "cursorTexts": [str(c) for c in cursors],
         "epochs": [reset["epoch"]],
         "pages": [p for p in (reset["next"], page["next"]) if p],
-        "files": ["index.html", "herald.js", "herald-sw.js", "app.js", "style.css", "README.md"],
+        "files": ["index.html", "herald.js", "herald-sw.js", "app.js", "style.css", "README.md", "admin.js", "admin.css", "icon.svg"],
     }
 
 

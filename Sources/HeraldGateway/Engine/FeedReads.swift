@@ -143,6 +143,14 @@ struct HistoryPage: Sendable {
     var notifications: [[UInt8]]
     /// Where the next page starts; nil when this was the last.
     var next: HistoryKey?
+
+    /// `"notifications":[...],"next":...`, as a history answer has them (SPEC section 4).
+    func appendFields(to body: inout [UInt8]) {
+        body.append(contentsOf: #""notifications":"#.utf8)
+        ServerFrame.appendArray(notifications, to: &body)
+        body.append(contentsOf: #","next":"#.utf8)
+        body.append(contentsOf: next.map(PageToken.encode).json.encoded)
+    }
 }
 
 /// A change as one viewer receives it, encoded.

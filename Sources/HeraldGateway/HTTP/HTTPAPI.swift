@@ -54,6 +54,11 @@ extension Gateway {
     func health(_ c: Call) {
         // 200 while the process serves: a store outage is every node's
         // (they share it), so a load balancer gains nothing by draining.
+        c.x.responder.respond(.json(200, .object(healthStatus())))
+    }
+
+    /// `/healthz`'s answer, also the inspector's (docs/PROTOCOL.md sections 14 and 18).
+    func healthStatus() -> JSONObject {
         var health = JSONObject()
         health["status"] = "ok"
         health["uptimeSeconds"] = .int((clock.ticks() - startedAt) / 1000)
@@ -64,7 +69,7 @@ extension Gateway {
             let problems = metrics.push.health.problems
             if !problems.isEmpty { health["pushProblems"] = .array(problems) }
         }
-        c.x.responder.respond(.json(200, .object(health)))
+        return health
     }
 
     func metricsText(_ c: Call) {
@@ -132,11 +137,8 @@ extension Gateway {
     func history(_ c: Call, _ user: UserKey, _ device: String?) throws(HeraldError) {
         let q = try HistoryQuery(c.req)
         c.x.read(user, device) { s, v throws(StoreError) in
-            let page = try s.historyPage(user, viewer: v, filter: q.filter, after: q.before, limit: q.limit)
-            var body = Array(#"{"notifications":"#.utf8)
-            ServerFrame.appendArray(page.notifications, to: &body)
-            body.append(contentsOf: #","next":"#.utf8)
-            body.append(contentsOf: page.next.map(PageToken.encode).json.encoded)
+            var body = Array("{".utf8)
+            try s.historyPage(user, viewer: v, filter: q.filter, after: q.before, limit: q.limit).appendFields(to: &body)
             body.append(UInt8(ascii: "}"))
             return .success(HTTPResponse(status: 200, body: body))
         }
@@ -315,7 +317,7 @@ extension Gateway {
             }
         }
 
-        private static func response(_ r: Result<HTTPResponse, HeraldError>) -> HTTPResponse {
+        static func response(_ r: Result<HTTPResponse, HeraldError>) -> HTTPResponse {
             switch r {
             case .success(let ok): ok
             case .failure(let err): .error(err)
@@ -431,9 +433,26 @@ extension Gateway {
 
     // MARK: Demo page
 
-    func staticFile(_ name: String) throws(HeraldError) -> HTTPResponse {
-        guard let root = config.webRoot,
-              let data = FileManager.default.contents(atPath: root + "/" + name) else { throw Route.notFound }
+    func staticFile(_ name: String) throws(HeraldError) -> HTTPResponse { try file(name, in: config.webRoot) }
+
+    /// A file of the inspector's page. Its policy lets it run only its own
+    /// scripts and styles, talk only to this origin, and be framed by no
+    /// page: it holds a server key (docs/SECURITY.md).
+    func adminFile(_ name: String) throws(HeraldError) -> HTTPResponse {
+        guard Route.isFileName(Substring(name)) else { throw Route.notFound }
+        var r = try file(name, in: config.adminRoot)
+        r.headers += Self.adminHeaders
+        return r
+    }
+
+    static let adminHeaders = [
+        ("Content-Security-Policy", "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
+            + "object-src 'none'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"),
+        ("X-Content-Type-Options", "nosniff"), ("Referrer-Policy", "no-referrer"), ("X-Frame-Options", "DENY"),
+    ]
+
+    private func file(_ name: String, in root: String?) throws(HeraldError) -> HTTPResponse {
+        guard let root, let data = FileManager.default.contents(atPath: root + "/" + name) else { throw Route.notFound }
         let type: String
         switch name.split(separator: ".").last {
         case "html": type = "text/html; charset=utf-8"

@@ -190,12 +190,18 @@ final class Route: Sendable {
             Path("v1/apps/{app}/users/{user}/notifications",
                  [Route("GET", .user { g, c, user throws(HeraldError) in try g.history(c, user, nil) }),
                   Route("POST", .user { g, c, user throws(HeraldError) in try g.publish(c, user) })]),
+            Path("v1/apps/{app}/inspect", [Route("GET", .app { g, c, app in g.inspectApp(c, app) })]),
+            Path("v1/apps/{app}/users/{user}/inspect",
+                 [Route("GET", .user { g, c, user throws(HeraldError) in try g.inspectUser(c, user) })]),
             Path("v1/apps/{app}/users/{user}/devices", [Route("GET", .user { g, c, user in g.listDevices(c, user) })]),
             Path("v1/apps/{app}/users/{user}/notifications/{id}", notification(server: true)),
             Path("v1/apps/{app}/users/{user}/preferences", preferences(server: true)),
             Path("v1/apps/{app}/users/{user}/devices/{deviceId}",
                  [Route("PUT", .user { g, c, user throws(HeraldError) in try g.registerDevice(c, user) }),
                   Route("DELETE", .user { g, c, user throws(HeraldError) in try g.deleteDevice(c, user) })]),
+            // The inspector's page (docs/PROTOCOL.md section 18), demo mode or not.
+            Path("admin", [Route("GET", .open { g, c throws(HeraldError) in c.x.responder.respond(try g.adminFile("index.html")) })]),
+            Path("admin/{file}", [Route("GET", .open { g, c throws(HeraldError) in c.x.responder.respond(try g.adminFile(c.values[0])) })]),
         ]
 
         /// The demo page's files (`--demo`): `/` is `index.html`. Matched
@@ -210,10 +216,14 @@ final class Route: Sendable {
     /// Demo page files: `/` and plain file names in the web root.
     static func staticName(_ path: String) -> String? {
         if path == "/" { return "index.html" }
-        let name = path.utf8.dropFirst()
-        guard !name.isEmpty, name.count <= 64, name.first != UInt8(ascii: "."),
-              name.allSatisfy({ Identifiers.isTag(String(UnicodeScalar($0))) && $0 != UInt8(ascii: ":") })
-        else { return nil }
-        return String(Substring(name))
+        let name = Substring(path.utf8.dropFirst())
+        return isFileName(name) ? String(name) : nil
+    }
+
+    /// A plain file name of a served folder: no path, nothing hidden.
+    static func isFileName(_ name: Substring) -> Bool {
+        let bytes = name.utf8
+        return !bytes.isEmpty && bytes.count <= 64 && bytes.first != UInt8(ascii: ".")
+            && bytes.allSatisfy { Identifiers.isTag(String(UnicodeScalar($0))) && $0 != UInt8(ascii: ":") }
     }
 }

@@ -73,6 +73,9 @@ final class PushDispatch {
     private var nextRetry: Millis?
     /// This partition's outbox length, as last added to `herald_push_pending`.
     private var countedPending = 0
+    /// Each device's last services' answers, for the inspector (nothing in
+    /// the store keeps them): 10 a device, for up to 10,000 devices a partition.
+    private(set) var outcomes = RecentOutcomes<DeviceKey>(perKey: 10, keys: 10_000)
 
     init(metrics: PushMetrics, clock: Clock, registry: FollowerRegistry, cluster: ClusterConnections?) {
         self.metrics = metrics; self.clock = clock; self.registry = registry; self.cluster = cluster
@@ -259,6 +262,9 @@ final class PushDispatch {
         let credentials = PushHealth.Credentials(app, o.handle)
         // A tap recorded while this one was in flight is due now (`PushJob`).
         if o.job.message.kind == .tap { wake = true }
+        func note(_ what: String, _ reason: String? = nil) {
+            outcomes.note(DeviceKey(user: o.job.user, device: o.job.deviceId), .init(at: now, outcome: what, reason: reason))
+        }
         switch outcome {
         case .delivered:
             try tx.finishPush(o.job)
@@ -269,6 +275,7 @@ final class PushDispatch {
                 nextRetry = min(nextRetry ?? until, until)
             }
             metrics.count(service, .delivered)
+            note("delivered")
             metrics.latency.observe(nanos: UInt64(max(0, now - o.job.committedAt)) * 1_000_000)
             if metrics.health.accepted(credentials) { Log.info("push: \(service.rawValue) accepts \(credentials.description) again") }
             judge(app, service, deadReason: nil)
@@ -278,21 +285,26 @@ final class PushDispatch {
             if let d = try tx.reads.device(o.job.user, id: o.job.deviceId), d.push?.key == o.handle.key {
                 try tx.removeHandle(o.job.user, from: d)
                 if let engine { try unregistered(tx, engine, o.job.user, d, service, now: now) }
+                note("handleRemoved", reason)
             } else {
                 try tx.finishPush(o.job)
+                note("unregistered", reason)
             }
             metrics.count(service, .unregistered, reason: reason)
             Log.info("push: \(service.rawValue) says the handle of device \(o.job.deviceId) of \(o.job.user) is dead (\(why)); removed")
             judge(app, service, deadReason: reason)
         case .retry(_, let after):
+            note("retry")
             try retry(tx, o, afterSeconds: after, now: now)
         case .credentialsRefused(let why):
             if metrics.health.refused(credentials) {
                 Log.error("push: \(service.rawValue) refused \(credentials.description) (\(why)); pushes are kept and retried")
             }
+            note("credentialsRefused")
             try retry(tx, o, afterSeconds: nil, now: now)
         case .rejected(let why, let reason):
             try tx.finishPush(o.job)
+            note("rejected", reason)
             metrics.count(service, .rejected, reason: reason)
             Log.warning("push: \(service.rawValue) refused a push to device \(o.job.deviceId) of \(o.job.user) (\(why)); dropped")
             judge(app, service, deadReason: nil)

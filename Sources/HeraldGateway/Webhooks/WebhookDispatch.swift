@@ -56,6 +56,9 @@ final class WebhookDispatch {
     private var nextRetry: Millis?
     /// This partition's outbox length, as last added to `herald_webhook_pending`.
     private var countedPending = 0
+    /// Each endpoint's last failed deliveries, for the inspector: the why
+    /// stays in the log (a receiver's answer may quote anything).
+    private var failures = RecentOutcomes<EndpointKey>(perKey: 10, keys: 1_000)
 
     init(metrics: WebhookMetrics, senders: WebhookSenders, clock: Clock, thread: ThreadOwner) {
         self.metrics = metrics; self.senders = senders; self.clock = clock; self.thread = thread
@@ -199,6 +202,7 @@ final class WebhookDispatch {
             metrics.latency.observe(nanos: UInt64(max(0, now - job.committedAt)) * 1_000_000)
             if failing.remove(key) != nil { Log.info("webhook: \(key.url) of app \(key.app) accepts events again") }
         case .failed(let why, let after):
+            failures.note(key, .init(at: now, outcome: "failed", reason: nil))
             if failing.insert(key).inserted {
                 Log.warning("webhook: \(key.url) of app \(key.app) failed (\(why)); its events are kept and retried for 24 hours")
             }
@@ -213,6 +217,17 @@ final class WebhookDispatch {
         }
     }
 
+    /// The inspector's view of `app`'s endpoints on this partition: URLs
+    /// (never their secrets), requests in flight, the deliveries `pending`
+    /// counts for a URL, and last failures.
+    func inspection(app: String, pending: (String) -> Int?) -> [EndpointInspection] {
+        thread.preconditionCurrent()
+        return (endpoints.withLock { $0[app] } ?? []).map { e in
+            let key = EndpointKey(app: app, url: e.url)
+            return EndpointInspection(url: e.url, inFlight: inFlight[key] ?? 0, pending: pending(e.url), failures: failures.recent(key))
+        }
+    }
+
     /// How long until the next attempt after `attempts` failed ones: 5 s
     /// doubling, with jitter (`Outbox.backoff`); no sooner than the
     /// receiver's `Retry-After`; never more than 1 h.
@@ -220,4 +235,13 @@ final class WebhookDispatch {
         let asked = Millis(min(max(0, retryAfterSeconds ?? 0), Int(lastRetry / 1_000))) * 1_000
         return min(lastRetry, max(Outbox.backoff(attempts: attempts, first: firstRetry, last: lastRetry, jitter: jitter), asked))
     }
+}
+
+/// A webhook endpoint as one partition sees it (`WebhookDispatch.inspection`).
+struct EndpointInspection: Sendable {
+    let url: String
+    let inFlight: Int
+    /// Its deliveries in the outbox; nil when the store did not answer.
+    let pending: Int?
+    let failures: [RecentOutcome]
 }
