@@ -226,3 +226,13 @@ def driver(browser_paths):
     d.quit()
     uncaught = [e["message"] for e in logs if "Uncaught" in e.get("message", "")]
     assert not uncaught, f"uncaught JavaScript errors in the page: {uncaught}"
+
+
+def assert_accessible(driver) -> None:
+    """axe-core (axe-selenium-python bundles it) finds no violation on the page as it is now."""
+    from axe_selenium_python import Axe
+
+    axe = Axe(driver)
+    axe.inject()
+    violations = axe.run()["violations"]
+    assert violations == [], axe.report(violations)

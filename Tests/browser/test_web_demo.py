@@ -23,6 +23,8 @@ import os
 import tempfile
 from pathlib import Path
 
+from conftest import assert_accessible
+
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # The README's screenshot is refreshed only on request, so a test run leaves
@@ -245,6 +247,8 @@ def test_three_devices_stay_in_sync(gateway, driver):
     time.sleep(0.8)  # let the arrival animation finish
     SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
     assert d.save_screenshot(str(SCREENSHOT)), "could not save the screenshot"
+    # The page as a user ends with it: every panel live, read, dismissed, new.
+    assert_accessible(d)
 
 
 def test_second_tab_is_another_set_of_devices(gateway, driver):
