@@ -54,11 +54,13 @@ def herald_binary() -> Path:
 
 
 class Gateway:
-    """`herald serve --host 127.0.0.1 --port 0 --store memory --demo`, stopped with SIGTERM."""
+    """`herald serve --host 127.0.0.1 --port 0 --store memory --demo`, stopped with SIGTERM.
+    `store` replaces `memory` (e.g. `sqlite:PATH`, for a restart that keeps the history)."""
 
-    def __init__(self, log_dir: Path, extra_args: list[str] | None = None):
+    def __init__(self, log_dir: Path, extra_args: list[str] | None = None, store: str = "memory"):
         self.log_dir = log_dir
         self.extra_args = extra_args or []
+        self.store = store
         self.proc: subprocess.Popen | None = None
         self.url: str | None = None
         self.runs = 0
@@ -85,7 +87,7 @@ class Gateway:
         self.log_path = self.log_dir / f"stderr-{self.runs}.log"
         self.log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
-            [str(binary), "serve", "--host", "127.0.0.1", "--port", str(port), "--store", "memory", "--demo",
+            [str(binary), "serve", "--host", "127.0.0.1", "--port", str(port), "--store", self.store, "--demo",
              *self.extra_args],
             stdout=subprocess.PIPE, stderr=self.log, cwd=REPO_ROOT, text=True, bufsize=1,
             # Its own session: signals meant for the test's process group do not

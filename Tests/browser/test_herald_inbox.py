@@ -1,0 +1,266 @@
+"""<herald-inbox> (web-demo/herald-inbox.js) on the demo page, against a real
+gateway in headless Chromium, used as a user would: real clicks and keys on
+its shadow DOM, waiting for what the page shows (never for a fixed time).
+
+The demo page's inbox is a fourth device of the user, `inbox-<tab suffix>`,
+so a second tab is a second inbox of the same user.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+
+import pytest
+from selenium.webdriver.common.action_chains import ActionChains
+from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
+
+from conftest import SERVER_KEY, Gateway
+
+WAIT = 30.0
+
+STATE_JS = """
+const host = document.querySelector('herald-inbox');
+const r = host.shadowRoot;
+const badge = r.querySelector('.badge');
+const active = r.activeElement;
+return {
+  status: host.dataset.status,
+  badge: badge.hidden ? 0 : Number(badge.textContent),
+  bellLabel: r.querySelector('.bell').getAttribute('aria-label'),
+  open: r.querySelector('dialog').open,
+  tabs: [...r.querySelectorAll('.tab')].map((t) => t.textContent),
+  items: [...r.querySelectorAll('li[data-id]')].map((li) => ({
+    id: li.dataset.id, title: li.querySelector('.title').textContent, readState: li.dataset.readState,
+    state: li.dataset.state, picker: !!li.querySelector('.picker'),
+  })),
+  empty: !r.querySelector('.empty').hidden,
+  offline: !r.querySelector('.offline').hidden,
+  announced: r.querySelector('[aria-live]').textContent,
+  switches: [...r.querySelectorAll('tbody input')].map((i) => ({
+    group: i.dataset.group ?? null, channel: i.dataset.channel, checked: i.checked, disabled: i.disabled })),
+  focus: document.activeElement === host && active
+    ? { inDialog: !!active.closest('dialog'), bell: active.classList.contains('bell'), action: active.dataset.action ?? null }
+    : null,
+};
+"""
+
+
+def state(d) -> dict:
+    return d.execute_script(STATE_JS)
+
+
+def wait_for(d, what: str, cond, timeout: float = WAIT):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = state(d)
+        if r := cond(last):
+            return r
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}; inbox state:\n{json.dumps(last, indent=1)}")
+
+
+def inbox(d, selector: str):
+    return d.find_element(By.CSS_SELECTOR, "herald-inbox").shadow_root.find_element(By.CSS_SELECTOR, selector)
+
+
+def item_button(d, nid: str, action: str):
+    return inbox(d, f'li[data-id="{nid}"] [data-action="{action}"]')
+
+
+def titles(s: dict) -> list[str]:
+    return [it["title"] for it in s["items"]]
+
+
+def server(base: str, method: str, path: str, body: dict | None = None) -> dict:
+    headers = {"Authorization": f"Bearer {SERVER_KEY}", "Content-Type": "application/json"}
+    req = urllib.request.Request(base + path, method=method, headers=headers,
+                                 data=None if body is None else json.dumps(body).encode())
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.loads(r.read())
+
+
+def open_demo(d, base: str, user: str) -> dict:
+    d.get(f"{base}/?user={user}")
+    return wait_for(d, "the inbox live", lambda s: s["status"] == "live" and s)
+
+
+def open_panel(d) -> dict:
+    inbox(d, ".bell").click()
+    return wait_for(d, "the panel open", lambda s: s["open"] and s)
+
+
+def press(d, key: str) -> None:
+    """A key as the user presses it: to whatever has the focus."""
+    ActionChains(d).send_keys(key).perform()
+
+
+def in_seconds(s: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(time.time() + s))
+
+
+def test_badge_live_updates_and_another_tab(gateway_proc, driver):
+    gw, d, user = gateway_proc, driver, "inbox-tabs"
+    open_demo(d, gw.url, user)
+    nid = gw.publish(user, "b1", "Build 1 passed", payload={"title": "Build 1 passed", "body": "412 tests"})["notification"]["id"]
+    wait_for(d, "badge 1", lambda s: s["badge"] == 1 and s["bellLabel"] == "Notifications, 1 new")
+    tab1 = d.current_window_handle
+    d.switch_to.new_window("tab")
+    tab2 = d.current_window_handle
+    open_demo(d, gw.url, user)
+    wait_for(d, "badge 1 in tab 2", lambda s: s["badge"] == 1)
+
+    # Opening the panel lists it and marks everything seen: both badges clear.
+    s = open_panel(d)
+    s = wait_for(d, "the item listed, badge cleared", lambda s: titles(s) == ["Build 1 passed"] and s["badge"] == 0 and s)
+    assert s["items"][0]["readState"] == "unread" and s["tabs"] == ["Unread (1)", "All (1)"], s
+    d.switch_to.window(tab1)
+    wait_for(d, "tab 1's badge cleared", lambda s: s["badge"] == 0)
+
+    # A publish appears live, newest first, and is announced; the open panel keeps it seen.
+    open_panel(d)
+    gw.publish(user, "b2", "Build 2 failed")
+    s = wait_for(d, "the new one on top", lambda s: titles(s) == ["Build 2 failed", "Build 1 passed"] and s)
+    wait_for(d, "announced", lambda s: s["announced"] == "New notification: Build 2 failed")
+    wait_for(d, "seen while open", lambda s: s["badge"] == 0)
+
+    # Dismissed in tab 2: it leaves tab 1's Unread, and All shows it dismissed.
+    d.switch_to.window(tab2)
+    wait_for(d, "tab 2 has both", lambda s: len(s["items"]) == 2)
+    item_button(d, nid, "dismiss").click()
+    d.switch_to.window(tab1)
+    wait_for(d, "gone from Unread", lambda s: titles(s) == ["Build 2 failed"] and s["tabs"][0] == "Unread (1)")
+    inbox(d, '.tab[data-tab="all"]').click()
+    s = wait_for(d, "All lists it dismissed", lambda s: len(s["items"]) == 2 and s)
+    assert s["items"][1] == {"id": nid, "title": "Build 1 passed", "readState": "read", "state": "dismissed",
+                             "picker": False}, s
+
+    # Mark all as read empties Unread.
+    inbox(d, ".read-all").click()
+    inbox(d, '.tab[data-tab="unread"]').click()
+    wait_for(d, "the empty state", lambda s: s["items"] == [] and s["empty"] and s["tabs"][0] == "Unread (0)")
+
+
+def test_snooze_comes_back(gateway_proc, driver):
+    gw, d, user = gateway_proc, driver, "inbox-snooze"
+    open_demo(d, gw.url, user)
+    nid = gw.publish(user, "s1", "Call Lena back")["notification"]["id"]
+    open_panel(d)
+    wait_for(d, "listed", lambda s: titles(s) == ["Call Lena back"])
+    item_button(d, nid, "snooze").click()
+    wait_for(d, "the picker", lambda s: s["items"][0]["picker"])
+    inbox(d, '.picker [data-choice="hour"]').click()
+    wait_for(d, "snoozed out of the list", lambda s: s["items"] == [] and s["empty"])
+    n = server(gw.url, "GET", f"/v1/apps/demo/users/{user}/notifications/{nid}")["notification"]
+    until = time.mktime(time.strptime(n["snoozedUntil"][:19], "%Y-%m-%dT%H:%M:%S")) - time.timezone
+    assert n["userActionState"] == "snoozed" and abs(until - time.time() - 3600) < 120, n
+    # Rather than wait the hour, the app server moves the end 2 s ahead: it comes back unread.
+    server(gw.url, "PATCH", f"/v1/apps/demo/users/{user}/notifications/{nid}", {"snoozedUntil": in_seconds(2)})
+    s = wait_for(d, "back in Unread", lambda s: titles(s) == ["Call Lena back"] and s)
+    assert s["items"][0]["readState"] == "unread" and s["items"][0]["state"] == "noInteraction", s
+
+
+def test_muted_group_stops_appearing(gateway_proc, driver):
+    gw, d, user = gateway_proc, driver, "inbox-prefs"
+    open_demo(d, gw.url, user)
+    open_panel(d)
+    inbox(d, ".prefs-toggle").click()
+    wait_for(d, "a switch per group and channel", lambda s: {(x["group"], x["channel"]) for x in s["switches"]} >= {
+        (None, "inbox"), (None, "push"), ("builds", "inbox"), ("marketing", "inbox"), ("marketing", "push")})
+    inbox(d, 'input[data-group="marketing"][data-channel="inbox"]').click()
+    # Saved for the user: the demo's Phone card (another device) follows.
+    phone_mute = d.find_element(By.CSS_SELECTOR, '[data-testid="device-phone"] [data-testid="mute-marketing"]')
+    deadline = time.monotonic() + WAIT
+    while not phone_mute.is_selected() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert phone_mute.is_selected(), "the Phone card's switch did not follow the inbox's save"
+    r = gw.publish(user, "m1", "Spring sale", groupName="marketing")
+    assert r.get("suppressed") == "preferences", r
+    gw.publish(user, "k1", "Build green", groupName="builds")
+    inbox(d, ".prefs-toggle").click()
+    wait_for(d, "only the build", lambda s: titles(s) == ["Build green"])
+    # A save elsewhere (the app's server) arrives as a `preferences` change: the switch follows.
+    inbox(d, ".prefs-toggle").click()
+    server(gw.url, "PUT", f"/v1/apps/demo/users/{user}/preferences", {"groups": {}})
+    wait_for(d, "unmuted in the inbox", lambda s: any(
+        x["group"] == "marketing" and x["channel"] == "inbox" and x["checked"] for x in s["switches"]))
+
+
+def test_gateway_restart_is_survived(browser_paths, driver, tmp_path):
+    gw = Gateway(tmp_path, store=f"sqlite:{tmp_path / 'herald.db'}").start()
+    try:
+        d, user = driver, "inbox-restart"
+        open_demo(d, gw.url, user)
+        gw.publish(user, "r1", "Before the restart")
+        open_panel(d)
+        wait_for(d, "the first", lambda s: titles(s) == ["Before the restart"])
+        assert gw.stop() == 0
+        wait_for(d, "the offline indicator", lambda s: s["offline"] and s["status"] != "live")
+        gw.start(gw.port)
+        gw.publish(user, "r2", "After the restart")  # likely before the inbox is back: it catches up
+        s = wait_for(d, "both, live again", lambda s: s["status"] == "live" and not s["offline"]
+                     and titles(s) == ["After the restart", "Before the restart"] and s)
+        assert len({it["id"] for it in s["items"]}) == 2
+    finally:
+        if gw.proc and gw.proc.poll() is None:
+            gw.stop()
+
+
+def test_keyboard_only(gateway_proc, driver):
+    gw, d, user = gateway_proc, driver, "inbox-keys"
+    open_demo(d, gw.url, user)
+    nid = gw.publish(user, "k1", "Keyboard only")["notification"]["id"]
+    wait_for(d, "badge 1", lambda s: s["badge"] == 1)
+    d.execute_script("document.activeElement.blur()")
+    for _ in range(10):  # the bell follows the user field in the header
+        press(d, Keys.TAB)
+        if (state(d)["focus"] or {}).get("bell"):
+            break
+    assert state(d)["focus"] == {"inDialog": False, "bell": True, "action": None}, state(d)
+    press(d, Keys.ENTER)
+    s = wait_for(d, "open, focus inside", lambda s: s["open"] and s["focus"] and s["focus"]["inDialog"] and s)
+    # Tab goes round inside the dialog and reaches the item's actions.
+    seen = []
+    for _ in range(20):
+        press(d, Keys.TAB)
+        f = state(d)["focus"]
+        assert f and f["inDialog"], f"focus left the dialog after {seen}"
+        seen.append(f["action"])
+        if f["action"] == "toggle-read":
+            break
+    assert seen[-1] == "toggle-read", seen
+    press(d, Keys.ENTER)
+    wait_for(d, "read, gone from Unread", lambda s: s["items"] == [] and s["focus"] and s["focus"]["inDialog"])
+    assert server(gw.url, "GET", f"/v1/apps/demo/users/{user}/notifications/{nid}")["notification"]["readState"] == "read"
+    press(d, Keys.ESCAPE)
+    wait_for(d, "closed, focus on the bell", lambda s: not s["open"] and s["focus"] and s["focus"]["bell"])
+
+
+def test_axe_finds_nothing(gateway_proc, driver):
+    axe_selenium_python = pytest.importorskip("axe_selenium_python", reason="pip install axe-selenium-python")
+    gw, d, user = gateway_proc, driver, "inbox-axe"
+    open_demo(d, gw.url, user)
+    nid = gw.publish(user, "a1", "Accessible", payload={"title": "Accessible", "body": "for everyone"})["notification"]["id"]
+    gw.publish(user, "a2", "Another one")
+    axe = axe_selenium_python.Axe(d)
+    axe.inject()
+
+    def check(what: str) -> None:
+        violations = axe.run(context="herald-inbox")["violations"]
+        # Axe.report cannot print targets inside a shadow root (they are lists): say them here.
+        assert not violations, f"{what}: " + json.dumps(
+            [{"id": v["id"], "help": v["help"], "nodes": [(n["target"], n["failureSummary"]) for n in v["nodes"]]}
+             for v in violations], indent=1)
+
+    check("the bell")
+    open_panel(d)
+    wait_for(d, "listed", lambda s: len(s["items"]) == 2)
+    item_button(d, nid, "snooze").click()
+    wait_for(d, "the picker", lambda s: any(it["picker"] for it in s["items"]))
+    check("the panel with the snooze picker")
+    inbox(d, ".prefs-toggle").click()
+    wait_for(d, "the switches", lambda s: s["switches"])
+    check("the preferences")
