@@ -35,6 +35,7 @@ return {
   items: [...r.querySelectorAll('li[data-id]')].map((li) => ({
     id: li.dataset.id, title: li.querySelector('.title').textContent, readState: li.dataset.readState,
     state: li.dataset.state, picker: !!li.querySelector('.picker'),
+    body: li.querySelector('.body')?.textContent ?? null, time: li.querySelector('time').textContent,
   })),
   empty: !r.querySelector('.empty').hidden,
   offline: !r.querySelector('.offline').hidden,
@@ -135,8 +136,8 @@ def test_badge_live_updates_and_another_tab(gateway_proc, driver):
     wait_for(d, "gone from Unread", lambda s: titles(s) == ["Build 2 failed"] and s["tabs"][0] == "Unread (1)")
     inbox(d, '.tab[data-tab="all"]').click()
     s = wait_for(d, "All lists it dismissed", lambda s: len(s["items"]) == 2 and s)
-    assert s["items"][1] == {"id": nid, "title": "Build 1 passed", "readState": "read", "state": "dismissed",
-                             "picker": False}, s
+    assert {k: s["items"][1][k] for k in ("id", "body", "readState", "state")} == {
+        "id": nid, "body": "412 tests", "readState": "read", "state": "dismissed"}, s
 
     # Mark all as read empties Unread.
     inbox(d, ".read-all").click()
@@ -264,3 +265,56 @@ def test_axe_finds_nothing(gateway_proc, driver):
     inbox(d, ".prefs-toggle").click()
     wait_for(d, "the switches", lambda s: s["switches"])
     check("the preferences")
+
+
+PAGE_JS = """
+const [user, done] = [arguments[0], arguments[arguments.length - 1]];
+// The app's token endpoint, stubbed in the page: it mints a demo token bound to the device asked for.
+const realFetch = window.fetch.bind(window);
+window.tokenAsks = [];
+window.fetch = async (u, o) => {
+  const url = new URL(u, location.href);
+  if (url.pathname !== '/app/herald-token') return realFetch(u, o);
+  tokenAsks.push(url.searchParams.get('deviceId'));
+  const r = await realFetch('/v1/demo/token', { method: 'POST',
+    body: JSON.stringify({ userId: user, deviceId: url.searchParams.get('deviceId') }) });
+  return new Response(JSON.stringify({ token: (await r.json()).token }));
+};
+import('/herald-inbox.js').then(() => {
+  const el = document.createElement('herald-inbox');
+  for (const [k, v] of Object.entries({ 'device-id': 'web-it', 'token-url': '/app/herald-token', lang: 'it',
+                                        'title-pointer': '/t', 'body-pointer': '/b/text' })) el.setAttribute(k, v);
+  el.strings = { unread: 'Da leggere', all: 'Tutte' };
+  window.events = [];
+  for (const t of ['herald-activate', 'herald-counts', 'herald-change']) {
+    el.addEventListener(t, (e) => events.push([t, t === 'herald-change' ? e.detail.op : e.detail]));
+  }
+  document.body.replaceChildren(el);
+  done('ok');
+}).catch((e) => done(String(e)));
+"""
+
+
+def test_token_url_pointers_language_strings_and_events(gateway_proc, driver):
+    gw, d, user = gateway_proc, driver, "inbox-app"
+    d.get(gw.url + "/herald.js")  # any page of the gateway's origin
+    assert d.execute_async_script(PAGE_JS, user) == "ok"
+    wait_for(d, "live", lambda s: s["status"] == "live")
+    assert d.execute_script("return tokenAsks") == ["web-it"]
+    nid = gw.publish(user, "it1", "", payload={"t": "Ciao", "b": {"text": "mondo"}})["notification"]["id"]
+    wait_for(d, "badge 1", lambda s: s["badge"] == 1)
+    open_panel(d)
+    s = wait_for(d, "listed", lambda s: s["items"] and s)
+    assert (s["items"][0]["title"], s["items"][0]["body"], s["items"][0]["time"]) == ("Ciao", "mondo", "ora"), s
+    assert s["tabs"] == ["Da leggere (1)", "Tutte (1)"], s
+    item_button(d, nid, "activate").click()
+    wait_for(d, "read", lambda s: s["items"] == [])
+    n = server(gw.url, "GET", f"/v1/apps/demo/users/{user}/notifications/{nid}")["notification"]
+    assert (n["userActionState"], n["readState"]) == ("activated", "read"), n
+    events = d.execute_script("return events")
+    assert [e[1]["notification"]["id"] for e in events if e[0] == "herald-activate"] == [nid], events
+    assert ["herald-change", "upsert"] in events, events
+    counts = [e[1] for e in events if e[0] == "herald-counts"]
+    assert {"unread": 1, "unseen": 1, "total": 1} in counts, counts
+    wait_for(d, "the counts at 0", lambda s: d.execute_script("return events.filter((e) => e[0] === 'herald-counts').at(-1)[1]")
+             == {"unread": 0, "unseen": 0, "total": 1})
