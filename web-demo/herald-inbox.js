@@ -76,7 +76,7 @@ const CSS = `
   --herald-bg: #fff; --herald-fg: #111827; --herald-muted: #4b5563; --herald-line: #e5e7eb;
   --herald-hover: #f3f4f6; --herald-badge: #dc2626; --herald-radius: 12px;
   --herald-font: system-ui, -apple-system, 'Segoe UI', Roboto, sans-serif;
-  --herald-panel-width: 400px; --herald-panel-height: min(640px, 85vh);
+  --herald-panel-width: 400px; --herald-panel-height: min(640px, 85vh); --herald-panel-margin: 64px 16px auto auto;
   display: inline-block; position: relative; font-family: var(--herald-font); color: var(--herald-fg);
 }
 @media (prefers-color-scheme: dark) {
@@ -95,7 +95,7 @@ button:focus-visible, input:focus-visible, a:focus-visible { outline: 2px solid 
 .badge { position: absolute; top: -4px; right: -4px; min-width: 18px; height: 18px; padding: 0 5px; box-sizing: border-box;
   border-radius: 9px; background: var(--herald-badge); color: #fff; font-size: 11px; font-weight: 700; line-height: 18px; text-align: center; }
 .badge[hidden] { display: none; }
-dialog { width: var(--herald-panel-width); max-width: calc(100vw - 24px); height: var(--herald-panel-height); padding: 0;
+dialog { margin: var(--herald-panel-margin); width: var(--herald-panel-width); max-width: calc(100vw - 24px); height: var(--herald-panel-height); padding: 0;
   border: 1px solid var(--herald-line); border-radius: var(--herald-radius); background: var(--herald-bg); color: var(--herald-fg);
   box-shadow: 0 20px 50px rgb(0 0 0 / .25); font-family: var(--herald-font); }
 dialog[open] { display: flex; flex-direction: column; }
@@ -195,7 +195,7 @@ export class HeraldInbox extends HTMLElement {
     this._items = new Map(); // id -> li, reused across renders so focus stays where it was
     this._snoozing = null;   // id whose picker is open
     this._counts = null;
-    this._wasLive = false;
+    this._wasLive = null;    // live at the last status other than 'connecting'
     this._restart = null;
     this._clock = null;
     const root = this.attachShadow({ mode: 'open' });
@@ -314,9 +314,12 @@ export class HeraldInbox extends HTMLElement {
       storagePrefix: 'herald-inbox', // apart from any HeraldClient of the app's own for the same device
     });
     this._client = client;
-    this._known = new Set(client.notifications.map((n) => n.id));
     const on = (ev, fn) => this._off.push(client.on(ev, fn));
-    on('notifications', () => this._render());
+    // A change's event comes before the list that holds it: ids are known once listed (a reset included).
+    on('notifications', (list) => {
+      for (const n of list) this._known.add(n.id);
+      this._render();
+    });
     on('unread', () => this._render());
     on('unseen', () => this._renderBadge());
     on('status', (s) => this._renderStatus(s));
@@ -336,7 +339,8 @@ export class HeraldInbox extends HTMLElement {
     this._off = [];
     this._client?.stop();
     this._client = null;
-    this._wasLive = false;
+    this._wasLive = null;
+    this._known.clear();
     this._items.clear();
     this._el.list.replaceChildren();
   }
@@ -523,9 +527,11 @@ export class HeraldInbox extends HTMLElement {
 
   _renderStatus(status) {
     const live = status === 'live';
-    if (live !== this._wasLive && (live || this._wasLive)) this._announce(live ? 'announceOnline' : 'announceOffline');
-    if (live) this._wasLive = true;
-    else if (status !== 'connecting') this._wasLive = false;
+    // Only a change after the first connection is news; null until then.
+    if (status !== 'connecting') {
+      if (this._wasLive != null && live !== this._wasLive) this._announce(live ? 'announceOnline' : 'announceOffline');
+      this._wasLive = live;
+    }
     this._el.offline.hidden = live;
     this._el.offline.textContent = status === 'connecting' ? this._strings.connecting : this._strings.offline;
     this.dataset.status = status; // for styling the host from the page: herald-inbox[data-status="live"]

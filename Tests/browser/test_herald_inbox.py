@@ -145,6 +145,19 @@ def test_badge_live_updates_and_another_tab(gateway_proc, driver):
     wait_for(d, "the empty state", lambda s: s["items"] == [] and s["empty"] and s["tabs"][0] == "Unread (0)")
 
 
+def test_pages_as_the_user_scrolls(gateway_proc, driver):
+    gw, d, user = gateway_proc, driver, "inbox-paging"
+    for i in range(25):
+        gw.publish(user, f"p{i}", f"Item {i:02}")
+    open_demo(d, gw.url, user)
+    open_panel(d)
+    s = wait_for(d, "the first page", lambda s: s["tabs"][1] == "All (25)" and len(s["items"]) == 20 and s)
+    assert titles(s)[0] == "Item 24", s
+    d.execute_script("arguments[0].scrollTop = arguments[0].scrollHeight", inbox(d, ".scroll"))
+    s = wait_for(d, "the rest", lambda s: len(s["items"]) == 25 and s)
+    assert titles(s) == [f"Item {i:02}" for i in range(24, -1, -1)], s
+
+
 def test_snooze_comes_back(gateway_proc, driver):
     gw, d, user = gateway_proc, driver, "inbox-snooze"
     open_demo(d, gw.url, user)
@@ -199,7 +212,8 @@ def test_gateway_restart_is_survived(browser_paths, driver, tmp_path):
         open_panel(d)
         wait_for(d, "the first", lambda s: titles(s) == ["Before the restart"])
         assert gw.stop() == 0
-        wait_for(d, "the offline indicator", lambda s: s["offline"] and s["status"] != "live")
+        wait_for(d, "the offline indicator, announced", lambda s: s["offline"] and s["status"] != "live"
+                 and s["announced"] == "Offline")
         gw.start(gw.port)
         gw.publish(user, "r2", "After the restart")  # likely before the inbox is back: it catches up
         s = wait_for(d, "both, live again", lambda s: s["status"] == "live" and not s["offline"]
