@@ -275,6 +275,7 @@ export class HeraldInbox extends HTMLElement {
   attributeChangedCallback(name) {
     if (!this.isConnected) return;
     if (['url', 'device-id', 'token-url'].includes(name)) this._scheduleRestart();
+    else if (name === 'push') this._renderPush();
     else { this._renderStatic(); this._render(); }
   }
 
@@ -476,9 +477,9 @@ export class HeraldInbox extends HTMLElement {
   async _enablePush() {
     const status = this._el.push.querySelector('[role="status"]');
     try {
-      const registration = await navigator.serviceWorker.register(this.getAttribute('service-worker') || 'herald-sw.js');
-      // Asked in the click: some browsers prompt only during a user gesture.
+      // Asked first, in the click: some browsers prompt only during a user gesture.
       if (globalThis.Notification?.permission === 'default') await Notification.requestPermission();
+      const registration = await navigator.serviceWorker.register(this.getAttribute('service-worker') || 'herald-sw.js');
       await this._client.enablePush(registration, { tokenUrl: this.getAttribute('token-url') ?? undefined });
       status.textContent = this._strings.pushOn;
       this._el.push.querySelector('button').hidden = true;
@@ -585,6 +586,7 @@ export class HeraldInbox extends HTMLElement {
     li.className = `${unread ? 'unread' : 'read'}${dismissed ? ' dismissed' : ''}`;
     const focused = this.shadowRoot.activeElement;
     const refocus = li.contains(focused) ? focused.dataset.action + (focused.dataset.choice ?? '') : null;
+    const typed = li.querySelector('.picker input')?.value; // a time being chosen survives a redraw
     li.innerHTML = `
 <button type="button" class="main" part="item-main" data-action="activate">
   <span class="dot" part="unread-dot"></span><span class="title" part="item-title"></span>
@@ -610,7 +612,10 @@ export class HeraldInbox extends HTMLElement {
       const b = q(`[data-action="${action}"]`);
       if (b) { b.setAttribute('aria-label', `${label}: ${title}`); b.title = label; }
     }
-    if (this._snoozing === n.id) li.append(this._picker(title));
+    if (this._snoozing === n.id) {
+      li.append(this._picker(title));
+      if (typed) li.querySelector('.picker input').value = typed;
+    }
     if (refocus) li.querySelectorAll('[data-action]').forEach((b) => {
       if (b.dataset.action + (b.dataset.choice ?? '') === refocus) b.focus();
     });
@@ -702,7 +707,12 @@ export class HeraldInbox extends HTMLElement {
   _renderPush() {
     const can = this.hasAttribute('push') && 'serviceWorker' in navigator && 'PushManager' in globalThis;
     this._el.push.hidden = !can;
+    if (!can || globalThis.Notification?.permission !== 'granted') return;
+    // Subscribed on an earlier visit: enable again (idempotent), so the worker gets a fresh token.
+    navigator.serviceWorker.getRegistration().then((r) => r?.pushManager.getSubscription())
+      .then((sub) => { if (sub) this._enablePush(); }, () => {});
   }
+
 
   // ------------------------------------------------------------------ announcing
 

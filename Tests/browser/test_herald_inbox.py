@@ -13,6 +13,7 @@ import time
 import urllib.request
 
 import pytest
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
@@ -40,6 +41,7 @@ return {
   empty: !r.querySelector('.empty').hidden,
   offline: !r.querySelector('.offline').hidden,
   announced: r.querySelector('[aria-live]').textContent,
+  push: r.querySelector('.push').hidden ? null : r.querySelector('.push [role="status"]').textContent,
   switches: [...r.querySelectorAll('tbody input')].map((i) => ({
     group: i.dataset.group ?? null, channel: i.dataset.channel, checked: i.checked, disabled: i.disabled })),
   focus: document.activeElement === host && active
@@ -68,8 +70,19 @@ def inbox(d, selector: str):
     return d.find_element(By.CSS_SELECTOR, "herald-inbox").shadow_root.find_element(By.CSS_SELECTOR, selector)
 
 
-def item_button(d, nid: str, action: str):
-    return inbox(d, f'li[data-id="{nid}"] [data-action="{action}"]')
+def click(d, selector: str) -> None:
+    """Clicks the inbox's element; again if a change just redrew it (a seen-all, a change from elsewhere)."""
+    for _ in range(20):
+        try:
+            inbox(d, selector).click()
+            return
+        except StaleElementReferenceException:
+            continue
+    raise AssertionError(f"{selector} kept being redrawn")
+
+
+def click_item(d, nid: str, action: str) -> None:
+    click(d, f'li[data-id="{nid}"] [data-action="{action}"]')
 
 
 def titles(s: dict) -> list[str]:
@@ -90,7 +103,7 @@ def open_demo(d, base: str, user: str) -> dict:
 
 
 def open_panel(d) -> dict:
-    inbox(d, ".bell").click()
+    click(d, ".bell")
     return wait_for(d, "the panel open", lambda s: s["open"] and s)
 
 
@@ -131,17 +144,17 @@ def test_badge_live_updates_and_another_tab(gateway_proc, driver):
     # Dismissed in tab 2: it leaves tab 1's Unread, and All shows it dismissed.
     d.switch_to.window(tab2)
     wait_for(d, "tab 2 has both", lambda s: len(s["items"]) == 2)
-    item_button(d, nid, "dismiss").click()
+    click_item(d, nid, "dismiss")
     d.switch_to.window(tab1)
     wait_for(d, "gone from Unread", lambda s: titles(s) == ["Build 2 failed"] and s["tabs"][0] == "Unread (1)")
-    inbox(d, '.tab[data-tab="all"]').click()
+    click(d, '.tab[data-tab="all"]')
     s = wait_for(d, "All lists it dismissed", lambda s: len(s["items"]) == 2 and s)
     assert {k: s["items"][1][k] for k in ("id", "body", "readState", "state")} == {
         "id": nid, "body": "412 tests", "readState": "read", "state": "dismissed"}, s
 
     # Mark all as read empties Unread.
-    inbox(d, ".read-all").click()
-    inbox(d, '.tab[data-tab="unread"]').click()
+    click(d, ".read-all")
+    click(d, '.tab[data-tab="unread"]')
     wait_for(d, "the empty state", lambda s: s["items"] == [] and s["empty"] and s["tabs"][0] == "Unread (0)")
 
 
@@ -164,13 +177,24 @@ def test_snooze_comes_back(gateway_proc, driver):
     nid = gw.publish(user, "s1", "Call Lena back")["notification"]["id"]
     open_panel(d)
     wait_for(d, "listed", lambda s: titles(s) == ["Call Lena back"])
-    item_button(d, nid, "snooze").click()
+    click_item(d, nid, "snooze")
     wait_for(d, "the picker", lambda s: s["items"][0]["picker"])
-    inbox(d, '.picker [data-choice="hour"]').click()
+    click(d, '.picker [data-choice="hour"]')
     wait_for(d, "snoozed out of the list", lambda s: s["items"] == [] and s["empty"])
     n = server(gw.url, "GET", f"/v1/apps/demo/users/{user}/notifications/{nid}")["notification"]
     until = time.mktime(time.strptime(n["snoozedUntil"][:19], "%Y-%m-%dT%H:%M:%S")) - time.timezone
     assert n["userActionState"] == "snoozed" and abs(until - time.time() - 3600) < 120, n
+    # A chosen time (the picker's field is local time).
+    other = gw.publish(user, "s2", "Renew the passport")["notification"]["id"]
+    wait_for(d, "the second listed", lambda s: titles(s) == ["Renew the passport"])
+    click_item(d, other, "snooze")
+    d.execute_script("document.querySelector('herald-inbox').shadowRoot.querySelector('.picker input').value = arguments[0]",
+                     time.strftime("%Y-%m-%dT%H:%M", time.localtime(time.time() + 7200)))
+    click(d, '.picker [data-choice="at"]')
+    wait_for(d, "the second snoozed", lambda s: s["items"] == [])
+    n2 = server(gw.url, "GET", f"/v1/apps/demo/users/{user}/notifications/{other}")["notification"]
+    until2 = time.mktime(time.strptime(n2["snoozedUntil"][:19], "%Y-%m-%dT%H:%M:%S")) - time.timezone
+    assert abs(until2 - time.time() - 7200) < 120, n2
     # Rather than wait the hour, the app server moves the end 2 s ahead: it comes back unread.
     server(gw.url, "PATCH", f"/v1/apps/demo/users/{user}/notifications/{nid}", {"snoozedUntil": in_seconds(2)})
     s = wait_for(d, "back in Unread", lambda s: titles(s) == ["Call Lena back"] and s)
@@ -181,10 +205,10 @@ def test_muted_group_stops_appearing(gateway_proc, driver):
     gw, d, user = gateway_proc, driver, "inbox-prefs"
     open_demo(d, gw.url, user)
     open_panel(d)
-    inbox(d, ".prefs-toggle").click()
+    click(d, ".prefs-toggle")
     wait_for(d, "a switch per group and channel", lambda s: {(x["group"], x["channel"]) for x in s["switches"]} >= {
         (None, "inbox"), (None, "push"), ("builds", "inbox"), ("marketing", "inbox"), ("marketing", "push")})
-    inbox(d, 'input[data-group="marketing"][data-channel="inbox"]').click()
+    click(d, 'input[data-group="marketing"][data-channel="inbox"]')
     # Saved for the user: the demo's Phone card (another device) follows.
     phone_mute = d.find_element(By.CSS_SELECTOR, '[data-testid="device-phone"] [data-testid="mute-marketing"]')
     deadline = time.monotonic() + WAIT
@@ -194,17 +218,38 @@ def test_muted_group_stops_appearing(gateway_proc, driver):
     r = gw.publish(user, "m1", "Spring sale", groupName="marketing")
     assert r.get("suppressed") == "preferences", r
     gw.publish(user, "k1", "Build green", groupName="builds")
-    inbox(d, ".prefs-toggle").click()
+    click(d, ".prefs-toggle")
     wait_for(d, "only the build", lambda s: titles(s) == ["Build green"])
     # A save elsewhere (the app's server) arrives as a `preferences` change: the switch follows.
-    inbox(d, ".prefs-toggle").click()
+    click(d, ".prefs-toggle")
     server(gw.url, "PUT", f"/v1/apps/demo/users/{user}/preferences", {"groups": {}})
     wait_for(d, "unmuted in the inbox", lambda s: any(
         x["group"] == "marketing" and x["channel"] == "inbox" and x["checked"] for x in s["switches"]))
 
 
+def own_gateway(tmp_path) -> Gateway:
+    """A demo gateway on SQLite whose demo app has a critical group, `security`."""
+    config = tmp_path / "herald.json"
+    config.write_text(json.dumps({"apps": [{"id": "demo", "serverKey": SERVER_KEY, "tokenSecret": "t" * 32,
+                                            "criticalGroups": ["security"]}]}))
+    return Gateway(tmp_path, ["--config", str(config)], store=f"sqlite:{tmp_path / 'herald.db'}").start()
+
+
+def test_critical_group_is_shown_and_disabled(browser_paths, driver, tmp_path):
+    gw = own_gateway(tmp_path)
+    try:
+        d = driver
+        open_demo(d, gw.url, "inbox-critical")
+        open_panel(d)
+        click(d, ".prefs-toggle")
+        s = wait_for(d, "the security switches", lambda s: [x for x in s["switches"] if x["group"] == "security"])
+        assert s == [{"group": "security", "channel": c, "checked": True, "disabled": True} for c in ("inbox", "push")], s
+    finally:
+        gw.stop()
+
+
 def test_gateway_restart_is_survived(browser_paths, driver, tmp_path):
-    gw = Gateway(tmp_path, store=f"sqlite:{tmp_path / 'herald.db'}").start()
+    gw = own_gateway(tmp_path)
     try:
         d, user = driver, "inbox-restart"
         open_demo(d, gw.url, user)
@@ -273,10 +318,10 @@ def test_axe_finds_nothing(gateway_proc, driver):
     check("the bell")
     open_panel(d)
     wait_for(d, "listed", lambda s: len(s["items"]) == 2)
-    item_button(d, nid, "snooze").click()
+    click_item(d, nid, "snooze")
     wait_for(d, "the picker", lambda s: any(it["picker"] for it in s["items"]))
     check("the panel with the snooze picker")
-    inbox(d, ".prefs-toggle").click()
+    click(d, ".prefs-toggle")
     wait_for(d, "the switches", lambda s: s["switches"])
     check("the preferences")
 
@@ -297,7 +342,7 @@ window.fetch = async (u, o) => {
 import('/herald-inbox.js').then(() => {
   const el = document.createElement('herald-inbox');
   for (const [k, v] of Object.entries({ 'device-id': 'web-it', 'token-url': '/app/herald-token', lang: 'it',
-                                        'title-pointer': '/t', 'body-pointer': '/b/text' })) el.setAttribute(k, v);
+                                        'title-pointer': '/t', 'body-pointer': '/b/text', push: '' })) el.setAttribute(k, v);
   el.strings = { unread: 'Da leggere', all: 'Tutte' };
   window.events = [];
   for (const t of ['herald-activate', 'herald-counts', 'herald-change']) {
@@ -321,7 +366,7 @@ def test_token_url_pointers_language_strings_and_events(gateway_proc, driver):
     s = wait_for(d, "listed", lambda s: s["items"] and s)
     assert (s["items"][0]["title"], s["items"][0]["body"], s["items"][0]["time"]) == ("Ciao", "mondo", "ora"), s
     assert s["tabs"] == ["Da leggere (1)", "Tutte (1)"], s
-    item_button(d, nid, "activate").click()
+    click_item(d, nid, "activate")
     wait_for(d, "read", lambda s: s["items"] == [])
     n = server(gw.url, "GET", f"/v1/apps/demo/users/{user}/notifications/{nid}")["notification"]
     assert (n["userActionState"], n["readState"]) == ("activated", "read"), n
@@ -332,3 +377,8 @@ def test_token_url_pointers_language_strings_and_events(gateway_proc, driver):
     assert {"unread": 1, "unseen": 1, "total": 1} in counts, counts
     wait_for(d, "the counts at 0", lambda s: d.execute_script("return events.filter((e) => e[0] === 'herald-counts').at(-1)[1]")
              == {"unread": 0, "unseen": 0, "total": 1})
+
+    # The page opted in to push; this gateway's demo app has no VAPID key, and the inbox says so.
+    assert state(d)["push"] == "", state(d)
+    click(d, ".push button")
+    wait_for(d, "push refused", lambda s: (s["push"] or "").startswith("Push is not available: "))
