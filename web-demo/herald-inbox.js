@@ -220,6 +220,7 @@ export class HeraldInbox extends HTMLElement {
     </section>
   </div>
   <div class="push" part="push" hidden><button type="button"></button><span role="status"></span></div>
+  <div class="sr" aria-live="polite"></div>
 </dialog>
 <div class="sr" aria-live="polite"></div>`;
     const $ = (s) => root.querySelector(s);
@@ -227,7 +228,9 @@ export class HeraldInbox extends HTMLElement {
       bell: $('.bell'), badge: $('.badge'), dialog: $('dialog'), heading: $('#h'), prefsToggle: $('.prefs-toggle'),
       close: $('.close'), offline: $('.offline'), bar: $('.bar'), tabs: [...root.querySelectorAll('.tab')],
       readAll: $('.read-all'), scroll: $('.scroll'), list: $('.list'), empty: $('.empty'), more: $('.more'),
-      prefs: $('.prefs'), prefsBody: $('tbody'), push: $('.push'), live: $('[aria-live]'),
+      prefs: $('.prefs'), prefsBody: $('tbody'), push: $('.push'),
+      // A modal dialog makes all outside it inert, live regions too: one inside it, one for while it is closed.
+      live: [...root.querySelectorAll('[aria-live]')],
     };
     this._wire();
   }
@@ -276,7 +279,7 @@ export class HeraldInbox extends HTMLElement {
     if (!this.isConnected) return;
     if (['url', 'device-id', 'token-url'].includes(name)) this._scheduleRestart();
     else if (name === 'push') this._renderPush();
-    else { this._renderStatic(); this._render(); }
+    else { this._renderStatic(); this._render(); this._renderPrefs(); }
   }
 
   /** Attributes and tokenProvider are often set one after the other: connect once, after them all. */
@@ -359,6 +362,14 @@ export class HeraldInbox extends HTMLElement {
       el.bell.focus();
     });
     el.dialog.addEventListener('click', (e) => { if (e.target === el.dialog) this.close(); }); // the backdrop
+    el.dialog.addEventListener('cancel', (e) => {
+      if (!this._snoozing) return;
+      e.preventDefault(); // Esc closes the snooze picker first, then the panel
+      const li = this._items.get(this._snoozing);
+      this._snoozing = null;
+      this._render();
+      li?.querySelector('[data-action="snooze"]').focus();
+    });
     el.dialog.addEventListener('keydown', (e) => { if (e.key === 'Tab') this._trapTab(e); });
     for (const t of el.tabs) t.addEventListener('click', () => this._showTab(t.dataset.tab));
     el.prefsToggle.addEventListener('click', () => this._showView(this._view === 'prefs' ? 'list' : 'prefs'));
@@ -413,7 +424,7 @@ export class HeraldInbox extends HTMLElement {
     const c = this._client;
     const action = button.dataset.action;
     if (action === 'activate') {
-      this._act(() => c.activate(id, { markRead: true }));
+      this._act(() => c.activate(id, { markRead: true }), null, li);
       this._emit('herald-activate', { notification: n });
     } else if (action === 'toggle-read') {
       const read = n.readState === 'unread';
@@ -717,10 +728,12 @@ export class HeraldInbox extends HTMLElement {
   // ------------------------------------------------------------------ announcing
 
   _announce(key, values = {}) {
+    const [inside, outside] = this._el.live;
+    const region = this._el.dialog.open ? inside : outside;
     // Cleared first, so the same words said twice are announced twice.
-    this._el.live.textContent = '';
+    inside.textContent = outside.textContent = '';
     const text = format(this._strings[key], values);
-    setTimeout(() => { this._el.live.textContent = text; }, 50);
+    setTimeout(() => { region.textContent = text; }, 50);
   }
 
   _fail(e) { this._announce('announceFailed', { message: e?.message || String(e) }); }
