@@ -64,7 +64,7 @@ const ICONS = {
   close: 'M6.4 5 5 6.4 10.6 12 5 17.6 6.4 19l5.6-5.6 5.6 5.6 1.4-1.4-5.6-5.6L19 6.4 17.6 5 12 10.6Z',
   read: 'M9 16.2 4.8 12l-1.4 1.4L9 19 21 7l-1.4-1.4Z',
   unread: 'M12 7a5 5 0 1 0 0 10 5 5 0 0 0 0-10Z',
-  dismiss: 'M19 13H5v-2h14Z',
+  dismiss: 'M20 6H4V4h16Zm-1 2H5v11a2 2 0 0 0 2 2h10a2 2 0 0 0 2-2Zm-4 5H9v-2h6Z', // archive: out of the way, kept
   snooze: 'M12 2a10 10 0 1 0 0 20 10 10 0 0 0 0-20Zm0 18a8 8 0 1 1 0-16 8 8 0 0 1 0 16Zm.5-13H11v6l5.2 3.2.8-1.3-4.5-2.7Z',
   delete: 'M6 19a2 2 0 0 0 2 2h8a2 2 0 0 0 2-2V7H6Zm13-15h-3.5l-1-1h-5l-1 1H5v2h14Z',
   prefs: 'M19.4 13a7.5 7.5 0 0 0 0-2l2.1-1.6-2-3.5-2.5 1a7.3 7.3 0 0 0-1.7-1L15 3h-4l-.4 2.9a7.3 7.3 0 0 0-1.7 1l-2.5-1-2 3.5L6.6 11a7.5 7.5 0 0 0 0 2l-2.1 1.6 2 3.5 2.5-1a7.3 7.3 0 0 0 1.7 1L11 21h4l.4-2.9a7.3 7.3 0 0 0 1.7-1l2.5 1 2-3.5ZM13 15.5a3.5 3.5 0 1 1 0-7 3.5 3.5 0 0 1 0 7Z',
@@ -74,7 +74,7 @@ const CSS = `
 :host {
   --herald-accent: #4f46e5; --herald-on-accent: #fff;
   --herald-bg: #fff; --herald-fg: #111827; --herald-muted: #4b5563; --herald-line: #e5e7eb;
-  --herald-hover: #f3f4f6; --herald-badge: #dc2626; --herald-radius: 12px;
+  --herald-hover: #f3f4f6; --herald-badge: #dc2626; --herald-switch-off: #9ca3af; --herald-radius: 12px;
   --herald-font: system-ui, -apple-system, 'Segoe UI', Roboto, sans-serif;
   --herald-panel-width: 400px; --herald-panel-height: min(640px, 85vh); --herald-panel-margin: 64px 16px auto auto;
   display: inline-block; position: relative; font-family: var(--herald-font); color: var(--herald-fg);
@@ -83,7 +83,7 @@ const CSS = `
   :host {
     --herald-accent: #a5b4fc; --herald-on-accent: #111827;
     --herald-bg: #1f2937; --herald-fg: #f9fafb; --herald-muted: #d1d5db; --herald-line: #374151;
-    --herald-hover: #374151; --herald-badge: #f87171;
+    --herald-hover: #374151; --herald-badge: #f87171; --herald-switch-off: #6b7280;
   }
 }
 svg { width: 20px; height: 20px; fill: currentColor; flex: none; }
@@ -134,6 +134,13 @@ li.unread .dot { background: var(--herald-accent); }
 table { width: 100%; border-collapse: collapse; font-size: 14px; }
 th, td { padding: 8px 4px; border-bottom: 1px solid var(--herald-line); text-align: left; }
 td:not(:first-child), th:not(:first-child) { width: 64px; text-align: center; }
+input[role="switch"] { appearance: none; position: relative; width: 34px; height: 20px; margin: 0; border-radius: 10px;
+  background: var(--herald-switch-off); cursor: pointer; vertical-align: middle; }
+input[role="switch"]::before { content: ''; position: absolute; top: 2px; left: 2px; width: 16px; height: 16px;
+  border-radius: 50%; background: #fff; transition: transform .15s; }
+input[role="switch"]:checked { background: var(--herald-accent); }
+input[role="switch"]:checked::before { transform: translateX(14px); }
+input[role="switch"]:disabled { opacity: .6; cursor: default; }
 .note { display: block; color: var(--herald-muted); font-size: 12px; }
 .push { display: flex; flex-wrap: wrap; align-items: center; gap: 8px; padding: 10px 16px; border-top: 1px solid var(--herald-line); font-size: 13px; }
 .push button { padding: 5px 12px; border: 1px solid var(--herald-accent); border-radius: 999px; background: none; color: var(--herald-accent); }
