@@ -78,6 +78,7 @@ const CSS = `
   --herald-font: system-ui, -apple-system, 'Segoe UI', Roboto, sans-serif;
   --herald-panel-width: 400px; --herald-panel-height: min(640px, 85vh); --herald-panel-margin: 64px 16px auto auto;
   display: inline-block; position: relative; font-family: var(--herald-font); color: var(--herald-fg);
+  color-scheme: light dark; /* the time picker's native field follows too */
 }
 @media (prefers-color-scheme: dark) {
   :host {
