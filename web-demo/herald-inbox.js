@@ -213,7 +213,7 @@ export class HeraldInbox extends HTMLElement {
   <div class="head" part="header"><h2 id="h"></h2>
     <button type="button" class="icon prefs-toggle" aria-pressed="false">${svg('prefs')}</button>
     <button type="button" class="icon close">${svg('close')}</button></div>
-  <p class="offline" part="offline" role="status" hidden></p>
+  <p class="offline" part="offline" hidden></p>
   <div class="bar" part="tabs">
     <button type="button" class="tab" part="tab" data-tab="unread" aria-pressed="true"></button>
     <button type="button" class="tab" part="tab" data-tab="all" aria-pressed="false"></button>
@@ -593,7 +593,7 @@ export class HeraldInbox extends HTMLElement {
 
   _renderItem(li, n) {
     const s = this._strings;
-    const title = String(jsonPointer(n.payload, this.getAttribute('title-pointer') ?? '/title') ?? '');
+    const title = this._title(n);
     const body = jsonPointer(n.payload, this.getAttribute('body-pointer') ?? '/body');
     const unread = n.readState === 'unread';
     const dismissed = n.userActionState === 'dismissed';
@@ -664,6 +664,10 @@ export class HeraldInbox extends HTMLElement {
     Object.assign(apply.dataset, { action: 'snooze-at', choice: 'at' });
     box.append(input, apply);
     return box;
+  }
+
+  _title(n) {
+    return String(jsonPointer(n.payload, this.getAttribute('title-pointer') ?? '/title') ?? '');
   }
 
   _relTime(iso) {
@@ -752,7 +756,7 @@ export class HeraldInbox extends HTMLElement {
     const n = c.notification;
     const back = n.userActionState === 'noInteraction' && n.readState === 'unread' && n.seenState === 'unseen';
     if ((!this._known.has(n.id) || back) && inTab(n, 'all')) {
-      this._announce('announceNew', { title: jsonPointer(n.payload, this.getAttribute('title-pointer') ?? '/title') ?? '' });
+      this._announce('announceNew', { title: this._title(n) });
     }
     this._known.add(n.id);
   }
