@@ -390,3 +390,36 @@ def test_token_url_pointers_language_strings_and_events(gateway_proc, driver):
     assert state(d)["push"] == "", state(d)
     click(d, ".push button")
     wait_for(d, "push refused", lambda s: (s["push"] or "").startswith("Push is not available: "))
+
+
+def test_switching_user_reconnects_the_inbox(gateway_proc, driver):
+    gw, d = gateway_proc, driver
+    open_demo(d, gw.url, "inbox-first")
+    gw.publish("inbox-first", "f1", "For the first user")
+    wait_for(d, "badge 1", lambda s: s["badge"] == 1)
+    field = d.find_element(By.CSS_SELECTOR, '[data-testid="user-id"]')
+    field.clear()
+    field.send_keys("inbox-second", Keys.ENTER)
+    gw.publish("inbox-second", "s1", "For the second user")
+    open_panel(d)
+    wait_for(d, "only the second user's", lambda s: s["status"] == "live" and titles(s) == ["For the second user"])
+
+
+SNOOZE_JS = """
+const done = arguments[arguments.length - 1];
+import('/herald-inbox.js').then(({ snoozeChoices }) => {
+  const local = (d) => d && [d.getFullYear(), d.getMonth() + 1, d.getDate(), d.getHours(), d.getMinutes()];
+  const at = (h) => Object.fromEntries(Object.entries(snoozeChoices(new Date(2026, 11, 3, h, 30))).map(([k, v]) => [k, local(v)]));
+  done({ afternoon: at(16), night: at(21), sunday: local(snoozeChoices(new Date(2026, 11, 6, 10)).week) });
+});
+"""
+
+
+def test_snooze_choices(gateway_proc, driver):
+    """The picker's ends in local time, from a Thursday (3 December 2026) and a Sunday."""
+    driver.get(gateway_proc.url + "/herald.js")
+    r = driver.execute_async_script(SNOOZE_JS)
+    assert r["afternoon"] == {"hour": [2026, 12, 3, 17, 30], "evening": [2026, 12, 3, 18, 0],
+                              "morning": [2026, 12, 4, 8, 0], "week": [2026, 12, 7, 8, 0]}, r
+    assert "evening" not in r["night"], r  # this evening has gone
+    assert r["sunday"] == [2026, 12, 7, 8, 0], r  # next week: the coming Monday
