@@ -3,7 +3,12 @@ gateway in headless Chromium, used as a user would: real clicks and keys on
 its shadow DOM, waiting for what the page shows (never for a fixed time).
 
 The demo page's inbox is a fourth device of the user, `inbox-<tab suffix>`,
-so a second tab is a second inbox of the same user.
+so a second tab is a second inbox of the same user. Covered: the unseen badge
+and seen-all across tabs, live publishes, a dismiss elsewhere, paging on
+scroll, the snooze picker and a wake, muting a group and a save from
+elsewhere, critical groups, a gateway restart on SQLite, the keyboard-only
+path, axe (axe-selenium-python), token-url, JSON pointers, lang, strings,
+the events, the push button, and a switch of user.
 """
 
 from __future__ import annotations
