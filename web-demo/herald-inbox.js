@@ -597,7 +597,9 @@ export class HeraldInbox extends HTMLElement {
     const body = jsonPointer(n.payload, this.getAttribute('body-pointer') ?? '/body');
     const unread = n.readState === 'unread';
     const dismissed = n.userActionState === 'dismissed';
-    const key = JSON.stringify([n.version, title, body, this._snoozing === n.id, this._strings, this._relTime(n.createdAt)]);
+    // What it shows, not its version: a seen-all changes nothing here, and a redraw under a pointer loses the click.
+    const key = JSON.stringify([n.readState, n.userActionState, title, body, n.createdAt, this._snoozing === n.id,
+      this._strings, this._relTime(n.createdAt)]);
     if (li.dataset.key === key) return; // unchanged: keep the DOM (and its focus) as it is
     li.dataset.key = key;
     li.dataset.readState = n.readState;
