@@ -495,6 +495,11 @@ function main() {
   const host = $('#devices');
   for (const p of panels) host.append(p.node);
 
+  const inbox = $('#inbox');
+  inbox.setAttribute('url', GATEWAY);
+  inbox.setAttribute('device-id', `inbox-${SUFFIX}`);
+  // A real app would navigate to what the notification is about; the demo has nowhere to go.
+  inbox.addEventListener('herald-activate', () => inbox.close());
   const userInput = $('#user-id');
   let connectedUser = null;
   const switchUser = () => {
@@ -509,6 +514,7 @@ function main() {
     if (GATEWAY) {
       for (const p of panels) p.connect(user);
       pushControl.setUser(user);
+      inbox.tokenProvider = () => demoToken(user, { deviceId: inbox.getAttribute('device-id') }); // reconnects it
     }
   };
   try {
@@ -523,7 +529,7 @@ function main() {
 
   $('#publish-form').addEventListener('submit', publish);
   setInterval(() => panels.forEach((p) => p.tick()), 10_000);
-  window.heraldDemo = { panels, pushControl, GATEWAY }; // handy from the console
+  window.heraldDemo = { panels, pushControl, inbox, GATEWAY }; // handy from the console
 }
 
 main();

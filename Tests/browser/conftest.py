@@ -55,11 +55,13 @@ def herald_binary() -> Path:
 
 
 class Gateway:
-    """`herald serve --host 127.0.0.1 --port 0 --store memory --demo`, stopped with SIGTERM."""
+    """`herald serve --host 127.0.0.1 --port 0 --store memory --demo`, stopped with SIGTERM.
+    `store` replaces `memory` (e.g. `sqlite:PATH`, for a restart that keeps the history)."""
 
-    def __init__(self, log_dir: Path, extra_args: list[str] | None = None):
+    def __init__(self, log_dir: Path, extra_args: list[str] | None = None, store: str = "memory"):
         self.log_dir = log_dir
         self.extra_args = extra_args or []
+        self.store = store
         self.proc: subprocess.Popen | None = None
         self.url: str | None = None
         self.runs = 0
@@ -86,7 +88,7 @@ class Gateway:
         self.log_path = self.log_dir / f"stderr-{self.runs}.log"
         self.log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
-            [str(binary), "serve", "--host", "127.0.0.1", "--port", str(port), "--store", "memory", "--demo",
+            [str(binary), "serve", "--host", "127.0.0.1", "--port", str(port), "--store", self.store, "--demo",
              *self.extra_args],
             stdout=subprocess.PIPE, stderr=self.log, cwd=REPO_ROOT, text=True, bufsize=1,
             # Its own session: signals meant for the test's process group do not
@@ -228,11 +230,15 @@ def driver(browser_paths):
     assert not uncaught, f"uncaught JavaScript errors in the page: {uncaught}"
 
 
-def assert_accessible(driver) -> None:
-    """axe-core (axe-selenium-python bundles it) finds no violation on the page as it is now."""
+def assert_accessible(driver, what: str = "the page", context: str | None = None) -> None:
+    """axe-core (axe-selenium-python bundles it) finds no violation in the
+    page as it is now, or in the elements `context` selects."""
     from axe_selenium_python import Axe
 
     axe = Axe(driver)
     axe.inject()
-    violations = axe.run()["violations"]
-    assert violations == [], axe.report(violations)
+    violations = axe.run(context=context)["violations"]
+    # Axe.report cannot print targets inside a shadow root (they are lists): say them here.
+    assert not violations, f"{what}: " + json.dumps(
+        [{"id": v["id"], "help": v["help"], "nodes": [(n["target"], n["failureSummary"]) for n in v["nodes"]]}
+         for v in violations], indent=1)
