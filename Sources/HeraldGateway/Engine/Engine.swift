@@ -83,6 +83,7 @@ public final class Engine: @unchecked Sendable {  // engine-thread state, checke
         push.engine = self
         webhooks.engine = self
         tx.durable = { [unowned self] in run($0) }
+        tx.listed = { [unowned self] user, d, now throws(StoreError) in try listed(user, d, now: now) }
     }
 
     /// Starts the sync thread, if the store syncs apart. (Tests that run the

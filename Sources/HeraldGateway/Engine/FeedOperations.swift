@@ -166,7 +166,7 @@ extension Engine {
         guard let holder = try reads.pushHolder(app: user.app, key: key) else { return }
         let other = UserKey(app: user.app, user: holder.user)
         guard other != user || holder.deviceId != deviceId, let d = try reads.device(other, id: holder.deviceId) else { return }
-        try tx.removeHandle(other, from: d)
+        try tx.removeHandle(other, from: d, .moved)
     }
 
     /// `body` with the viewer of `deviceId`, unless its registration is refused.
@@ -198,8 +198,14 @@ extension Engine {
     func registerDevice(_ user: UserKey, deviceId: String, _ reg: DeviceRegistration, now: Millis) throws(StoreError) -> Result<JSON, HeraldError> {
         try withViewer(user, deviceId: deviceId, registration: reg, now: now) { _ throws(StoreError) in
             guard let d = try reads.device(user, id: deviceId) else { throw StoreError("device \(deviceId) vanished after saving") }
-            return .success(deviceJSON(user, d, elsewhere: try cluster?.elsewhere(user)[deviceId], now: now))
+            return .success(try listed(user, d, now: now))
         }
+    }
+
+    /// One registration as the devices listing shows it, connected here or
+    /// on another live node.
+    func listed(_ user: UserKey, _ d: Device, now: Millis) throws(StoreError) -> JSON {
+        deviceJSON(user, d, elsewhere: try cluster?.elsewhere(user)[d.deviceId], now: now)
     }
 
     /// `GET /v1/apps/{app}/users/{user}/devices`: connected to this node or,

@@ -46,6 +46,9 @@ final class FeedTransaction: BatchTransaction {
     /// Runs a committed transaction's effects once it is durable; set once
     /// by the engine.
     var durable: ((Committed) -> Void)!
+    /// A registration as the devices listing shows it (`Engine.listed`);
+    /// set once by the engine.
+    var listed: ((UserKey, Device, Millis) throws(StoreError) -> JSON)!
 
     init(store: NotificationStore, thread: ThreadOwner, push: PushDispatch, webhooks: WebhookDispatch, registry: FollowerRegistry) {
         self.store = store; self.thread = thread; self.push = push; self.webhooks = webhooks; self.registry = registry
@@ -80,13 +83,6 @@ final class FeedTransaction: BatchTransaction {
         let r = try store.upsert(user, n.woken(at: now), previous: n, at: now)
         changed(user, r, previous: n, group: n.groupName, published: true, by: .wake)
         return r
-    }
-
-    /// Records `event` for `app`'s webhooks with this transaction: one that
-    /// no `upsert` or `delete` gives (`WebhookEvent.pushUnregistered`).
-    func webhookEvent(_ app: String, _ event: WebhookEvent) {
-        thread.preconditionCurrent()
-        webhooks.note(app, event)
     }
 
     /// Saves `p` as `user`'s preferences with a new change, which every
@@ -132,14 +128,26 @@ final class FeedTransaction: BatchTransaction {
         }
     }
 
-    /// Takes `device`'s push handle from it (dead, or moved to another
-    /// registration), with the pushes waiting for it; the device stays
-    /// registered.
-    func removeHandle(_ user: UserKey, from device: Device) throws(StoreError) {
+    /// Why a registration loses its push handle.
+    enum HandleRemoval {
+        /// Another registration of the app took it.
+        case moved
+        /// `service` called it dead at `at`: the app's `push.unregistered`
+        /// webhook event (SPEC section 13).
+        case dead(PushService, at: Millis)
+    }
+
+    /// Takes `device`'s push handle from it, with the pushes waiting for
+    /// it; the device stays registered. A dead handle's event carries the
+    /// device as the listing shows it now.
+    func removeHandle(_ user: UserKey, from device: Device, _ why: HandleRemoval) throws(StoreError) {
         var d = device
         d.push = nil
         try saveDevice(user, d, was: device)
         try store.dropPushes(user, deviceId: device.deviceId)
+        if case .dead(let service, let now) = why {
+            webhooks.note(user.app, .pushUnregistered(user, device: try listed(user, d, now), service: service, at: now))
+        }
     }
 
     /// Deletes a registration; its open connections close with 4003.

@@ -283,8 +283,7 @@ final class PushDispatch {
             // The device stays registered, without the dead handle. One
             // registered since (a new token) keeps the device's pushes.
             if let d = try tx.reads.device(o.job.user, id: o.job.deviceId), d.push?.key == o.handle.key {
-                try tx.removeHandle(o.job.user, from: d)
-                if let engine { try unregistered(tx, engine, o.job.user, d, service, now: now) }
+                try tx.removeHandle(o.job.user, from: d, .dead(service, at: now))
                 note("handleRemoved", reason)
             } else {
                 try tx.finishPush(o.job)
@@ -309,17 +308,6 @@ final class PushDispatch {
             Log.warning("push: \(service.rawValue) refused a push to device \(o.job.deviceId) of \(o.job.user) (\(why)); dropped")
             judge(app, service, deadReason: nil)
         }
-    }
-
-    /// `push.unregistered` (SPEC section 13): the device as the listing
-    /// shows it, now without its handle.
-    private func unregistered(_ tx: FeedTransaction, _ engine: Engine, _ user: UserKey, _ d: Device, _ service: PushService,
-                              now: Millis) throws(StoreError) {
-        var gone = d
-        gone.push = nil
-        let elsewhere = try cluster?.elsewhere(user)[d.deviceId]
-        tx.webhookEvent(user.app, .pushUnregistered(user, device: engine.deviceJSON(user, gone, elsewhere: elsewhere, now: now),
-                                                      service: service, at: now))
     }
 
     /// Logs, once, that most of an app's recent answers from a service call
