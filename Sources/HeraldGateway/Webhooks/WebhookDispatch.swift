@@ -82,8 +82,8 @@ final class WebhookDispatch {
         for e in WebhookEvent.events(user, record.change, at: record.at, types: types, by: actor) { events.append((user.app, e)) }
     }
 
-    /// An event that is no change of a feed (`push.unregistered`), or one
-    /// whose change another feature writes (`preferences.updated`).
+    /// An event that is no change of a feed (`push.unregistered`, from
+    /// `FeedTransaction.removeHandle`).
     func note(_ app: String, _ event: WebhookEvent) {
         guard endpoints.withLock({ $0[app] != nil }) else { return }
         events.append((app, event))
