@@ -242,3 +242,10 @@ def assert_accessible(driver, what: str = "the page", context: str | None = None
     assert not violations, f"{what}: " + json.dumps(
         [{"id": v["id"], "help": v["help"], "nodes": [(n["target"], n["failureSummary"]) for n in v["nodes"]]}
          for v in violations], indent=1)
+
+
+def rfc3339_in(seconds: float) -> str:
+    """The time `seconds` from now as Herald writes times (UTC, milliseconds):
+    a snooze's end for a test to see it wake."""
+    t = time.time() + seconds
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t * 1000) % 1000:03d}Z"

@@ -23,7 +23,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from conftest import assert_accessible
+from conftest import assert_accessible, rfc3339_in
 
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -197,9 +197,9 @@ def test_three_devices_stay_in_sync(gateway, driver):
     wait_for(d, "snoozed for a minute everywhere", lambda s: all(
         (it := item(s, k, id=nid2)) and it["state"] == "snoozed" and it["label"].startswith("Snoozed until ") for k in PANELS))
     # Rather than wait the minute, the app server moves the snooze's end
-    # 2 s ahead: Herald wakes it, unread and new again on every device.
+    # 3 s ahead: Herald wakes it, unread and new again on every device.
     r = server(gateway, "PATCH", f"/v1/apps/demo/users/alice/notifications/{nid2}",
-               {"snoozedUntil": time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(time.time() + 2))})
+               {"snoozedUntil": rfc3339_in(3)})
     assert r["notification"]["userActionState"] == "snoozed", r
     wait_for(d, "woken everywhere", lambda s: all(
         (it := item(s, k, id=nid2)) and it["state"] == "noInteraction" and it["readState"] == "unread"
