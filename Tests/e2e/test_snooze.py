@@ -35,7 +35,7 @@ def test_a_snooze_wakes_on_time_live_and_on_resume(gateway_factory):
     ws, _, welcome = gw.connect(user, "tablet")
     cursor, epoch = welcome["cursor"], welcome["epoch"]
     with ws:
-        until = time.time() + 2
+        until = time.time() + 3
         snoozed = snooze(gw, user, nid, until)
         ws.recv_until(lambda f: f["type"] == "change" and f["change"]["notification"]["snoozedUntil"] == iso(until))
         frame, _ = ws.recv_until(lambda f: f["type"] == "change" and woken(f["change"], nid), timeout=10)
@@ -81,7 +81,7 @@ def test_a_woken_notification_alerts_a_disconnected_iphone(gateway_factory, serv
     nid = gw.publish(user, payload={"title": "Call back", "body": "Ada"})["notification"]["id"]
     apns.wait_for(1)
     wait_until(lambda: gw.metric('herald_push_sent_total{service="apns",outcome="delivered"}') == 1, "the first alert answered")
-    until = time.time() + 2
+    until = time.time() + 3
     snooze(gw, user, nid, until)
     pushes = apns.wait_for(3, timeout=15)  # the snooze's tap, then the wake's alert
     alert = pushes[-1]

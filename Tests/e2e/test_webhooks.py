@@ -236,7 +236,7 @@ def test_a_wake_and_a_save_of_preferences_send_their_events(gateway_factory, rec
     gw = gateway_factory(config=hooked(endpoint(every)))
     user = uid("u")
     nid = gw.publish(user, "later")["notification"]["id"]
-    until = time.time() + 2
+    until = time.time() + 3
     patch(gw, user, "phone", nid, {"userActionState": "snoozed", "snoozedUntil": iso(until)})
     evs = every.wait_events(user, 3, timeout=30)[1:]
     assert types(evs) == ["notification.snoozed", "notification.woke"], evs
