@@ -28,8 +28,8 @@ public final class Metrics: Sendable {
     /// The engine's own transactions (expiry sweep, a pruning call, the
     /// lastSeen flush): no batch runs meanwhile.
     public let maintenanceLatency = Histogram()
-    /// Commands waiting for the engine thread.
-    public let engineQueue = Atomic<Int>(0)
+    /// Commands waiting for each engine thread, by partition.
+    private let engineQueues = Locked<[EngineQueue]>([])
     /// Batches run again after losing a conflict (a PostgreSQL deadlock).
     public let storeConflictRetries = Atomic<Int>(0)
     /// Live changes too many for a connection's unsent-data limit, sent
@@ -51,6 +51,19 @@ public final class Metrics: Sendable {
 
     private func index(_ t: TransportKind) -> Int { TransportKind.allCases.firstIndex(of: t)! }
 
+    /// Partition `partition`'s queue count, made on first ask.
+    func engineQueue(partition: Int) -> EngineQueue {
+        engineQueues.withLock { queues in
+            if let q = queues.first(where: { $0.partition == partition }) { return q }
+            let q = EngineQueue(partition: partition)
+            queues.append(q)
+            return q
+        }
+    }
+
+    /// Commands waiting for any engine thread.
+    public var engineQueued: Int { engineQueues.withLock { $0.reduce(0) { $0 + $1.waiting.load(ordering: .relaxed) } } }
+
     /// This node's open connections, by transport name.
     func openConnections() -> [(String, Int)] { Array(zip(TransportKind.allCases.map(\.rawValue), connections.withLock { $0 })) }
 
@@ -70,8 +83,8 @@ public final class Metrics: Sendable {
         s += deliveryLatency.text(name: "herald_delivery_latency_seconds", help: "From the commit of a change to its hand-off to the followers' sockets, one observation per user and shard.")
         s += storeLatency.text(name: "herald_store_latency_seconds", help: "Store batch time, begin to commit.")
         s += maintenanceLatency.text(name: "herald_maintenance_seconds", help: "Engine time of each maintenance transaction (expiry sweep, pruning call, lastSeen flush, presence, planner statistics check), begin to commit; no batch runs meanwhile.")
-        s += "# HELP herald_engine_queue Commands waiting for the engine (store writes and what must follow them).\n# TYPE herald_engine_queue gauge\n"
-        s += "herald_engine_queue \(engineQueue.load(ordering: .relaxed))\n"
+        s += Self.family("herald_engine_queue", "gauge", "Commands waiting for each partition's engine (store writes and what must follow them).",
+                         label: "partition", engineQueues.withLock { $0.map { ("\($0.partition)", $0.waiting.load(ordering: .relaxed)) } })
         s += "# HELP herald_store_conflict_retries_total Batches run again after a deadlock, a serialization failure or a lock wait that ran out (a node frozen mid-transaction) with another node.\n# TYPE herald_store_conflict_retries_total counter\n"
         s += "herald_store_conflict_retries_total \(storeConflictRetries.load(ordering: .relaxed))\n"
         s += "# HELP herald_deferred_bursts_total Live changes that would have taken a connection past its unsent-data limit, sent from the store as the client read instead.\n# TYPE herald_deferred_bursts_total counter\n"
@@ -85,6 +98,14 @@ public final class Metrics: Sendable {
         if webhooks.enabled.load(ordering: .relaxed) { s += webhooks.text() }
         return s
     }
+}
+
+/// One partition's count of commands waiting for its engine thread: kept
+/// apart so a reader can tell a blocked partition from a busy neighbour.
+final class EngineQueue: Sendable {
+    let partition: Int
+    let waiting = Atomic<Int>(0)
+    init(partition: Int) { self.partition = partition }
 }
 
 /// `herald_bus_*` as `/metrics` shows them (the counters are HeraldPorts', beside the bus).

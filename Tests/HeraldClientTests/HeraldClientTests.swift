@@ -358,9 +358,12 @@ final class ClientPreferencesTests: ClientTestCase {
         let saved = try await phone.savePreferences(groups: ["ads": Channels(inbox: false)], ifVersion: 0)
         XCTAssertEqual(saved.version, 1)
         XCTAssertFalse(saved.allows(.inbox, group: "ads"))
-        try await log.eventually("the laptop holds the save") { await laptop.preferences == saved }
-        let events = await log.events(of: "laptop")
-        XCTAssertTrue(events.contains(.preferences(saved)), "an event says so")
+        // The log hears of events after the client's state has moved: wait for the event.
+        try await log.eventually("an event tells the laptop of the save") {
+            await log.events(of: "laptop").contains(.preferences(saved))
+        }
+        let held = await laptop.preferences
+        XCTAssertEqual(held, saved, "the laptop holds the save")
         try await model.until("the model shows it") { model.preferences == saved }
         let fetched = try await laptop.fetchPreferences()
         XCTAssertEqual(fetched, saved)

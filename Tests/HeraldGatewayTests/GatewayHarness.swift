@@ -336,7 +336,7 @@ final class Harness {
         repeat {
             for e in gateway.partitions { e.runQueued() }
             gateway.reads.runQueued()
-        } while loop.drain() > 0 || gateway.metrics.engineQueue.load(ordering: .relaxed) > 0
+        } while loop.drain() > 0 || gateway.metrics.engineQueued > 0
     }
 
     /// The engines' queues run once, the loop not at all.

@@ -128,7 +128,7 @@ final class TransportHarness {
             for e in gateway.partitions { e.runQueued() }
             gateway.reads.runQueued()
             for s in sockets { s.service() }
-        } while loop.drainInbox() || gateway.metrics.engineQueue.load(ordering: .relaxed) > 0
+        } while loop.drainInbox() || gateway.metrics.engineQueued > 0
         for s in sockets { s.service() }
     }
 

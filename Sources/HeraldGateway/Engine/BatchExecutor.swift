@@ -63,6 +63,8 @@ final class BatchExecutor: @unchecked Sendable {  // the queue is under `cond`; 
     /// Syncs commits off this thread, for stores that leave that to `CommitSync`.
     let syncer: CommitSyncer?
     private let metrics: Metrics
+    /// Its share of `herald_engine_queue`.
+    private let queued: EngineQueue
     private let name: String
     private let target: BatchTransaction
 
@@ -77,8 +79,9 @@ final class BatchExecutor: @unchecked Sendable {  // the queue is under `cond`; 
     /// generation, when they began (nil: maintenance), their durable work.
     private var unsynced: [(generation: UInt64, began: UInt64?, work: () -> Void)] = []
 
-    init(_ target: BatchTransaction, name: String, thread: ThreadOwner, syncer: CommitSyncer?, metrics: Metrics, clock: Clock) {
-        self.target = target; self.name = name; self.thread = thread; self.syncer = syncer; self.metrics = metrics
+    init(_ target: BatchTransaction, partition: Int, thread: ThreadOwner, syncer: CommitSyncer?, metrics: Metrics, clock: Clock) {
+        self.target = target; name = "herald-engine-\(partition)"; self.thread = thread; self.syncer = syncer; self.metrics = metrics
+        queued = metrics.engineQueue(partition: partition)
         health = StoreHealth(clock: clock)
     }
 
@@ -125,7 +128,7 @@ final class BatchExecutor: @unchecked Sendable {  // the queue is under `cond`; 
         let accepted = !stopping || evenWhenStopping
         if accepted {
             queue.append(c)
-            metrics.engineQueue.add(1, ordering: .relaxed)
+            queued.waiting.add(1, ordering: .relaxed)
             if queue.count == 1 { cond.signal() }
         }
         cond.unlock()
@@ -168,7 +171,7 @@ final class BatchExecutor: @unchecked Sendable {  // the queue is under `cond`; 
     private func dequeue(_ n: Int) -> [Command] {
         let batch = Array(queue.prefix(n))
         queue.removeFirst(batch.count)
-        metrics.engineQueue.subtract(batch.count, ordering: .relaxed)
+        queued.waiting.subtract(batch.count, ordering: .relaxed)
         return batch
     }
 

@@ -78,7 +78,7 @@ public final class Engine: @unchecked Sendable {  // engine-thread state, checke
         push = PushDispatch(metrics: metrics.push, clock: clock, registry: registry, cluster: cluster)
         webhooks = WebhookDispatch(metrics: metrics.webhooks, senders: webhookSenders, clock: clock, thread: thread)
         tx = FeedTransaction(store: store, thread: thread, push: push, webhooks: webhooks, registry: registry)
-        executor = BatchExecutor(tx, name: "herald-engine-\(partition)", thread: thread,
+        executor = BatchExecutor(tx, partition: partition, thread: thread,
                                  syncer: store.commitSync.map(CommitSyncer.init), metrics: metrics, clock: clock)
         push.engine = self
         webhooks.engine = self
