@@ -55,6 +55,13 @@ async function refreshLive() {
       ...(h.pushProblems ?? []).map((p) => [`push ${p.service}`, problem(p.problem, true)]),
     ]);
     fill("connections-table", Object.entries(a.connections).map(([t, n]) => [t, String(n)]));
+    // A cluster's nodes, from the presence records; null on a single node.
+    $("nodes-table").hidden = a.nodes === null;
+    if (a.nodes) {
+      fill("nodes-table", a.nodes.map((n) => [
+        n.node === a.node ? `${n.node} (this node)` : n.node, String(n.devices.websocket), String(n.devices.sse), String(n.devices.poll),
+      ]), "no devices connected");
+    }
     fill("webhooks-table", a.webhooks.map((w) => [
       w.url, String(w.pending ?? "unknown (store down)"), String(w.inFlight), problem(w.lastFailures.map(outcomeText).join("; ") || "none", w.lastFailures.length > 0),
     ]), "no webhook endpoints");

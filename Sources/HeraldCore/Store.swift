@@ -413,3 +413,11 @@ public protocol ClusterDirectory: AnyObject {
     /// A node stopping: its lease and records go at once.
     func retire(node: String) throws(StoreError)
 }
+
+/// What a reader of a store that keeps presence (`ClusterDirectory`) also
+/// answers: the inspector's view of an app across its nodes.
+public protocol PresenceReading {
+    /// `app`'s devices connected to each node whose lease runs, by node id
+    /// as recorded and transport.
+    func connectedDevices(app: String) throws(StoreError) -> [(node: String, transport: String, devices: Int)]
+}

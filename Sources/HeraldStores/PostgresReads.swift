@@ -223,6 +223,18 @@ struct PostgresReads {
     /// doubled (docs/BENCHMARKS-HISTORY.md, "Round four"). An ANALYZE makes every
     /// node plan its statements again. Afterwards autovacuum, analyzing at
     /// 10 % of changed rows, keeps ahead of this rule.
+    func connectedDevices(app: String) throws(StoreError) -> [(node: String, transport: String, devices: Int)] {
+        let r = try db.query("""
+            SELECT c.node, c.transport, count(*) FROM herald_connections c JOIN herald_nodes n ON n.node = c.node
+            WHERE c.app = $1 AND n.lease_until > now() AND (c.until IS NULL OR c.until > now())
+            GROUP BY c.node, c.transport ORDER BY c.node, c.transport
+            """, [.text(app)])
+        return try (0..<r.count).map { i throws(StoreError) in
+            guard let node = r.text(i, 0), let t = r.text(i, 1) else { throw corrupt("connection") }
+            return (node, t, Int(r.int64(i, 2)))
+        }
+    }
+
     func refreshPlannerStatistics() throws(StoreError) -> [String] {
         let grown = try db.query("""
             SELECT s.relname, clock_timestamp() FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid
@@ -252,7 +264,7 @@ struct PostgresReads {
 /// the owner's. `read` runs in one REPEATABLE READ transaction: one snapshot
 /// of what had committed when it began. Reconnects by itself after a lost
 /// connection, at the next call outside `read`.
-final class PostgresStoreReader: StoreReader {
+final class PostgresStoreReader: StoreReader, PresenceReading {
     let epoch: String
     private let reads: PostgresReads
 
@@ -301,6 +313,9 @@ final class PostgresStoreReader: StoreReader {
     func preferences(_ user: UserKey) throws(StoreError) -> Preferences { try ready().preferences(user) }
     func devices(_ user: UserKey) throws(StoreError) -> [Device] { try ready().devices(user) }
     func next(_ deadline: Deadline) throws(StoreError) -> Millis? { try ready().next(deadline) }
+    func connectedDevices(app: String) throws(StoreError) -> [(node: String, transport: String, devices: Int)] {
+        try ready().connectedDevices(app: app)
+    }
     /// Outside `read` (ANALYZE refuses a read-only transaction).
     func refreshPlannerStatistics() throws(StoreError) -> [String] {
         guard !reads.db.inTransaction else { throw reads.db.error("statistics", "inside a read") }

@@ -59,6 +59,7 @@ def test_signing_in_and_looking_up_a_user_shows_their_device_and_push_failure(pu
     driver.find_element(By.CSS_SELECTOR, "#sign-in-form button").click()
     wait.until(ec.visibility_of_element_located((By.ID, "user-form")))
     wait.until(ec.text_to_be_present_in_element((By.ID, "connections-table"), "websocket"))
+    assert not driver.find_element(By.ID, "nodes-table").is_displayed(), "a single node has no presence records to show"
     assert driver.execute_script("return sessionStorage.getItem('herald-admin')"), "the key kept for the tab"
     driver.find_element(By.ID, "user-id").send_keys(user)
     submit = driver.find_element(By.CSS_SELECTOR, "#user-form button")

@@ -466,6 +466,39 @@ def test_presence_shows_devices_on_other_nodes_and_drops_a_dead_node_s_within_th
         ws.close()
 
 
+def test_the_apps_inspection_counts_its_devices_on_each_node_whichever_node_answers(nodes):
+    """The inspector's live view of a cluster (PROTOCOL 18): each node's
+    devices of the app by transport, from the presence records; another
+    app's are not counted. A user's inspection tells a device connected
+    here from one connected to another node."""
+    n1, n2 = nodes
+    user = uid("user")
+    phone, _, _ = n1.connect(user, "phone")
+    tablet, _, _ = n2.connect(uid("user"), "tablet")
+    sse = Sse(n2, mint_token(user), deviceId="browser")
+    another, _, _ = n2.connect(uid("user"), "laptop", app="app.two")
+    try:
+        assert sse.next()["event"] == "reset"
+        want = sorted([{"node": node_id(n1), "devices": {"websocket": 1, "sse": 0, "poll": 0}},
+                       {"node": node_id(n2), "devices": {"websocket": 1, "sse": 1, "poll": 0}}], key=lambda n: n["node"])
+
+        def listed(g: Gateway) -> list[dict]:
+            r = g.server("GET", "/inspect")
+            assert r.status_code == 200, r.text
+            return sorted(r.json()["nodes"], key=lambda n: n["node"])
+
+        for g in (n1, n2):
+            wait_until(lambda g=g: listed(g) == want, "both nodes' devices in the app's inspection", timeout=5)
+        r = n1.server("GET", f"/users/{user}/inspect")
+        assert r.status_code == 200, r.text
+        where = {d["deviceId"]: (d["here"], d["elsewhere"]) for d in r.json()["devices"]}
+        assert where == {"phone": ("websocket", None), "browser": (None, "sse")}, where
+    finally:
+        for c in (phone, tablet, another):
+            c.close()
+        sse.close()
+
+
 class Follower:
     """A WebSocket device and every seq it received since its welcome."""
 

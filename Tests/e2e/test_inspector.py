@@ -58,6 +58,7 @@ def test_the_apps_inspection_takes_only_its_own_key(fresh_gateway):
     body = r.json()
     assert body["app"] == APP and body["health"]["store"] == "ok"
     assert set(body["connections"]) == {"websocket", "sse", "poll"}
+    assert body["nodes"] is None, "no cluster, no presence records (test_cluster reads them)"
 
 
 def test_a_failing_webhook_endpoint_shows_by_url_with_its_backlog_and_no_secret(gateway_factory):

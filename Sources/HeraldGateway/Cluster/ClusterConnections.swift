@@ -35,6 +35,14 @@ final class ClusterConnections {
     private var nextRenew: Millis = 0
     private var nextPrune: Millis = 0
 
+    /// The id partition `partition` of gateway node `gateway` records its devices under.
+    static func node(_ gateway: String, partition: Int) -> String { "\(gateway)-\(partition)" }
+
+    /// The gateway node of a record's id (`node(_:partition:)`).
+    static func gateway(of node: String) -> String {
+        node.lastIndex(of: "-").map { String(node[..<$0]) } ?? node
+    }
+
     init(node: String, directory: ClusterDirectory, registry: FollowerRegistry) {
         self.node = node; self.directory = directory; self.registry = registry
         registry.presenceDirty = [:]

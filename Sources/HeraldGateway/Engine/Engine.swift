@@ -71,7 +71,7 @@ public final class Engine: @unchecked Sendable {  // engine-thread state, checke
         if let bus, let directory = store as? ClusterDirectory {
             // A partition records its users' devices as a node of its own:
             // its lease, its records, and its database session to fence.
-            cluster = ClusterConnections(node: "\(bus.node)-\(partition)", directory: directory, registry: registry)
+            cluster = ClusterConnections(node: ClusterConnections.node(bus.node, partition: partition), directory: directory, registry: registry)
         } else {
             cluster = nil
         }

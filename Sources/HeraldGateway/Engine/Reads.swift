@@ -28,12 +28,25 @@ public final class Reads: Sendable {
     /// store, then `reply` on `shard`'s loop.
     func read<T: Sendable>(on shard: Shard, of user: UserKey, _ body: @escaping @Sendable (StoreReading) throws(StoreError) -> T,
                            reply: @escaping (Result<T, HeraldError>) -> Void) {
+        read(on: shard, by: partitions.owner(of: user), body, reply: reply)
+    }
+
+    /// As `read`, for what is no one user's (an app's presence across
+    /// nodes): read through the first partition, which does the store's
+    /// store-wide work (`Engine.doesStoreWideWork`).
+    func readStoreWide<T: Sendable>(on shard: Shard, _ body: @escaping @Sendable (StoreReading) throws(StoreError) -> T,
+                                    reply: @escaping (Result<T, HeraldError>) -> Void) {
+        read(on: shard, by: partitions[0], body, reply: reply)
+    }
+
+    private func read<T: Sendable>(on shard: Shard, by owner: Engine, _ body: @escaping @Sendable (StoreReading) throws(StoreError) -> T,
+                                   reply: @escaping (Result<T, HeraldError>) -> Void) {
         guard let reader else {
-            return partitions.owner(of: user).perform(on: shard, users: [], { e throws(StoreError) in try body(e.reads) }, reply: reply)
+            return owner.perform(on: shard, users: [], { e throws(StoreError) in try body(e.reads) }, reply: reply)
         }
         let reply = LoopBound(reply, owner: shard.thread)
-        // A SQL store's reads: the user's partition's health, and its sync.
-        let owner = partitions.owner(of: user), health = owner.health, syncer = owner.syncer
+        // A SQL store's reads: the owning partition's health, and its sync.
+        let health = owner.health, syncer = owner.syncer
         reader.submit { r in
             let result: Result<T, HeraldError>
             do {

@@ -47,9 +47,10 @@ extension Gateway {
     }
 
     /// `GET /v1/apps/{app}/inspect`: the app's webhook endpoints, gathered
-    /// from every partition's dispatcher, and this node's live status.
-    /// Bookkeeping (`control`), not a batch: it answers while the store is
-    /// down, then without the outbox's counts.
+    /// from every partition's dispatcher, this node's live status and, in a
+    /// cluster, the app's devices on each node (the presence records, read
+    /// on the reader). Bookkeeping (`control`), not a batch: it answers
+    /// while the store is down, then without the outbox's counts or nodes.
     func inspectApp(_ c: Call, _ app: AppConfig) {
         let shard = c.x.shard, responder = c.x.responder, partitions = self.partitions
         // Summed by URL: a reload between two partitions' answers may add or drop one.
@@ -70,8 +71,15 @@ extension Gateway {
             }
             var live = JSONObject()
             for (transport, n) in metrics.openConnections() { live[transport] = .int(n) }
-            responder.respond(.json(200, ["app": .string(app.id), "node": bus.map { .string($0.node) } ?? .null,
-                                          "webhooks": .array(hooks), "connections": .object(live), "health": .object(healthStatus())]))
+            let answer = { [self] (nodes: JSON) in
+                responder.respond(.json(200, ["app": .string(app.id), "node": bus.map { .string($0.node) } ?? .null,
+                                              "webhooks": .array(hooks), "connections": .object(live), "nodes": nodes,
+                                              "health": .object(healthStatus())]))
+            }
+            guard bus != nil else { return answer(.null) }
+            reads.readStoreWide(on: shard, { s throws(StoreError) in
+                try (s as? PresenceReading)?.connectedDevices(app: app.id)
+            }) { r in answer((try? r.get()).flatMap { $0.map(Self.nodesJSON) } ?? .null) }
         }, owner: shard.thread)
         for engine in partitions {
             engine.control { e in
@@ -84,6 +92,22 @@ extension Gateway {
                 shard.post { gathered.value(part) }
             }
         }
+    }
+
+    /// The presence records' counts by gateway node (a node records its
+    /// devices once per partition), every transport shown.
+    private static func nodesJSON(_ rows: [(node: String, transport: String, devices: Int)]) -> JSON {
+        var nodes: [String] = [], counts: [String: [String: Int]] = [:]
+        for row in rows {
+            let node = ClusterConnections.gateway(of: row.node)
+            if counts[node] == nil { nodes.append(node) }
+            counts[node, default: [:]][row.transport, default: 0] += row.devices
+        }
+        return .array(nodes.map { node in
+            var devices = JSONObject()
+            for t in TransportKind.allCases { devices[t.rawValue] = .int(counts[node]?[t.rawValue] ?? 0) }
+            return ["node": .string(node), "devices": .object(devices)]
+        })
     }
 }
 
