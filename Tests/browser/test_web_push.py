@@ -449,6 +449,48 @@ def test_the_demo_page_enables_push_and_a_dismiss_on_the_phone_card_leaves_the_t
         assert len(b.received()) == 1
 
 
+# A page of the gateway's origin holding <herald-inbox push>, its tokens the demo's.
+INBOX_JS = """
+const [user] = args;
+await import('/herald-inbox.js');
+const el = document.createElement('herald-inbox');
+el.setAttribute('device-id', 'web-inbox');
+el.setAttribute('push', '');
+el.tokenProvider = async () => (await (await fetch('/v1/demo/token', {
+  method: 'POST', body: JSON.stringify({ userId: user, deviceId: 'web-inbox' }) })).json()).token;
+document.body.replaceChildren(el);
+"""
+
+
+def test_the_inbox_component_enables_push_and_a_publish_reaches_the_tray(gw, web_push, driver):
+    """<herald-inbox push>'s "Notify me on this device" (issue 42): the browser's
+    push service stubbed as in the demo page's test; the component, herald.js,
+    the service worker, the gateway and the stand-in real."""
+    from selenium.webdriver.common.by import By
+    d, user = driver, uid("inbox")
+    d.execute_cdp_cmd("Browser.grantPermissions", {"origin": gw.url, "permissions": ["notifications"]})
+    subscription = web_push.new_subscription()
+    d.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": STUB_PUSH_MANAGER_JS % json.dumps(subscription)})
+    d.get(gw.url + "/herald.js")
+    ok(d, INBOX_JS, user)
+    push = lambda sel: d.find_element(By.CSS_SELECTOR, "herald-inbox").shadow_root.find_element(By.CSS_SELECTOR, sel)  # noqa: E731
+    push(".bell").click()  # the offer is in the panel
+    wait_until("the offer to notify", lambda: ((t := push(".push button").text) == "Notify me on this device", t))
+    push(".push button").click()
+    wait_until("push on", lambda: ((t := push('.push [role="status"]').text) == "This device gets push notifications", t))
+    assert not push(".push button").is_displayed(), "offered no more once on"
+    assert devices(gw, user)["web-inbox"]["push"] == {"service": "webpush"}
+    # A connected device is sent its changes live, not pushed: the inbox leaves the page (its tab closed).
+    d.execute_script("document.querySelector('herald-inbox').remove()")
+    wait_until("the inbox disconnected", lambda: (not (x := devices(gw, user)["web-inbox"])["connected"], x))
+    with contextlib.ExitStack() as stack:
+        b = Browser(d, gw, web_push, stack, subscription)
+        n = publish(gw, user, "Deploy finished", "all green")
+        [m] = b.deliver_pushes(1)
+        assert m["json"]["herald"]["id"] == n["id"], m["json"]
+        b.wait_tray("shown in the tray", [{"tag": n["id"], "title": "Deploy finished", "body": "all green"}])
+
+
 def click_in_worker(worker: DevTools) -> None:
     """No DevTools command clicks a notification: the click is dispatched in the worker, on the
     notification the browser shows, to the worker's own listener. Such an event is untrusted:
