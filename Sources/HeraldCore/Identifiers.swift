@@ -29,6 +29,11 @@ public enum Identifiers {
 /// creation: within one millisecond the random part is incremented (the ULID
 /// "monotonic" rule), so history's tie-break on the higher id (SPEC 4) is
 /// also newest first.
+///
+/// A notification's id is made with its `createdAt` (`make(now:)`, the same
+/// `now`) and neither changes after, and the digits are in byte order, so
+/// ids in byte order are history order, `createdAt` then id: stores read
+/// history by id (`NotificationStore.history`).
 public enum NotificationID {
     static let alphabet: [UInt8] = Array("0123456789ABCDEFGHJKMNPQRSTVWXYZ".utf8)
 
@@ -62,6 +67,17 @@ public enum NotificationID {
             }
             return (l.ms, l.random)
         }
+        return encode(ms: ms, random: rnd)
+    }
+
+    /// Above every id made in millisecond `ms` or before, and no id made
+    /// after is below it: the first id of the next millisecond.
+    public static func above(millisecond ms: Millis) -> String {
+        // The first digit carries 3 bits: every id's is at most "7".
+        ms >= (1 << 48) - 1 ? "n_8" : encode(ms: ms + 1, random: [UInt8](repeating: 0, count: 10))
+    }
+
+    private static func encode(ms: Millis, random rnd: [UInt8]) -> String {
         var bytes = [UInt8](repeating: 0, count: 16)
         var t = UInt64(max(0, ms))
         for k in stride(from: 5, through: 0, by: -1) { bytes[k] = UInt8(t & 0xFF); t >>= 8 }

@@ -58,7 +58,10 @@ public protocol StoreReading: AnyObject {
     func notification(_ user: UserKey, id: String) throws(StoreError) -> Notification?
     /// Changes with `seq > after`, in seq order, at most `limit`.
     func changes(_ user: UserKey, after: Int64, limit: Int) throws(StoreError) -> [ChangeRecord]
-    /// Live notifications in history order, strictly after `after`.
+    /// Live notifications in history order, strictly after `after` (any
+    /// position, of a notification or not). A store may read them in id
+    /// order: every stored notification's id is made from its `createdAt`
+    /// (`NotificationID`), which gives the same order.
     func history(_ user: UserKey, after: HistoryKey?, limit: Int) throws(StoreError) -> [Notification]
     /// Live notification counts of `user`, one entry per distinct targeting
     /// with at least one live notification. Targetings are the same when

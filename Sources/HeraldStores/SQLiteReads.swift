@@ -83,8 +83,9 @@ struct SQLiteReads {
         guard let after else {
             return try notifications(SQLiteStore.historyFirstSQL, base + [.int(Int64(limit))])
         }
-        let at = SQLiteValue.int(after.createdAt)
-        return try notifications(SQLiteStore.historyAfterSQL, base + [at, at, at, .text(after.id), .int(Int64(limit))])
+        return try notifications(SQLiteStore.historyAfterSQL,
+                                 base + [.text(NotificationID.above(millisecond: after.createdAt)), .int(after.createdAt),
+                                         .text(after.id), .int(Int64(limit))])
     }
 
     func counts(_ user: UserKey) throws(StoreError) -> [TargetingCounts] {

@@ -44,7 +44,7 @@ public final class SQLiteStore: NotificationStore {
 
     /// The schema version this code writes; `migrations[v - 1]` brings a
     /// database from version `v - 1` to `v`.
-    public static let schemaVersion: Int64 = 14
+    public static let schemaVersion: Int64 = 15
 
     public let epoch: String
     public let path: String
@@ -412,6 +412,13 @@ public final class SQLiteStore: NotificationStore {
         CREATE TRIGGER webhook_outbox_removed AFTER DELETE ON webhook_outbox
         BEGIN UPDATE webhook_outbox_size SET deliveries = deliveries - 1; END;
         """,
+        // 15: history is read in `notifications_by_id` order, which is
+        // history order (`NotificationID`), so its own index goes: one
+        // leaf page of the user's less to write per publish (bytes per
+        // publish, docs/BENCHMARKS.md).
+        """
+        DROP INDEX notifications_history;
+        """,
     ]
 
     /// Preferences (SPEC section 12), one row per user that saved any:
@@ -540,18 +547,21 @@ public final class SQLiteStore: NotificationStore {
         SELECT \(storedNotification) FROM \(notificationsWithChanges)
         WHERE n.app = ? AND n.user = ? AND n.app_notification_id = ?
         """
+    /// History order is id order (`NotificationID`; ids compare as bytes
+    /// under the BINARY collation): `notifications_by_id` backwards.
     static let historyFirstSQL = """
         SELECT \(storedNotification) FROM \(notificationsWithChanges) WHERE n.app = ? AND n.user = ?
-        ORDER BY n.created_at DESC, n.id DESC LIMIT ?
+        ORDER BY n.id DESC LIMIT ?
         """
-    /// Keyset pagination. `created_at <= ?` bounds the index range; the rest
-    /// drops the key itself and what comes before it among equal createdAt
-    /// (ids compare as bytes under the BINARY collation).
+    /// Keyset pagination from any position (`createdAt`, id): `id < ?3`,
+    /// above every id of `createdAt` or before (`NotificationID.above`),
+    /// bounds the index range; the rest drops the key itself and what comes before it among
+    /// equal createdAt (a position's id need not be of its millisecond).
     static let historyAfterSQL = """
         SELECT \(storedNotification) FROM \(notificationsWithChanges)
-        WHERE n.app = ? AND n.user = ? AND n.created_at <= ?
-          AND (n.created_at < ? OR (n.created_at = ? AND n.id < ?))
-        ORDER BY n.created_at DESC, n.id DESC LIMIT ?
+        WHERE n.app = ?1 AND n.user = ?2 AND n.id < ?3
+          AND (n.created_at < ?4 OR (n.created_at = ?4 AND n.id < ?5))
+        ORDER BY n.id DESC LIMIT ?6
         """
     /// Never below the floor, where only changes still pointed at remain.
     static let changesAfterSQL = """

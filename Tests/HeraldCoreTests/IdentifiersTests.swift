@@ -87,6 +87,20 @@ final class IdentifiersTests: XCTestCase {
         XCTAssertEqual(t, T0)
     }
 
+    /// The bound history pages start from (`NotificationID.above`).
+    func testAboveAMillisecondIsBetweenItsIdsAndTheNext() {
+        for ms: Millis in [0, 1, T0 - 1, T0, 281_474_976_710_654] {
+            let bound = NotificationID.above(millisecond: ms)
+            for _ in 0..<50 {
+                XCTAssertLessThan(NotificationID.make(now: ms), bound)
+                XCTAssertLessThanOrEqual(bound, NotificationID.make(now: ms + 1))
+            }
+        }
+        XCTAssertEqual(NotificationID.above(millisecond: -1), "n_" + String(repeating: "0", count: 26))
+        let last: Millis = 281_474_976_710_655   // the last of 48 bits
+        for ms in [last, .max] { XCTAssertLessThan(NotificationID.make(now: last), NotificationID.above(millisecond: ms)) }
+    }
+
     func testRandomHex() {
         let h = Random.hex(16)
         XCTAssertEqual(h.count, 32)

@@ -222,8 +222,48 @@ final class SQLiteStoreTests: XCTestCase {
             """)
     }
 
+    /// Turns a file of this version into what version 14 wrote: history's own index.
+    func downgradeToVersion14(_ s: SQLiteStore) throws {
+        try s.db.script("""
+            CREATE INDEX notifications_history ON notifications (app, user, created_at DESC, id DESC);
+            PRAGMA user_version = 14;
+            """)
+    }
+
+    /// Version 15 drops history's index: history written by version 14
+    /// reads back in the same order, in pages too, from the index by id.
+    func testMigrationFromVersion14KeepsHistoryOrder() throws {
+        let times = [t0, t0 + 5, t0, t0 - 3, t0 + 5, t0 + 1, t0]
+        let ns = times.enumerated().map { k, at in
+            Notification(id: NotificationID.make(now: at), appNotificationId: "a\(k)", userId: alice.user, payload: ["k": .int(Int64(k))],
+                         createdAt: at, updatedAt: at, expiresAt: at + 86_400_000)
+        }
+        let expected = ns.sorted { HistoryKey($0) < HistoryKey($1) }
+        do {
+            let s = try SQLiteStore(path: path)
+            try downgradeToVersion14(s)
+            for n in ns.shuffled() { _ = try s.upsert(alice, n, previous: nil, at: t0) }
+            XCTAssertEqual(try s.history(alice, after: nil, limit: 50), expected, "version 14's order")
+            s.close()
+        }
+        let s = try SQLiteStore(path: path)
+        XCTAssertEqual(try s.db.int("PRAGMA user_version"), SQLiteStore.schemaVersion)
+        XCTAssertEqual(try s.db.int("SELECT count(*) FROM sqlite_master WHERE name = 'notifications_history'"), 0)
+        XCTAssertEqual(try s.history(alice, after: nil, limit: 50), expected)
+        var got: [Notification] = []
+        var after: HistoryKey? = nil
+        while true {
+            let page = try s.history(alice, after: after, limit: 3)
+            got += page
+            guard let last = page.last else { break }
+            after = HistoryKey(last)
+        }
+        XCTAssertEqual(got, expected)
+    }
+
     /// Turns a file of this version into what version 13 wrote: no webhook outbox.
     func downgradeToVersion13(_ s: SQLiteStore) throws {
+        try downgradeToVersion14(s)
         try s.db.script("DROP TABLE webhook_outbox; DROP TABLE webhook_outbox_size; PRAGMA user_version = 13")
     }
 
@@ -994,8 +1034,8 @@ final class SQLiteStoreTests: XCTestCase {
     func testQueriesUseIndexes() throws {
         let s = try SQLiteStore(path: path)
         let cases: [(String, Int, String)] = [
-            (SQLiteStore.historyFirstSQL, 3, "notifications_history"),
-            (SQLiteStore.historyAfterSQL, 7, "notifications_history"),
+            (SQLiteStore.historyFirstSQL, 3, "notifications_by_id"),
+            (SQLiteStore.historyAfterSQL, 6, "notifications_by_id"),
             (SQLiteStore.changesAfterSQL, 4, "PRIMARY KEY"),
             (SQLiteStore.dueSQL(.expiry), 2, "notifications_expiry"),
             (SQLiteStore.dueSQL(.wake), 2, "notifications_wake"),
@@ -1019,7 +1059,7 @@ final class SQLiteStoreTests: XCTestCase {
         XCTAssertTrue(counts.contains("SEARCH feeds USING PRIMARY KEY (app=? AND user=?)")
                       && counts.contains("SEARCH counts USING PRIMARY KEY (app=? AND user=?)") && !counts.contains("SCAN"), counts)
         // Each notification's change by its key; each pointed-at row by its id.
-        for (sql, args) in [(SQLiteStore.historyFirstSQL, 3), (SQLiteStore.historyAfterSQL, 7), (SQLiteStore.dueSQL(.expiry), 2),
+        for (sql, args) in [(SQLiteStore.historyFirstSQL, 3), (SQLiteStore.historyAfterSQL, 6), (SQLiteStore.dueSQL(.expiry), 2),
                             (SQLiteStore.notificationByIdSQL, 3), (SQLiteStore.notificationByAppIdSQL, 3)] {
             let p = try plan(s, sql, args)
             XCTAssertTrue(p.contains("SEARCH c USING PRIMARY KEY (app=? AND user=? AND seq=?)"), p)
@@ -1030,8 +1070,10 @@ final class SQLiteStoreTests: XCTestCase {
         XCTAssertTrue(try plan(s, SQLiteStore.changesAfterSQL, 4).contains("SEARCH changes USING PRIMARY KEY (app=? AND user=? AND seq>?)"))
         let holders = try plan(s, SQLiteStore.pushDevicesSQL, 2)
         XCTAssertTrue(holders.contains("SEARCH d USING INDEX devices_with_push (app=? AND user=?)"), holders)
-        let history = try plan(s, SQLiteStore.historyAfterSQL, 7)
-        XCTAssertTrue(history.contains("created_at<?"), "the range is bounded by the index: \(history)")
+        // History reads the index by id backwards, its range bounded by it.
+        XCTAssertTrue(try plan(s, SQLiteStore.historyFirstSQL, 3).contains("notifications_by_id (app=? AND user=?)"))
+        let history = try plan(s, SQLiteStore.historyAfterSQL, 6)
+        XCTAssertTrue(history.contains("notifications_by_id (app=? AND user=? AND id<?)"), "the range is bounded by the index: \(history)")
     }
 }
 

@@ -184,14 +184,20 @@ class StoreConformanceTests: XCTestCase {
 
     // MARK: History
 
+    /// Ids as the gateway makes them, of their `createdAt` and counting up
+    /// within a millisecond: a store may read history in id order
+    /// (`NotificationStore.history`).
+    func notes(at times: [Millis], user: UserKey? = nil) -> [Notification] {
+        times.enumerated().map { k, at in note(NotificationID.make(now: at), "a\(k)", user: user, createdAt: at) }
+    }
+
     func checkHistoryOrderWithTiesAndPaging() throws {
-        // Equal createdAt: higher id (as bytes) first. "n_a" > "n_Z" > "n_B" in bytes.
         let t = Self.t0
-        let ns = [note("n_B", "1", createdAt: t), note("n_a", "2", createdAt: t), note("n_Z", "3", createdAt: t),
-                  note("n_C", "4", createdAt: t + 1), note("n_A", "5", createdAt: t - 1), note("n_z", "6", createdAt: t + 1)]
+        let ns = notes(at: [t, t, t, t + 1, t - 1, t + 1])
         for n in ns.shuffled() { try publish(alice, n) }
-        try publish(bob, note("n_y", "x", user: bob, createdAt: t))
-        let expected = ["n_z", "n_C", "n_a", "n_Z", "n_B", "n_A"]
+        try publish(bob, note(NotificationID.make(now: t), "x", user: bob, createdAt: t))
+        // Equal createdAt: higher id first, the one made later.
+        let expected = [ns[3], ns[5]].map(\.id).sorted(by: >) + [ns[2], ns[1], ns[0], ns[4]].map(\.id)
         XCTAssertEqual(try store.history(alice, after: nil, limit: 50).map(\.id), expected)
         XCTAssertEqual(ns.sorted { HistoryKey($0) < HistoryKey($1) }.map(\.id), expected, "HistoryKey agrees")
 
@@ -206,26 +212,32 @@ class StoreConformanceTests: XCTestCase {
         }
         XCTAssertEqual(got, expected)
         XCTAssertEqual(try store.history(alice, after: nil, limit: 0), [])
-        XCTAssertEqual(try store.history(alice, after: HistoryKey(createdAt: t - 1, id: "n_A"), limit: 5), [])
+        XCTAssertEqual(try store.history(alice, after: HistoryKey(ns[4]), limit: 5), [])
+        // Positions whose id is of another millisecond than their createdAt
+        // (a page token is the client's): the createdAt orders first.
+        XCTAssertEqual(try store.history(alice, after: HistoryKey(createdAt: t, id: ns[4].id), limit: 9).map(\.id), [ns[4].id])
+        XCTAssertEqual(try store.history(alice, after: HistoryKey(createdAt: t, id: ns[3].id), limit: 9).map(\.id),
+                       Array(expected.dropFirst(2)))
+        XCTAssertEqual(try store.history(alice, after: HistoryKey(createdAt: .max, id: ns[0].id), limit: 9).map(\.id), expected)
+        XCTAssertEqual(try store.history(alice, after: HistoryKey(createdAt: .min, id: ns[3].id), limit: 9), [])
     }
 
     func checkHistoryPagingAfterDeletedKey() throws {
         let t = Self.t0
-        var ns: [Notification] = []
-        for k in 0..<6 { ns.append(note("n_\(k)", "t\(k)", createdAt: t + Millis(k / 2))) }
+        let ns = notes(at: (0..<6).map { t + Millis($0 / 2) })
         for n in ns { try publish(alice, n) }
-        // Order: n_5, n_4, n_3, n_2, n_1, n_0
+        // Order: ns[5], ns[4], ns[3], ns[2], ns[1], ns[0]
         let page1 = try store.history(alice, after: nil, limit: 3)
-        XCTAssertEqual(page1.map(\.id), ["n_5", "n_4", "n_3"])
+        XCTAssertEqual(page1.map(\.id), [ns[5], ns[4], ns[3]].map(\.id))
         // The key the next page starts after is deleted meanwhile, and so is
         // its neighbour with the same createdAt.
         _ = try store.delete(alice, page1[2], reason: .deleted, at: t + 100)
         _ = try store.delete(alice, ns[2], reason: .deleted, at: t + 101)
         let page2 = try store.history(alice, after: HistoryKey(page1[2]), limit: 3)
-        XCTAssertEqual(page2.map(\.id), ["n_1", "n_0"])
-        // A key that never existed works as a position too.
-        XCTAssertEqual(try store.history(alice, after: HistoryKey(createdAt: t + 2, id: "n_45"), limit: 10).map(\.id),
-                       ["n_4", "n_1", "n_0"])
+        XCTAssertEqual(page2.map(\.id), [ns[1], ns[0]].map(\.id))
+        // A key that never existed works as a position too: between ns[5] and ns[4].
+        XCTAssertEqual(try store.history(alice, after: HistoryKey(createdAt: t + 2, id: ns[4].id + "0"), limit: 10).map(\.id),
+                       [ns[4], ns[1], ns[0]].map(\.id))
     }
 
     // MARK: Expiry
