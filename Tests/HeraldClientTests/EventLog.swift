@@ -33,11 +33,26 @@ actor EventLog {
         for await _ in opened {}
     }
 
-    /// Watches `client` as `name`, starts it and waits until it is live.
+    /// Watches `client` as `name`, starts it and waits until the log has
+    /// heard it is live. (The client's state moves before its events reach
+    /// the log: waiting for the state alone, a test could read the log
+    /// before the catch-up's events were in it.)
     nonisolated func startLive(_ client: HeraldClient, as name: String) async throws {
         await watch(client, as: name)
         await client.start()
-        try await eventually("\(name) is live") { await client.isLive }
+        try await eventually("\(name) is live") { await saysLive(name) }
+    }
+
+    /// Whether the last connection event of `name` recorded is `.live`:
+    /// then every event the client sent before it is recorded too.
+    func saysLive(_ name: String) -> Bool {
+        for e in events.reversed() where e.client == name {
+            if case .connection(let c) = e.event {
+                if case .live = c { return true }
+                return false
+            }
+        }
+        return false
     }
 
     func events(of name: String) -> [HeraldClient.Event] { events.filter { $0.client == name }.map(\.event) }
