@@ -5,7 +5,7 @@ import HeraldCore
 /// The thread behind a `CurlClient`: one curl multi handle, driven by
 /// curl_multi_poll / perform / info_read. Requests come in from any thread
 /// through `shared` and a curl_multi_wakeup (which curl makes thread-safe).
-final class CurlLoop: @unchecked Sendable {  // `shared` only under `lock`; `multi` and `running` only on the loop thread (`owner` checks it)
+final class CurlLoop: @unchecked Sendable {  // `shared` only under `lock`; `multi`, `running` and `idle` only on the loop thread (`owner` checks it)
     private struct Waiting {
         let request: CurlRequest
         let completion: CurlClient.Completion
