@@ -11,8 +11,8 @@ import HeraldPorts
 /// transaction. An acknowledged change is never left without its events
 /// by a crash (at least once; exactly once while nothing fails).
 ///
-/// **Sending.** Each endpoint has room for `WebhookSenders.perEndpoint`
-/// requests in flight per partition. Rows are claimed as they are recorded,
+/// **Sending.** Each endpoint has room for `WebhookSenders.claimedPerEndpoint`
+/// claimed deliveries per partition (`perEndpoint` of them on the wire). Rows are claimed as they are recorded,
 /// where there is room (the common case), as answers make room (in the
 /// answers' batch), or else by `run` (each engine loop turn, when
 /// something may be due), in a transaction of its own;
@@ -134,7 +134,7 @@ final class WebhookDispatch {
         for (app, list) in endpoints {
             for endpoint in list {
                 let key = EndpointKey(app: app, url: endpoint.url)
-                let room = WebhookSenders.perEndpoint - inFlight[key, default: 0]
+                let room = WebhookSenders.claimedPerEndpoint - inFlight[key, default: 0]
                 // A full endpoint is claimed for again as its answers come (`finished`).
                 guard room > 0 else {
                     backlog.insert(key)
