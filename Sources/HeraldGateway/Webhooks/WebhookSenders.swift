@@ -27,7 +27,8 @@ enum WebhookSignature {
 /// are made and ended as the config names endpoints (`configure`, at
 /// start and each reload). Any thread.
 public final class WebhookSenders: Sendable {
-    /// Requests to one endpoint on the wire at once, one connection each.
+    /// Requests on the wire to one endpoint at once, one connection each:
+    /// per node, as the partitions share the endpoint's client.
     static let perEndpoint = 16
     /// Deliveries `WebhookDispatch` claims for one endpoint at most, per
     /// partition. Those beyond `perEndpoint` wait in its client (their
