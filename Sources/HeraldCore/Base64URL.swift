@@ -1,24 +1,31 @@
 public enum Base64URL {
     static let table: [UInt8] = Array("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_".utf8)
 
-    public static func encode(_ bytes: [UInt8]) -> String {
+    public static func encode(_ bytes: [UInt8]) -> String { String(decoding: encode(bytes, table: table, padded: false), as: UTF8.self) }
+
+    /// The digits of `bytes` in `table`'s alphabet, `=`-padded to a
+    /// multiple of four when `padded`.
+    static func encode(_ bytes: [UInt8], table: [UInt8], padded: Bool) -> [UInt8] {
         var out: [UInt8] = []
         out.reserveCapacity((bytes.count + 2) / 3 * 4)
+        func digit(_ v: UInt32, _ shift: UInt32) { out.append(table[Int(v >> shift & 63)]) }
         var i = 0
         while i + 3 <= bytes.count {
             let v = UInt32(bytes[i]) << 16 | UInt32(bytes[i + 1]) << 8 | UInt32(bytes[i + 2])
-            for s in [18, 12, 6, 0] { out.append(table[Int((v >> UInt32(s)) & 63)]) }
+            digit(v, 18); digit(v, 12); digit(v, 6); digit(v, 0)
             i += 3
         }
         let rest = bytes.count - i
         if rest == 1 {
             let v = UInt32(bytes[i]) << 16
-            out.append(table[Int(v >> 18 & 63)]); out.append(table[Int(v >> 12 & 63)])
+            digit(v, 18); digit(v, 12)
+            if padded { out += [UInt8(ascii: "="), UInt8(ascii: "=")] }
         } else if rest == 2 {
             let v = UInt32(bytes[i]) << 16 | UInt32(bytes[i + 1]) << 8
-            out.append(table[Int(v >> 18 & 63)]); out.append(table[Int(v >> 12 & 63)]); out.append(table[Int(v >> 6 & 63)])
+            digit(v, 18); digit(v, 12); digit(v, 6)
+            if padded { out.append(UInt8(ascii: "=")) }
         }
-        return String(decoding: out, as: UTF8.self)
+        return out
     }
 
     /// As `decode`, also taking the `=` padding that completes the last
@@ -62,9 +69,10 @@ public enum Base64URL {
 /// Standard base64 (RFC 4648 section 4), padded: what Standard Webhooks
 /// secrets and signatures are written in.
 public enum Base64 {
+    static let table: [UInt8] = Array("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/".utf8)
+
     public static func encode(_ bytes: [UInt8]) -> String {
-        let url = Base64URL.encode(bytes)
-        return String(url.map { $0 == "-" ? "+" : $0 == "_" ? "/" : $0 }) + String(repeating: "=", count: (4 - url.count % 4) % 4)
+        String(decoding: Base64URL.encode(bytes, table: table, padded: true), as: UTF8.self)
     }
 
     /// Strict: padded to a multiple of four, no stray bits.

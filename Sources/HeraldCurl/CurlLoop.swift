@@ -5,7 +5,7 @@ import HeraldCore
 /// The thread behind a `CurlClient`: one curl multi handle, driven by
 /// curl_multi_poll / perform / info_read. Requests come in from any thread
 /// through `shared` and a curl_multi_wakeup (which curl makes thread-safe).
-final class CurlLoop: @unchecked Sendable {  // `shared` only under `lock`; `multi` and `running` only on the loop thread (`owner` checks it)
+final class CurlLoop: @unchecked Sendable {  // `shared` only under `lock`; `multi`, `running` and `idle` only on the loop thread (`owner` checks it)
     private struct Waiting {
         let request: CurlRequest
         let completion: CurlClient.Completion
@@ -46,6 +46,8 @@ final class CurlLoop: @unchecked Sendable {  // `shared` only under `lock`; `mul
     private let owner = ThreadOwner("curl loop")
     private let finished = DispatchGroup()
     private var running: [UnsafeMutableRawPointer: CurlTransfer] = [:]
+    /// Handles whose request ended, for the next ones: at most `maxInFlight`.
+    private var idle: [CurlTransfer] = []
 
     private static let globalInit: Void = { curl_global_init(Int(CURL_GLOBAL_DEFAULT)) }()
 
@@ -142,11 +144,11 @@ final class CurlLoop: @unchecked Sendable {  // `shared` only under `lock`; `mul
         owner.preconditionCurrent()
         let left = w.deadline - .now
         guard left > .zero else { return complete(w.completion, .failure(.timedOut)) }
-        guard let t = CurlTransfer(limit: maxResponseBytes, completion: w.completion) else {
-            return complete(w.completion, .failure(.other("curl_easy_init failed")))
+        guard let t = idle.popLast()
+                ?? CurlTransfer(limit: maxResponseBytes, caFile: caFile, http2: http2, idleSeconds: idleSeconds, plainHTTP: plainHTTP) else {
+            return complete(w.completion, .failure(.other("curl_easy_init or curl_easy_setopt failed")))
         }
-        if let failure = t.configure(w.request, timeout: left, caFile: caFile, http2: http2, idleSeconds: idleSeconds,
-                                     plainHTTP: plainHTTP) {
+        if let failure = t.configure(w.request, timeout: left, plainHTTP: plainHTTP, completion: w.completion) {
             return complete(w.completion, .failure(failure))
         }
         let code = curl_multi_add_handle(multi, t.easy)
@@ -165,7 +167,10 @@ final class CurlLoop: @unchecked Sendable {  // `shared` only under `lock`; `mul
             // Read before the removal, which ends the message's life.
             let result = t.result(m.pointee.data.result)
             curl_multi_remove_handle(multi, easy)
-            complete(t.completion, result)
+            let completion = t.completion!
+            t.reset()
+            if idle.count < maxInFlight { idle.append(t) }
+            complete(completion, result)
         }
     }
 
@@ -173,9 +178,10 @@ final class CurlLoop: @unchecked Sendable {  // `shared` only under `lock`; `mul
         owner.preconditionCurrent()
         for t in running.values {
             curl_multi_remove_handle(multi, t.easy)
-            complete(t.completion, .failure(.stopped))
+            complete(t.completion!, .failure(.stopped))
         }
         running.removeAll()
+        idle.removeAll()
         let left = withShared { s in
             defer { s.queue = []; s.head = 0 }
             return s.queue[s.head...]

@@ -1,11 +1,15 @@
 import CCurl
 import Foundation
 
-/// One request handed to curl: its easy handle and what has come back so
-/// far. Used on its client's loop thread only.
+/// An easy handle and what has come back so far of the request it carries.
+/// Its client keeps it for the next request once this one ends: options
+/// that never change are set once (`init`), the rest for each request
+/// (`configure`), so a request costs no curl_easy_init, setup and cleanup.
+/// Used on its client's loop thread only.
 final class CurlTransfer {
     let easy: UnsafeMutableRawPointer
-    let completion: CurlClient.Completion
+    /// The request's, from `configure` to `reset`.
+    private(set) var completion: CurlClient.Completion?
     /// Bytes of headers, and of body, taken at most.
     private let limit: Int
     private var headerList: UnsafeMutablePointer<curl_slist>?
@@ -16,33 +20,15 @@ final class CurlTransfer {
     private var body: [UInt8] = []
     private var overLimit = false
 
-    init?(limit: Int, completion: @escaping CurlClient.Completion) {
+    /// A handle taking a connection idle at most `idleSeconds`; nil when
+    /// curl cannot make one or refuses an option.
+    init?(limit: Int, caFile: String?, http2: Bool, idleSeconds: Int, plainHTTP: Bool) {
         guard let easy = curl_easy_init() else { return nil }
-        self.easy = easy; self.limit = limit; self.completion = completion
+        self.easy = easy; self.limit = limit
         errorText = .allocate(capacity: Int(CURL_ERROR_SIZE))
         errorText.initialize(repeating: 0, count: Int(CURL_ERROR_SIZE))
-    }
-
-    deinit {
-        curl_easy_cleanup(easy)
-        curl_slist_free_all(headerList)
-        errorText.deallocate()
-    }
-
-    /// Sets the handle up for `r` with `timeout` left, taking a connection
-    /// idle at most `idleSeconds`; nil when it is ready to go.
-    func configure(_ r: CurlRequest, timeout: Duration, caFile: String?, http2: Bool, idleSeconds: Int, plainHTTP: Bool) -> CurlFailure? {
-        if let problem = Self.problem(r, plainHTTP: plainHTTP) { return .refused(problem) }
-        for (name, value) in r.headers {
-            // "Name;" is how curl sends an empty value: "Name:" would drop the header.
-            headerList = curl_slist_append(headerList, value.isEmpty ? "\(name);" : "\(name): \(value)")
-        }
-        // No "Expect: 100-continue" round trip before a body.
-        headerList = curl_slist_append(headerList, "Expect:")
-        let ms = Int(min(max(1, (timeout / .milliseconds(1)).rounded(.up)), Double(Int32.max)))
         let me = Unmanaged.passUnretained(self).toOpaque()
         var codes = [
-            herald_curl_setopt_string(easy, CURLOPT_URL, r.url),
             // A device can name a Web Push endpoint, so nothing here may reach
             // further than that: https only (http too where an operator chose
             // the address), no redirect, no proxy from the environment.
@@ -55,8 +41,6 @@ final class CurlTransfer {
             // No signals: curl would otherwise set SIGALRM for name lookups and
             // swap the SIGPIPE handler, for the whole process, from this thread.
             herald_curl_setopt_long(easy, CURLOPT_NOSIGNAL, 1),
-            herald_curl_setopt_long(easy, CURLOPT_TIMEOUT_MS, ms),
-            herald_curl_setopt_long(easy, CURLOPT_CONNECTTIMEOUT_MS, min(ms, 10_000)),
             // Idle connections are kept for the next request (CURLOPT_MAXAGE_CONN, the
             // one this request may take): TCP keepalive holds middleboxes' state for
             // them and notices the ones whose peer went. (libcurl 7.88 sends HTTP/2
@@ -74,11 +58,40 @@ final class CurlTransfer {
             herald_curl_setopt_pointer(easy, CURLOPT_HEADERDATA, me),
             herald_curl_setopt_write(easy, CURLOPT_WRITEFUNCTION, Self.onBody),
             herald_curl_setopt_pointer(easy, CURLOPT_WRITEDATA, me),
-            herald_curl_setopt_slist(easy, CURLOPT_HTTPHEADER, headerList),
         ]
         if let caFile { codes.append(herald_curl_setopt_string(easy, CURLOPT_CAINFO, caFile)) }
+        // An option curl refused could be one of the safety settings: no handle then.
+        guard codes.allSatisfy({ $0 == CURLE_OK }) else { return nil }
+    }
+
+    deinit {
+        curl_easy_cleanup(easy)
+        curl_slist_free_all(headerList)
+        errorText.deallocate()
+    }
+
+    /// Sets the handle up for `r` with `timeout` left; nil when it is ready
+    /// to go. A handle that failed here is not used again.
+    func configure(_ r: CurlRequest, timeout: Duration, plainHTTP: Bool, completion: @escaping CurlClient.Completion) -> CurlFailure? {
+        self.completion = completion
+        if let problem = Self.problem(r, plainHTTP: plainHTTP) { return .refused(problem) }
+        for (name, value) in r.headers {
+            // "Name;" is how curl sends an empty value: "Name:" would drop the header.
+            headerList = curl_slist_append(headerList, value.isEmpty ? "\(name);" : "\(name): \(value)")
+        }
+        // No "Expect: 100-continue" round trip before a body.
+        headerList = curl_slist_append(headerList, "Expect:")
+        let ms = Int(min(max(1, (timeout / .milliseconds(1)).rounded(.up)), Double(Int32.max)))
+        var codes = [
+            herald_curl_setopt_string(easy, CURLOPT_URL, r.url),
+            herald_curl_setopt_long(easy, CURLOPT_TIMEOUT_MS, ms),
+            herald_curl_setopt_long(easy, CURLOPT_CONNECTTIMEOUT_MS, min(ms, 10_000)),
+            herald_curl_setopt_slist(easy, CURLOPT_HTTPHEADER, headerList),
+            // The method of the handle's last request must not carry over.
+            herald_curl_setopt_string(easy, CURLOPT_CUSTOMREQUEST, nil),
+        ]
         switch r.method {
-        case "GET" where r.body.isEmpty: break
+        case "GET" where r.body.isEmpty: codes.append(herald_curl_setopt_long(easy, CURLOPT_HTTPGET, 1))
         default:
             codes.append(herald_curl_setopt_off(easy, CURLOPT_POSTFIELDSIZE_LARGE, curl_off_t(r.body.count)))
             // curl copies the bytes (an empty body still needs a pointer, or curl would send no body at all).
@@ -86,16 +99,29 @@ final class CurlTransfer {
                 : r.body.withUnsafeBytes { herald_curl_setopt_pointer(easy, CURLOPT_COPYPOSTFIELDS, UnsafeMutableRawPointer(mutating: $0.baseAddress)) })
             if r.method != "POST" { codes.append(herald_curl_setopt_string(easy, CURLOPT_CUSTOMREQUEST, r.method)) }
         }
-        // An option curl refused could be one of the safety settings: send nothing then.
         return codes.first { $0 != CURLE_OK }.map { .other("curl_easy_setopt: " + String(cString: curl_easy_strerror($0))) }
+    }
+
+    /// Forgets the request that ended, ready for the next.
+    func reset() {
+        completion = nil
+        curl_slist_free_all(headerList)
+        headerList = nil
+        errorText.pointee = 0
+        headers = [:]
+        headerBytes = 0
+        body = []
+        overLimit = false
     }
 
     /// Why `r` must not be sent, if it must not.
     private static func problem(_ r: CurlRequest, plainHTTP: Bool) -> String? {
-        guard r.url.prefix(8).lowercased() == "https://" || (plainHTTP && r.url.prefix(7).lowercased() == "http://") else {
+        // On bytes, not Characters: this runs for every request.
+        func scheme(_ s: String) -> Bool { r.url.utf8.starts(with: s.utf8) { $0 == $1 || (0x41...0x5A).contains($0) && $0 + 0x20 == $1 } }
+        guard scheme("https://") || (plainHTTP && scheme("http://")) else {
             return "only https URLs are sent to"
         }
-        guard !r.method.isEmpty, r.method.allSatisfy({ $0.isASCII && $0.isLetter }) else {
+        guard !r.method.isEmpty, r.method.utf8.allSatisfy({ (0x41...0x5A).contains($0 & ~0x20) }) else {
             return "method \(r.method.debugDescription)"
         }
         // A line break in a header would let its value smuggle in other headers.
@@ -128,11 +154,16 @@ final class CurlTransfer {
         t.headerBytes += n
         guard t.headerBytes <= t.limit else { t.overLimit = true; return 0 }
         guard let data else { return n }
-        let line = String(decoding: UnsafeRawBufferPointer(start: data, count: n), as: UTF8.self)
-        if line.hasPrefix("HTTP/") {
+        // On bytes: a header line is ASCII but for what a value may hold.
+        let line = UnsafeRawBufferPointer(start: data, count: n)
+        if line.starts(with: "HTTP/".utf8) {
             t.headers = [:]  // the final answer after a 1xx
-        } else if let colon = line.firstIndex(of: ":") {
-            t.headers[line[..<colon].lowercased()] = line[line.index(after: colon)...].trimmingCharacters(in: .whitespacesAndNewlines)
+        } else if let colon = line.firstIndex(of: UInt8(ascii: ":")) {
+            let blank: (UInt8) -> Bool = { $0 == 0x20 || $0 == 0x09 || $0 == 0x0D || $0 == 0x0A }
+            var value = line[(colon + 1)...]
+            while let b = value.first, blank(b) { value = value.dropFirst() }
+            while let b = value.last, blank(b) { value = value.dropLast() }
+            t.headers[String(decoding: line[..<colon], as: UTF8.self).lowercased()] = String(decoding: value, as: UTF8.self)
         }
         return n
     }

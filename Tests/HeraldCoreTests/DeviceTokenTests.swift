@@ -329,6 +329,20 @@ final class DeviceTokenTests: XCTestCase {
         XCTAssertNotEqual(HMACSHA256.mac(key: block, message: bytes("m")), HMACSHA256.mac(key: block + [0x61], message: bytes("m")))
     }
 
+    func testAKeySetUpOnceGivesTheOneShotMACForEveryMessage() throws {
+        // RFC 4231 test cases 2 and 6 (a key longer than the block size).
+        let jefe = try XCTUnwrap(HMACSHA256.Key(bytes("Jefe")))
+        for _ in 0..<2 {
+            XCTAssertEqual(hex(jefe.mac(bytes("what do ya "), bytes("want for nothing?"))),
+                           "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843")
+        }
+        let long = try XCTUnwrap(HMACSHA256.Key(Array(repeating: 0xaa, count: 131)))
+        XCTAssertEqual(hex(long.mac(bytes("Test Using Larger Than Block-Size Key - Hash Key First"))),
+                       "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54")
+        let key = [UInt8](repeating: 3, count: 32), message = [UInt8](repeating: 9, count: 1_000)
+        XCTAssertEqual(try XCTUnwrap(HMACSHA256.Key(key)).mac(message), HMACSHA256.mac(key: key, message: message))
+    }
+
     func hex(_ b: [UInt8]) -> String { b.map { String(format: "%02x", $0) }.joined() }
 
     func testConstantTimeEquals() {

@@ -122,6 +122,22 @@ final class CurlClientTests: XCTestCase {
         XCTAssertEqual((echoes[1]["headers"] as? [String: String])?["content-length"], "0", "an empty POST is still a POST")
     }
 
+    func testAHandleTakenAgainCarriesNothingOfItsLastRequest() throws {
+        // One at a time, so that each request reuses the handle of the one before.
+        let c = try client(maxInFlight: 1)
+        var echoes: [[String: Any]] = []
+        for r in [request("/echo", method: "PUT"), request("/echo", method: "GET", headers: [], body: ""), request("/echo"),
+                  request("/echo", method: "DELETE", body: "")] {
+            echoes.append(try json(send(c, r)))
+        }
+        XCTAssertEqual(echoes.map { $0["method"] as? String }, ["PUT", "GET", "POST", "DELETE"])
+        XCTAssertEqual(echoes.map { $0["bodyLength"] as? Int }, [7, 0, 7, 0])
+        XCTAssertNil((echoes[1]["headers"] as? [String: String])?["x-test"], "the last request's headers are not sent again")
+        // A failure leaves nothing behind either.
+        if case .success = try send(c, request("/echo", scheme: "http")) { XCTFail("http is refused") }
+        XCTAssertEqual(try send(c, request("/echo")).get().status, 200)
+    }
+
     func testManyConcurrentRequestsShareOneConnection() throws {
         let c = try client()
         // More than the server's 100 concurrent streams: the rest wait for a stream, not for another connection.

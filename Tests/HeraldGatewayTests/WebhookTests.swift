@@ -1,5 +1,6 @@
 import XCTest
 import HeraldCore
+import HeraldCrypto
 import HeraldPorts
 @testable import HeraldGateway
 
@@ -7,13 +8,14 @@ final class WebhookTests: XCTestCase {
     /// The Standard Webhooks libraries' own test vector.
     func testTheSignatureMatchesTheStandardWebhooksVector() throws {
         let key = try XCTUnwrap(WebhookEndpoint.key(ofSecret: "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"))
-        let header = WebhookSignature.header(keys: [key], id: "msg_p5jXN8AQM9LWM0D4loKWxJek", timestamp: 1_614_265_330,
+        let header = WebhookSignature.header(keys: [try XCTUnwrap(HMACSHA256.Key(key))], id: "msg_p5jXN8AQM9LWM0D4loKWxJek", timestamp: 1_614_265_330,
                                              body: Array(#"{"test": 2432232314}"#.utf8))
         XCTAssertEqual(header, "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=")
     }
 
     func testWhileRotatingEachSecretSignsNewestFirst() throws {
-        let new = [UInt8](repeating: 1, count: 32), old = [UInt8](repeating: 2, count: 32)
+        let new = try XCTUnwrap(HMACSHA256.Key([UInt8](repeating: 1, count: 32)))
+        let old = try XCTUnwrap(HMACSHA256.Key([UInt8](repeating: 2, count: 32)))
         let both = WebhookSignature.header(keys: [new, old], id: "msg_1", timestamp: 1, body: [])
         let parts = both.split(separator: " ").map(String.init)
         XCTAssertEqual(parts, [WebhookSignature.header(keys: [new], id: "msg_1", timestamp: 1, body: []),

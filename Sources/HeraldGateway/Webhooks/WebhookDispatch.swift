@@ -11,10 +11,11 @@ import HeraldPorts
 /// transaction. An acknowledged change is never left without its events
 /// by a crash (at least once; exactly once while nothing fails).
 ///
-/// **Sending.** Each endpoint has room for `WebhookSenders.perEndpoint`
-/// requests in flight per partition. Rows are claimed as they are recorded,
-/// where there is room (the common case), or else by `run` (each engine
-/// loop turn, when something may be due), in a transaction of its own;
+/// **Sending.** Each endpoint has room for `WebhookSenders.claimedPerEndpoint`
+/// claimed deliveries per partition (`perEndpoint` of them on the wire). Rows are claimed as they are recorded,
+/// where there is room (the common case), as answers make room (in the
+/// answers' batch), or else by `run` (each engine loop turn, when
+/// something may be due), in a transaction of its own;
 /// PostgreSQL skips rows another node claims, so one node sends each. Once
 /// the claim is durable the requests go to the endpoint's own client
 /// (`WebhookSenders`), and each answer comes back as a write in a later
@@ -46,6 +47,8 @@ final class WebhookDispatch {
     /// Endpoints that may have due rows left unclaimed (a claim filled
     /// their room, or found none): an answer from one claims again at once.
     private var backlog: Set<EndpointKey> = []
+    /// Endpoints in `backlog` that answers of this batch made room for: claimed for in the batch (`record`).
+    private var answered: Set<EndpointKey> = []
     /// Endpoints whose last answer failed: logged once when they start and stop failing.
     private var failing: Set<EndpointKey> = []
     private var wake = true
@@ -89,15 +92,25 @@ final class WebhookDispatch {
         events.append((app, event))
     }
 
-    func rolledBack() { events.removeAll() }
+    func rolledBack() {
+        events.removeAll()
+        // What the answers made room for is claimed at the next turn instead.
+        if !answered.isEmpty { wake = true }
+        answered.removeAll()
+    }
 
-    /// Records the batch's events, before its commit.
+    /// Records the batch's events, before its commit, and claims for the
+    /// endpoints they and the batch's answers are for.
     func record(_ tx: FeedTransaction) throws(StoreError) {
-        guard !events.isEmpty else { return }
-        defer { events.removeAll(keepingCapacity: true) }
+        guard !events.isEmpty || !answered.isEmpty else { return }
+        defer { events.removeAll(keepingCapacity: true); answered.removeAll() }
         let all = endpoints.withLock { $0 }
         let now = clock.now()
         var written: [String: [WebhookEndpoint]] = [:]
+        // An endpoint a reload removed has nothing to claim.
+        for key in answered {
+            if let endpoint = all[key.app]?.first(where: { $0.url == key.url }) { written[key.app, default: []].append(endpoint) }
+        }
         for (app, e) in events {
             let takers = (all[app] ?? []).filter { $0.takes(e.type) }
             guard !takers.isEmpty else { continue }
@@ -109,7 +122,7 @@ final class WebhookDispatch {
             }
         }
         // Claimed in the change's own transaction where there is room (the
-        // common case: no second transaction before they go).
+        // common case: no second transaction before they go), or the answers'.
         if try claim(tx, written, now: now) { tx.afterCommit { [self] in wake = true } }
     }
 
@@ -121,7 +134,7 @@ final class WebhookDispatch {
         for (app, list) in endpoints {
             for endpoint in list {
                 let key = EndpointKey(app: app, url: endpoint.url)
-                let room = WebhookSenders.perEndpoint - inFlight[key, default: 0]
+                let room = WebhookSenders.claimedPerEndpoint - inFlight[key, default: 0]
                 // A full endpoint is claimed for again as its answers come (`finished`).
                 guard room > 0 else {
                     backlog.insert(key)
@@ -193,8 +206,8 @@ final class WebhookDispatch {
     private func finished(_ tx: FeedTransaction, _ job: WebhookJob, _ key: EndpointKey, _ outcome: WebhookOutcome,
                           now: Millis) throws(StoreError) {
         thread.preconditionCurrent()
-        // Room for the endpoint's next, if any wait: claim again at the next turn.
-        if backlog.contains(key) { wake = true }
+        // Room for the endpoint's next, if any wait: claimed for before this batch commits.
+        if backlog.contains(key) { answered.insert(key) }
         switch outcome {
         case .delivered:
             try tx.webhookOutbox.finishWebhook(job)
