@@ -323,8 +323,9 @@ public protocol WebhookOutbox: AnyObject {
     func claimWebhooks(app: String, url: String, now: Millis, until: Millis, limit: Int) throws(StoreError) -> [WebhookJob]
     /// A delivery done or given up: removed.
     func finishWebhook(_ job: WebhookJob) throws(StoreError)
-    /// A delivery to try again at `at`, one more attempt counted.
-    func retryWebhook(_ job: WebhookJob, at: Millis) throws(StoreError)
+    /// A delivery to try again at `at`: one more attempt counted when it
+    /// was `attempted` (not when it never left, `WebhookOutcome.notSent`).
+    func retryWebhook(_ job: WebhookJob, at: Millis, attempted: Bool) throws(StoreError)
     /// Drops deliveries recorded before `before` (their 24 hours ran out,
     /// or their endpoint left the config): how many, at most `limit`.
     func dropWebhooks(committedBefore before: Millis, limit: Int) throws(StoreError) -> Int

@@ -3,6 +3,8 @@ import CCurl
 /// Why a request got no answer.
 public enum CurlFailure: Error, Sendable, Equatable, CustomStringConvertible {
     case timedOut
+    /// Waited in the client past its time-out for room on the wire: never sent.
+    case notStarted
     case connect(String)
     case tls(String)
     /// Never sent: not `https`, a malformed URL, method or header.
@@ -16,6 +18,7 @@ public enum CurlFailure: Error, Sendable, Equatable, CustomStringConvertible {
     public var description: String {
         switch self {
         case .timedOut: "timed out"
+        case .notStarted: "not sent: no room on the wire in time"
         case .connect(let m): "could not connect: \(m)"
         case .tls(let m): "TLS: \(m)"
         case .refused(let m): "refused: \(m)"

@@ -9,6 +9,7 @@ final class CurlLoop: @unchecked Sendable {  // `shared` only under `lock`; `mul
     private struct Waiting {
         let request: CurlRequest
         let completion: CurlClient.Completion
+        /// By when it must be on the wire (`startWithin`), else answered.
         let deadline: ContinuousClock.Instant
     }
 
@@ -88,7 +89,7 @@ final class CurlLoop: @unchecked Sendable {  // `shared` only under `lock`; `mul
     var counts: (inFlight: Int, waiting: Int) { withShared { ($0.inFlight, $0.waiting) } }
 
     func send(_ request: CurlRequest, _ completion: @escaping CurlClient.Completion) {
-        let deadline = ContinuousClock.now + request.timeout
+        let deadline = ContinuousClock.now + (request.startWithin ?? request.timeout)
         let accepted = withShared { s in
             guard !s.stopping else { return false }
             s.queue.append(Waiting(request: request, completion: completion, deadline: deadline))
@@ -143,12 +144,12 @@ final class CurlLoop: @unchecked Sendable {  // `shared` only under `lock`; `mul
     private func begin(_ w: Waiting) {
         owner.preconditionCurrent()
         let left = w.deadline - .now
-        guard left > .zero else { return complete(w.completion, .failure(.timedOut)) }
+        guard left > .zero else { return complete(w.completion, .failure(w.request.startWithin == nil ? .timedOut : .notStarted)) }
         guard let t = idle.popLast()
                 ?? CurlTransfer(limit: maxResponseBytes, caFile: caFile, http2: http2, idleSeconds: idleSeconds, plainHTTP: plainHTTP) else {
             return complete(w.completion, .failure(.other("curl_easy_init or curl_easy_setopt failed")))
         }
-        if let failure = t.configure(w.request, timeout: left, plainHTTP: plainHTTP, completion: w.completion) {
+        if let failure = t.configure(w.request, timeout: w.request.startWithin == nil ? left : w.request.timeout, plainHTTP: plainHTTP, completion: w.completion) {
             return complete(w.completion, .failure(failure))
         }
         let code = curl_multi_add_handle(multi, t.easy)

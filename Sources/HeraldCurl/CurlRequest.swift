@@ -10,11 +10,16 @@ public struct CurlRequest: Sendable {
     public var headers: [(String, String)]
     public var body: [UInt8]
     /// The whole request, from `send` (waiting for room included) to the
-    /// answer's last byte.
+    /// answer's last byte; with `startWithin`, from its start on the wire.
     public var timeout: Duration
+    /// When set, the longest the request may wait for room on the wire:
+    /// past it, it fails `notStarted`, never sent.
+    public var startWithin: Duration?
 
-    public init(method: String, url: String, headers: [(String, String)], body: [UInt8], timeout: Duration) {
+    public init(method: String, url: String, headers: [(String, String)], body: [UInt8], timeout: Duration,
+                startWithin: Duration? = nil) {
         self.method = method; self.url = url; self.headers = headers; self.body = body; self.timeout = timeout
+        self.startWithin = startWithin
     }
 }
 

@@ -319,9 +319,9 @@ extension MemoryStore {
         return due.map(\.job)
     }
 
-    private func retry<J>(_ box: ReferenceWritableKeyPath<MemoryStore, OutboxRows<J>>, _ job: J, at: Millis) {
+    private func retry<J>(_ box: ReferenceWritableKeyPath<MemoryStore, OutboxRows<J>>, _ job: J, at: Millis, attempted: Bool = true) {
         guard var row = self[keyPath: box].rows[job.id] else { return }
-        row.job.attempts = job.attempts + 1
+        row.job.attempts = job.attempts + (attempted ? 1 : 0)
         row.dueAt = at
         row.claimedUntil = 0
         set(box, job.id, row)
@@ -405,7 +405,9 @@ extension MemoryStore {
 
     public func finishWebhook(_ job: WebhookJob) throws(StoreError) { set(\.webhooks, job.id, nil) }
 
-    public func retryWebhook(_ job: WebhookJob, at: Millis) throws(StoreError) { retry(\.webhooks, job, at: at) }
+    public func retryWebhook(_ job: WebhookJob, at: Millis, attempted: Bool) throws(StoreError) {
+        retry(\.webhooks, job, at: at, attempted: attempted)
+    }
 
     public func dropWebhooks(committedBefore before: Millis, limit: Int) throws(StoreError) -> Int {
         let old = webhooks.rows.values.filter { $0.job.committedAt < before }.prefix(limit)

@@ -1003,9 +1003,9 @@ extension PostgresStore {
         return out.sorted { $0.id < $1.id }
     }
 
-    public func retryWebhook(_ job: WebhookJob, at: Millis) throws(StoreError) {
+    public func retryWebhook(_ job: WebhookJob, at: Millis, attempted: Bool) throws(StoreError) {
         try check()
-        try db.send(Self.webhookOutbox.retry, [.int(at), .int(Int64(job.attempts + 1)), .int(job.id)])
+        try db.send(Self.webhookOutbox.retry, [.int(at), .int(Int64(job.attempts + (attempted ? 1 : 0))), .int(job.id)])
     }
 
     public func dropWebhooks(committedBefore before: Millis, limit: Int) throws(StoreError) -> Int {

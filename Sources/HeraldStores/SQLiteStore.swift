@@ -1111,8 +1111,8 @@ extension SQLiteStore {
 
     public func finishWebhook(_ job: WebhookJob) throws(StoreError) { try writeWebhooks(Self.webhookOutbox.delete, [.int(job.id)]) }
 
-    public func retryWebhook(_ job: WebhookJob, at: Millis) throws(StoreError) {
-        try writeWebhooks(Self.webhookOutbox.retry, [.int(at), .int(Int64(job.attempts + 1)), .int(job.id)])
+    public func retryWebhook(_ job: WebhookJob, at: Millis, attempted: Bool) throws(StoreError) {
+        try writeWebhooks(Self.webhookOutbox.retry, [.int(at), .int(Int64(job.attempts + (attempted ? 1 : 0))), .int(job.id)])
     }
 
     public func dropWebhooks(committedBefore before: Millis, limit: Int) throws(StoreError) -> Int {

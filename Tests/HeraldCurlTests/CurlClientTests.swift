@@ -206,6 +206,34 @@ final class CurlClientTests: XCTestCase {
         XCTAssertEqual(c.waiting, 0)
     }
 
+    func testARequestThatMustStartInTimeIsGivenBackUnsentOrHasItsWholeTimeoutOnTheWire() throws {
+        let c = try client(maxInFlight: 1)
+        let order = LockedBox<[String]>([])
+        let took = LockedBox<[String: Duration]>([:])
+        let done = DispatchGroup()
+        let began = ContinuousClock.now
+        for (name, path, startWithin) in [("first", "/hang", nil), ("late", "/echo", 1), ("next", "/hang", 10)] as [(String, String, Int?)] {
+            done.enter()
+            var r = request(path, timeout: .seconds(2))
+            r.startWithin = startWithin.map { .seconds($0) }
+            c.send(r) { result in
+                let outcome = switch result {
+                case .success(let answer): "\(answer.status)"
+                case .failure(let failure): "\(failure)"
+                }
+                order.update { $0.append("\(name) \(outcome)") }
+                took.update { $0[name] = .now - began }
+                done.leave()
+            }
+        }
+        XCTAssertEqual(done.wait(timeout: .now() + 30), .success)
+        // `late` waited behind `first` past its second: never sent. `next` started
+        // as `first` timed out and had its own 2 s on the wire after that.
+        XCTAssertEqual(order.get(), ["first timed out", "late not sent: no room on the wire in time", "next timed out"])
+        let next = try XCTUnwrap(took.get()["next"])
+        XCTAssertGreaterThanOrEqual(next, .milliseconds(3_900), "its timeout counted from its start, not from the send")
+    }
+
     func testOnlyWellFormedHTTPSRequestsAreSentAndRedirectsAreNotFollowed() throws {
         let c = try client()
         XCTAssertEqual(try send(c, request("/echo", scheme: "http")).failure, .refused("only https URLs are sent to"))

@@ -163,7 +163,9 @@ final class FailingStore: NotificationStore {
         try inner.claimWebhooks(app: app, url: url, now: now, until: until, limit: limit)
     }
     func finishWebhook(_ job: WebhookJob) throws(StoreError) { try inner.finishWebhook(job) }
-    func retryWebhook(_ job: WebhookJob, at: Millis) throws(StoreError) { try inner.retryWebhook(job, at: at) }
+    func retryWebhook(_ job: WebhookJob, at: Millis, attempted: Bool) throws(StoreError) {
+        try inner.retryWebhook(job, at: at, attempted: attempted)
+    }
     func dropWebhooks(committedBefore before: Millis, limit: Int) throws(StoreError) -> Int {
         try inner.dropWebhooks(committedBefore: before, limit: limit)
     }

@@ -873,12 +873,16 @@ class StoreConformanceTests: XCTestCase {
         XCTAssertEqual(rest.map(\.eventId), ["msg_2"], "held until the claim runs out")
         XCTAssertEqual(try store.claimWebhooks(app: "b", url: "http://one", now: Self.t0 + 2, until: Self.t0 + 1000, limit: 10), [])
         try store.finishWebhook(one[0])
-        try store.retryWebhook(rest[0], at: Self.t0 + 5000)
+        try store.retryWebhook(rest[0], at: Self.t0 + 5000, attempted: true)
         try store.commit()
         XCTAssertEqual(try store.pendingWebhooks(), 2)
 
         try store.begin()
         XCTAssertEqual(try store.claimWebhooks(app: "a", url: "http://one", now: Self.t0 + 4999, until: Self.t0 + 9000, limit: 10), [])
+        let tried = try store.claimWebhooks(app: "a", url: "http://one", now: Self.t0 + 5000, until: Self.t0 + 9000, limit: 10)
+        XCTAssertEqual(tried.map(\.attempts), [1])
+        // Given back unsent (it waited past its time-out in the client): due again, no attempt counted.
+        try store.retryWebhook(tried[0], at: Self.t0 + 5000, attempted: false)
         let again = try store.claimWebhooks(app: "a", url: "http://one", now: Self.t0 + 5000, until: Self.t0 + 9000, limit: 10)
         try store.commit()
         XCTAssertEqual(again.map(\.attempts), [1])

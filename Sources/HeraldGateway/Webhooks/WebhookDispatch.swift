@@ -31,7 +31,8 @@ final class WebhookDispatch {
     /// The engine whose batches write the receivers' answers.
     weak var engine: Engine?
 
-    /// Longer than a request may take (15 s) and its answer's write.
+    /// Longer than a claimed delivery may wait for the wire (30 s), its
+    /// request (15 s) and its answer's write.
     static let claimLease: Millis = 60_000
     static let sweepEvery: Millis = 60_000
     static let firstRetry: Millis = 5_000
@@ -224,9 +225,13 @@ final class WebhookDispatch {
                 try tx.webhookOutbox.finishWebhook(job)
                 return metrics.count(.expired)
             }
-            try tx.webhookOutbox.retryWebhook(job, at: at)
+            try tx.webhookOutbox.retryWebhook(job, at: at, attempted: true)
             metrics.count(.retried)
             nextRetry = min(nextRetry ?? at, at)
+        case .notSent:
+            // Due again at once; claimed again as room comes.
+            try tx.webhookOutbox.retryWebhook(job, at: now, attempted: false)
+            wake = true
         }
     }
 

@@ -9,6 +9,9 @@ enum WebhookOutcome: Sendable, Equatable {
     case delivered
     /// Anything else; `retryAfterSeconds` from the answer's `Retry-After`.
     case failed(String, retryAfterSeconds: Int?)
+    /// Never sent: it waited `startWithin` for room on the wire (a slow or
+    /// hung receiver holds the connections). Not an attempt.
+    case notSent
 }
 
 /// The Standard Webhooks signature header (standardwebhooks.com): for
@@ -37,7 +40,10 @@ public final class WebhookSenders: Sendable {
     /// engine's next commit: the throughput bench delivered ~800 events/s
     /// while changes came at 1,800/s (64: ~1,500/s).
     static let claimedPerEndpoint = 256
+    /// On the wire, from the request's start to the answer's last byte.
     static let timeout: Duration = .seconds(15)
+    /// The longest a claimed delivery waits in the client for the wire.
+    static let startWithin: Duration = .seconds(30)
 
     private struct Key: Hashable { let url: String; let caFile: String? }
     private let clients = Locked<[Key: CurlClient]>([:])
@@ -83,9 +89,11 @@ public final class WebhookSenders: Sendable {
         let headers = [("webhook-id", job.eventId), ("webhook-timestamp", String(timestamp)),
                        ("webhook-signature", WebhookSignature.header(keys: keys, id: job.eventId, timestamp: timestamp, body: job.body)),
                        ("content-type", "application/json"), ("user-agent", "Herald-Webhooks")]
-        client.send(CurlRequest(method: "POST", url: endpoint.url, headers: headers, body: job.body, timeout: Self.timeout)) { result in
+        client.send(CurlRequest(method: "POST", url: endpoint.url, headers: headers, body: job.body, timeout: Self.timeout,
+                                startWithin: Self.startWithin)) { result in
             switch result {
             case .success(let r) where (200..<300).contains(r.status): completion(.delivered)
+            case .failure(.notStarted): completion(.notSent)
             case .success(let r): completion(.failed("status \(r.status)", retryAfterSeconds: r.retryAfterSeconds))
             case .failure(let f): completion(.failed("\(f)", retryAfterSeconds: nil))
             }
