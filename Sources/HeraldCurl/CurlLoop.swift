@@ -47,8 +47,11 @@ final class CurlLoop: @unchecked Sendable {  // `shared` only under `lock`; `mul
     private let owner = ThreadOwner("curl loop")
     private let finished = DispatchGroup()
     private var running: [UnsafeMutableRawPointer: CurlTransfer] = [:]
-    /// Handles whose request ended, for the next ones: at most `maxInFlight`.
+    /// Handles whose request ended, for the next ones: at most `idleKept`.
     private var idle: [CurlTransfer] = []
+    /// Enough for a steady flow; a burst of a push client's 1,000 in flight
+    /// would otherwise keep 1,000 handles (some 20 KB each: curl's buffers) for good.
+    private static let idleKept = 64
 
     private static let globalInit: Void = { curl_global_init(Int(CURL_GLOBAL_DEFAULT)) }()
 
@@ -170,7 +173,7 @@ final class CurlLoop: @unchecked Sendable {  // `shared` only under `lock`; `mul
             curl_multi_remove_handle(multi, easy)
             let completion = t.completion!
             t.reset()
-            if idle.count < maxInFlight { idle.append(t) }
+            if idle.count < min(maxInFlight, Self.idleKept) { idle.append(t) }
             complete(completion, result)
         }
     }
