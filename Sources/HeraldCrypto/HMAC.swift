@@ -31,10 +31,14 @@ public enum HMACSHA256 {
         /// nil when OpenSSL cannot set the key up.
         public init?(_ key: [UInt8]) {
             guard let algorithm = Self.algorithm, let c = EVP_MAC_CTX_new(algorithm) else { return nil }
-            let ok = "SHA256".withCString { digest in
-                var params = [OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, UnsafeMutablePointer(mutating: digest), 0),
-                              OSSL_PARAM_construct_end()]
-                return key.withUnsafeBufferPointer { EVP_MAC_init(c, $0.baseAddress, $0.count, &params) } == 1
+            // A param keeps both pointers, so both C strings must outlive EVP_MAC_init
+            // (a String passed straight in lives for the construct call only).
+            let ok = OSSL_MAC_PARAM_DIGEST.withCString { name in
+                "SHA256".withCString { digest in
+                    var params = [OSSL_PARAM_construct_utf8_string(name, UnsafeMutablePointer(mutating: digest), 0),
+                                  OSSL_PARAM_construct_end()]
+                    return key.withUnsafeBufferPointer { EVP_MAC_init(c, $0.baseAddress, $0.count, &params) } == 1
+                }
             }
             guard ok else { EVP_MAC_CTX_free(c); return nil }
             context = c
