@@ -205,6 +205,26 @@ struct PostgresReads {
         return out
     }
 
+    /// Presence records (`herald_connections c`, `herald_nodes n`) that
+    /// count: their node's lease runs and, for a poll, its minute has not
+    /// ended. The one definition, for the listings and the inspector.
+    static let liveConnections = """
+        herald_connections c JOIN herald_nodes n ON n.node = c.node
+        WHERE n.lease_until > now() AND (c.until IS NULL OR c.until > now())
+        """
+
+    /// `PresenceReading.connectedDevices`.
+    func connectedDevices(app: String) throws(StoreError) -> [(node: String, transport: String, devices: Int)] {
+        let r = try db.query("""
+            SELECT c.node, c.transport, count(*) FROM \(Self.liveConnections) AND c.app = $1
+            GROUP BY c.node, c.transport ORDER BY c.node, c.transport
+            """, [.text(app)])
+        return try (0..<r.count).map { i throws(StoreError) in
+            guard let node = r.text(i, 0), let t = r.text(i, 1) else { throw corrupt("connection") }
+            return (node, t, Int(r.int64(i, 2)))
+        }
+    }
+
     /// The tables whose statistics the hot statements' plans rest on.
     static let plannedTables = ["changes", "counts", "devices", "feeds", "herald_connections", "notifications"]
     /// A table of fewer rows than this is never analyzed here.
@@ -223,18 +243,6 @@ struct PostgresReads {
     /// doubled (docs/BENCHMARKS-HISTORY.md, "Round four"). An ANALYZE makes every
     /// node plan its statements again. Afterwards autovacuum, analyzing at
     /// 10 % of changed rows, keeps ahead of this rule.
-    func connectedDevices(app: String) throws(StoreError) -> [(node: String, transport: String, devices: Int)] {
-        let r = try db.query("""
-            SELECT c.node, c.transport, count(*) FROM herald_connections c JOIN herald_nodes n ON n.node = c.node
-            WHERE c.app = $1 AND n.lease_until > now() AND (c.until IS NULL OR c.until > now())
-            GROUP BY c.node, c.transport ORDER BY c.node, c.transport
-            """, [.text(app)])
-        return try (0..<r.count).map { i throws(StoreError) in
-            guard let node = r.text(i, 0), let t = r.text(i, 1) else { throw corrupt("connection") }
-            return (node, t, Int(r.int64(i, 2)))
-        }
-    }
-
     func refreshPlannerStatistics() throws(StoreError) -> [String] {
         let grown = try db.query("""
             SELECT s.relname, clock_timestamp() FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid

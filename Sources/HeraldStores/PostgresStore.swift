@@ -790,9 +790,8 @@ extension PostgresStore: ClusterDirectory {
     public func connections(_ user: UserKey, otherThan node: String) throws(StoreError) -> [(device: String, transport: String)] {
         try check()
         let r = try db.query("""
-            SELECT c.device_id, c.transport FROM herald_connections c JOIN herald_nodes n ON n.node = c.node
-            WHERE c.app = $1 AND c.user_id = $2 AND c.node <> $3 AND n.lease_until > now()
-              AND (c.until IS NULL OR c.until > now())
+            SELECT c.device_id, c.transport FROM \(PostgresReads.liveConnections)
+              AND c.app = $1 AND c.user_id = $2 AND c.node <> $3
             """, Self.key(user) + [.text(node)])
         return try (0..<r.count).map { i throws(StoreError) in
             guard let d = r.text(i, 0), let t = r.text(i, 1) else { throw reads.corrupt("connection") }
