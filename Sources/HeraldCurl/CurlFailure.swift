@@ -3,7 +3,7 @@ import CCurl
 /// Why a request got no answer.
 public enum CurlFailure: Error, Sendable, Equatable, CustomStringConvertible {
     case timedOut
-    /// Waited in the client past its time-out for room on the wire: never sent.
+    /// Waited in the client past its `startWithin` for room on the wire: never sent.
     case notStarted
     case connect(String)
     case tls(String)

@@ -147,12 +147,14 @@ final class CurlLoop: @unchecked Sendable {  // `shared` only under `lock`; `mul
     private func begin(_ w: Waiting) {
         owner.preconditionCurrent()
         let left = w.deadline - .now
-        guard left > .zero else { return complete(w.completion, .failure(w.request.startWithin == nil ? .timedOut : .notStarted)) }
+        // With `startWithin` the deadline is the start's, and the wire has the whole timeout.
+        let mustStart = w.request.startWithin != nil
+        guard left > .zero else { return complete(w.completion, .failure(mustStart ? .notStarted : .timedOut)) }
         guard let t = idle.popLast()
                 ?? CurlTransfer(limit: maxResponseBytes, caFile: caFile, http2: http2, idleSeconds: idleSeconds, plainHTTP: plainHTTP) else {
             return complete(w.completion, .failure(.other("curl_easy_init or curl_easy_setopt failed")))
         }
-        if let failure = t.configure(w.request, timeout: w.request.startWithin == nil ? left : w.request.timeout, plainHTTP: plainHTTP, completion: w.completion) {
+        if let failure = t.configure(w.request, timeout: mustStart ? w.request.timeout : left, plainHTTP: plainHTTP, completion: w.completion) {
             return complete(w.completion, .failure(failure))
         }
         let code = curl_multi_add_handle(multi, t.easy)

@@ -34,8 +34,8 @@ public final class WebhookSenders: Sendable {
     /// per node, as the partitions share the endpoint's client.
     static let perEndpoint = 16
     /// Deliveries `WebhookDispatch` claims for one endpoint at most, per
-    /// partition. Those beyond `perEndpoint` wait in its client (their
-    /// 15 s counting), which starts the next as soon as an answer comes.
+    /// partition. Those beyond `perEndpoint` wait in its client (at most
+    /// `startWithin`), which starts the next as soon as an answer comes.
     /// With no more claimed than on the wire, each freed slot waited for the
     /// engine's next commit: the throughput bench delivered ~800 events/s
     /// while changes came at 1,800/s (64: ~1,500/s).
