@@ -128,7 +128,8 @@ final class RouteFuzzTests: XCTestCase {
                 for demo in [false, true] {
                     for m in Self.methods {
                         let r = Route.match(method: m, path: path, demo: demo)
-                        if let route = routes[m] {
+                        // HEAD is answered wherever GET is (RFC 9110 9.3.2).
+                        if let route = routes[m] ?? (m == "HEAD" ? routes["GET"] : nil) {
                             XCTAssertEqual(Self.describe(r), route, "\(m) \(path)")
                         } else {
                             XCTAssertEqual(Self.describe(r), "405", "\(m) \(path)")
@@ -161,7 +162,10 @@ final class RouteFuzzTests: XCTestCase {
             guard segments.count == raw.count else { return .failure(HeraldError(.badRequest, "")) }
             let routes = lookup(path, segments, demo: demo)
             guard !routes.isEmpty else { return .failure(HeraldError(.notFound, "")) }
-            guard let route = routes[method] else { return .failure(HeraldError(.methodNotAllowed, "")) }
+            // HEAD wherever GET (RFC 9110 9.3.2).
+            guard let route = routes[method] ?? (method == "HEAD" ? routes["GET"] : nil) else {
+                return .failure(HeraldError(.methodNotAllowed, ""))
+            }
             return .success(route)
         }
 

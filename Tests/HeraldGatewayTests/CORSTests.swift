@@ -25,13 +25,13 @@ final class CORSTests: XCTestCase {
         let r = try XCTUnwrap(preflight(h, "/v1/me/notifications/n1", origin: Self.page).response)
         XCTAssertEqual(r.status, 204)
         XCTAssertEqual(r.header("Access-Control-Allow-Origin"), Self.page)
-        XCTAssertEqual(r.header("Access-Control-Allow-Methods"), "DELETE, GET, PATCH")
+        XCTAssertEqual(r.header("Access-Control-Allow-Methods"), "DELETE, GET, HEAD, PATCH")
         XCTAssertEqual(r.header("Access-Control-Allow-Headers"), "Authorization, Content-Type, If-Match, Herald-Device, Last-Event-ID")
         XCTAssertEqual(r.header("Access-Control-Max-Age"), "600")
         XCTAssertEqual(r.header("Vary"), "Origin")
         XCTAssertNil(r.header("Access-Control-Allow-Credentials"), "bearer tokens, no cookies")
         // The requested method is the browser's to check against the list.
-        XCTAssertEqual(preflight(h, "/v1/me/counts", origin: Self.page, method: "DELETE").response?.header("Access-Control-Allow-Methods"), "GET")
+        XCTAssertEqual(preflight(h, "/v1/me/counts", origin: Self.page, method: "DELETE").response?.header("Access-Control-Allow-Methods"), "GET, HEAD")
         // No credentials in a preflight: a server path of an app that allows nothing is let through too.
         XCTAssertEqual(preflight(h, "/v1/apps/other/users/u/notifications", origin: Self.page).response?.status, 204)
     }
@@ -41,7 +41,7 @@ final class CORSTests: XCTestCase {
         for origin in ["https://evil.example", "https://app.example.com:8443", "null"] {
             let a = try XCTUnwrap(preflight(h, "/v1/me/notifications/n1", origin: origin).response)
             XCTAssertEqual(a.status, 405)
-            XCTAssertEqual(a.header("Allow"), "DELETE, GET, PATCH")
+            XCTAssertEqual(a.header("Allow"), "DELETE, GET, HEAD, PATCH")
             XCTAssertNil(a.header("Access-Control-Allow-Origin"))
             XCTAssertEqual(a.header("Vary"), "Origin")
         }

@@ -219,7 +219,7 @@ final class PreferencesTests: XCTestCase {
                 let r = h.request(method, path, token: token)
                 h.settle()
                 XCTAssertEqual(r.response?.status, 405, "\(method) \(path)")
-                XCTAssertEqual(r.response?.header("Allow"), "GET, PUT")
+                XCTAssertEqual(r.response?.header("Allow"), "GET, HEAD, PUT")
             }
         }
     }

@@ -29,7 +29,7 @@ def test_preflight_from_an_allowed_origin(gw):
     r = preflight(gw, "/v1/me/notifications/n_x", PAGE)
     assert r.status_code == 204, r.text
     assert r.headers["Access-Control-Allow-Origin"] == PAGE
-    assert r.headers["Access-Control-Allow-Methods"] == "DELETE, GET, PATCH"
+    assert r.headers["Access-Control-Allow-Methods"] == "DELETE, GET, HEAD, PATCH"
     allowed = {h.strip().lower() for h in r.headers["Access-Control-Allow-Headers"].split(",")}
     assert allowed == {"authorization", "content-type", "if-match", "herald-device", "last-event-id"}
     assert int(r.headers["Access-Control-Max-Age"]) > 0
@@ -41,7 +41,7 @@ def test_preflight_from_an_allowed_origin(gw):
 def test_an_origin_no_app_allows_gets_no_cors_headers(gateway_factory):
     g = gateway_factory(config=CORS_CONFIG)   # no `*` among its apps
     r = preflight(g, "/v1/me/notifications/n_x", EVIL)
-    assert r.status_code == 405 and r.headers["Allow"] == "DELETE, GET, PATCH", r.headers
+    assert r.status_code == 405 and r.headers["Allow"] == "DELETE, GET, HEAD, PATCH", r.headers
     assert not [h for h in r.headers if h.lower().startswith("access-control-")], r.headers
     assert r.headers["Vary"] == "Origin"
     # app.one lists origins: it refuses others before doing anything

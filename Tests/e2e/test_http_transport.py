@@ -240,10 +240,10 @@ def test_expect_100_continue_is_answered_before_the_body(gateway):
 # ---------------------------------------------------------------- found by the OpenAPI review
 
 @pytest.mark.parametrize("method,path,allowed", [
-    ("DELETE", "/healthz", "GET"),
+    ("DELETE", "/healthz", "GET, HEAD"),
     ("GET", "/v1/me/notifications/read-all", "POST"),
-    ("POST", "/v1/apps/app.one/users/u/devices", "GET"),
-    ("PUT", "/v1/apps/app.one/users/u/notifications", "GET, POST"),
+    ("POST", "/v1/apps/app.one/users/u/devices", "GET, HEAD"),
+    ("PUT", "/v1/apps/app.one/users/u/notifications", "GET, HEAD, POST"),
 ])
 def test_405_names_the_allowed_methods(gateway, method, path, allowed):
     """RFC 9110 15.5.6: a 405 carries Allow."""
@@ -344,10 +344,12 @@ def test_bare_cr_or_nul_in_a_header_value_is_400(gateway, value):
     check_raw_error(rs[0], 400, "bad_request")
 
 
-@pytest.mark.parametrize("path,status", [("/healthz", 405), ("/v1/nothing-here", 404), ("/healthz?a=%zz", 400)])
+@pytest.mark.parametrize("path,status", [("/healthz", 200), ("/admin", 200), ("/v1/me/notifications/read-all", 405),
+                                         ("/v1/nothing-here", 404), ("/healthz?a=%zz", 400)])
 def test_answer_to_head_has_no_body_and_the_connection_goes_on(gateway, path, status):
-    """RFC 9110 9.3.2: an answer to HEAD is its head alone, Content-Length
-    included; the next request on the connection is answered after it."""
+    """RFC 9110 9.3.2: HEAD is answered wherever GET is, and an answer to
+    HEAD is its head alone, Content-Length included; the next request on the
+    connection is answered after it."""
     with socket.create_connection(("127.0.0.1", gateway.port), timeout=10) as s:
         s.sendall(request("HEAD", path) + request("GET", "/healthz", Connection="close"))
         data = read_until_eof(s)
@@ -359,10 +361,30 @@ def test_answer_to_head_has_no_body_and_the_connection_goes_on(gateway, path, st
     assert int(fields["content-length"]) > 0, fields
     assert "connection" not in fields, fields
     if status == 405:
-        assert fields.get("allow") == "GET", fields
+        assert fields.get("allow") == "POST", fields
     assert rest.startswith(b"HTTP/1.1 200 "), f"a body followed the answer to HEAD: {rest[:200]!r}"
     rs = parse_responses(rest)
     assert [r.status_code for r in rs] == [200] and rs[0].json()["status"] == "ok", rest[:300]
+
+
+def test_head_on_the_event_stream_is_its_head_and_then_the_end(fresh_gateway):
+    """HEAD on `/v1/me/events` checks the token as GET does and answers the
+    stream's head alone; the connection closes, and the stream it would have
+    opened is gone (the gauge back to 0, the device not connected)."""
+    gw, user = fresh_gateway, uid("head")
+    with socket.create_connection(("127.0.0.1", gw.port), timeout=10) as s:
+        s.sendall(request("HEAD", "/v1/me/events?token=forged&deviceId=d1", Connection="close"))
+        data = read_until_eof(s)
+    assert data.startswith(b"HTTP/1.1 401 ") and data.endswith(b"\r\n\r\n"), data[:300]
+    with socket.create_connection(("127.0.0.1", gw.port), timeout=10) as s:
+        s.sendall(request("HEAD", f"/v1/me/events?token={mint_token(user)}&deviceId=d1"))
+        data = read_until_eof(s)
+    head, _, rest = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 ") and b"text/event-stream" in head.lower(), head
+    assert rest == b"", f"a body followed the answer to HEAD: {rest[:200]!r}"
+    wait_until(lambda: gw.metric('herald_connections{transport="sse"}') == 0, "the stream's connection gone")
+    [device] = gw.server("GET", f"/users/{user}/devices").json()["devices"]
+    assert device["deviceId"] == "d1" and device["transport"] != "sse", device
 
 
 

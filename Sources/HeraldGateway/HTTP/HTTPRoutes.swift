@@ -83,8 +83,10 @@ final class Route: Sendable {
             guard demo, let name = staticName(path) else { return .failure(notFound) }
             (p, values) = path == "/" ? (Path.demoPages[0], [name]) : (Path.demoPages[1], [name])
         }
-        guard let route = p.routes.first(where: { $0.method == method }) else {
-            let allowed = p.routes.map(\.method).sorted()
+        // HEAD is GET without the body (RFC 9110 9.3.2): the transport drops it.
+        let routed = method == "HEAD" ? "GET" : method
+        guard let route = p.routes.first(where: { $0.method == routed }) else {
+            let allowed = p.allowedMethods
             return .failure(HeraldError(.methodNotAllowed, "\(method) is not allowed here; use \(allowed.joined(separator: ", "))",
                                         allowedMethods: allowed))
         }
@@ -121,6 +123,12 @@ final class Route: Sendable {
                 case .open, .device: precondition(appIndex == nil, "\(r.method) \(pattern): a path's {app} takes its server key")
                 }
             }
+        }
+
+        /// What `Allow` lists: the routes' methods, and HEAD wherever GET is.
+        var allowedMethods: [String] {
+            let methods = routes.map(\.method)
+            return (methods.contains("GET") ? methods + ["HEAD"] : methods).sorted()
         }
 
         /// The first path `s` (decoded segments) is, and its values.
