@@ -28,13 +28,15 @@ def config_with_critical(base: dict | None = None) -> dict:
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
-def gw(request, gateway_factory):
+def gw(request):
     """SQLite, and PostgreSQL (whose feed cache answers preferences) when
     scripts/test-servers runs one."""
     if request.param == "postgres" and not POSTGRES:
         pytest.skip("no test PostgreSQL (scripts/test-servers starts one)")
+    # The schema first, so that it is dropped only after the gateway on it
+    # has stopped (fixtures end in the reverse order of their start).
     store = request.getfixturevalue("store_url") if request.param == "postgres" else "sqlite:herald.db"
-    return gateway_factory(config=config_with_critical(), store=store)
+    return request.getfixturevalue("gateway_factory")(config=config_with_critical(), store=store)
 
 
 def prefs_path(user: str) -> str:
@@ -173,7 +175,7 @@ def test_bad_input_is_400_and_changes_nothing(gw, route):
     check_error(gw.server("PUT", "/users/bad%20id/preferences", json={"groups": {}}), 400)
     for method in ("POST", "PATCH", "DELETE"):
         r = gw.server(method, prefs_path(user), json={})
-        assert r.status_code == 405 and r.headers["Allow"] == "GET, PUT", r.text
+        assert r.status_code == 405 and r.headers["Allow"] == "GET, HEAD, PUT", r.text
     assert head(gw, user) == before and get(gw, user)["groups"] == {"a": {"push": False}}
     assert gw.alive()
 
