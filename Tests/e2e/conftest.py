@@ -32,7 +32,25 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "slow: takes more than a few seconds")
 
 
+def _uses_test_servers(module) -> bool:
+    """Whether a test module reaches the shared PostgreSQL or Redis that
+    scripts/test-servers starts (its environment variables name them)."""
+    return "HERALD_TEST_" in Path(module.__file__).read_text()
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the groups
 def pytest_collection_modifyitems(config, items):
+    # Under pytest-xdist (`-n 2 --dist loadgroup`, as scripts/test runs), the
+    # tests of every module that uses the shared servers run one at a time on
+    # one worker: some stop, kill or freeze those servers, which would fail
+    # whatever else used them at that moment.
+    shared = {}
+    for item in items:
+        module = item.module
+        if module not in shared:
+            shared[module] = _uses_test_servers(module)
+        if shared[module]:
+            item.add_marker(pytest.mark.xdist_group("test-servers"))
     if config.getoption("--run-fallback") or os.environ.get("HERALD_E2E_FALLBACK") == "1":
         return
     skip = pytest.mark.skip(reason="fallback transports are a later issue: run with --run-fallback")

@@ -290,6 +290,16 @@ def node_sessions(g: Gateway, partition: int, where: str) -> int:
     return int(r.stdout.strip())
 
 
+def node_activity(g: Gateway) -> str:
+    """Node `g`'s sessions as pg_stat_activity shows them: for the message
+    of a wait on them that timed out."""
+    r = subprocess.run(["psql", os.environ["HERALD_TEST_POSTGRES_URL"], "-tAX", "-c",
+                        "SELECT application_name, state, wait_event_type, wait_event, xact_start, left(query, 100) "
+                        f"FROM pg_stat_activity WHERE application_name LIKE 'herald/{node_id(g)}-%'"],
+                       capture_output=True, text=True)
+    return r.stdout + r.stderr
+
+
 def test_a_node_frozen_in_a_transaction_is_fenced_and_the_others_write_on(nodes, store_url):  # noqa: F811
     """A node frozen in the middle of a batch (SIGSTOP, a paused VM) holds
     its users' row locks, and the other nodes' writes to those users wait.
@@ -322,8 +332,11 @@ def test_a_node_frozen_in_a_transaction_is_fenced_and_the_others_write_on(nodes,
                    "node 1's batch waiting for the user's row")
         n1.proc.send_signal(signal.SIGSTOP)
         blocker.run("COMMIT;")
-        wait_until(lambda: node_sessions(n1, 0, "xact_start IS NOT NULL AND wait_event = 'ClientRead'") == 1,
-                   "node 1's session holding the user's row, waiting for its stopped client")
+        try:
+            wait_until(lambda: node_sessions(n1, 0, "xact_start IS NOT NULL AND wait_event = 'ClientRead'") == 1,
+                       "node 1's session holding the user's row, waiting for its stopped client")
+        except AssertionError as e:
+            raise AssertionError(f"{e}; node 1's sessions:\n{node_activity(n1)}") from None
         began = time.monotonic()
         out = n2.publish(user, "goes-through")
         waited = time.monotonic() - began
