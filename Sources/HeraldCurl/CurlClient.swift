@@ -6,7 +6,7 @@
 /// `https` (unless `plainHTTP`) with the peer's certificate checked, follows no redirect, uses no
 /// proxy from the environment, and takes at most `maxResponseBytes` of
 /// headers and as much of body.
-public final class CurlClient: Sendable {
+public final class CurlClient: HTTPClient {
     public typealias Completion = @Sendable (Result<CurlResponse, CurlFailure>) -> Void
 
     private let loop: CurlLoop
@@ -31,23 +31,13 @@ public final class CurlClient: Sendable {
         loop.start(name: name)
     }
 
-    /// Any thread; never blocks. `completion` runs once, on the client's
-    /// thread (so it should be quick), or at once on the caller's when the
-    /// client has stopped.
-    public func send(_ request: CurlRequest, _ completion: @escaping Completion) {
-        loop.send(request, completion)
-    }
+    public func send(_ request: CurlRequest, _ completion: @escaping Completion) { loop.thread.add(request, completion) }
 
-    /// Requests on the wire now, at most `maxInFlight`.
-    public var inFlight: Int { loop.counts.inFlight }
+    public var inFlight: Int { loop.thread.counts.inFlight }
 
-    /// Requests sent and waiting for room beyond `maxInFlight`.
-    public var waiting: Int { loop.counts.waiting }
+    public var waiting: Int { loop.thread.counts.waiting }
 
-    /// Ends the thread: what is waiting or in flight completes with
-    /// `.stopped` before this returns. Idempotent, from any thread; from a
-    /// completion, the rest complete as soon as it returns.
-    public func shutdown() { loop.stop() }
+    public func shutdown() { loop.thread.stop() }
 
-    deinit { loop.stop() }
+    deinit { loop.thread.stop() }
 }

@@ -5,81 +5,13 @@ import XCTest
 /// CurlClient against a real TLS server on loopback (tls_test_server.py:
 /// HTTP/2 by ALPN, or HTTP/1.1), with a CA of its own. Each test has its own
 /// server, so its connection count starts at zero.
-final class CurlClientTests: XCTestCase {
-    private var server: Process!
-    private var serverInput: Pipe!
-    private var port = 0
-    private var ca = "", otherCa = ""
-    private var clients: [CurlClient] = []
-
-    override func setUpWithError() throws {
-        let script = URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent("tls_test_server.py")
-        server = Process()
-        server.executableURL = URL(fileURLWithPath: "/usr/bin/env")
-        server.arguments = ["python3", script.path]
-        let out = Pipe()
-        // Its stdin closing ends the server too, should this process die first.
-        serverInput = Pipe()
-        server.standardOutput = out
-        server.standardInput = serverInput
-        try server.run()
-        var line = Data()
-        while let b = try out.fileHandleForReading.read(upToCount: 1), !b.isEmpty, b != Data("\n".utf8) { line.append(b) }
-        let info = try XCTUnwrap(try? JSONSerialization.jsonObject(with: line) as? [String: Any],
-                                 "the server's first line (python3 needs h2 and cryptography)")
-        port = try XCTUnwrap(info["port"] as? Int)
-        ca = try XCTUnwrap(info["ca"] as? String)
-        otherCa = try XCTUnwrap(info["otherCa"] as? String)
-    }
-
-    override func tearDown() {
-        for c in clients { c.shutdown() }
-        clients = []
-        server.terminate()
-        server.waitUntilExit()
-        super.tearDown()
-    }
-
-    // MARK: Helpers
-
+final class CurlClientTests: TLSServerTestCase {
     func client(name: String = "curl-test", http2: Bool = true, caFile: String? = nil, maxInFlight: Int = 1000,
                 maxResponseBytes: Int = 64 * 1024, idleLimit: Duration? = nil) throws -> CurlClient {
         let c = try CurlClient(name: name, caFile: caFile ?? ca, http2: http2, maxInFlight: maxInFlight, maxResponseBytes: maxResponseBytes,
                                idleLimit: idleLimit)
         clients.append(c)
         return c
-    }
-
-    func request(_ path: String, method: String = "POST", headers: [(String, String)] = [("x-test", "1")],
-                 body: String = #"{"a":1}"#, timeout: Duration = .seconds(10), scheme: String = "https") -> CurlRequest {
-        CurlRequest(method: method, url: "\(scheme)://127.0.0.1:\(port)\(path)", headers: headers, body: Array(body.utf8), timeout: timeout)
-    }
-
-    struct NoAnswer: Error {}
-
-    /// Sends and waits for the completion.
-    func send(_ c: CurlClient, _ r: CurlRequest) throws -> Result<CurlResponse, CurlFailure> {
-        try sendAll(c, [r])[0]
-    }
-
-    /// Sends all at once and waits for every completion; results in the requests' order.
-    func sendAll(_ c: CurlClient, _ rs: [CurlRequest]) throws -> [Result<CurlResponse, CurlFailure>] {
-        let done = DispatchGroup()
-        let results = LockedBox<[Int: Result<CurlResponse, CurlFailure>]>([:])
-        for (i, r) in rs.enumerated() {
-            done.enter()
-            c.send(r) { result in results.update { $0[i] = result }; done.leave() }
-        }
-        guard done.wait(timeout: .now() + 30) == .success else { throw NoAnswer() }
-        return rs.indices.map { results.get()[$0]! }
-    }
-
-    func json(_ r: Result<CurlResponse, CurlFailure>) throws -> [String: Any] {
-        try XCTUnwrap(try JSONSerialization.jsonObject(with: Data(r.get().body)) as? [String: Any])
-    }
-
-    func connectionsAccepted(_ c: CurlClient) throws -> Int? {
-        try json(send(c, request("/stats")))["connections"] as? Int
     }
 
     // MARK: Tests
@@ -325,24 +257,4 @@ final class CurlClientTests: XCTestCase {
         XCTAssertEqual(hung.wait(timeout: .now() + 30), .success, "the last reference's release stops the client")
         XCTAssertEqual(result.get()?.failure, .stopped)
     }
-}
-
-extension Result where Failure == CurlFailure {
-    var failure: CurlFailure? { if case .failure(let f) = self { return f }; return nil }
-}
-
-/// The calling thread's name, as the OS has it.
-func currentThreadName() -> String {
-    let comm = (try? String(contentsOfFile: "/proc/thread-self/comm", encoding: .utf8)) ?? ""
-    return comm.trimmingCharacters(in: .newlines)
-}
-
-/// A value the test's thread and the client's share.
-final class LockedBox<T>: @unchecked Sendable {  // every access holds `lock`
-    private let lock = NSLock()
-    private var value: T
-    init(_ v: T) { value = v }
-    func get() -> T { lock.withLock { value } }
-    func set(_ v: T) { lock.withLock { value = v } }
-    func update(_ f: (inout T) -> Void) { lock.withLock { f(&value) } }
 }
