@@ -55,6 +55,13 @@ final class HTTP2ClientTests: TLSServerTestCase {
         XCTAssertEqual(try json(send(c, request("/echo")))["connection"] as? Int, 2, "the next request opens another")
     }
 
+    func testAConnectionTheServerClosedIsReplaced() throws {
+        let c = try client()
+        XCTAssertEqual(try json(send(c, request("/bye")))["connection"] as? Int, 1)
+        XCTAssertEqual(try XCTUnwrap(nextEvent("closed"))["connection"] as? Int, 1, "the server closed it")
+        XCTAssertEqual(try json(send(c, request("/echo")))["connection"] as? Int, 2, "the next request opens another")
+    }
+
     func testStreamsAGoAwayLeftUnprocessedGoAgainOnANewConnection() throws {
         let c = try client()
         let rs = try sendAll(c, [request("/hang")] + [request("/goaway")] + Array(repeating: request("/echo"), count: 5))

@@ -17,6 +17,7 @@ Routes:
   /status/NNN   status NNN with Retry-After: 7
   /stats        {"connections": N} accepted so far
   /deaf         200, then the HTTP/2 connection sends nothing more (PINGs go unanswered)
+  /bye          200, then the server closes the HTTP/2 connection (and then reports it closed)
   /goaway       200, then GOAWAY naming this stream the last processed: the
                 streams after it go unanswered
 """
@@ -104,7 +105,7 @@ def serve_h2(sock, number: int, port: int):
     sock.sendall(conn.data_to_send())
     requests: dict[int, dict] = {}
     unsent: dict[int, bytes] = {}  # bodies waiting for the peer's flow-control window
-    deaf = deafening = gone = False
+    deaf = deafening = gone = bye = False
     try:
         while data := sock.recv(65536):
             if gone:
@@ -134,6 +135,8 @@ def serve_h2(sock, number: int, port: int):
                     unsent[event.stream_id] = body
                     if h[":path"] == "/deaf":
                         deafening = True
+                    elif h[":path"] == "/bye":
+                        bye = True
                     elif h[":path"] == "/goaway":
                         conn.send_data(event.stream_id, body, end_stream=True)
                         del unsent[event.stream_id]
@@ -156,6 +159,9 @@ def serve_h2(sock, number: int, port: int):
             if not deaf:
                 sock.sendall(out)
             deaf = deaf or deafening  # what answered /deaf went out; nothing after it does
+            if bye:
+                sock.close()
+                return
     finally:
         report(event="closed", connection=number)
 
