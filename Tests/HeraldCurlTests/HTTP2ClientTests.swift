@@ -98,6 +98,8 @@ final class HTTP2ClientTests: TLSServerTestCase {
         // The certificate names 127.0.0.1, not localhost.
         let wrongName = CurlRequest(method: "GET", url: "https://localhost:\(port)/echo", headers: [], body: [], timeout: .seconds(10))
         guard case .tls = try send(try client(), wrongName).failure else { return XCTFail("a name the certificate lacks: a TLS failure") }
+        let http1 = CurlRequest(method: "GET", url: "https://127.0.0.1:\(http1Port)/echo", headers: [], body: [], timeout: .seconds(10))
+        XCTAssertEqual(try send(try client(), http1).failure, .tls("the server did not choose h2 by ALPN (none)"))
         let nobody = CurlRequest(method: "GET", url: "https://127.0.0.1:1/echo", headers: [], body: [], timeout: .seconds(10))
         guard case .connect = try send(try client(), nobody).failure else { return XCTFail("a refused connection fails .connect") }
     }

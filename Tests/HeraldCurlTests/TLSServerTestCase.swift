@@ -10,6 +10,8 @@ class TLSServerTestCase: XCTestCase {
     private var server: Process!
     private var serverInput: Pipe!
     var port = 0
+    /// The same server offering only HTTP/1.1 by ALPN.
+    var http1Port = 0
     var ca = "", otherCa = ""
     /// Shut down at the end of the test.
     var clients: [any HTTPClient] = []
@@ -31,6 +33,7 @@ class TLSServerTestCase: XCTestCase {
         let info = try XCTUnwrap(try? JSONSerialization.jsonObject(with: Self.line(out.fileHandleForReading)) as? [String: Any],
                                  "the server's first line (python3 needs h2 and cryptography)")
         port = try XCTUnwrap(info["port"] as? Int)
+        http1Port = try XCTUnwrap(info["http1Port"] as? Int)
         ca = try XCTUnwrap(info["ca"] as? String)
         otherCa = try XCTUnwrap(info["otherCa"] as? String)
         // Read on, so that the server never blocks on a full pipe.

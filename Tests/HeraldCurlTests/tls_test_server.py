@@ -1,11 +1,12 @@
-"""A TLS server for the CurlClient tests: HTTP/2 (h2, by ALPN) and HTTP/1.1.
+"""A TLS server for the CurlClient and HTTP2Client tests: HTTP/2 (h2, by ALPN) and HTTP/1.1.
 
 Makes a throwaway CA and a certificate for 127.0.0.1 (and one more CA that
-vouches for nothing here), prints one JSON line {"port", "ca", "otherCa"}
-once listening on 127.0.0.1, then serves until stdin closes or SIGTERM.
-After it, one JSON line per event on an HTTP/2 connection:
+vouches for nothing here), prints one JSON line {"port", "http1Port", "ca",
+"otherCa"} once listening on 127.0.0.1 (http1Port offers only HTTP/1.1 by
+ALPN), then serves until stdin closes or SIGTERM. After it, one JSON line
+per event on an HTTP/2 connection:
 {"event": "ping", "connection": N, "at": seconds} for each PING received,
-{"event": "closed", "connection": N} when the client closed it.
+{"event": "closed", "connection": N} once the connection ended.
 Routes:
   /echo         200, JSON: method, path, headers, bodyLength, protocol, connection (its number)
   /hang         never answers
@@ -193,34 +194,40 @@ def main():
         (folder / "ca.pem").write_bytes(pem(None, ca[1]))
         (folder / "other-ca.pem").write_bytes(pem(None, other_ca[1]))
         (folder / "server.pem").write_bytes(pem(*server))
-        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        ctx.load_cert_chain(folder / "server.pem")
-        ctx.set_alpn_protocols(["h2", "http/1.1"])
-        listener = socket.socket()
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(512)
-        port = listener.getsockname()[1]
+        def serve(protocols: list[str]) -> int:
+            """Listens on a port of its own offering `protocols` by ALPN; returns the port."""
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(folder / "server.pem")
+            ctx.set_alpn_protocols(protocols)
+            listener = socket.socket()
+            listener.bind(("127.0.0.1", 0))
+            listener.listen(512)
+            port = listener.getsockname()[1]
 
-        def accept():
-            global connections
-            while True:
-                raw, _ = listener.accept()
-                with lock:
-                    connections += 1
-                    number = connections
+            def accept():
+                global connections
+                while True:
+                    raw, _ = listener.accept()
+                    with lock:
+                        connections += 1
+                        number = connections
 
-                def run(raw=raw, number=number):
-                    try:
-                        sock = ctx.wrap_socket(raw, server_side=True)
-                        (serve_h2 if sock.selected_alpn_protocol() == "h2" else serve_http1)(sock, number, port)
-                    except (OSError, ssl.SSLError, ValueError, h2.exceptions.ProtocolError):
-                        pass
+                    def run(raw=raw, number=number):
+                        try:
+                            sock = ctx.wrap_socket(raw, server_side=True)
+                            (serve_h2 if sock.selected_alpn_protocol() == "h2" else serve_http1)(sock, number, port)
+                        except (OSError, ssl.SSLError, ValueError, h2.exceptions.ProtocolError):
+                            pass
 
-                threading.Thread(target=run, daemon=True).start()
+                    threading.Thread(target=run, daemon=True).start()
 
-        threading.Thread(target=accept, daemon=True).start()
+            threading.Thread(target=accept, daemon=True).start()
+            return port
+
+        port = serve(["h2", "http/1.1"])
+        http1_port = serve(["http/1.1"])
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-        print(json.dumps({"port": port, "ca": str(folder / "ca.pem"), "otherCa": str(folder / "other-ca.pem")}), flush=True)
+        print(json.dumps({"port": port, "http1Port": http1_port, "ca": str(folder / "ca.pem"), "otherCa": str(folder / "other-ca.pem")}), flush=True)
         sys.stdin.read()
     finally:
         shutil.rmtree(folder, ignore_errors=True)
