@@ -1,6 +1,8 @@
-/// An HTTP client for the push services, on a thread of its own, over
+/// The HTTP client of Web Push and webhooks, on a thread of its own, over
 /// libcurl's multi interface: HTTP/2 streams multiplexed on one connection
-/// per host (APNs wants exactly that), kept between requests.
+/// per host, or HTTP/1.1, kept between requests. (APNs and FCM use
+/// HeraldHTTP2's client, which PINGs idle connections: libcurl 7.88's multi
+/// interface sends no PING.)
 ///
 /// A device can name a Web Push endpoint, so every request is held to
 /// `https` (unless `plainHTTP`) with the peer's certificate checked, follows no redirect, uses no
