@@ -27,6 +27,10 @@ let package = Package(
         // Debian's libcurl is built with nghttp2: HTTP/2, which APNs requires.
         .systemLibrary(name: "CCurl", pkgConfig: "libcurl",
                        providers: [.apt(["libcurl4-openssl-dev"])]),
+        .systemLibrary(name: "CNGHTTP2", pkgConfig: "libnghttp2",
+                       providers: [.apt(["libnghttp2-dev"])]),
+        .systemLibrary(name: "CSSL", pkgConfig: "libssl",
+                       providers: [.apt(["libssl-dev"])]),
 
         // Pure domain: model, JSON, change feed, cursors, tag expressions,
         // protocol messages, token claims, store interface. No I/O and no C
@@ -49,9 +53,12 @@ let package = Package(
         .target(name: "HeraldRedis", dependencies: ["HeraldCore", "HeraldPorts", "CHiredis"]),
         // The only code that talks to libcurl: an HTTP/2 client on a thread of its own.
         .target(name: "HeraldCurl", dependencies: ["HeraldCore", "CCurl"]),
+        // APNs' and FCM's client: HTTP/2 over nghttp2 and OpenSSL, on a thread of
+        // its own, connections kept alive with PINGs (libcurl 7.88's multi interface sends none).
+        .target(name: "HeraldHTTP2", dependencies: ["HeraldCore", "HeraldCurl", "CNGHTTP2", "CSSL"]),
         // Push to devices that are not connected (SPEC section 10): the services'
         // credentials and encodings (APNs, FCM, Web Push), behind HeraldPorts.PushTransport.
-        .target(name: "HeraldPush", dependencies: ["HeraldCore", "HeraldCrypto", "HeraldPorts", "HeraldCurl", "CCrypto"]),
+        .target(name: "HeraldPush", dependencies: ["HeraldCore", "HeraldCrypto", "HeraldPorts", "HeraldCurl", "HeraldHTTP2", "CCrypto"]),
         // The only code that talks to libwebsockets.
         .target(name: "HeraldTransport", dependencies: ["HeraldPorts", "HeraldGateway", "CLibWebSockets"]),
         // Parses flags and wires things up.
@@ -94,8 +101,8 @@ let package = Package(
         // Seeded mutation fuzzing of the parsers, bounded in time; corpus in Tests/HeraldFuzzTests/corpus.
         .testTarget(name: "HeraldFuzzTests", dependencies: ["HeraldCore", "HeraldCrypto", "HeraldGateway", "HeraldTestSupport"],
                     resources: [.copy("corpus")]),
-        // The libcurl client against local TLS servers (HTTP/1.1 and HTTP/2).
-        .testTarget(name: "HeraldCurlTests", dependencies: ["HeraldCurl"], exclude: ["tls_test_server.py"]),
+        // The libcurl and HTTP/2 clients against local TLS servers (HTTP/1.1 and HTTP/2).
+        .testTarget(name: "HeraldCurlTests", dependencies: ["HeraldCurl", "HeraldHTTP2"], exclude: ["tls_test_server.py"]),
         // Push crypto against the RFCs' vectors, and the services' request forms.
         .testTarget(name: "HeraldPushTests", dependencies: ["HeraldCore", "HeraldCrypto", "HeraldCurl", "HeraldPorts", "HeraldPush", "CCrypto"]),
         // HeraldClient against a real `herald` process (built by `swift build`).

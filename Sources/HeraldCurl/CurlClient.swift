@@ -1,12 +1,14 @@
-/// An HTTP client for the push services, on a thread of its own, over
+/// The HTTP client of Web Push and webhooks, on a thread of its own, over
 /// libcurl's multi interface: HTTP/2 streams multiplexed on one connection
-/// per host (APNs wants exactly that), kept between requests.
+/// per host, or HTTP/1.1, kept between requests. (APNs and FCM use
+/// HeraldHTTP2's client, which PINGs idle connections: libcurl 7.88's multi
+/// interface sends no PING.)
 ///
 /// A device can name a Web Push endpoint, so every request is held to
 /// `https` (unless `plainHTTP`) with the peer's certificate checked, follows no redirect, uses no
 /// proxy from the environment, and takes at most `maxResponseBytes` of
 /// headers and as much of body.
-public final class CurlClient: Sendable {
+public final class CurlClient: HTTPClient {
     public typealias Completion = @Sendable (Result<CurlResponse, CurlFailure>) -> Void
 
     private let loop: CurlLoop
@@ -31,23 +33,13 @@ public final class CurlClient: Sendable {
         loop.start(name: name)
     }
 
-    /// Any thread; never blocks. `completion` runs once, on the client's
-    /// thread (so it should be quick), or at once on the caller's when the
-    /// client has stopped.
-    public func send(_ request: CurlRequest, _ completion: @escaping Completion) {
-        loop.send(request, completion)
-    }
+    public func send(_ request: CurlRequest, _ completion: @escaping Completion) { loop.thread.add(request, completion) }
 
-    /// Requests on the wire now, at most `maxInFlight`.
-    public var inFlight: Int { loop.counts.inFlight }
+    public var inFlight: Int { loop.thread.counts.inFlight }
 
-    /// Requests sent and waiting for room beyond `maxInFlight`.
-    public var waiting: Int { loop.counts.waiting }
+    public var waiting: Int { loop.thread.counts.waiting }
 
-    /// Ends the thread: what is waiting or in flight completes with
-    /// `.stopped` before this returns. Idempotent, from any thread; from a
-    /// completion, the rest complete as soon as it returns.
-    public func shutdown() { loop.stop() }
+    public func shutdown() { loop.thread.stop() }
 
-    deinit { loop.stop() }
+    deinit { loop.thread.stop() }
 }

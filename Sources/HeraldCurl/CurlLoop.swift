@@ -4,35 +4,8 @@ import HeraldCore
 
 /// The thread behind a `CurlClient`: one curl multi handle, driven by
 /// curl_multi_poll / perform / info_read. Requests come in from any thread
-/// through `shared` and a curl_multi_wakeup (which curl makes thread-safe).
-final class CurlLoop: @unchecked Sendable {  // `shared` only under `lock`; `multi`, `running` and `idle` only on the loop thread (`owner` checks it)
-    private struct Waiting {
-        let request: CurlRequest
-        let completion: CurlClient.Completion
-        /// By when it must be on the wire (`startWithin`), else answered.
-        let deadline: ContinuousClock.Instant
-    }
-
-    private struct Shared {
-        /// A FIFO: `queue[head...]` waits, what is before `head` has been taken.
-        var queue: [Waiting] = []
-        var head = 0
-        /// Taken from the queue and not yet completed.
-        var inFlight = 0
-        var stopping = false
-
-        var waiting: Int { queue.count - head }
-
-        mutating func take(_ n: Int) -> [Waiting] {
-            let taken = Array(queue[head..<head + n])
-            head += n
-            inFlight += n
-            // Compacting once half is taken keeps each request's cost constant.
-            if head * 2 >= queue.count { queue.removeFirst(head); head = 0 }
-            return taken
-        }
-    }
-
+/// through `thread` and a curl_multi_wakeup (which curl makes thread-safe).
+final class CurlLoop: @unchecked Sendable {  // `multi` is freed only after `thread` stopped; `running` and `idle` only on the loop thread (`owner` checks it)
     private let multi: UnsafeMutableRawPointer
     private let caFile: String?
     private let http2: Bool
@@ -40,12 +13,8 @@ final class CurlLoop: @unchecked Sendable {  // `shared` only under `lock`; `mul
     private let maxInFlight: Int
     private let maxResponseBytes: Int
     private let idleSeconds: Int
-    /// A pthread mutex rather than Synchronization.Mutex, whose futex calls
-    /// ThreadSanitizer cannot see (it would report races that are not there).
-    private let lock = NSLock()
-    private var shared = Shared()
-    private let owner = ThreadOwner("curl loop")
-    private let finished = DispatchGroup()
+    let thread: ClientThread
+    private var owner: ThreadOwner { thread.owner }
     private var running: [UnsafeMutableRawPointer: CurlTransfer] = [:]
     /// Handles whose request ended, for the next ones: at most `idleKept`.
     private var idle: [CurlTransfer] = []
@@ -70,58 +39,21 @@ final class CurlLoop: @unchecked Sendable {  // `shared` only under `lock`; `mul
             throw CurlFailure.other("curl_multi_setopt: " + String(cString: curl_multi_strerror(bad)))
         }
         multi = m
+        // Under the thread's lock: the loop frees `multi` only after it saw it stopping.
+        nonisolated(unsafe) let wakeable = m
+        thread = ClientThread("curl loop") { curl_multi_wakeup(wakeable) }
         self.caFile = caFile; self.http2 = http2; self.plainHTTP = plainHTTP; self.maxInFlight = maxInFlight; self.maxResponseBytes = maxResponseBytes
         self.idleSeconds = idleSeconds
     }
 
-    func start(name: String) {
-        finished.enter()
-        Thread { [self] in
-            nameCurrentThread(name)
-            owner.claim()
-            run()
-        }.start()
-    }
-
-    private func withShared<R>(_ body: (inout Shared) -> R) -> R {
-        lock.lock()
-        defer { lock.unlock() }
-        return body(&shared)
-    }
-
-    var counts: (inFlight: Int, waiting: Int) { withShared { ($0.inFlight, $0.waiting) } }
-
-    func send(_ request: CurlRequest, _ completion: @escaping CurlClient.Completion) {
-        let deadline = ContinuousClock.now + (request.startWithin ?? request.timeout)
-        let accepted = withShared { s in
-            guard !s.stopping else { return false }
-            s.queue.append(Waiting(request: request, completion: completion, deadline: deadline))
-            // Under the lock: the loop frees `multi` only after it saw `stopping`.
-            curl_multi_wakeup(multi)
-            return true
-        }
-        if !accepted { completion(.failure(.stopped)) }
-    }
-
-    func stop() {
-        withShared { s in
-            guard !s.stopping else { return }
-            s.stopping = true
-            curl_multi_wakeup(multi)
-        }
-        // A completion that stops its own client cannot wait for the loop it runs on.
-        if !owner.isCurrent { finished.wait() }
-    }
+    func start(name: String) { thread.start(name: name) { [self] in run() } }
 
     // MARK: The loop thread
 
     private func run() {
         var active: Int32 = 0
         while true {
-            let (batch, stop) = withShared { s in
-                s.stopping ? ([], true) : (s.take(min(maxInFlight - s.inFlight, s.waiting)), false)
-            }
-            if stop { break }
+            guard let batch = thread.take(maxInFlight: maxInFlight) else { break }
             for w in batch { begin(w) }
             curl_multi_perform(multi, &active)
             collect()
@@ -130,31 +62,24 @@ final class CurlLoop: @unchecked Sendable {  // `shared` only under `lock`; `mul
             // curl 7.88 can leave an HTTP/2 header block larger than its 16 KiB
             // receive buffer half read with no timer set: such an answer moves
             // on only at the next timeout.
-            let more = withShared { s in s.stopping || (s.waiting > 0 && s.inFlight < maxInFlight) }
-            if !more { curl_multi_poll(multi, nil, 0, 1000, nil) }
+            if !thread.hasWork(maxInFlight: maxInFlight) { curl_multi_poll(multi, nil, 0, 1000, nil) }
         }
         finish()
     }
 
-    /// Completes a request that `take` counted in flight. Counted out first,
-    /// so that a completion sees the count without itself.
-    private func complete(_ completion: CurlClient.Completion, _ result: Result<CurlResponse, CurlFailure>) {
-        withShared { $0.inFlight -= 1 }
-        completion(result)
-    }
-
     /// Hands `w` to curl, or completes it when it cannot go.
-    private func begin(_ w: Waiting) {
+    private func begin(_ w: ClientThread.Waiting) {
         owner.preconditionCurrent()
-        let left = w.deadline - .now
-        // With `startWithin` the deadline is the start's, and the wire has the whole timeout.
-        let mustStart = w.request.startWithin != nil
-        guard left > .zero else { return complete(w.completion, .failure(mustStart ? .notStarted : .timedOut)) }
+        let timeout: Duration
+        switch w.wireTime(now: .now) {
+        case .success(let t): timeout = t
+        case .failure(let f): return complete(w.completion, .failure(f))
+        }
         guard let t = idle.popLast()
                 ?? CurlTransfer(limit: maxResponseBytes, caFile: caFile, http2: http2, idleSeconds: idleSeconds, plainHTTP: plainHTTP) else {
             return complete(w.completion, .failure(.other("curl_easy_init or curl_easy_setopt failed")))
         }
-        if let failure = t.configure(w.request, timeout: mustStart ? w.request.timeout : left, plainHTTP: plainHTTP, completion: w.completion) {
+        if let failure = t.configure(w.request, timeout: timeout, plainHTTP: plainHTTP, completion: w.completion) {
             return complete(w.completion, .failure(failure))
         }
         let code = curl_multi_add_handle(multi, t.easy)
@@ -162,6 +87,10 @@ final class CurlLoop: @unchecked Sendable {  // `shared` only under `lock`; `mul
             return complete(w.completion, .failure(.other("curl_multi_add_handle: " + String(cString: curl_multi_strerror(code)))))
         }
         running[t.easy] = t
+    }
+
+    private func complete(_ completion: CurlClient.Completion, _ result: Result<CurlResponse, CurlFailure>) {
+        thread.complete(completion, result)
     }
 
     /// Completes the transfers that ended.
@@ -188,12 +117,7 @@ final class CurlLoop: @unchecked Sendable {  // `shared` only under `lock`; `mul
         }
         running.removeAll()
         idle.removeAll()
-        let left = withShared { s in
-            defer { s.queue = []; s.head = 0 }
-            return s.queue[s.head...]
-        }
-        for w in left { w.completion(.failure(.stopped)) }
+        thread.stopWaiting()
         curl_multi_cleanup(multi)
-        finished.leave()
     }
 }

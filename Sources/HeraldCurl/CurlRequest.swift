@@ -41,3 +41,25 @@ extension CurlResponse {
     /// `Retry-After` in seconds (the delta form; a date is taken as none).
     public var retryAfterSeconds: Int? { headers["retry-after"].flatMap { Int($0.trimmingCharacters(in: .whitespaces)) } }
 }
+
+extension CurlRequest {
+    /// Why the request must not be sent, if it must not: a URL that is not
+    /// `https` (nor `http` when `plainHTTP`), a method that is not a token,
+    /// a header that could smuggle in others.
+    public func refusal(plainHTTP: Bool) -> String? {
+        // On bytes, not Characters: this runs for every request.
+        func scheme(_ s: String) -> Bool { url.utf8.starts(with: s.utf8) { $0 == $1 || (0x41...0x5A).contains($0) && $0 + 0x20 == $1 } }
+        guard scheme("https://") || (plainHTTP && scheme("http://")) else {
+            return "only https URLs are sent to"
+        }
+        guard !method.isEmpty, method.utf8.allSatisfy({ (0x41...0x5A).contains($0 & ~0x20) }) else {
+            return "method \(method.debugDescription)"
+        }
+        // A line break in a header would let its value smuggle in other headers.
+        for (name, value) in headers where name.isEmpty || name.utf8.contains(where: { $0 <= 0x20 || $0 == UInt8(ascii: ":") })
+            || value.utf8.contains(where: { $0 == 0 || $0 == 0x0A || $0 == 0x0D }) {
+            return "header \(name.debugDescription)"
+        }
+        return nil
+    }
+}

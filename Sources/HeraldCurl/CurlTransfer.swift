@@ -74,7 +74,7 @@ final class CurlTransfer {
     /// to go. A handle that failed here is not used again.
     func configure(_ r: CurlRequest, timeout: Duration, plainHTTP: Bool, completion: @escaping CurlClient.Completion) -> CurlFailure? {
         self.completion = completion
-        if let problem = Self.problem(r, plainHTTP: plainHTTP) { return .refused(problem) }
+        if let problem = r.refusal(plainHTTP: plainHTTP) { return .refused(problem) }
         for (name, value) in r.headers {
             // "Name;" is how curl sends an empty value: "Name:" would drop the header.
             headerList = curl_slist_append(headerList, value.isEmpty ? "\(name);" : "\(name): \(value)")
@@ -112,24 +112,6 @@ final class CurlTransfer {
         headerBytes = 0
         body = []
         overLimit = false
-    }
-
-    /// Why `r` must not be sent, if it must not.
-    private static func problem(_ r: CurlRequest, plainHTTP: Bool) -> String? {
-        // On bytes, not Characters: this runs for every request.
-        func scheme(_ s: String) -> Bool { r.url.utf8.starts(with: s.utf8) { $0 == $1 || (0x41...0x5A).contains($0) && $0 + 0x20 == $1 } }
-        guard scheme("https://") || (plainHTTP && scheme("http://")) else {
-            return "only https URLs are sent to"
-        }
-        guard !r.method.isEmpty, r.method.utf8.allSatisfy({ (0x41...0x5A).contains($0 & ~0x20) }) else {
-            return "method \(r.method.debugDescription)"
-        }
-        // A line break in a header would let its value smuggle in other headers.
-        for (name, value) in r.headers where name.isEmpty || name.utf8.contains(where: { $0 <= 0x20 || $0 == UInt8(ascii: ":") })
-            || value.utf8.contains(where: { $0 == 0 || $0 == 0x0A || $0 == 0x0D }) {
-            return "header \(name.debugDescription)"
-        }
-        return nil
     }
 
     /// The answer, or the failure that `code` (the transfer's end) stands for.

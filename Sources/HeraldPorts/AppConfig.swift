@@ -137,6 +137,8 @@ public struct PushSettings: Sendable, Equatable {
     /// The least time between two taps to one device (iOS budgets
     /// background pushes and silently drops those over budget).
     public var tapIntervalSeconds = 15
+    /// How long a connection to APNs or FCM idles before an HTTP/2 PING, and between PINGs.
+    public var pingIntervalSeconds = 60
 
     public init(alert: AlertPointers? = nil, apns: APNs? = nil, fcm: FCM? = nil, webPush: WebPush? = nil) {
         self.alert = alert; self.apns = apns; self.fcm = fcm; self.webPush = webPush

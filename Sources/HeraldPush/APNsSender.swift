@@ -1,26 +1,29 @@
 import HeraldCore
 import HeraldCurl
+import HeraldHTTP2
 import HeraldPorts
 
 /// Apple Push Notification service, token-based provider authentication
 /// (Apple: "Sending notification requests to APNs"): HTTP/2 over one
-/// multiplexed connection per environment, an ES256 provider token shared
+/// multiplexed connection per environment (kept open, PINGed while idle), an ES256 provider token shared
 /// by the deployment and renewed every 40 minutes (`ProviderToken`), the
 /// headers SPEC section 10 names.
 final class APNsSender: Sendable {
     let credentials: LoadedCredentials.APNs
-    private let clients: [APNsEnvironment: CurlClient]
+    private let clients: [APNsEnvironment: HTTP2Client]
     private let token: ProviderToken
 
     static let maxBody = 4_096
 
     /// Sends to devices of `environments` only (an environment-limited key serves one).
-    init(_ c: LoadedCredentials.APNs, app: String, environments: [APNsEnvironment] = APNsEnvironment.allCases) throws {
+    /// `pingInterval`: how long a connection idles before a PING, and between PINGs.
+    init(_ c: LoadedCredentials.APNs, app: String, environments: [APNsEnvironment] = APNsEnvironment.allCases,
+         pingInterval: Duration) throws {
         credentials = c
-        var clients: [APNsEnvironment: CurlClient] = [:]
+        var clients: [APNsEnvironment: HTTP2Client] = [:]
         for env in environments {
-            clients[env] = try CurlClient(name: "apns-\(env.rawValue.prefix(4))", caFile: c.settings.caFile, http2: true,
-                                          maxInFlight: PushSenders.maxInFlight)
+            clients[env] = try HTTP2Client(name: "apns-\(env.rawValue.prefix(4))", caFile: c.settings.caFile,
+                                           maxInFlight: PushSenders.maxInFlight, pingInterval: pingInterval)
         }
         self.clients = clients
         token = ProviderToken(teamId: c.settings.teamId, keyId: c.settings.keyId, key: c.key)

@@ -1,6 +1,7 @@
 import Foundation
 import HeraldCore
 import HeraldCurl
+import HeraldHTTP2
 import HeraldPorts
 
 /// Firebase Cloud Messaging, HTTP v1 API: an OAuth 2.0 access token from the
@@ -9,7 +10,8 @@ import HeraldPorts
 /// message whose values are strings (SPEC section 10).
 final class FCMSender: Sendable {
     let credentials: LoadedCredentials.FCM
-    private let client: CurlClient
+    /// The OAuth token requests' too.
+    private let client: HTTP2Client
 
     /// An access token, or what the sends waiting for one are answered.
     private enum Access { case token(String), failed(PushOutcome) }
@@ -24,9 +26,10 @@ final class FCMSender: Sendable {
 
     static let scope = "https://www.googleapis.com/auth/firebase.messaging"
 
-    init(_ c: LoadedCredentials.FCM, app: String) throws {
+    /// `pingInterval`: how long a connection idles before a PING, and between PINGs.
+    init(_ c: LoadedCredentials.FCM, app: String, pingInterval: Duration) throws {
         credentials = c
-        client = try CurlClient(name: "fcm", caFile: c.settings.caFile, http2: true, maxInFlight: PushSenders.maxInFlight)
+        client = try HTTP2Client(name: "fcm", caFile: c.settings.caFile, maxInFlight: PushSenders.maxInFlight, pingInterval: pingInterval)
     }
 
     func stop() { client.shutdown() }

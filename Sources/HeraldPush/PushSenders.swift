@@ -18,15 +18,15 @@ public final class PushSenders: PushTransport {
         /// What it was built from: the settings and the credential files' bytes.
         let source: Source
 
-        init(_ id: String, _ c: LoadedCredentials, source: Source) throws {
+        init(_ id: String, _ c: LoadedCredentials, pingInterval: Duration, source: Source) throws {
             if let a = c.apns, let development = a.forDevelopment {
-                apns = try APNsSender(a, app: id, environments: [.production])
-                apnsDevelopment = try APNsSender(development, app: id, environments: [.development])
+                apns = try APNsSender(a, app: id, environments: [.production], pingInterval: pingInterval)
+                apnsDevelopment = try APNsSender(development, app: id, environments: [.development], pingInterval: pingInterval)
             } else {
-                apns = try c.apns.map { try APNsSender($0, app: id) }
+                apns = try c.apns.map { try APNsSender($0, app: id, pingInterval: pingInterval) }
                 apnsDevelopment = nil
             }
-            fcm = try c.fcm.map { try FCMSender($0, app: id) }
+            fcm = try c.fcm.map { try FCMSender($0, app: id, pingInterval: pingInterval) }
             webPush = try c.webPush.map { try WebPushSender($0, app: id) }
             self.source = source
         }
@@ -74,7 +74,7 @@ public final class PushSenders: PushTransport {
         let source = Source(s)
         let c = try LoadedCredentials(s)
         do {
-            return try App(id, c, source: source)
+            return try App(id, c, pingInterval: .seconds(s.pingIntervalSeconds), source: source)
         } catch {
             throw PushCredentialError("app \(id): the push client could not start: \(error)")
         }

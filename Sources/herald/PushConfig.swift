@@ -56,6 +56,7 @@ extension ConfigFile {
             settings.webPush = web
         }
         if let t = try f.int("tapIntervalSeconds", in: 0...3600) { settings.tapIntervalSeconds = t }
+        if let p = try f.int("pingIntervalSeconds", in: 1...3600) { settings.pingIntervalSeconds = p }
         try f.finish()
         guard !settings.services.isEmpty else { throw UsageError("app \(id): push names no service (apns, fcm or webpush)") }
         do { try PushCredentials.check(&settings) } catch { throw UsageError("app \(id): \(error.description)") }

@@ -5,43 +5,7 @@ import XCTest
 /// CurlClient against a real TLS server on loopback (tls_test_server.py:
 /// HTTP/2 by ALPN, or HTTP/1.1), with a CA of its own. Each test has its own
 /// server, so its connection count starts at zero.
-final class CurlClientTests: XCTestCase {
-    private var server: Process!
-    private var serverInput: Pipe!
-    private var port = 0
-    private var ca = "", otherCa = ""
-    private var clients: [CurlClient] = []
-
-    override func setUpWithError() throws {
-        let script = URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent("tls_test_server.py")
-        server = Process()
-        server.executableURL = URL(fileURLWithPath: "/usr/bin/env")
-        server.arguments = ["python3", script.path]
-        let out = Pipe()
-        // Its stdin closing ends the server too, should this process die first.
-        serverInput = Pipe()
-        server.standardOutput = out
-        server.standardInput = serverInput
-        try server.run()
-        var line = Data()
-        while let b = try out.fileHandleForReading.read(upToCount: 1), !b.isEmpty, b != Data("\n".utf8) { line.append(b) }
-        let info = try XCTUnwrap(try? JSONSerialization.jsonObject(with: line) as? [String: Any],
-                                 "the server's first line (python3 needs h2 and cryptography)")
-        port = try XCTUnwrap(info["port"] as? Int)
-        ca = try XCTUnwrap(info["ca"] as? String)
-        otherCa = try XCTUnwrap(info["otherCa"] as? String)
-    }
-
-    override func tearDown() {
-        for c in clients { c.shutdown() }
-        clients = []
-        server.terminate()
-        server.waitUntilExit()
-        super.tearDown()
-    }
-
-    // MARK: Helpers
-
+final class CurlClientTests: TLSServerTestCase {
     func client(name: String = "curl-test", http2: Bool = true, caFile: String? = nil, maxInFlight: Int = 1000,
                 maxResponseBytes: Int = 64 * 1024, idleLimit: Duration? = nil) throws -> CurlClient {
         let c = try CurlClient(name: name, caFile: caFile ?? ca, http2: http2, maxInFlight: maxInFlight, maxResponseBytes: maxResponseBytes,
@@ -50,66 +14,10 @@ final class CurlClientTests: XCTestCase {
         return c
     }
 
-    func request(_ path: String, method: String = "POST", headers: [(String, String)] = [("x-test", "1")],
-                 body: String = #"{"a":1}"#, timeout: Duration = .seconds(10), scheme: String = "https") -> CurlRequest {
-        CurlRequest(method: method, url: "\(scheme)://127.0.0.1:\(port)\(path)", headers: headers, body: Array(body.utf8), timeout: timeout)
-    }
-
-    struct NoAnswer: Error {}
-
-    /// Sends and waits for the completion.
-    func send(_ c: CurlClient, _ r: CurlRequest) throws -> Result<CurlResponse, CurlFailure> {
-        try sendAll(c, [r])[0]
-    }
-
-    /// Sends all at once and waits for every completion; results in the requests' order.
-    func sendAll(_ c: CurlClient, _ rs: [CurlRequest]) throws -> [Result<CurlResponse, CurlFailure>] {
-        let done = DispatchGroup()
-        let results = LockedBox<[Int: Result<CurlResponse, CurlFailure>]>([:])
-        for (i, r) in rs.enumerated() {
-            done.enter()
-            c.send(r) { result in results.update { $0[i] = result }; done.leave() }
-        }
-        guard done.wait(timeout: .now() + 30) == .success else { throw NoAnswer() }
-        return rs.indices.map { results.get()[$0]! }
-    }
-
-    func json(_ r: Result<CurlResponse, CurlFailure>) throws -> [String: Any] {
-        try XCTUnwrap(try JSONSerialization.jsonObject(with: Data(r.get().body)) as? [String: Any])
-    }
-
-    func connectionsAccepted(_ c: CurlClient) throws -> Int? {
-        try json(send(c, request("/stats")))["connections"] as? Int
-    }
-
     // MARK: Tests
 
     func testHTTP2CarriesMethodHeadersAndBodyBothWays() throws {
-        let c = try client(name: "herald-curl-t")
-        let done = DispatchSemaphore(value: 0)
-        let seen = LockedBox<(Result<CurlResponse, CurlFailure>?, String)>((nil, ""))
-        c.send(request("/echo", headers: [("x-test", "1"), ("x-empty", ""), ("content-type", "application/json")])) { r in
-            seen.set((r, currentThreadName()))
-            done.signal()
-        }
-        XCTAssertEqual(done.wait(timeout: .now() + 30), .success)
-        let (result, thread) = seen.get()
-        let r = try XCTUnwrap(result)
-        XCTAssertEqual(try r.get().status, 200)
-        XCTAssertEqual(try r.get().httpVersion, 2)
-        XCTAssertEqual(try r.get().headers["x-echo"], "yes")
-        let echo = try json(r)
-        XCTAssertEqual(echo["protocol"] as? String, "h2")
-        XCTAssertEqual(echo["method"] as? String, "POST")
-        let headers = try XCTUnwrap(echo["headers"] as? [String: String])
-        XCTAssertEqual(headers["x-test"], "1")
-        XCTAssertEqual(headers["x-empty"], "", "an empty value is sent, not dropped")
-        XCTAssertEqual(headers["content-type"], "application/json")
-        XCTAssertNil(headers["expect"])
-        XCTAssertEqual(echo["bodyLength"] as? Int, 7)
-        #if os(Linux)
-        XCTAssertEqual(thread, "herald-curl-t", "completions run on the client's thread, which bears its name")
-        #endif
+        try checkHTTP2CarriesMethodHeadersAndBodyBothWays(client(name: "herald-test-t"))
     }
 
     func testMethodsWithAndWithoutBodies() throws {
@@ -138,14 +46,7 @@ final class CurlClientTests: XCTestCase {
         XCTAssertEqual(try send(c, request("/echo")).get().status, 200)
     }
 
-    func testManyConcurrentRequestsShareOneConnection() throws {
-        let c = try client()
-        // More than the server's 100 concurrent streams: the rest wait for a stream, not for another connection.
-        let rs = try sendAll(c, Array(repeating: request("/echo"), count: 300))
-        XCTAssertEqual(rs.map { (try? $0.get().status) ?? -1 }, Array(repeating: 200, count: 300))
-        XCTAssertEqual(Set(try rs.map { try json($0)["connection"] as? Int }), [1])
-        XCTAssertEqual(try connectionsAccepted(c), 1, "every stream on one connection")
-    }
+    func testManyConcurrentRequestsShareOneConnection() throws { try checkManyConcurrentRequestsShareOneConnection(client()) }
 
     func testTheConnectionIsKeptBetweenRequests() throws {
         for http2 in [true, false] {
@@ -173,16 +74,7 @@ final class CurlClientTests: XCTestCase {
         XCTAssertEqual(try connectionsAccepted(kept), 3)
     }
 
-    func testAHungRequestTimesOutWhileOthersComplete() throws {
-        let c = try client()
-        let hung = DispatchSemaphore(value: 0)
-        let result = LockedBox<Result<CurlResponse, CurlFailure>?>(nil)
-        c.send(request("/hang", timeout: .seconds(2))) { result.set($0); hung.signal() }
-        for _ in 0..<5 { XCTAssertEqual(try send(c, request("/echo")).get().status, 200) }
-        XCTAssertEqual(hung.wait(timeout: .now() + 30), .success)
-        XCTAssertEqual(result.get()?.failure, .timedOut)
-        XCTAssertEqual(try connectionsAccepted(c), 1, "the stream ended, not the connection")
-    }
+    func testAHungRequestTimesOutWhileOthersComplete() throws { try checkAHungRequestTimesOutWhileOthersComplete(client()) }
 
     func testRequestsBeyondMaxInFlightWaitTheirTurnWithinTheirTimeout() throws {
         let c = try client(maxInFlight: 1)
@@ -191,11 +83,7 @@ final class CurlClientTests: XCTestCase {
         for (path, timeout) in [("/hang", 2), ("/echo", 1), ("/echo", 10)] {
             done.enter()
             c.send(request(path, timeout: .seconds(timeout))) { r in
-                let outcome = switch r {
-                case .success(let answer): "\(answer.status)"
-                case .failure(let failure): "\(failure)"
-                }
-                order.update { $0.append("\(path) \(outcome)") }
+                order.update { $0.append("\(path) \(outcome(r))") }
                 done.leave()
             }
         }
@@ -207,47 +95,11 @@ final class CurlClientTests: XCTestCase {
     }
 
     func testARequestThatMustStartInTimeIsGivenBackUnsentOrHasItsWholeTimeoutOnTheWire() throws {
-        let c = try client(maxInFlight: 1)
-        let order = LockedBox<[String]>([])
-        let took = LockedBox<[String: Duration]>([:])
-        let done = DispatchGroup()
-        let began = ContinuousClock.now
-        for (name, path, startWithin) in [("first", "/hang", nil), ("late", "/echo", 1), ("next", "/hang", 10)] as [(String, String, Int?)] {
-            done.enter()
-            var r = request(path, timeout: .seconds(2))
-            r.startWithin = startWithin.map { .seconds($0) }
-            c.send(r) { result in
-                let outcome = switch result {
-                case .success(let answer): "\(answer.status)"
-                case .failure(let failure): "\(failure)"
-                }
-                order.update { $0.append("\(name) \(outcome)") }
-                took.update { $0[name] = .now - began }
-                done.leave()
-            }
-        }
-        XCTAssertEqual(done.wait(timeout: .now() + 30), .success)
-        // `late` waited behind `first` past its second: never sent. `next` started
-        // as `first` timed out and had its own 2 s on the wire after that.
-        XCTAssertEqual(order.get(), ["first timed out", "late not sent: no room on the wire in time", "next timed out"])
-        let next = try XCTUnwrap(took.get()["next"])
-        XCTAssertGreaterThanOrEqual(next, .milliseconds(3_900), "its timeout counted from its start, not from the send")
+        try checkARequestThatMustStartInTimeIsGivenBackUnsentOrHasItsWholeTimeoutOnTheWire(client(maxInFlight: 1))
     }
 
     func testOnlyWellFormedHTTPSRequestsAreSentAndRedirectsAreNotFollowed() throws {
-        let c = try client()
-        XCTAssertEqual(try send(c, request("/echo", scheme: "http")).failure, .refused("only https URLs are sent to"))
-        XCTAssertEqual(try send(c, request("/echo", scheme: "ftp")).failure, .refused("only https URLs are sent to"))
-        guard case .refused = try send(c, request("/echo", headers: [("x-a", "1\r\nx-b: 2")])).failure else {
-            return XCTFail("a line break in a header value is refused")
-        }
-        guard case .refused = try send(c, request("/echo", method: "GET /other")).failure else {
-            return XCTFail("a method that is not a token is refused")
-        }
-        let r = try send(c, request("/redirect")).get()
-        XCTAssertEqual(r.status, 302, "the redirect is the answer")
-        XCTAssertEqual(r.headers["location"], "https://127.0.0.1:\(port)/echo")
-        XCTAssertEqual(try connectionsAccepted(c), 1, "nothing connected for the refused requests")
+        try checkOnlyWellFormedHTTPSRequestsAreSentAndRedirectsAreNotFollowed(client())
     }
 
     func testLongAnswersAreRefused() throws {
@@ -268,14 +120,7 @@ final class CurlClientTests: XCTestCase {
         }
     }
 
-    func testStatusAndRetryAfterPassThrough() throws {
-        let c = try client()
-        let r = try send(c, request("/status/429")).get()
-        XCTAssertEqual(r.status, 429)
-        XCTAssertEqual(r.headers["retry-after"], "7")
-        XCTAssertEqual(String(decoding: r.body, as: UTF8.self), #"{"reason":"Scripted"}"#)
-        XCTAssertEqual(try send(c, request("/status/503")).get().status, 503)
-    }
+    func testStatusAndRetryAfterPassThrough() throws { try checkStatusAndRetryAfterPassThrough(client()) }
 
     func testHTTP1WhenAsked() throws {
         let r = try send(try client(http2: false), request("/echo"))
@@ -284,65 +129,11 @@ final class CurlClientTests: XCTestCase {
         XCTAssertEqual(try json(r)["protocol"] as? String, "http/1.1")
     }
 
-    func testShutdownEndsWhatIsInFlightOrWaiting() throws {
-        let c = try client(maxInFlight: 3)
-        let results = LockedBox<[Result<CurlResponse, CurlFailure>]>([])
-        let hang = { c.send(self.request("/hang", timeout: .seconds(60))) { r in results.update { $0.append(r) } } }
-        hang()
-        XCTAssertEqual(try send(c, request("/echo")).get().status, 200)
-        XCTAssertEqual(c.inFlight, 1, "the hung request is on the wire")
-        for _ in 0..<4 { hang() }  // two more on the wire, two waiting
-        let t0 = ContinuousClock.now
-        c.shutdown()
-        XCTAssertLessThan(ContinuousClock.now - t0, .seconds(5))
-        XCTAssertEqual(results.get().map(\.failure), Array(repeating: .stopped, count: 5), "all complete before shutdown returns")
-        XCTAssertEqual(c.inFlight, 0)
-        XCTAssertEqual(c.waiting, 0)
-        XCTAssertEqual(try send(c, request("/echo")).failure, .stopped, "a stopped client sends nothing")
-        c.shutdown()
-    }
+    func testShutdownEndsWhatIsInFlightOrWaiting() throws { try checkShutdownEndsWhatIsInFlightOrWaiting(client(maxInFlight: 3)) }
 
-    func testAClientCanBeStoppedFromItsOwnCompletion() throws {
-        let c = try client()
-        let hung = DispatchSemaphore(value: 0)
-        let result = LockedBox<Result<CurlResponse, CurlFailure>?>(nil)
-        c.send(request("/hang", timeout: .seconds(60))) { result.set($0); hung.signal() }
-        let stopped = DispatchSemaphore(value: 0)
-        c.send(request("/echo")) { _ in c.shutdown(); stopped.signal() }
-        XCTAssertEqual(stopped.wait(timeout: .now() + 30), .success, "shutdown does not wait for the thread it runs on")
-        XCTAssertEqual(hung.wait(timeout: .now() + 30), .success)
-        XCTAssertEqual(result.get()?.failure, .stopped)
-    }
+    func testAClientCanBeStoppedFromItsOwnCompletion() throws { try checkAClientCanBeStoppedFromItsOwnCompletion(client()) }
 
     func testAClientLetGoStopsItsThread() throws {
-        let hung = DispatchSemaphore(value: 0)
-        let result = LockedBox<Result<CurlResponse, CurlFailure>?>(nil)
-        do {
-            let c = try CurlClient(name: "let-go", caFile: ca, http2: true, maxInFlight: 10)
-            c.send(request("/hang", timeout: .seconds(60))) { result.set($0); hung.signal() }
-            XCTAssertEqual(try send(c, request("/echo")).get().status, 200)
-        }
-        XCTAssertEqual(hung.wait(timeout: .now() + 30), .success, "the last reference's release stops the client")
-        XCTAssertEqual(result.get()?.failure, .stopped)
+        try checkAClientLetGoStopsItsThread { try CurlClient(name: "let-go", caFile: ca, http2: true, maxInFlight: 10) }
     }
-}
-
-extension Result where Failure == CurlFailure {
-    var failure: CurlFailure? { if case .failure(let f) = self { return f }; return nil }
-}
-
-/// The calling thread's name, as the OS has it.
-func currentThreadName() -> String {
-    let comm = (try? String(contentsOfFile: "/proc/thread-self/comm", encoding: .utf8)) ?? ""
-    return comm.trimmingCharacters(in: .newlines)
-}
-
-/// A value the test's thread and the client's share.
-final class LockedBox<T>: @unchecked Sendable {  // every access holds `lock`
-    private let lock = NSLock()
-    private var value: T
-    init(_ v: T) { value = v }
-    func get() -> T { lock.withLock { value } }
-    func set(_ v: T) { lock.withLock { value = v } }
-    func update(_ f: (inout T) -> Void) { lock.withLock { f(&value) } }
 }

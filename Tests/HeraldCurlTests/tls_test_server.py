@@ -1,8 +1,12 @@
-"""A TLS server for the CurlClient tests: HTTP/2 (h2, by ALPN) and HTTP/1.1.
+"""A TLS server for the CurlClient and HTTP2Client tests: HTTP/2 (h2, by ALPN) and HTTP/1.1.
 
 Makes a throwaway CA and a certificate for 127.0.0.1 (and one more CA that
-vouches for nothing here), prints one JSON line {"port", "ca", "otherCa"}
-once listening on 127.0.0.1, then serves until stdin closes or SIGTERM.
+vouches for nothing here), prints one JSON line {"port", "http1Port", "ca",
+"otherCa"} once listening on 127.0.0.1 (http1Port offers only HTTP/1.1 by
+ALPN), then serves until stdin closes or SIGTERM. After it, one JSON line
+per event on an HTTP/2 connection:
+{"event": "ping", "connection": N, "at": seconds} for each PING received,
+{"event": "closed", "connection": N} once the connection ended.
 Routes:
   /echo         200, JSON: method, path, headers, bodyLength, protocol, connection (its number)
   /hang         never answers
@@ -13,6 +17,10 @@ Routes:
                 on a header block larger than its 16 KiB buffer)
   /status/NNN   status NNN with Retry-After: 7
   /stats        {"connections": N} accepted so far
+  /deaf         200, then the HTTP/2 connection sends nothing more (PINGs go unanswered)
+  /bye          200, then the server closes the HTTP/2 connection (and then reports it closed)
+  /goaway       200, then GOAWAY naming this stream the last processed: the
+                streams after it go unanswered
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ import ssl
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import h2.config
@@ -41,6 +50,11 @@ from cryptography.x509.oid import NameOID
 BIG = b"x" * (200 * 1024)
 connections = 0
 lock = threading.Lock()
+
+
+def report(**fields) -> None:
+    with lock:
+        print(json.dumps(fields), flush=True)
 
 
 def make_cert(subject: str, issuer=None, san=None):
@@ -92,41 +106,65 @@ def serve_h2(sock, number: int, port: int):
     sock.sendall(conn.data_to_send())
     requests: dict[int, dict] = {}
     unsent: dict[int, bytes] = {}  # bodies waiting for the peer's flow-control window
-    while data := sock.recv(65536):
-        for event in conn.receive_data(data):
-            if isinstance(event, h2.events.RequestReceived):
-                requests[event.stream_id] = {"headers": dict(event.headers), "body": b""}
-            elif isinstance(event, h2.events.DataReceived):
-                if event.stream_id in requests:
-                    requests[event.stream_id]["body"] += event.data
-                conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
-            elif isinstance(event, h2.events.StreamReset):
-                requests.pop(event.stream_id, None)
-                unsent.pop(event.stream_id, None)
-            elif isinstance(event, h2.events.StreamEnded):
-                r = requests.pop(event.stream_id)
-                h = r["headers"]
-                reply = answer(h[":path"], h[":method"], {k: v for k, v in h.items() if not k.startswith(":")},
-                               r["body"], "h2", number, port)
-                if reply is None:
-                    continue
-                status, extra, body, tell = reply
-                length = [("content-length", str(len(body)))] if tell else []
-                conn.send_headers(event.stream_id, [(":status", str(status))] + length + extra)
-                unsent[event.stream_id] = body
-        for stream, body in list(unsent.items()):
-            try:
-                while body and (size := min(conn.local_flow_control_window(stream), conn.max_outbound_frame_size, len(body))) > 0:
-                    conn.send_data(stream, body[:size])
-                    body = body[size:]
-                if body:
-                    unsent[stream] = body
-                else:
-                    conn.end_stream(stream)
+    deaf = deafening = gone = bye = False
+    try:
+        while data := sock.recv(65536):
+            if gone:
+                continue  # after GOAWAY: read until the client closes, so that it reads the GOAWAY rather than a reset
+            for event in conn.receive_data(data):
+                if isinstance(event, h2.events.PingReceived):
+                    report(event="ping", connection=number, at=time.monotonic())
+                elif isinstance(event, h2.events.RequestReceived):
+                    requests[event.stream_id] = {"headers": dict(event.headers), "body": b""}
+                elif isinstance(event, h2.events.DataReceived):
+                    if event.stream_id in requests:
+                        requests[event.stream_id]["body"] += event.data
+                    conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+                elif isinstance(event, h2.events.StreamReset):
+                    requests.pop(event.stream_id, None)
+                    unsent.pop(event.stream_id, None)
+                elif isinstance(event, h2.events.StreamEnded):
+                    r = requests.pop(event.stream_id)
+                    h = r["headers"]
+                    reply = answer(h[":path"], h[":method"], {k: v for k, v in h.items() if not k.startswith(":")},
+                                   r["body"], "h2", number, port)
+                    if reply is None:
+                        continue
+                    status, extra, body, tell = reply
+                    length = [("content-length", str(len(body)))] if tell else []
+                    conn.send_headers(event.stream_id, [(":status", str(status))] + length + extra)
+                    unsent[event.stream_id] = body
+                    if h[":path"] == "/deaf":
+                        deafening = True
+                    elif h[":path"] == "/bye":
+                        bye = True
+                    elif h[":path"] == "/goaway":
+                        conn.send_data(event.stream_id, body, end_stream=True)
+                        del unsent[event.stream_id]
+                        conn.close_connection(last_stream_id=event.stream_id)
+                        gone = True
+                        break
+            for stream, body in [] if gone else list(unsent.items()):
+                try:
+                    while body and (size := min(conn.local_flow_control_window(stream), conn.max_outbound_frame_size, len(body))) > 0:
+                        conn.send_data(stream, body[:size])
+                        body = body[size:]
+                    if body:
+                        unsent[stream] = body
+                    else:
+                        conn.end_stream(stream)
+                        del unsent[stream]
+                except h2.exceptions.StreamClosedError:
                     del unsent[stream]
-            except h2.exceptions.StreamClosedError:
-                del unsent[stream]
-        sock.sendall(conn.data_to_send())
+            out = conn.data_to_send()
+            if not deaf:
+                sock.sendall(out)
+            deaf = deaf or deafening  # what answered /deaf went out; nothing after it does
+            if bye:
+                sock.close()
+                return
+    finally:
+        report(event="closed", connection=number)
 
 
 def serve_http1(sock, number: int, port: int):
@@ -156,34 +194,40 @@ def main():
         (folder / "ca.pem").write_bytes(pem(None, ca[1]))
         (folder / "other-ca.pem").write_bytes(pem(None, other_ca[1]))
         (folder / "server.pem").write_bytes(pem(*server))
-        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        ctx.load_cert_chain(folder / "server.pem")
-        ctx.set_alpn_protocols(["h2", "http/1.1"])
-        listener = socket.socket()
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(512)
-        port = listener.getsockname()[1]
+        def serve(protocols: list[str]) -> int:
+            """Listens on a port of its own offering `protocols` by ALPN; returns the port."""
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(folder / "server.pem")
+            ctx.set_alpn_protocols(protocols)
+            listener = socket.socket()
+            listener.bind(("127.0.0.1", 0))
+            listener.listen(512)
+            port = listener.getsockname()[1]
 
-        def accept():
-            global connections
-            while True:
-                raw, _ = listener.accept()
-                with lock:
-                    connections += 1
-                    number = connections
+            def accept():
+                global connections
+                while True:
+                    raw, _ = listener.accept()
+                    with lock:
+                        connections += 1
+                        number = connections
 
-                def run(raw=raw, number=number):
-                    try:
-                        sock = ctx.wrap_socket(raw, server_side=True)
-                        (serve_h2 if sock.selected_alpn_protocol() == "h2" else serve_http1)(sock, number, port)
-                    except (OSError, ssl.SSLError, ValueError, h2.exceptions.ProtocolError):
-                        pass
+                    def run(raw=raw, number=number):
+                        try:
+                            sock = ctx.wrap_socket(raw, server_side=True)
+                            (serve_h2 if sock.selected_alpn_protocol() == "h2" else serve_http1)(sock, number, port)
+                        except (OSError, ssl.SSLError, ValueError, h2.exceptions.ProtocolError):
+                            pass
 
-                threading.Thread(target=run, daemon=True).start()
+                    threading.Thread(target=run, daemon=True).start()
 
-        threading.Thread(target=accept, daemon=True).start()
+            threading.Thread(target=accept, daemon=True).start()
+            return port
+
+        port = serve(["h2", "http/1.1"])
+        http1_port = serve(["http/1.1"])
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-        print(json.dumps({"port": port, "ca": str(folder / "ca.pem"), "otherCa": str(folder / "other-ca.pem")}), flush=True)
+        print(json.dumps({"port": port, "http1Port": http1_port, "ca": str(folder / "ca.pem"), "otherCa": str(folder / "other-ca.pem")}), flush=True)
         sys.stdin.read()
     finally:
         shutil.rmtree(folder, ignore_errors=True)

@@ -186,6 +186,8 @@ class TLSServer:
         self.ca_file = str(self.ca.ca_file)
         self.http1 = http1
         self.connections = 0
+        # (connection number, time.monotonic()) of each HTTP/2 PING received, under `lock`.
+        self.pings: list[tuple[int, float]] = []
         self.lock = threading.Lock()
         self.stopped = threading.Event()
         self.live: dict[int, _Connection] = {}
@@ -321,7 +323,10 @@ class TLSServer:
             if data == b"":
                 return
             for ev in conn.receive_data(data) if data else []:
-                if isinstance(ev, h2.events.RequestReceived):
+                if isinstance(ev, h2.events.PingReceived):  # h2 answers it
+                    with self.lock:
+                        self.pings.append((c.number, time.monotonic()))
+                elif isinstance(ev, h2.events.RequestReceived):
                     streams[ev.stream_id] = (ev.headers, bytearray())
                 elif isinstance(ev, h2.events.DataReceived):
                     streams[ev.stream_id][1].extend(ev.data)
@@ -518,6 +523,11 @@ class StandIn:
     def connections(self) -> int:
         """Connections accepted so far."""
         return self.server.connections
+
+    def pings(self) -> list[tuple[int, float]]:
+        """(connection number, time.monotonic()) of each HTTP/2 PING received so far."""
+        with self.server.lock:
+            return list(self.server.pings)
 
     def script(self, *outcomes: Outcome, key: str | None = None) -> None:
         """The next requests (or those for `key`: a device token, FCM token or subscription id)

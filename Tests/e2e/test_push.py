@@ -95,6 +95,33 @@ def test_taps_to_one_device_go_the_tap_interval_apart(gateway_factory, services,
     assert second["payload"]["herald"]["cursor"] == last["seq"], "one tap for both changes"
 
 
+@pytest.mark.parametrize("value", [0, 3601, 1.5, "60", None])
+def test_a_bad_ping_interval_stops_the_start_with_one_line(services, vapid_file, tmp_path, value):
+    cfg = push_config(*services, vapid_file)
+    cfg["apps"][0]["push"]["pingIntervalSeconds"] = value
+    assert "push.pingIntervalSeconds must be a whole number from 1 to 3600" in refused_start(cfg, tmp_path)
+
+
+def test_an_idle_apns_connection_is_pinged_and_the_next_push_reuses_it(gateway_factory, services, vapid_file):
+    """No new connection after a quiet spell: the idle one was kept, with a PING each interval."""
+    apns = services[0]
+    cfg = push_config(*services, vapid_file)
+    cfg["apps"][0]["push"]["pingIntervalSeconds"] = 1
+    gw = gateway_factory(config=cfg, store="sqlite:herald.db")
+    user = uid("u")
+    register(gw, user, "phone", apns_handle(apns_token(1)))
+    gw.publish(user, payload={"title": "One", "body": "first"})
+    [first] = apns.wait_for(1)
+    wait_until(lambda: len(apns.pings()) >= 3, "three PINGs on the idle connection")
+    pings = apns.pings()
+    assert {number for number, _ in pings} == {first["connection"]}
+    gaps = [b - a for (_, a), (_, b) in zip(pings, pings[1:])]
+    assert all(gap >= 0.9 for gap in gaps), f"one PING a second, not more: {gaps}"
+    gw.publish(user, payload={"title": "Two", "body": "after the quiet"})
+    [_, second] = apns.wait_for(2)
+    assert second["connection"] == first["connection"]
+    assert apns.connections == 1, "the idle connection was kept, not reopened"
+
 def test_a_disconnected_device_gets_an_alert_a_connected_one_nothing(pushing):
     gw, apns, fcm, _ = pushing
     user = uid("u")
