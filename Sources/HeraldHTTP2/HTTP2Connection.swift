@@ -206,9 +206,12 @@ final class HTTP2Connection {
         if streams.isEmpty && pending.isEmpty { quietSince = .now }
     }
 
-    /// After a frame was read: a GOAWAY closes the connection, and what it
-    /// says the server did not process goes again; a stream refused
-    /// otherwise fails (sending it again at once could loop).
+    /// After a frame was read: after a GOAWAY, what it says the server did
+    /// not process, and what waited for a stream, goes again on another
+    /// connection, while the streams it did take are answered on this one
+    /// (failing them would send them twice); nghttp2 then wants nothing
+    /// more, and `flush` closes it. A stream refused otherwise fails
+    /// (sending it again at once could loop).
     private func sortOutRefusals() {
         let last = goAwayLastStream
         for (id, ex) in refused {
@@ -217,7 +220,8 @@ final class HTTP2Connection {
         refused = []
         guard let last else { return }
         for (id, ex) in streams where id > last { unsent.append(ex); streams[id] = nil }
-        close(.other("the server sent GOAWAY"))
+        unsent += pending
+        pending = []
     }
 
     // MARK: I/O

@@ -15,6 +15,9 @@ final class HTTP2Loop: @unchecked Sendable {  // the pipe is closed only after `
     private var owner: ThreadOwner { thread.owner }
     /// One per origin, while it can take new streams.
     private var connections: [Origin: HTTP2Connection] = [:]
+    /// Those a GOAWAY closed to new streams, until the server has answered the streams it took.
+    private var draining: [HTTP2Connection] = []
+    private var all: [HTTP2Connection] { Array(connections.values) + draining }
 
     init(caFile: String?, maxInFlight: Int, limits: HTTP2Connection.Limits) throws {
         tls = try TLSContext(caFile: caFile)
@@ -39,12 +42,12 @@ final class HTTP2Loop: @unchecked Sendable {  // the pipe is closed only after `
         var polled: [HTTP2Connection] = []
         while let batch = thread.take(maxInFlight: maxInFlight) {
             for w in batch { begin(w) }
-            for c in connections.values {
+            for c in all {
                 c.flush()
                 settle(c)
             }
             fds = [pollfd(fd: wake, events: Int16(POLLIN), revents: 0)]
-            polled = Array(connections.values)
+            polled = all
             fds += polled.map { pollfd(fd: $0.socket, events: $0.events, revents: 0) }
             poll(&fds, nfds_t(fds.count), thread.hasWork(maxInFlight: maxInFlight) ? 0 : pollTimeout())
             if fds[0].revents != 0 {
@@ -56,7 +59,7 @@ final class HTTP2Loop: @unchecked Sendable {  // the pipe is closed only after `
                 settle(c)
             }
             let now = ContinuousClock.now
-            for c in connections.values {
+            for c in all {
                 c.tick(now)
                 settle(c)
             }
@@ -66,7 +69,7 @@ final class HTTP2Loop: @unchecked Sendable {  // the pipe is closed only after `
 
     /// Milliseconds to the connections' next deadline, rounded up; -1 for none.
     private func pollTimeout() -> Int32 {
-        guard let next = connections.values.compactMap(\.nextDeadline).min() else { return -1 }
+        guard let next = all.compactMap(\.nextDeadline).min() else { return -1 }
         let ms = ((next - .now) / .milliseconds(1)).rounded(.up)
         return Int32(min(max(0, ms), 60_000))
     }
@@ -90,6 +93,7 @@ final class HTTP2Loop: @unchecked Sendable {  // the pipe is closed only after `
         if let open = connections[ex.origin], open.isOpen {
             c = open
         } else {
+            if let closing = connections.removeValue(forKey: ex.origin), closing.state != .closed { draining.append(closing) }
             do {
                 c = try HTTP2Connection(ex.origin, tls: tls, limits: limits)
             } catch {
@@ -104,7 +108,10 @@ final class HTTP2Loop: @unchecked Sendable {  // the pipe is closed only after `
     /// Takes what `c` ended: it forgets a closed connection, sends again on
     /// another what `c` did not, completes the rest.
     private func settle(_ c: HTTP2Connection) {
-        if c.state == .closed, connections[c.origin] === c { connections[c.origin] = nil }
+        if c.state == .closed {
+            if connections[c.origin] === c { connections[c.origin] = nil }
+            draining.removeAll { $0 === c }
+        }
         let unsent = c.unsent, finished = c.finished
         c.unsent = []
         c.finished = []
@@ -117,7 +124,7 @@ final class HTTP2Loop: @unchecked Sendable {  // the pipe is closed only after `
 
     private func finish() {
         owner.preconditionCurrent()
-        for c in connections.values {
+        for c in all {
             c.close(.stopped)
             settle(c)
         }

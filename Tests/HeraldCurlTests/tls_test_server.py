@@ -19,8 +19,9 @@ Routes:
   /stats        {"connections": N} accepted so far
   /deaf         200, then the HTTP/2 connection sends nothing more (PINGs go unanswered)
   /bye          200, then the server closes the HTTP/2 connection (and then reports it closed)
-  /goaway       200, then GOAWAY naming this stream the last processed: the
-                streams after it go unanswered
+  /held         answered (as /echo) only after a /goaway's GOAWAY, on the same connection
+  /goaway       200, then GOAWAY naming this stream the last processed, then the
+                answers to the /held streams before it; the streams after it go unanswered
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ def pem(key, cert) -> bytes:
 
 def answer(path: str, method: str, headers: dict, body: bytes, protocol: str, number: int, port: int):
     """(status, headers, body, tell the length) or None to hang."""
-    if path == "/hang":
+    if path in ("/hang", "/held"):
         return None
     if path == "/redirect":
         return 302, [("location", f"https://127.0.0.1:{port}/echo")], b"", True
@@ -107,6 +108,7 @@ def serve_h2(sock, number: int, port: int):
     requests: dict[int, dict] = {}
     unsent: dict[int, bytes] = {}  # bodies waiting for the peer's flow-control window
     deaf = deafening = gone = bye = False
+    held: list[int] = []  # /held streams, answered after the GOAWAY
     try:
         while data := sock.recv(65536):
             if gone:
@@ -129,6 +131,8 @@ def serve_h2(sock, number: int, port: int):
                     reply = answer(h[":path"], h[":method"], {k: v for k, v in h.items() if not k.startswith(":")},
                                    r["body"], "h2", number, port)
                     if reply is None:
+                        if h[":path"] == "/held":
+                            held.append(event.stream_id)
                         continue
                     status, extra, body, tell = reply
                     length = [("content-length", str(len(body)))] if tell else []
@@ -141,7 +145,16 @@ def serve_h2(sock, number: int, port: int):
                     elif h[":path"] == "/goaway":
                         conn.send_data(event.stream_id, body, end_stream=True)
                         del unsent[event.stream_id]
-                        conn.close_connection(last_stream_id=event.stream_id)
+                        # The GOAWAY by hand (RFC 9113 6.8: last stream id, NO_ERROR), so that
+                        # answers to streams it names processed can follow it, as servers do;
+                        # h2 sends nothing after its own.
+                        goaway = (8).to_bytes(3, "big") + bytes([7, 0]) + (0).to_bytes(4, "big") \
+                            + event.stream_id.to_bytes(4, "big") + (0).to_bytes(4, "big")
+                        sock.sendall(conn.data_to_send() + goaway)
+                        for stream in held:
+                            reply_body = json.dumps({"path": "/held", "protocol": "h2", "connection": number}).encode()
+                            conn.send_headers(stream, [(":status", "200"), ("content-length", str(len(reply_body)))])
+                            conn.send_data(stream, reply_body, end_stream=True)
                         gone = True
                         break
             for stream, body in [] if gone else list(unsent.items()):
