@@ -23,6 +23,10 @@ final class HTTP2Connection {
     private var fd: Int32 = -1
     /// Addresses not tried yet, in getaddrinfo's order.
     private var addresses: [[UInt8]]
+    /// When the connect to the current address began: past `connectTimeout`, the next is tried.
+    private var connectingSince: ContinuousClock.Instant
+    /// An address that takes longer (a route blackholed, say) is given up for the next one.
+    static let connectTimeout = Duration.seconds(5)
     private let tls: TLSSession
     private var session: OpaquePointer?
     /// Ciphertext for the socket: `output[outputSent...]` is still to go.
@@ -34,6 +38,8 @@ final class HTTP2Connection {
     /// Streams the server refused (RST_STREAM or GOAWAY), sorted out once the frame is read.
     private var refused: [(Int32, HTTP2Exchange)] = []
     private var goAwayLastStream: Int32?
+    /// Out of stream ids (after 2^30 requests): no new stream; closed once the last one ends.
+    private var idsUsedUp = false
     /// Since when no request has been on the connection: the next PING is due an interval after.
     private var quietSince: ContinuousClock.Instant
     private var pingSentAt: ContinuousClock.Instant?
@@ -47,10 +53,11 @@ final class HTTP2Connection {
     init(_ origin: Origin, tls context: TLSContext, limits: Limits) throws(CurlFailure) {
         self.origin = origin; self.limits = limits
         quietSince = .now
+        connectingSince = .now
         tls = try TLSSession(context, host: origin.host)
         var hints = addrinfo()
         hints.ai_socktype = Int32(SOCK_STREAM.rawValue)
-        hints.ai_flags = AI_NUMERICSERV
+        hints.ai_flags = AI_NUMERICSERV | AI_ADDRCONFIG
         var found: UnsafeMutablePointer<addrinfo>?
         let code = getaddrinfo(origin.host, String(origin.port), &hints, &found)
         guard code == 0 else { throw .connect("cannot resolve \(origin.host): " + String(cString: gai_strerror(code))) }
@@ -69,7 +76,7 @@ final class HTTP2Connection {
         if fd >= 0 { Glibc.close(fd) }
     }
 
-    var isOpen: Bool { state != .closed && goAwayLastStream == nil }
+    var isOpen: Bool { state != .closed && goAwayLastStream == nil && !idsUsedUp }
 
     /// poll()'s events for the socket.
     var events: Int16 {
@@ -94,6 +101,7 @@ final class HTTP2Connection {
         var why = lastError
         while !addresses.isEmpty {
             let address = addresses.removeFirst()
+            connectingSince = .now
             let family = address.withUnsafeBytes { Int32($0.load(as: sockaddr.self).sa_family) }
             fd = Glibc.socket(family, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_NONBLOCK.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
             guard fd >= 0 else { why = String(cString: strerror(errno)); continue }
@@ -156,7 +164,7 @@ final class HTTP2Connection {
 
     /// Starts waiting requests while the server's SETTINGS_MAX_CONCURRENT_STREAMS leaves room.
     private func startStreams() {
-        guard state == .ready, goAwayLastStream == nil, let session else { return }
+        guard state == .ready, isOpen, let session else { return }
         let room = Int(nghttp2_session_get_remote_settings(session, NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS)) - streams.count
         let starting = pending.prefix(max(0, room))
         pending.removeFirst(starting.count)
@@ -186,6 +194,13 @@ final class HTTP2Connection {
             var body = nghttp2_data_provider(source: nghttp2_data_source(ptr: nil), read_callback: Self.readBody)
             return r.body.isEmpty ? nghttp2_submit_request(session, nil, &nva, nva.count, nil, nil)
                 : nghttp2_submit_request(session, nil, &nva, nva.count, &body, nil)
+        }
+        if id == NGHTTP2_ERR_STREAM_ID_NOT_AVAILABLE.rawValue {
+            // Every id of this connection was used: the request, and what waits, go on a new one.
+            idsUsedUp = true
+            unsent += [ex] + pending
+            pending = []
+            return
         }
         guard id > 0 else { return finished.append((ex, .failure(.other("nghttp2_submit_request: " + String(cString: nghttp2_strerror(id)))))) }
         streams[id] = ex
@@ -261,30 +276,39 @@ final class HTTP2Connection {
     }
 
     /// Hands nghttp2's frames to TLS and TLS's bytes to the socket, as far as it takes them.
+    /// Until the socket takes no more, or nghttp2 has nothing more: the
+    /// socket's readiness is polled only while bytes wait in `output`.
     func flush() {
-        if state == .ready, let session {
-            // Bounded, so that a slow peer does not make the buffer grow without end.
-            while output.count - outputSent < 256 * 1024 {
-                var frames: UnsafePointer<UInt8>?
-                let n = nghttp2_session_mem_send(session, &frames)
-                if n < 0 { return close(.other("HTTP/2: " + String(cString: nghttp2_strerror(Int32(n))))) }
-                guard n > 0, let frames else { break }
-                guard tls.write(UnsafeRawBufferPointer(start: frames, count: n)) else { return close(.other("TLS: " + TLSContext.lastError())) }
-                tls.take(into: &output)
+        var produced = 0
+        repeat {
+            produced = 0
+            if state == .ready, let session {
+                // Bounded, so that a slow peer does not make the buffer grow without end.
+                while output.count - outputSent < 256 * 1024 {
+                    var frames: UnsafePointer<UInt8>?
+                    let n = nghttp2_session_mem_send(session, &frames)
+                    if n < 0 { return close(.other("HTTP/2: " + String(cString: nghttp2_strerror(Int32(n))))) }
+                    guard n > 0, let frames else { break }
+                    produced += n
+                    guard tls.write(UnsafeRawBufferPointer(start: frames, count: n)) else { return close(.other("TLS: " + TLSContext.lastError())) }
+                    tls.take(into: &output)
+                }
+                let done = nghttp2_session_want_read(session) == 0 || (idsUsedUp && streams.isEmpty)
+                if done && nghttp2_session_want_write(session) == 0 && outputSent == output.count {
+                    return close(.other("HTTP/2 session ended"))
+                }
             }
-            if nghttp2_session_want_read(session) == 0 && nghttp2_session_want_write(session) == 0 && outputSent == output.count {
-                return close(.other("HTTP/2 session ended"))
+            while outputSent < output.count {
+                let n = output.withUnsafeBytes { send(fd, $0.baseAddress! + outputSent, $0.count - outputSent, Int32(MSG_NOSIGNAL)) }
+                if n < 0 {
+                    if errno == EAGAIN || errno == EWOULDBLOCK { return }
+                    return close(.other(String(cString: strerror(errno))))
+                }
+                outputSent += n
             }
-        }
-        while outputSent < output.count {
-            let n = output.withUnsafeBytes { send(fd, $0.baseAddress! + outputSent, $0.count - outputSent, Int32(MSG_NOSIGNAL)) }
-            if n < 0 {
-                if errno == EAGAIN || errno == EWOULDBLOCK { break }
-                return close(.other(String(cString: strerror(errno))))
-            }
-            outputSent += n
-        }
-        if outputSent == output.count { output.removeAll(keepingCapacity: true); outputSent = 0 }
+            output.removeAll(keepingCapacity: true)
+            outputSent = 0
+        } while produced > 0 && state == .ready && session.map { nghttp2_session_want_write($0) != 0 } == true
     }
 
     // MARK: Time
@@ -297,10 +321,16 @@ final class HTTP2Connection {
             pending.removeAll { $0.deadline <= now }
             for ex in late { finished.append((ex, .failure(.timedOut))) }
         }
-        for (id, ex) in streams where ex.deadline <= now {
+        let timedOut = streams.filter { $0.value.deadline <= now }
+        for (id, ex) in timedOut {
             streams[id] = nil
             if let session { nghttp2_submit_rst_stream(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), id, NGHTTP2_CANCEL.rawValue) }
             finished.append((ex, .failure(.timedOut)))
+        }
+        if state == .connecting && now - connectingSince >= Self.connectTimeout {
+            Glibc.close(fd)
+            fd = -1
+            if let failure = connectNext(after: "no connection within \(Self.connectTimeout)") { return close(failure) }
         }
         guard state == .ready, let session else {
             // Connecting for no one: every request that waited for it timed out.
@@ -308,17 +338,21 @@ final class HTTP2Connection {
             return
         }
         if let sent = pingSentAt {
-            if now - sent >= limits.pingTimeout { close(.other("no answer to a PING within \(limits.pingTimeout)")) }
-        } else if streams.isEmpty && pending.isEmpty && now - quietSince >= limits.pingInterval {
+            if now - sent >= limits.pingTimeout { return close(.other("no answer to a PING within \(limits.pingTimeout)")) }
+        } else if !timedOut.isEmpty || (streams.isEmpty && pending.isEmpty && now - quietSince >= limits.pingInterval) {
+            // Idle, or a stream went unanswered: is the peer still there? (Busy, a dead one would otherwise be
+            // written to until TCP gives up, minutes later.)
             nghttp2_submit_ping(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), nil)
             pingSentAt = now
         }
+        startStreams()
     }
 
     /// When `tick` next has something to do.
     var nextDeadline: ContinuousClock.Instant? {
         guard state != .closed else { return nil }
         var next = pending.lazy.map(\.deadline).min()
+        if state == .connecting { next = min(next ?? connectingSince + Self.connectTimeout, connectingSince + Self.connectTimeout) }
         if let s = streams.values.lazy.map(\.deadline).min() { next = min(next ?? s, s) }
         if state == .ready {
             let ping = pingSentAt.map { $0 + limits.pingTimeout }

@@ -5,7 +5,7 @@ import HeraldCurl
 /// The thread behind an `HTTP2Client`: poll() over its connections' sockets
 /// and a pipe that `thread` writes to when a request comes in or the
 /// client stops. Requests, completions and every connection's state stay on it.
-final class HTTP2Loop: @unchecked Sendable {  // the pipe is closed only after `thread` stopped; `connections` only on the loop thread (`owner` checks it)
+final class HTTP2Loop: @unchecked Sendable {  // the pipe is closed only after `thread` stopped; `connections` and `draining` only on the loop thread (`owner` checks it where requests start and at the end)
     let thread: ClientThread
     /// The pipe's ends: the loop polls the one, `thread` writes a byte to the other.
     private let wake: Int32, waker: Int32

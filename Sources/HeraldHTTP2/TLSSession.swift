@@ -17,7 +17,10 @@ final class TLSSession {
     init(_ context: TLSContext, host: String) throws(CurlFailure) {
         guard let ssl = SSL_new(context.ctx) else { throw .tls("SSL_new: " + TLSContext.lastError()) }
         self.ssl = ssl
-        guard let incoming = BIO_new(BIO_s_mem()), let outgoing = BIO_new(BIO_s_mem()) else {
+        let incoming = BIO_new(BIO_s_mem()), outgoing = BIO_new(BIO_s_mem())
+        guard let incoming, let outgoing else {
+            BIO_free(incoming)  // either may be nil, which BIO_free takes
+            BIO_free(outgoing)
             SSL_free(ssl)
             throw .tls("BIO_new failed")
         }

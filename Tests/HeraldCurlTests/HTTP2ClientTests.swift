@@ -55,6 +55,18 @@ final class HTTP2ClientTests: TLSServerTestCase {
         XCTAssertEqual(try json(send(c, request("/echo")))["connection"] as? Int, 2, "the next request opens another")
     }
 
+    /// A request that times out on a busy connection is followed by a
+    /// PING at once, not an idle interval later: a peer gone silent under
+    /// steady traffic is found within the PING's timeout, where it would
+    /// otherwise be written to until TCP gave up, minutes later.
+    func testAStreamThatTimesOutIsFollowedByAPing() throws {
+        let c = try client(pingInterval: .seconds(60))
+        XCTAssertEqual(try send(c, request("/deaf")).get().status, 200)
+        XCTAssertEqual(try send(c, request("/echo", timeout: .milliseconds(300))).failure, .timedOut)
+        let ping = try XCTUnwrap(nextEvent("ping", timeout: .seconds(20)), "a PING follows the timed-out stream, long before 60 s")
+        XCTAssertEqual(ping["connection"] as? Int, 1)
+    }
+
     func testAConnectionTheServerClosedIsReplaced() throws {
         let c = try client()
         XCTAssertEqual(try json(send(c, request("/bye")))["connection"] as? Int, 1)
