@@ -102,25 +102,30 @@ def test_a_bad_ping_interval_stops_the_start_with_one_line(services, vapid_file,
     assert "push.pingIntervalSeconds must be a whole number from 1 to 3600" in refused_start(cfg, tmp_path)
 
 
-def test_an_idle_apns_connection_is_pinged_and_the_next_push_reuses_it(gateway_factory, services, vapid_file):
-    """No new connection after a quiet spell: the idle one was kept, with a PING each interval."""
-    apns = services[0]
+@pytest.mark.parametrize("service", ["apns", "fcm"])
+def test_an_idle_connection_is_pinged_and_the_next_push_reuses_it(gateway_factory, services, vapid_file, service):
+    """No new connection after a quiet spell: the idle one was kept, with a
+    PING each interval (FCM's OAuth token request went over it too)."""
+    standin = services[0] if service == "apns" else services[1]
     cfg = push_config(*services, vapid_file)
     cfg["apps"][0]["push"]["pingIntervalSeconds"] = 1
     gw = gateway_factory(config=cfg, store="sqlite:herald.db")
     user = uid("u")
-    register(gw, user, "phone", apns_handle(apns_token(1)))
+    if service == "apns":
+        register(gw, user, "phone", apns_handle(apns_token(1)))
+    else:
+        register(gw, user, "pixel", {"service": "fcm", "token": "fcm-token-ping"}, platform="android")
     gw.publish(user, payload={"title": "One", "body": "first"})
-    [first] = apns.wait_for(1)
-    wait_until(lambda: len(apns.pings()) >= 3, "three PINGs on the idle connection")
-    pings = apns.pings()
+    [first] = standin.wait_for(1)
+    wait_until(lambda: len(standin.pings()) >= 3, "three PINGs on the idle connection")
+    pings = standin.pings()
     assert {number for number, _ in pings} == {first["connection"]}
     gaps = [b - a for (_, a), (_, b) in zip(pings, pings[1:])]
     assert all(gap >= 0.9 for gap in gaps), f"one PING a second, not more: {gaps}"
     gw.publish(user, payload={"title": "Two", "body": "after the quiet"})
-    [_, second] = apns.wait_for(2)
+    [_, second] = standin.wait_for(2)
     assert second["connection"] == first["connection"]
-    assert apns.connections == 1, "the idle connection was kept, not reopened"
+    assert standin.connections == 1, "the idle connection was kept, not reopened"
 
 def test_a_disconnected_device_gets_an_alert_a_connected_one_nothing(pushing):
     gw, apns, fcm, _ = pushing
