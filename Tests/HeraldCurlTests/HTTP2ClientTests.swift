@@ -67,6 +67,36 @@ final class HTTP2ClientTests: TLSServerTestCase {
         XCTAssertEqual(ping["connection"] as? Int, 1)
     }
 
+    /// An address whose connect never completes (its accept queue full, so
+    /// SYNs are dropped, as on a blackholed route) is given up after 5 s
+    /// for the next; with none left the request fails `.connect`, long
+    /// before its own 20 s.
+    func testAnAddressThatNeverAcceptsIsGivenUpAfterFiveSeconds() throws {
+        let listener = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        let bound = withUnsafeMutablePointer(to: &address) { p in
+            p.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(listener, $0, length) == 0 && getsockname(listener, $0, &length) == 0 }
+        }
+        XCTAssertTrue(bound)
+        XCTAssertEqual(listen(listener, 0), 0)
+        // Fill its accept queue (never accepted): the next SYN is dropped.
+        let fillers = (0..<3).map { _ in socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_NONBLOCK.rawValue), 0) }
+        for f in fillers {
+            _ = withUnsafePointer(to: &address) { p in
+                p.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(f, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+            }
+        }
+        defer { for fd in fillers + [listener] { close(fd) } }
+        let c = try client()
+        let url = "https://127.0.0.1:\(UInt16(bigEndian: address.sin_port))/echo"
+        let r = try send(c, CurlRequest(method: "GET", url: url, headers: [], body: [], timeout: .seconds(20)))
+        guard case .connect(let why) = r.failure else { return XCTFail("\(r)") }
+        XCTAssertTrue(why.contains("no connection within 5"), why)
+    }
+
     func testAConnectionTheServerClosedIsReplaced() throws {
         let c = try client()
         XCTAssertEqual(try json(send(c, request("/bye")))["connection"] as? Int, 1)
