@@ -22,10 +22,12 @@ public final class HTTP2Client: HTTPClient {
     ///   - caFile: PEM certificates to trust instead of the system's.
     ///   - maxInFlight: requests on the wire at once; more wait their turn.
     ///   - pingInterval: how long a connection idles before a PING, and between PINGs.
+    ///   - firstStreamID: where each connection's stream ids start (odd);
+    ///     tests start near the last, 2^31 - 1, to see a connection use them up.
     public init(name: String, caFile: String?, maxInFlight: Int, maxResponseBytes: Int = 64 * 1024,
-                pingInterval: Duration = .seconds(60)) throws {
+                pingInterval: Duration = .seconds(60), firstStreamID: Int32 = 1) throws {
         let limits = HTTP2Connection.Limits(maxResponseBytes: maxResponseBytes, pingInterval: pingInterval,
-                                            pingTimeout: min(.seconds(15), pingInterval))
+                                            pingTimeout: min(.seconds(15), pingInterval), firstStreamID: firstStreamID)
         loop = try HTTP2Loop(caFile: caFile, maxInFlight: max(1, maxInFlight), limits: limits)
         loop.start(name: name)
     }

@@ -15,6 +15,7 @@ final class HTTP2Connection {
         let maxResponseBytes: Int
         let pingInterval: Duration
         let pingTimeout: Duration
+        let firstStreamID: Int32
     }
 
     let origin: Origin
@@ -157,6 +158,7 @@ final class HTTP2Connection {
         guard nghttp2_session_client_new(&session, callbacks, Unmanaged.passUnretained(c).toOpaque()) == 0 else { return nil }
         var settings = [nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_ENABLE_PUSH.rawValue), value: 0)]
         nghttp2_submit_settings(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), &settings, settings.count)
+        if c.limits.firstStreamID > 1 { nghttp2_session_set_next_stream_id(session, c.limits.firstStreamID) }
         return session
     }
 

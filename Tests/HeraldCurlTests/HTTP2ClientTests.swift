@@ -97,6 +97,18 @@ final class HTTP2ClientTests: TLSServerTestCase {
         XCTAssertTrue(why.contains("no connection within 5"), why)
     }
 
+    /// A connection whose stream ids are used up (2^31 - 1 is the last) is
+    /// retired: the request that found none goes on a new connection, and
+    /// the old one closes.
+    func testAConnectionOutOfStreamIdsIsReplaced() throws {
+        let c = try HTTP2Client(name: "h2-test", caFile: ca, maxInFlight: 10, firstStreamID: Int32.max - 2)
+        clients.append(c)
+        var on: [Int?] = []
+        for _ in 0..<3 { on.append(try json(send(c, request("/echo")))["connection"] as? Int) }
+        XCTAssertEqual(on, [1, 1, 2], "streams 2^31 - 3 and 2^31 - 1 on the first connection, then a new one")
+        XCTAssertEqual(try XCTUnwrap(nextEvent("closed"))["connection"] as? Int, 1, "the retired connection closed")
+    }
+
     func testAConnectionTheServerClosedIsReplaced() throws {
         let c = try client()
         XCTAssertEqual(try json(send(c, request("/bye")))["connection"] as? Int, 1)
