@@ -5,9 +5,10 @@ import HeraldCurl
 /// streams multiplexed up to the server's SETTINGS_MAX_CONCURRENT_STREAMS.
 /// A connection stays open however long it idles: every `pingInterval` of
 /// quiet it is sent a PING, and one unanswered within `pingTimeout` (15 s,
-/// or the interval if shorter) closes it, as do a GOAWAY, a socket error
-/// and EOF; the next request opens another. Streams a GOAWAY says the
-/// server did not process are sent again on a new connection.
+/// or the interval if shorter) closes it, as do a socket error and EOF; the
+/// next request opens another. A GOAWAY takes it out of use: the streams
+/// the server did not process go again on a new connection, those it took
+/// are answered on this one, which then closes.
 ///
 /// libcurl 7.88 (Debian 12's) sends PINGs only on its easy interface's
 /// connections, never on a multi handle's, which is why this client exists.

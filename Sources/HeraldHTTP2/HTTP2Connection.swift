@@ -5,9 +5,11 @@ import HeraldCurl
 /// One connection to an origin: a non-blocking socket, TLS (`TLSSession`),
 /// an nghttp2 client session, the streams on it and the requests waiting
 /// for one. Kept open while idle, with a PING every `pingInterval`; a PING
-/// unanswered within `pingTimeout`, a GOAWAY, a socket error or EOF closes
-/// it. What ends is put in `finished` and `unsent` for the loop, which
-/// completes the one and sends the other again. On the loop thread only.
+/// unanswered within `pingTimeout`, a socket error or EOF closes it. A
+/// GOAWAY (or stream ids used up) retires it: no new stream, closed once
+/// its last one is answered. What ends is put in `finished` and `unsent`
+/// for the loop, which completes the one and sends the other again. On the
+/// loop thread only.
 final class HTTP2Connection {
     enum State { case connecting, handshaking, ready, closed }
 
@@ -39,8 +41,9 @@ final class HTTP2Connection {
     /// Streams the server refused (RST_STREAM or GOAWAY), sorted out once the frame is read.
     private var refused: [(Int32, HTTP2Exchange)] = []
     private var goAwayLastStream: Int32?
-    /// Out of stream ids (after 2^30 requests): no new stream; closed once the last one ends.
-    private var idsUsedUp = false
+    /// After a GOAWAY, or once stream ids are used up (after 2^30 requests):
+    /// no new stream; closed once the last one ends.
+    private var retired = false
     /// Since when no request has been on the connection: the next PING is due an interval after.
     private var quietSince: ContinuousClock.Instant
     private var pingSentAt: ContinuousClock.Instant?
@@ -77,7 +80,7 @@ final class HTTP2Connection {
         if fd >= 0 { Glibc.close(fd) }
     }
 
-    var isOpen: Bool { state != .closed && goAwayLastStream == nil && !idsUsedUp }
+    var isOpen: Bool { state != .closed && !retired }
 
     /// poll()'s events for the socket.
     var events: Int16 {
@@ -198,11 +201,9 @@ final class HTTP2Connection {
                 : nghttp2_submit_request(session, nil, &nva, nva.count, &body, nil)
         }
         if id == NGHTTP2_ERR_STREAM_ID_NOT_AVAILABLE.rawValue {
-            // Every id of this connection was used: the request, and what waits, go on a new one.
-            idsUsedUp = true
-            unsent += [ex] + pending
-            pending = []
-            return
+            // Every id of this connection was used: the request goes on a new one.
+            unsent.append(ex)
+            return retire()
         }
         guard id > 0 else { return finished.append((ex, .failure(.other("nghttp2_submit_request: " + String(cString: nghttp2_strerror(id)))))) }
         streams[id] = ex
@@ -237,6 +238,12 @@ final class HTTP2Connection {
         refused = []
         guard let last else { return }
         for (id, ex) in streams where id > last { unsent.append(ex); streams[id] = nil }
+        retire()
+    }
+
+    /// No new stream here: what waits for one goes on another connection.
+    private func retire() {
+        retired = true
         unsent += pending
         pending = []
     }
@@ -277,9 +284,9 @@ final class HTTP2Connection {
         if let ended { close(state == .handshaking ? .tls("handshake: \(ended)") : .other(ended)) } else { startStreams() }
     }
 
-    /// Hands nghttp2's frames to TLS and TLS's bytes to the socket, as far as it takes them.
-    /// Until the socket takes no more, or nghttp2 has nothing more: the
-    /// socket's readiness is polled only while bytes wait in `output`.
+    /// Hands nghttp2's frames to TLS and TLS's bytes to the socket, until the
+    /// socket takes no more or nghttp2 has nothing more: the socket's
+    /// readiness is polled only while bytes wait in `output`.
     func flush() {
         var produced = 0
         repeat {
@@ -295,7 +302,7 @@ final class HTTP2Connection {
                     guard tls.write(UnsafeRawBufferPointer(start: frames, count: n)) else { return close(.other("TLS: " + TLSContext.lastError())) }
                     tls.take(into: &output)
                 }
-                let done = nghttp2_session_want_read(session) == 0 || (idsUsedUp && streams.isEmpty)
+                let done = nghttp2_session_want_read(session) == 0 || (retired && streams.isEmpty)
                 if done && nghttp2_session_want_write(session) == 0 && outputSent == output.count {
                     return close(.other("HTTP/2 session ended"))
                 }
@@ -353,19 +360,22 @@ final class HTTP2Connection {
     /// When `tick` next has something to do.
     var nextDeadline: ContinuousClock.Instant? {
         guard state != .closed else { return nil }
-        var next = pending.lazy.map(\.deadline).min()
-        if state == .connecting { next = min(next ?? connectingSince + Self.connectTimeout, connectingSince + Self.connectTimeout) }
-        if let s = streams.values.lazy.map(\.deadline).min() { next = min(next ?? s, s) }
+        var next: ContinuousClock.Instant?
+        func consider(_ d: ContinuousClock.Instant?) { if let d { next = min(next ?? d, d) } }
+        consider(pending.lazy.map(\.deadline).min())
+        consider(streams.values.lazy.map(\.deadline).min())
+        if state == .connecting { consider(connectingSince + Self.connectTimeout) }
         if state == .ready {
-            let ping = pingSentAt.map { $0 + limits.pingTimeout }
-                ?? (streams.isEmpty && pending.isEmpty ? quietSince + limits.pingInterval : nil)
-            if let ping { next = min(next ?? ping, ping) }
+            consider(pingSentAt.map { $0 + limits.pingTimeout }
+                     ?? (streams.isEmpty && pending.isEmpty ? quietSince + limits.pingInterval : nil))
         }
         return next
     }
 
+    /// The ack is traffic: the next PING is due an interval of quiet after it
+    /// (so the server sees PINGs at least an interval apart, however late it read one).
     private func pingAcknowledged() {
-        if let sent = pingSentAt { quietSince = max(quietSince, sent) }
+        if pingSentAt != nil { quietSince = max(quietSince, .now) }
         pingSentAt = nil
     }
 
