@@ -18,9 +18,9 @@ public final class Gateway: Sendable {
     private let appsInForce: Locked<[String: AppConfig]>
     /// One engine per partition of the users (`Partition`), each with a
     /// store of its own: the memory store's partitions hold their users'
-    /// feeds; PostgreSQL's are connections to one database, where each
-    /// partition writes its own users; a SQLite file has one writer, so it
-    /// is one partition.
+    /// feeds, and so do SQLite's files (a file has one writer); PostgreSQL's
+    /// are connections to one database, where each partition writes its
+    /// own users.
     public let partitions: [Engine]
     public let reads: Reads
     let bus: Bus?
@@ -53,8 +53,9 @@ public final class Gateway: Sendable {
     }
 
     /// One partition per store in `partitions`, each writing its own users
-    /// (memory stores, or connections to one PostgreSQL database). Reads
-    /// run on the first one's reader connection, if it offers one.
+    /// (memory stores, SQLite files, or connections to one PostgreSQL
+    /// database). Reads run on a reader connection where the store offers
+    /// one: each partition's own store, or the first's of a shared store.
     public init(config: GatewayConfig, partitions stores: [NotificationStore], bus: Bus? = nil, push: PushTransport? = nil,
                 clock: Clock = SystemClock()) throws(StoreError) {
         precondition(!stores.isEmpty, "a gateway needs a store")
@@ -63,12 +64,12 @@ public final class Gateway: Sendable {
         self.bus = bus
         appsInForce = Locked(Self.byId(config.allApps))
         startedAt = clock.ticks()
-        let reader = try stores[0].makeReader().map(ReaderThread.init)
+        let readers = try ReaderThread.forEach(of: stores)
         let metrics = self.metrics
         let webhookSenders = self.webhookSenders
         webhookSenders.configure(config.allApps)
         partitions = stores.enumerated().map { i, store in
-            Engine(store: store, reader: reader, bus: bus, limits: config.limits, metrics: metrics, clock: clock, partition: i,
+            Engine(store: store, reader: readers[i], bus: bus, limits: config.limits, metrics: metrics, clock: clock, partition: i,
                    webhookSenders: webhookSenders)
         }
         if bus != nil { metrics.bus.enabled.store(true, ordering: .relaxed) }
@@ -79,7 +80,7 @@ public final class Gateway: Sendable {
             e.push.connect(push, partitions: partitions.count)
         }
         push?.share(StoreTokens(engine: partitions[0]))
-        reads = Reads(partitions: partitions, reader: reader)
+        reads = Reads(partitions: partitions, readers: readers)
     }
 
     /// The engine of `user`'s partition: the only one that writes its feed.

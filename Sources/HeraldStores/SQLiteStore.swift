@@ -168,7 +168,7 @@ public final class SQLiteStore: NotificationStore {
 
     // MARK: Schema
 
-    private static func checkVersion(_ db: SQLiteDatabase, path: String) throws(StoreError) {
+    static func checkVersion(_ db: SQLiteDatabase, path: String) throws(StoreError) {
         let version = try db.int("PRAGMA user_version") ?? 0
         if version > schemaVersion {
             throw StoreError("sqlite (\(path)): the database has schema version \(version), newer than the \(schemaVersion) this Herald understands; refusing to open it (upgrade Herald, or use another file). The file was not modified.")
@@ -649,9 +649,8 @@ public final class SQLiteStore: NotificationStore {
 
     public func counts(_ user: UserKey) throws(StoreError) -> [TargetingCounts] { try check(); return try reads.counts(user) }
 
-    /// A file has one writer, so it is one partition (`--partitions` is refused for it).
+    /// A file holds its partition's users only (`SQLitePartitionFiles`), so all of its rows are `partition`'s.
     public func due(_ deadline: Deadline, until: Millis, limit: Int, in partition: Partition) throws(StoreError) -> [(UserKey, Notification)] {
-        guard partition.count == 1 else { throw StoreError("a SQLite file is one partition, not \(partition.count)") }
         try check()
         return try reads.due(deadline, until: until, limit: limit)
     }

@@ -166,8 +166,8 @@ func describe(from old: [AppConfig], to new: [AppConfig]) -> String {
 
 /// The stores of the gateway's partitions (one per service loop unless
 /// `partitions` says): memory stores, each holding its users' feeds, or
-/// connections to one PostgreSQL database; or the one SQLite store, whose
-/// file has one writer.
+/// connections to one PostgreSQL database; or SQLite files, one each, as a
+/// SQLite file has one writer.
 func openStores(_ spec: String, durability: String?, partitions: Int?, threads: Int) throws(UsageError) -> [NotificationStore] {
     if spec == "memory" {
         guard durability == nil else { throw UsageError("--durability applies to the sqlite store only") }
@@ -183,10 +183,10 @@ func openStores(_ spec: String, durability: String?, partitions: Int?, threads: 
         return stores
     }
     guard spec.hasPrefix("sqlite:") else { throw UsageError("--store must be memory, sqlite:PATH or postgres://...") }
-    guard partitions ?? 1 == 1 else { throw UsageError("--partitions: a SQLite file has one writer, so one partition") }
     let path = String(spec.dropFirst("sqlite:".count))
     guard !path.isEmpty else { throw UsageError("--store sqlite: needs a file path") }
-    return [try openSQLite(path: path, durability: durability)]
+    // A file each (a SQLite file has one writer), as many as PostgreSQL's sessions.
+    return try openSQLite(path: path, durability: durability, partitions: partitions ?? min(threads, 8))
 }
 
 /// `--workers N`, N ≥ 2: binds the port here (a port in use: exit 2 at

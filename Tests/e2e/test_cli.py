@@ -146,7 +146,7 @@ BAD_INVOCATIONS = {
     "serve-port-word": ["serve", "--store", "memory", "--port", "abc"],
     "serve-bad-store": ["serve", "--port", "0", "--store", "floppy:disk"],
     "serve-partitions-zero": ["serve", "--port", "0", "--store", "memory", "--partitions", "0"],
-    "serve-partitions-sqlite": ["serve", "--port", "0", "--store", "sqlite:/tmp/never-opened.db", "--partitions", "2"],
+    "serve-partitions-sqlite-65": ["serve", "--port", "0", "--store", "sqlite:/tmp/never-opened.db", "--partitions", "65"],
     "serve-bad-postgres-url": ["serve", "--port", "0", "--store", "postgres://db.example/herald?nosuchoption=1"],
     "serve-postgres-durability": ["serve", "--port", "0", "--store", "postgres://db.example/herald", "--durability", "off"],
     "serve-missing-config": ["serve", "--port", "0", "--store", "memory", "--config", "/nonexistent/herald.json"],

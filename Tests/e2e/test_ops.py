@@ -57,10 +57,14 @@ def _named(gw, expected: set[str]) -> set[str]:
 
 
 def _thread_names(gw) -> set[str]:
-    names = set()
+    return set(_thread_list(gw))
+
+
+def _thread_list(gw) -> list[str]:
+    names = []
     for t in Path(f"/proc/{gw.proc.pid}/task").iterdir():
         try:
-            names.add((t / "comm").read_text().strip())
+            names.append((t / "comm").read_text().strip())
         except FileNotFoundError:  # a thread that ended meanwhile
             pass
     return names
@@ -68,9 +72,14 @@ def _thread_names(gw) -> set[str]:
 
 def test_sqlite_at_full_durability_syncs_on_a_thread_of_its_own(gateway_factory, tmp_path, user):
     """The log's fsync runs on `herald-sync` beside the engine, and copying the
-    log into the file on `herald-checkpt` (docs/OPERATIONS.md)."""
-    full = gateway_factory(store=f"sqlite:{tmp_path}/full.db")
+    log into the file on `herald-checkpt` (docs/OPERATIONS.md); with two
+    partitions, each file has its engine, reader, sync and checkpoint threads."""
+    full = gateway_factory(store=f"sqlite:{tmp_path}/full.db", extra_args=["--partitions", "1"])
     _named(full, {"herald-engine-0", "herald-sync", "herald-reader", "herald-checkpt"})
+    two = gateway_factory(store=f"sqlite:{tmp_path}/two.db", extra_args=["--partitions", "2"])
+    kinds = ("herald-engine-", "herald-reader-", "herald-sync", "herald-checkpt")
+    wait_until(lambda: all(sum(n.startswith(k) for n in _thread_list(two)) == 2 for k in kinds),
+               "two of each SQLite thread")
     assert full.publish(user, "a1", expect=201)["seq"] == 1
     assert [n["appNotificationId"] for n in full.server("GET", f"/users/{user}/notifications").json()["notifications"]] == ["a1"]
     normal = gateway_factory(store=f"sqlite:{tmp_path}/normal.db", extra_args=["--durability", "normal"])

@@ -4,25 +4,32 @@ import HeraldCore
 /// Where reads that write nothing run (catch-up pages, history, counts): on
 /// a reader thread with its own store connection when the store offers one
 /// (SQLite in WAL mode serves readers beside its writer), so long reads
-/// never hold up the engine's writes and deliveries (SQLite, and
-/// PostgreSQL, whose partitions share one database and one reader); else
-/// on the engine of the user's partition (the memory store, whose
-/// partitions hold their users' feeds).
+/// never hold up the engine's writes and deliveries (a reader per SQLite
+/// file, one per partition; one for PostgreSQL, whose partitions share one
+/// database); else on the engine of the user's partition (the memory
+/// store, whose partitions hold their users' feeds).
 public final class Reads: Sendable {
     private let partitions: [Engine]
-    private let reader: ReaderThread?
+    /// By partition: its reader thread (a shared store's one for all), or nil.
+    private let readers: [ReaderThread?]
 
-    init(partitions: [Engine], reader: ReaderThread?) {
+    init(partitions: [Engine], readers: [ReaderThread?]) {
         self.partitions = partitions
-        self.reader = reader
+        self.readers = readers
     }
 
-    func start() { reader?.start() }
-    func stop() { reader?.stop() }
+    private var threads: [ReaderThread] {
+        var seen: [ReaderThread] = []
+        for case let r? in readers where !seen.contains(where: { $0 === r }) { seen.append(r) }
+        return seen
+    }
+
+    func start() { for r in threads { r.start() } }
+    func stop() { for r in threads { r.stop() } }
 
     /// Runs the queued reads on the calling thread (tests, whose gateway
-    /// never starts the reader thread).
-    public func runQueued() { reader?.runQueued() }
+    /// never starts the reader threads).
+    public func runQueued() { for r in threads { r.runQueued() } }
 
     /// Runs `body` (which reads `user`'s data) on one snapshot of the
     /// store, then `reply` on `shard`'s loop.
@@ -41,7 +48,7 @@ public final class Reads: Sendable {
 
     private func read<T: Sendable>(on shard: Shard, by owner: Engine, _ body: @escaping @Sendable (StoreReading) throws(StoreError) -> T,
                                    reply: @escaping (Result<T, HeraldError>) -> Void) {
-        guard let reader else {
+        guard let reader = readers[owner.partition] else {
             return owner.perform(on: shard, users: [], { e throws(StoreError) in try body(e.reads) }, reply: reply)
         }
         let reply = LoopBound(reply, owner: shard.thread)
@@ -68,18 +75,32 @@ public final class Reads: Sendable {
 /// ones (`Engine.readAside`).
 final class ReaderThread: @unchecked Sendable {  // `reader` is touched by `run` only; the queue is under `cond`
     private let reader: StoreReader
+    private let name: String
     private let cond = NSCondition()
     private var queue: [(StoreReader) -> Void] = []
     private var stopping = false
     private let finished = DispatchSemaphore(value: 0)
     private var started = false
 
-    init(_ reader: StoreReader) { self.reader = reader }
+    init(_ reader: StoreReader, name: String = "herald-reader") { self.reader = reader; self.name = name }
+
+    /// By partition: the reader of each store of its own (`herald-reader-P`
+    /// when there are several), or of a store the partitions share (all of
+    /// them the first's); nil where the store has no reader connection.
+    static func forEach(of stores: [NotificationStore]) throws(StoreError) -> [ReaderThread?] {
+        if stores[0].isShared || stores.count == 1 {
+            let one = try stores[0].makeReader().map { ReaderThread($0) }
+            return stores.map { _ in one }
+        }
+        var readers: [ReaderThread?] = []
+        for (i, s) in stores.enumerated() { readers.append(try s.makeReader().map { ReaderThread($0, name: "herald-reader-\(i)") }) }
+        return readers
+    }
 
     func start() {
         started = true
         let t = Thread { [self] in
-            nameCurrentThread("herald-reader")
+            nameCurrentThread(name)
             run()
         }
         t.start()

@@ -1,0 +1,264 @@
+import Foundation
+import HeraldCore
+
+/// A SQLite store split into partitions (`--partitions`): one file per
+/// partition, each with its own writer (its engine) and its own log, so
+/// that partitions commit and sync beside each other. Partition 0 is the
+/// file named (`PATH`), partition i ≥ 1 is `PATH.pI`. A user's rows live in
+/// the file of its partition (`Partition.index`); the files share one epoch,
+/// so a user's cursors stay valid wherever its rows go.
+///
+/// The layout in force is recorded in partition 0's `meta` (`partitions`).
+/// Opening with another count (a file of an older Herald counts as one)
+/// moves each user whose partition changed into its new file first
+/// (`arrange`). The move is safe to interrupt at any point, `kill -9`
+/// included, and runs again at the next open:
+/// - partition 0's `meta` records the target (`repartition`) before any
+///   row moves, so an interrupted move is finished at the next open;
+/// - a user is copied whole into its new file in one transaction, which is
+///   durable before the user is deleted from the old one in another; in
+///   between the two copies are the same (nothing is served during a move),
+///   so the next run may copy from either;
+/// - a file past the new count is removed only once it holds no user, and
+///   only then does `meta` record the new count.
+public enum SQLitePartitionFiles {
+    /// The file of partition `i` of the store named `base`.
+    public static func path(_ base: String, partition i: Int) -> String { i == 0 ? base : "\(base).p\(i)" }
+
+    /// The tables whose rows each belong to one user, keyed by (app, user):
+    /// they move with their user. (`meta` is each file's own, `shared_tokens`
+    /// partition 0's, and the webhook outbox's rows are events a partition
+    /// sends, whoever's they were: they move only out of a file that goes.)
+    static let userTables = ["feeds", "notifications", "changes", "devices", "counts", "push_outbox", "push_tap_spacing", "preferences"]
+
+    /// Users copied in one transaction: bounds the log a move writes between syncs.
+    static let usersPerCopy = 1000
+
+    /// Opens the `count` partitions of the store at `base` (`open` opens one
+    /// file), after moving users between files if the layout on disk is
+    /// another (`arrange`). Refuses a set of files that do not belong
+    /// together: one missing, or one of another store (another epoch).
+    public static func open(base: String, count: Int, log: (String) -> Void = { _ in },
+                            _ open: (String) throws(StoreError) -> SQLiteStore) throws(StoreError) -> [SQLiteStore] {
+        try arrange(base: base, count: count, log: log)
+        var stores: [SQLiteStore] = []
+        for i in 0..<count {
+            let store = try open(path(base, partition: i))
+            stores.append(store)
+            guard store.epoch == stores[0].epoch else {
+                for s in stores { s.close() }
+                throw StoreError("sqlite (\(store.path)): partition \(i) of \(base) belongs to another store (epoch \(store.epoch), not \(stores[0].epoch)); refusing to open the set")
+            }
+        }
+        return stores
+    }
+
+    /// Puts every user into the file of its partition among `count`, and
+    /// records that layout; does nothing when it is already so.
+    /// `stop` (tests) ends it as a crash would, before its next durable step.
+    static func arrange(base: String, count: Int, log: (String) -> Void, stop: Countdown? = nil) throws(StoreError) {
+        precondition(count >= 1, "partitions")
+        let lock = try SQLiteFileLock(databasePath: base)
+        defer { lock.release() }
+        let first = try connect(path(base, partition: 0))
+        defer { first.close() }
+        let recorded = try first.text("SELECT value FROM meta WHERE key = 'partitions'").flatMap { Int($0) } ?? 1
+        let interrupted = try first.text("SELECT value FROM meta WHERE key = 'repartition'").flatMap { Int($0) }
+        if interrupted == nil {
+            // Without a move under way, every file of the layout must be there.
+            for i in 1..<max(1, recorded) where !exists(path(base, partition: i)) {
+                throw StoreError("sqlite (\(base)): partition file \(path(base, partition: i)) of \(recorded) is missing; restore it (the files of a store are backed up and restored together). Nothing was changed.")
+            }
+            if recorded == count { return }
+        }
+        let epoch = try first.text("SELECT value FROM meta WHERE key = 'epoch'") ?? ""
+        log("sqlite: moving users from \(recorded) to \(count) partition file(s)\(interrupted.map { " (finishing an interrupted move to \($0))" } ?? "")")
+        try setMeta(first, ["repartition": String(count)], removing: [], stop)
+        // Every file that may hold users: the layout's, an interrupted move's, the new one's.
+        let span = max(recorded, interrupted ?? 1, count)
+        var files: [SQLiteDatabase?] = []
+        defer { for f in files { f?.close() } }
+        for i in 0..<span {
+            let p = path(base, partition: i)
+            guard i > 0 else { files.append(first); continue }
+            guard i < count || exists(p) else { files.append(nil); continue }
+            let db = try connect(p)
+            files.append(db)
+            // A file that holds no user takes the store's epoch (new, or made
+            // by a move interrupted before it got it).
+            if try users(in: db).isEmpty { try setMeta(db, ["epoch": epoch], removing: [], stop) }
+            guard try db.text("SELECT value FROM meta WHERE key = 'epoch'") == epoch else {
+                throw StoreError("sqlite (\(p)): the file belongs to another store (another epoch than \(base)'s); refusing to move users into or out of it. Nothing more was changed.")
+            }
+        }
+        var moved = 0
+        for (i, db) in files.enumerated() {
+            guard let db else { continue }
+            moved += try moveOut(of: db, partition: i, count: count, base: base, stop)
+        }
+        for i in count..<span {
+            guard let db = files[i] else { continue }
+            try copy(webhooksOf: db, into: path(base, partition: 0), stop)
+            db.close()
+            files[i] = nil
+            try stop?.step()
+            try remove(path(base, partition: i))
+        }
+        try setMeta(first, ["partitions": String(count)], removing: ["repartition"], stop)
+        log("sqlite: \(moved) user(s) moved; \(count) partition file(s) in force")
+    }
+
+    /// Moves the users in `db` (partition `index`) that belong to another
+    /// partition among `count` into that one's file; how many.
+    private static func moveOut(of db: SQLiteDatabase, partition index: Int, count: Int, base: String,
+                                _ stop: Countdown?) throws(StoreError) -> Int {
+        let leaving = Partition.split(try users(in: db), among: count).filter { $0.key != index }
+        guard !leaving.isEmpty else { return 0 }
+        try db.script("CREATE TEMP TABLE IF NOT EXISTS moving (app TEXT NOT NULL, user TEXT NOT NULL, PRIMARY KEY (app, user)) WITHOUT ROWID")
+        let mine = "(app, user) IN (SELECT app, user FROM temp.moving)"
+        for (target, group) in leaving.sorted(by: { $0.key < $1.key }) {
+            try db.execute("ATTACH DATABASE ? AS dest", [.text(path(base, partition: target))])
+            defer { _ = try? db.execute("DETACH DATABASE dest") }
+            try db.execute("PRAGMA dest.synchronous = FULL")
+            // A push handle is one registration's in an app, but partitions
+            // give a handle up to another's registration only after the
+            // commit that took it (`FeedOperations.saveDevice`): should a
+            // registration there still hold one that a moving one holds, the
+            // moving one keeps it.
+            var copy = ["""
+                UPDATE dest.devices SET push = NULL, push_key = NULL WHERE push_key IS NOT NULL AND (app, push_key) IN
+                    (SELECT app, push_key FROM main.devices WHERE push_key IS NOT NULL AND \(mine))
+                """]
+            for table in userTables {
+                let cols = try columns(of: table, in: db).joined(separator: ", ")
+                let order = try hasRowid(table, in: db) ? " ORDER BY rowid" : ""
+                copy += ["DELETE FROM dest.\(table) WHERE \(mine)",
+                         "INSERT INTO dest.\(table) (\(cols)) SELECT \(cols) FROM main.\(table) WHERE \(mine)\(order)"]
+            }
+            var start = 0
+            while start < group.count {
+                let chunk = group[start..<min(group.count, start + usersPerCopy)]
+                start += chunk.count
+                try inTransaction(db, stop) { () throws(StoreError) in
+                    try db.execute("DELETE FROM temp.moving")
+                    for u in chunk { try db.execute("INSERT INTO temp.moving VALUES (?, ?)", [.text(u.app), .text(u.user)]) }
+                }
+                // The copy is durable in its file before the original goes.
+                try inTransaction(db, stop) { () throws(StoreError) in
+                    for statement in copy { try db.execute(statement) }
+                }
+                try inTransaction(db, stop) { () throws(StoreError) in
+                    for table in userTables { try db.execute("DELETE FROM main.\(table) WHERE \(mine)") }
+                }
+            }
+        }
+        return leaving.values.reduce(0) { $0 + $1.count }
+    }
+
+    /// The users with rows in `db`.
+    private static func users(in db: SQLiteDatabase) throws(StoreError) -> [UserKey] {
+        var users: [UserKey] = []
+        let union = userTables.map { "SELECT app, user FROM \($0)" }.joined(separator: " UNION ")
+        try db.query(union) { r throws(StoreError) in
+            if let app = r.text(0), let user = r.text(1) { users.append(UserKey(app: app, user: user)) }
+            return true
+        }
+        return users
+    }
+
+    /// Moves the webhook deliveries waiting in `db` (a file that goes) into
+    /// the file at `target`.
+    private static func copy(webhooksOf db: SQLiteDatabase, into target: String, _ stop: Countdown?) throws(StoreError) {
+        try db.execute("ATTACH DATABASE ? AS dest", [.text(target)])
+        defer { _ = try? db.execute("DETACH DATABASE dest") }
+        try db.execute("PRAGMA dest.synchronous = FULL")
+        let cols = try columns(of: "webhook_outbox", in: db).joined(separator: ", ")
+        try inTransaction(db, stop) { () throws(StoreError) in
+            try db.execute("INSERT INTO dest.webhook_outbox (\(cols)) SELECT \(cols) FROM main.webhook_outbox ORDER BY id")
+        }
+        try inTransaction(db, stop) { () throws(StoreError) in try db.execute("DELETE FROM main.webhook_outbox") }
+    }
+
+    /// A table's columns but a rowid alias (`id INTEGER PRIMARY KEY`), which
+    /// the receiving file assigns anew.
+    private static func columns(of table: String, in db: SQLiteDatabase) throws(StoreError) -> [String] {
+        var cols: [String] = []
+        try db.query("SELECT name, type, pk FROM pragma_table_info(?)", [.text(table)]) { r throws(StoreError) in
+            let alias = r.int64(2) == 1 && r.text(1)?.uppercased() == "INTEGER"
+            if !alias, let n = r.text(0) { cols.append("\"\(n)\"") }
+            return true
+        }
+        guard !cols.isEmpty else { throw StoreError("sqlite (\(db.path)): no table \(table)") }
+        return cols
+    }
+
+    private static func hasRowid(_ table: String, in db: SQLiteDatabase) throws(StoreError) -> Bool {
+        let sql = try db.text("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ?", [.text(table)]) ?? ""
+        return !sql.uppercased().contains("WITHOUT ROWID")
+    }
+
+    /// A connection to the file at `p`, created if missing, at the current
+    /// schema, its commits synced.
+    private static func connect(_ p: String) throws(StoreError) -> SQLiteDatabase {
+        let db = try SQLiteDatabase(path: p)
+        do throws(StoreError) {
+            try db.execute("PRAGMA busy_timeout = 5000")
+            try SQLiteStore.checkVersion(db, path: p)
+            guard try db.text("PRAGMA journal_mode = WAL")?.lowercased() == "wal" else {
+                throw StoreError("sqlite (\(p)): cannot use WAL mode")
+            }
+            try db.execute("PRAGMA synchronous = FULL")
+            try SQLiteStore.migrate(db, path: p)
+        } catch {
+            db.close()
+            throw error
+        }
+        return db
+    }
+
+    private static func setMeta(_ db: SQLiteDatabase, _ values: [String: String], removing: [String],
+                                _ stop: Countdown?) throws(StoreError) {
+        try inTransaction(db, stop) { () throws(StoreError) in
+            for (k, v) in values {
+                try db.execute("INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                               [.text(k), .text(v)])
+            }
+            for k in removing { try db.execute("DELETE FROM meta WHERE key = ?", [.text(k)]) }
+        }
+    }
+
+    private static func inTransaction(_ db: SQLiteDatabase, _ stop: Countdown?, _ body: () throws(StoreError) -> Void) throws(StoreError) {
+        try stop?.step()
+        try db.execute("BEGIN IMMEDIATE")
+        do throws(StoreError) {
+            try body()
+            try db.execute("COMMIT")
+        } catch {
+            if !db.autocommit { _ = try? db.execute("ROLLBACK") }
+            throw error
+        }
+    }
+
+    private static func exists(_ p: String) -> Bool { FileManager.default.fileExists(atPath: p) }
+
+    /// Removes a closed file that holds no user: its log and shared memory
+    /// first, so that no stale log is ever left beside a newer file of the
+    /// same name; its lock last.
+    private static func remove(_ p: String) throws(StoreError) {
+        for suffix in ["-wal", "-shm", "", ".lock"] where exists(p + suffix) {
+            do { try FileManager.default.removeItem(atPath: p + suffix) } catch {
+                throw StoreError("sqlite (\(p)): cannot remove \(p + suffix) after moving its users out: \(error)")
+            }
+        }
+    }
+
+    /// Ends a move (tests) before its `left`-th durable step, as a crash there would.
+    final class Countdown {
+        private var left: Int
+        init(_ steps: Int) { left = steps }
+        func step() throws(StoreError) {
+            guard left > 0 else { throw StoreError("stopped") }
+            left -= 1
+        }
+    }
+}

@@ -1,0 +1,217 @@
+import Foundation
+import XCTest
+import HeraldCore
+@testable import HeraldStores
+
+/// A SQLite store over several files, one per partition: every user's rows
+/// in its partition's file, moved between files when the count changes,
+/// and a move stopped at any step finished at the next open.
+final class SQLitePartitionFilesTests: XCTestCase {
+    var dir: URL!
+    var base: String { dir.appendingPathComponent("herald.db").path }
+    let t0: Millis = 1_800_000_000_000
+    let users = (0..<40).map { UserKey(app: $0 % 3 == 0 ? "app2" : "app1", user: "user-\($0)") }
+
+    override func setUpWithError() throws {
+        dir = FileManager.default.temporaryDirectory.appendingPathComponent("herald-parts-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: dir, withIntermediateDirectories: true)
+    }
+
+    override func tearDown() {
+        if let dir { try? FileManager.default.removeItem(at: dir) }
+        super.tearDown()
+    }
+
+    func open(_ count: Int, at base: String? = nil) throws -> [SQLiteStore] {
+        try SQLitePartitionFiles.open(base: base ?? self.base, count: count) { p throws(StoreError) in try SQLiteStore(path: p) }
+    }
+
+    func note(_ u: UserKey, _ i: Int) -> Notification {
+        Notification(id: NotificationID.make(now: t0 + Millis(i)), appNotificationId: "a\(i)", userId: u.user,
+                     payload: ["title": .string("\(u.user) \(i)")], createdAt: t0 + Millis(i), updatedAt: t0 + Millis(i),
+                     expiresAt: t0 + 86_400_000)
+    }
+
+    /// Users with notifications (one deleted), devices (some with a push
+    /// handle and a waiting push), preferences, and webhook deliveries, in
+    /// the single file of a Herald from before partition files.
+    func seedOneFile() throws {
+        let store = try SQLiteStore(path: base)
+        for (k, u) in users.enumerated() {
+            try store.begin()
+            let first = note(u, 1)
+            _ = try store.upsert(u, first, previous: nil, at: t0)
+            for i in 2...4 { _ = try store.upsert(u, note(u, i), previous: nil, at: t0) }
+            _ = try store.delete(u, first, reason: .deleted, at: t0 + 1)
+            try store.saveDevice(u, Device(deviceId: "a", platform: .ios, tags: ["t\(k)"], lastSeenAt: t0))
+            if k % 2 == 0 {
+                try store.saveDevice(u, Device(deviceId: "b", lastSeenAt: t0, push: .fcm(token: "token-\(k)")))
+                try store.enqueuePush(u, deviceId: "b", PushMessage(kind: .tap, op: .state, cursor: 1, epoch: store.epoch,
+                                                                    notificationId: nil, expiresAt: t0 + 86_400_000),
+                                      at: t0, claimUntil: nil)
+            }
+            if k % 5 == 0 { _ = try store.savePreferences(u, Preferences(default: Channels(inbox: true, push: false), version: 1), at: t0) }
+            try store.enqueueWebhook(app: u.app, url: "https://hooks.example/\(k)", eventId: "evt-\(k)", body: Array("{}".utf8), at: t0)
+            try store.commit()
+        }
+        store.close()
+    }
+
+    /// What each user's rows read as, from the store of its partition.
+    func snapshot(_ stores: [SQLiteStore]) throws -> [UserKey: String] {
+        var out: [UserKey: String] = [:]
+        for u in users {
+            let s = stores[Partition.index(of: u, among: stores.count)]
+            let changes = try s.changes(u, after: 0, limit: 100).map { String(decoding: $0.encoded, as: UTF8.self) }
+            let live = try (1...4).map { try s.notification(u, appNotificationId: "a\($0)")?.id ?? "-" }
+            out[u] = "\(try s.feed(u)) \(changes) \(live) \(try s.devices(u)) \(try s.pendingPushes(u)) \(try s.preferences(u).json)"
+        }
+        return out
+    }
+
+    func webhookEvents(_ stores: [SQLiteStore]) throws -> Set<String> {
+        var ids = Set<String>()
+        for s in stores {
+            for (k, u) in users.enumerated() {
+                for job in try s.claimWebhooks(app: u.app, url: "https://hooks.example/\(k)", now: t0, until: t0, limit: 10) {
+                    XCTAssertTrue(ids.insert(job.eventId).inserted, "\(job.eventId) twice")
+                }
+            }
+        }
+        return ids
+    }
+
+    func assertEachUserOnlyInItsFile(_ stores: [SQLiteStore], file: StaticString = #filePath, line: UInt = #line) throws {
+        for u in users {
+            for (i, s) in stores.enumerated() where i != Partition.index(of: u, among: stores.count) {
+                XCTAssertEqual(try s.feed(u).head, 0, "\(u) in partition \(i)", file: file, line: line)
+                XCTAssertEqual(try s.devices(u), [], file: file, line: line)
+            }
+        }
+    }
+
+    func close(_ stores: [SQLiteStore]) { for s in stores { s.close() } }
+
+    func files() throws -> [String] {
+        try FileManager.default.contentsOfDirectory(atPath: dir.path).filter { !$0.hasSuffix(".lock") && !$0.hasSuffix("-wal") && !$0.hasSuffix("-shm") }.sorted()
+    }
+
+    func testOneFileSplitsIntoThreeAndBackWithEveryUsersRows() throws {
+        try seedOneFile()
+        let one = try open(1)
+        let before = try snapshot(one)
+        let epoch = one[0].epoch
+        close(one)
+
+        let three = try open(3)
+        XCTAssertEqual(try files(), ["herald.db", "herald.db.p1", "herald.db.p2"])
+        XCTAssertEqual(Set(three.map(\.epoch)), [epoch], "one epoch: cursors stay valid wherever a user goes")
+        XCTAssertEqual(try snapshot(three), before)
+        try assertEachUserOnlyInItsFile(three)
+        XCTAssertEqual(try three.map { try $0.pendingPushes() }.reduce(0, +), users.count / 2, "each file counts its own outbox")
+        XCTAssertEqual(try three.map { try $0.pendingPushes() }, try three.map { s in try users.map { try s.pendingPushes($0).values.reduce(0, +) }.reduce(0, +) })
+        // A user moved keeps writing at its next seq.
+        let u = users.first { Partition.index(of: $0, among: 3) == 2 }!
+        let head = try three[2].feed(u).head
+        XCTAssertEqual(try three[2].upsert(u, note(u, 9), previous: nil, at: t0 + 9).seq, head + 1)
+        let withNinth = try snapshot(three)
+        close(three)
+
+        let two = try open(2)
+        XCTAssertEqual(try files(), ["herald.db", "herald.db.p1"], "the third file went once empty")
+        XCTAssertEqual(try snapshot(two), withNinth)
+        try assertEachUserOnlyInItsFile(two)
+        close(two)
+
+        let back = try open(1)
+        XCTAssertEqual(try files(), ["herald.db"])
+        XCTAssertEqual(try snapshot(back), withNinth)
+        XCTAssertEqual(try webhookEvents(back), Set(users.indices.map { "evt-\($0)" }), "the webhook deliveries of files that went moved, once each")
+        XCTAssertEqual(try back[0].pendingPushes(), users.count / 2)
+        close(back)
+    }
+
+    /// Every step of a move, stopped there as by `kill -9`, then the next
+    /// open: the same rows, every user once, whatever count it asks for.
+    func testAMoveStoppedAtAnyStepIsFinishedAtTheNextOpen() throws {
+        try seedOneFile()
+        let seeded = dir.appendingPathComponent("seeded")
+        try FileManager.default.createDirectory(at: seeded, withIntermediateDirectories: true)
+        try FileManager.default.copyItem(atPath: base, toPath: seeded.appendingPathComponent("herald.db").path)
+        let original = try open(1, at: seeded.appendingPathComponent("herald.db").path)
+        let expected = try snapshot(original)
+        close(original)
+        var steps = 0
+        for next in [3, 2] {
+            var stopped = true
+            while stopped {
+                let run = dir.appendingPathComponent("run-\(next)-\(steps)")
+                try FileManager.default.createDirectory(at: run, withIntermediateDirectories: true)
+                let p = run.appendingPathComponent("herald.db").path
+                try FileManager.default.copyItem(atPath: seeded.appendingPathComponent("herald.db").path, toPath: p)
+                do {
+                    try SQLitePartitionFiles.arrange(base: p, count: 3, log: { _ in }, stop: .init(steps))
+                    stopped = false
+                } catch {
+                    XCTAssertEqual(error.description, "stopped")
+                }
+                let stores = try open(next, at: p)
+                XCTAssertEqual(try snapshot(stores), expected, "stopped after \(steps) steps, reopened with \(next)")
+                try assertEachUserOnlyInItsFile(stores)
+                XCTAssertEqual(try webhookEvents(stores), Set(users.indices.map { "evt-\($0)" }))
+                close(stores)
+                steps += 1
+            }
+            steps = 0
+        }
+    }
+
+    func testAMissingPartitionFileIsRefusedAndNothingChanges() throws {
+        try seedOneFile()
+        close(try open(2))
+        try FileManager.default.removeItem(atPath: base + ".p1")
+        let before = try Data(contentsOf: URL(fileURLWithPath: base))
+        for count in [1, 2, 3] {
+            XCTAssertThrowsError(try open(count)) { e in
+                XCTAssertTrue("\(e)".contains("herald.db.p1 of 2 is missing"), "\(e)")
+            }
+        }
+        XCTAssertFalse(FileManager.default.fileExists(atPath: base + ".p1"), "not made anew")
+        XCTAssertEqual(try Data(contentsOf: URL(fileURLWithPath: base)), before)
+    }
+
+    func testAFileOfAnotherStoreIsRefused() throws {
+        try seedOneFile()
+        close(try open(2))
+        let other = dir.appendingPathComponent("other.db").path
+        try seedOther(at: other)
+        try FileManager.default.removeItem(atPath: base + ".p1")
+        try FileManager.default.copyItem(atPath: other, toPath: base + ".p1")
+        XCTAssertThrowsError(try open(2)) { e in XCTAssertTrue("\(e)".contains("belongs to another store"), "\(e)") }
+        XCTAssertThrowsError(try open(1)) { e in XCTAssertTrue("\(e)".contains("belongs to another store"), "\(e)") }
+    }
+
+    private func seedOther(at p: String) throws {
+        let s = try SQLiteStore(path: p)
+        let u = UserKey(app: "app1", user: "stranger")
+        _ = try s.upsert(u, note(u, 1), previous: nil, at: t0)
+        s.close()
+    }
+
+    /// Two users of different partitions may hold one push handle for a
+    /// moment (the other partition gives it up after the commit): when
+    /// they come to share a file, the one moving in keeps it.
+    func testAHandleHeldInTwoFilesGoesToTheUserMovingIn() throws {
+        let two = try open(2)
+        let a = users.first { $0.app == "app1" && Partition.index(of: $0, among: 2) == 0 }!
+        let b = users.first { $0.app == "app1" && Partition.index(of: $0, among: 2) == 1 }!
+        try two[0].saveDevice(a, Device(deviceId: "old", lastSeenAt: t0, push: .fcm(token: "shared")))
+        try two[1].saveDevice(b, Device(deviceId: "new", lastSeenAt: t0, push: .fcm(token: "shared")))
+        close(two)
+        let one = try open(1)
+        XCTAssertEqual(try one[0].devices(a), [Device(deviceId: "old", lastSeenAt: t0)])
+        XCTAssertEqual(try one[0].devices(b), [Device(deviceId: "new", lastSeenAt: t0, push: .fcm(token: "shared"))])
+        XCTAssertEqual(try one[0].pushHolder(app: b.app, key: PushHandle.fcm(token: "shared").key)?.user, b.user)
+        close(one)
+    }
+}
