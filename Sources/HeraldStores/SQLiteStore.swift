@@ -2,8 +2,9 @@ import CSQLite
 import HeraldCore
 
 /// The durable embedded store (`--store sqlite:PATH`): one SQLite file in
-/// WAL mode, written only by the engine thread; other threads read through
-/// their own read-only connections (`makeReader()`).
+/// WAL mode per partition (`SQLitePartitionFiles`), written only by its
+/// engine thread; other threads read through their own read-only
+/// connections (`makeReader()`).
 ///
 /// Durability: the engine runs a batch of commands between `begin()` and
 /// `commit()` (group commit), so `commit()` is where the batch is made

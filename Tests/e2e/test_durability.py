@@ -151,3 +151,91 @@ def test_a_second_gateway_on_an_open_file_is_refused_and_a_restart_after_kill_9_
         assert {n["appNotificationId"] for n in again.list_all(user)} == {"before", "after"}
     finally:
         assert again.terminate(10) == 0
+
+
+def _partition_files(tmp_path) -> list[str]:
+    return sorted(p.name for p in tmp_path.iterdir() if p.name == "herald.db" or p.name.startswith("herald.db.p")
+                  and not p.name.endswith(("-wal", "-shm", ".lock")))
+
+
+def _serve(herald_bin, workdir, db, partitions: int) -> Gateway:
+    return Gateway(herald_bin, workdir, CONFIG, store=f"sqlite:{db}", extra_args=["--partitions", str(partitions)]).start()
+
+
+def test_a_new_partition_count_moves_the_users_between_files_and_keeps_every_cursor(herald_bin, tmp_path):
+    """One file per partition (docs/OPERATIONS.md, "SQLite files"): a store
+    written by one partition and served by three, then two, then one keeps
+    every user's notifications, seqs and epoch, a device resuming from a
+    cursor gets exactly what it missed, and the files follow the count."""
+    db = tmp_path / "herald.db"
+    users = [uid("user") for _ in range(24)]
+    gw = _serve(herald_bin, tmp_path / "run1", db, 1)
+    expected: dict[str, list[str]] = {}
+    seqs: dict[str, list[int]] = {}
+    try:
+        for u in users:
+            seqs[u] = [gw.publish(u, f"{u}-{i}")["seq"] for i in range(3)]
+            expected[u] = [f"{u}-{i}" for i in range(3)]
+        ws, _, welcome = gw.connect(users[0], "phone", cursor=0)
+        ws.close()
+        epoch = welcome["epoch"]
+    finally:
+        assert gw.terminate(10) == 0
+    assert _partition_files(tmp_path) == ["herald.db"]
+    for count in (3, 2, 1):
+        gw = _serve(herald_bin, tmp_path / f"run-{count}", db, count)
+        try:
+            assert _partition_files(tmp_path) == ["herald.db"] + [f"herald.db.p{i}" for i in range(1, count)]
+            for u in users:
+                assert sorted(n["appNotificationId"] for n in gw.list_all(u)) == sorted(expected[u]), (count, u)
+                # Resumed from its first seq: exactly the rest, same epoch, no reset.
+                ws, frames, welcome = gw.connect(u, "phone", cursor=seqs[u][0], epoch=epoch)
+                with ws:
+                    assert not [f for f in frames if f["type"] == "reset"], frames
+                    got = [c["seq"] for f in frames if f["type"] == "changes" for c in f["changes"]]
+                    assert got == seqs[u][1:], (count, u, got)
+                    assert welcome["epoch"] == epoch
+                # The next seq follows on, in whichever file the user is now.
+                anid = f"{u}-at-{count}"
+                seq = gw.publish(u, anid)["seq"]
+                assert seq == seqs[u][-1] + 1, (count, u, seq)
+                seqs[u].append(seq)
+                expected[u].append(anid)
+        finally:
+            assert gw.terminate(10) == 0
+    assert _partition_files(tmp_path) == ["herald.db"]
+
+
+def test_kill_9_during_a_move_between_files_loses_nothing(herald_bin, tmp_path):
+    """The move runs before the gateway listens; killed while it logs that it
+    moves (wherever it got to), the next start finishes it, to the count it
+    is given, and every acknowledged publish is there."""
+    db = tmp_path / "herald.db"
+    users = [uid("user") for _ in range(300)]
+    gw = _serve(herald_bin, tmp_path / "seed", db, 1)
+    try:
+        s = requests.Session()
+        for u in users:
+            r = s.post(f"{gw.base}/v1/apps/app.one/users/{u}/notifications", json={"appNotificationId": "a", "payload": {"u": u}},
+                       headers={"Authorization": "Bearer sk-one"}, timeout=30)
+            assert r.status_code == 201, r.text
+    finally:
+        assert gw.terminate(10) == 0
+    moving = Gateway(herald_bin, tmp_path / "moving", CONFIG, store=f"sqlite:{db}", extra_args=["--partitions", "4"])
+    moving.workdir.mkdir(parents=True, exist_ok=True)
+    with open(moving.stderr_path, "wb") as err:
+        proc = subprocess.Popen(moving.args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, cwd=moving.workdir)
+        try:
+            wait_until(lambda: b"moving users from 1 to 4" in moving.stderr_path.read_bytes(), "the move to begin", timeout=60)
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(10)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    gw = _serve(herald_bin, tmp_path / "after", db, 2)
+    try:
+        assert _partition_files(tmp_path) == ["herald.db", "herald.db.p1"]
+        missing = [u for u in users if [n["appNotificationId"] for n in gw.list_all(u)] != ["a"]]
+        assert not missing, f"lost or repeated after kill -9 in a move: {missing[:5]}"
+    finally:
+        assert gw.terminate(10) == 0
