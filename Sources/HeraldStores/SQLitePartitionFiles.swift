@@ -42,15 +42,57 @@ public enum SQLitePartitionFiles {
                             _ open: (String) throws(StoreError) -> SQLiteStore) throws(StoreError) -> [SQLiteStore] {
         try arrange(base: base, count: count, log: log)
         var stores: [SQLiteStore] = []
-        for i in 0..<count {
-            let store = try open(path(base, partition: i))
-            stores.append(store)
-            guard store.epoch == stores[0].epoch else {
-                for s in stores { s.close() }
-                throw StoreError("sqlite (\(store.path)): partition \(i) of \(base) belongs to another store (epoch \(store.epoch), not \(stores[0].epoch)); refusing to open the set")
+        do throws(StoreError) {
+            for i in 0..<count {
+                let store = try open(path(base, partition: i))
+                stores.append(store)
+                guard store.epoch == stores[0].epoch else {
+                    throw StoreError("sqlite (\(store.path)): partition \(i) of \(base) belongs to another store (epoch \(store.epoch), not \(stores[0].epoch)); refusing to open the set")
+                }
             }
+            // Again under partition 0's own lock: another process may have
+            // moved the users between `arrange` and the opens.
+            let layout = try self.layout(stores[0].db)
+            guard layout.recorded == count, layout.moving == nil else {
+                throw StoreError("sqlite (\(base)): another process changed the partition files while they were opened; start again")
+            }
+        } catch {
+            for s in stores { s.close() }
+            throw error
         }
         return stores
+    }
+
+    /// The partition count the files at `base` are laid out for (the
+    /// target of a move under way), or nil for no store there yet: a
+    /// restart without `--partitions` keeps the layout.
+    public static func recordedCount(base: String) throws(StoreError) -> Int? {
+        guard exists(base) else { return nil }
+        let db = try SQLiteDatabase(path: base)
+        defer { db.close() }
+        try SQLiteStore.checkVersion(db, path: base)
+        guard try db.int("PRAGMA user_version") ?? 0 > 0 else { return nil }
+        let layout = try self.layout(db)
+        return layout.moving ?? layout.recorded
+    }
+
+    /// What partition 0's `meta` records: the layout in force, and the target of a move under way.
+    private static func layout(_ db: SQLiteDatabase) throws(StoreError) -> (recorded: Int, moving: Int?) {
+        (try db.text("SELECT value FROM meta WHERE key = 'partitions'").flatMap { Int($0) } ?? 1,
+         try db.text("SELECT value FROM meta WHERE key = 'repartition'").flatMap { Int($0) })
+    }
+
+    /// The partitions i ≥ 1 with a file `PATH.pI` beside `base`, whatever
+    /// layout or interrupted moves left them.
+    static func filesPresent(_ base: String) -> Set<Int> {
+        let url = URL(fileURLWithPath: base)
+        let prefix = url.lastPathComponent + ".p"
+        let names = (try? FileManager.default.contentsOfDirectory(atPath: url.deletingLastPathComponent().path)) ?? []
+        return Set(names.compactMap { name in
+            guard name.hasPrefix(prefix), let i = Int(name.dropFirst(prefix.count)), i >= 1,
+                  name == url.lastPathComponent + ".p\(i)" else { return nil }
+            return i
+        })
     }
 
     /// Puts every user into the file of its partition among `count`, and
@@ -62,33 +104,35 @@ public enum SQLitePartitionFiles {
         defer { lock.release() }
         let first = try connect(path(base, partition: 0))
         defer { first.close() }
-        let recorded = try first.text("SELECT value FROM meta WHERE key = 'partitions'").flatMap { Int($0) } ?? 1
-        let interrupted = try first.text("SELECT value FROM meta WHERE key = 'repartition'").flatMap { Int($0) }
+        let (recorded, interrupted) = try layout(first)
+        // Every partition file there, whatever layout or moves left it: a
+        // move stopped twice may have left one past both counts.
+        let present = filesPresent(base)
         if interrupted == nil {
             // Without a move under way, every file of the layout must be there.
-            for i in 1..<max(1, recorded) where !exists(path(base, partition: i)) {
+            for i in 1..<max(1, recorded) where !present.contains(i) {
                 throw StoreError("sqlite (\(base)): partition file \(path(base, partition: i)) of \(recorded) is missing; restore it (the files of a store are backed up and restored together). Nothing was changed.")
             }
-            if recorded == count { return }
+            if recorded == count && present.allSatisfy({ $0 < count }) { return }
         }
         let epoch = try first.text("SELECT value FROM meta WHERE key = 'epoch'") ?? ""
+        // Before anything changes: every file there is this store's.
+        for i in present.sorted() { try checkBelongs(path(base, partition: i), epoch: epoch) }
         log("sqlite: moving users from \(recorded) to \(count) partition file(s)\(interrupted.map { " (finishing an interrupted move to \($0))" } ?? "")")
         try setMeta(first, ["repartition": String(count)], removing: [], stop)
-        // Every file that may hold users: the layout's, an interrupted move's, the new one's.
-        let span = max(recorded, interrupted ?? 1, count)
+        let span = max(count, (present.max() ?? 0) + 1)
         var files: [SQLiteDatabase?] = []
         defer { for f in files { f?.close() } }
         for i in 0..<span {
             let p = path(base, partition: i)
             guard i > 0 else { files.append(first); continue }
-            guard i < count || exists(p) else { files.append(nil); continue }
+            guard i < count || present.contains(i) else { files.append(nil); continue }
             let db = try connect(p)
             files.append(db)
-            // A file that holds no user takes the store's epoch (new, or made
-            // by a move interrupted before it got it).
-            if try users(in: db).isEmpty { try setMeta(db, ["epoch": epoch], removing: [], stop) }
-            guard try db.text("SELECT value FROM meta WHERE key = 'epoch'") == epoch else {
-                throw StoreError("sqlite (\(p)): the file belongs to another store (another epoch than \(base)'s); refusing to move users into or out of it. Nothing more was changed.")
+            // An empty file takes the store's epoch: new, or made by a move
+            // stopped before it got it (`checkBelongs` let only those by).
+            if try db.text("SELECT value FROM meta WHERE key = 'epoch'") != epoch {
+                try setMeta(db, ["epoch": epoch], removing: [], stop)
             }
         }
         var moved = 0
@@ -99,6 +143,10 @@ public enum SQLitePartitionFiles {
         for i in count..<span {
             guard let db = files[i] else { continue }
             try copy(webhooksOf: db, into: path(base, partition: 0), stop)
+            // The log copied in and emptied, so that none is left to replay.
+            var busy: Int64 = 1
+            try db.query("PRAGMA wal_checkpoint(TRUNCATE)") { r throws(StoreError) in busy = r.int64(0); return false }
+            guard busy == 0 else { throw StoreError("sqlite (\(path(base, partition: i))): its log could not be checkpointed before removing it") }
             db.close()
             files[i] = nil
             try stop?.step()
@@ -155,6 +203,20 @@ public enum SQLitePartitionFiles {
         return leaving.values.reduce(0) { $0 + $1.count }
     }
 
+    /// Refuses a file of another store: another epoch, and rows in it. (An
+    /// empty file, one a stopped move made, may have any.) Changes nothing.
+    private static func checkBelongs(_ p: String, epoch: String) throws(StoreError) {
+        let db = try SQLiteDatabase(path: p)
+        defer { db.close() }
+        try SQLiteStore.checkVersion(db, path: p)
+        guard try db.int("PRAGMA user_version") ?? 0 > 0,
+              try db.text("SELECT value FROM meta WHERE key = 'epoch'") != epoch else { return }
+        let rows = (userTables + ["webhook_outbox", "shared_tokens"]).map { "SELECT 1 FROM \($0)" }.joined(separator: " UNION ALL ")
+        guard try db.int("SELECT EXISTS (\(rows))") == 0 else {
+            throw StoreError("sqlite (\(p)): the file belongs to another store (another epoch than its partition 0's); refusing to move users into or out of it. Nothing was changed.")
+        }
+    }
+
     /// The users with rows in `db`.
     private static func users(in db: SQLiteDatabase) throws(StoreError) -> [UserKey] {
         var users: [UserKey] = []
@@ -173,8 +235,12 @@ public enum SQLitePartitionFiles {
         defer { _ = try? db.execute("DETACH DATABASE dest") }
         try db.execute("PRAGMA dest.synchronous = FULL")
         let cols = try columns(of: "webhook_outbox", in: db).joined(separator: ", ")
+        // Once per event and endpoint, should a stop have come before the delete.
         try inTransaction(db, stop) { () throws(StoreError) in
-            try db.execute("INSERT INTO dest.webhook_outbox (\(cols)) SELECT \(cols) FROM main.webhook_outbox ORDER BY id")
+            try db.execute("""
+                INSERT INTO dest.webhook_outbox (\(cols)) SELECT \(cols) FROM main.webhook_outbox m WHERE NOT EXISTS
+                    (SELECT 1 FROM dest.webhook_outbox d WHERE d.app = m.app AND d.url = m.url AND d.event_id = m.event_id) ORDER BY id
+                """)
         }
         try inTransaction(db, stop) { () throws(StoreError) in try db.execute("DELETE FROM main.webhook_outbox") }
     }

@@ -185,11 +185,7 @@ func openStores(_ spec: String, durability: String?, partitions: Int?, threads: 
     guard spec.hasPrefix("sqlite:") else { throw UsageError("--store must be memory, sqlite:PATH or postgres://...") }
     let path = String(spec.dropFirst("sqlite:".count))
     guard !path.isEmpty else { throw UsageError("--store sqlite: needs a file path") }
-    // A file each (a SQLite file has one writer). One unless asked: on the
-    // benchmark machine two files held no more publishes than one, and at
-    // full durability their two logs synced more often (docs/BENCHMARKS.md,
-    // "Durable publishes on SQLite").
-    return try openSQLite(path: path, durability: durability, partitions: partitions ?? 1)
+    return try openSQLite(path: path, durability: durability, partitions: partitions)
 }
 
 /// `--workers N`, N ≥ 2: binds the port here (a port in use: exit 2 at

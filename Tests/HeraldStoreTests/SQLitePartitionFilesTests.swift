@@ -41,6 +41,9 @@ final class SQLitePartitionFilesTests: XCTestCase {
             try store.begin()
             let first = note(u, 1)
             _ = try store.upsert(u, first, previous: nil, at: t0)
+            var targeted = note(u, 5)
+            targeted.targetPlatforms = [.ios]
+            _ = try store.upsert(u, targeted, previous: nil, at: t0)  // a row in `counts`
             for i in 2...4 { _ = try store.upsert(u, note(u, i), previous: nil, at: t0) }
             _ = try store.delete(u, first, reason: .deleted, at: t0 + 1)
             try store.saveDevice(u, Device(deviceId: "a", platform: .ios, tags: ["t\(k)"], lastSeenAt: t0))
@@ -49,6 +52,7 @@ final class SQLitePartitionFilesTests: XCTestCase {
                 try store.enqueuePush(u, deviceId: "b", PushMessage(kind: .tap, op: .state, cursor: 1, epoch: store.epoch,
                                                                     notificationId: nil, expiresAt: t0 + 86_400_000),
                                       at: t0, claimUntil: nil)
+                try store.spaceTaps(u, deviceId: "b", until: t0 + 60_000)
             }
             if k % 5 == 0 { _ = try store.savePreferences(u, Preferences(default: Channels(inbox: true, push: false), version: 1), at: t0) }
             try store.enqueueWebhook(app: u.app, url: "https://hooks.example/\(k)", eventId: "evt-\(k)", body: Array("{}".utf8), at: t0)
@@ -63,13 +67,17 @@ final class SQLitePartitionFilesTests: XCTestCase {
         for u in users {
             let s = stores[Partition.index(of: u, among: stores.count)]
             let changes = try s.changes(u, after: 0, limit: 100).map { String(decoding: $0.encoded, as: UTF8.self) }
-            let live = try (1...4).map { try s.notification(u, appNotificationId: "a\($0)")?.id ?? "-" }
-            out[u] = "\(try s.feed(u)) \(changes) \(live) \(try s.devices(u)) \(try s.pendingPushes(u)) \(try s.preferences(u).json)"
+            let live = try (1...5).map { try s.notification(u, appNotificationId: "a\($0)")?.id ?? "-" }
+            let counts = try s.counts(u).map { "\($0)" }.sorted()
+            let spacing = try s.db.int("SELECT not_before FROM push_tap_spacing WHERE app = ? AND user = ?", [.text(u.app), .text(u.user)])
+            out[u] = "\(try s.feed(u)) \(changes) \(live) \(counts) \(try s.devices(u)) \(try s.pendingPushes(u)) \(spacing ?? 0) \(try s.preferences(u).json)"
         }
         return out
     }
 
     func webhookEvents(_ stores: [SQLiteStore]) throws -> Set<String> {
+        XCTAssertEqual(try stores.map { s in try s.db.int("SELECT deliveries FROM webhook_outbox_size") },
+                       try stores.map { s in try s.db.int("SELECT count(*) FROM webhook_outbox") }, "each file counts its own")
         var ids = Set<String>()
         for s in stores {
             for (k, u) in users.enumerated() {
@@ -133,36 +141,57 @@ final class SQLitePartitionFilesTests: XCTestCase {
 
     /// Every step of a move, stopped there as by `kill -9`, then the next
     /// open: the same rows, every user once, whatever count it asks for.
+    /// Splits (1 → 3) and merges (3 → 1) alike, and a move stopped twice.
     func testAMoveStoppedAtAnyStepIsFinishedAtTheNextOpen() throws {
         try seedOneFile()
-        let seeded = dir.appendingPathComponent("seeded")
-        try FileManager.default.createDirectory(at: seeded, withIntermediateDirectories: true)
-        try FileManager.default.copyItem(atPath: base, toPath: seeded.appendingPathComponent("herald.db").path)
-        let original = try open(1, at: seeded.appendingPathComponent("herald.db").path)
+        let original = try open(1)
         let expected = try snapshot(original)
         close(original)
-        var steps = 0
-        for next in [3, 2] {
-            var stopped = true
-            while stopped {
-                let run = dir.appendingPathComponent("run-\(next)-\(steps)")
-                try FileManager.default.createDirectory(at: run, withIntermediateDirectories: true)
-                let p = run.appendingPathComponent("herald.db").path
-                try FileManager.default.copyItem(atPath: seeded.appendingPathComponent("herald.db").path, toPath: p)
-                do {
-                    try SQLitePartitionFiles.arrange(base: p, count: 3, log: { _ in }, stop: .init(steps))
-                    stopped = false
-                } catch {
-                    XCTAssertEqual(error.description, "stopped")
-                }
-                let stores = try open(next, at: p)
-                XCTAssertEqual(try snapshot(stores), expected, "stopped after \(steps) steps, reopened with \(next)")
-                try assertEachUserOnlyInItsFile(stores)
-                XCTAssertEqual(try webhookEvents(stores), Set(users.indices.map { "evt-\($0)" }))
-                close(stores)
-                steps += 1
+        let seeded = dir.appendingPathComponent("seeded")
+        let one = seeded.appendingPathComponent("one/herald.db").path
+        let three = seeded.appendingPathComponent("three/herald.db").path
+        for p in [one, three] {
+            try FileManager.default.createDirectory(atPath: (p as NSString).deletingLastPathComponent, withIntermediateDirectories: true)
+            try FileManager.default.copyItem(atPath: base, toPath: p)
+        }
+        close(try open(3, at: three))
+        var runs = 0
+        /// A copy of `source`'s files, moved to `first` stopped after `k` steps (nil: not stopped),
+        /// then to `second` stopped after `j`, then opened with `final`.
+        func check(_ source: String, _ moves: [(count: Int, stop: Int?)], final: Int) throws -> Bool {
+            runs += 1
+            let run = dir.appendingPathComponent("run-\(runs)")
+            try FileManager.default.createDirectory(at: run, withIntermediateDirectories: true)
+            let from = URL(fileURLWithPath: source).deletingLastPathComponent()
+            for name in try FileManager.default.contentsOfDirectory(atPath: from.path) where !name.hasSuffix(".lock") {
+                try FileManager.default.copyItem(at: from.appendingPathComponent(name), to: run.appendingPathComponent(name))
             }
-            steps = 0
+            let p = run.appendingPathComponent("herald.db").path
+            var stopped = false
+            for move in moves {
+                do { try SQLitePartitionFiles.arrange(base: p, count: move.count, log: { _ in }, stop: move.stop.map { .init($0) }) } catch {
+                    XCTAssertEqual(error.description, "stopped")
+                    stopped = true
+                }
+            }
+            let stores = try open(final, at: p)
+            defer { close(stores) }
+            XCTAssertEqual(try snapshot(stores), expected, "\(moves), then \(final)")
+            try assertEachUserOnlyInItsFile(stores)
+            XCTAssertEqual(try webhookEvents(stores), Set(users.indices.map { "evt-\($0)" }), "\(moves), then \(final)")
+            XCTAssertEqual(SQLitePartitionFiles.filesPresent(p), Set(1..<final), "\(moves), then \(final)")
+            return stopped
+        }
+        for (source, target, next) in [(one, 3, [3, 2]), (three, 1, [1, 2])] {
+            for final in next {
+                var k = 0
+                while try check(source, [(target, k)], final: final) { k += 1 }
+                XCTAssertGreaterThan(k, 4, "steps of a move to \(target)")
+            }
+        }
+        // Stopped twice: 1 → 3 stopped, then → 2 stopped, then 1.
+        for k in stride(from: 1, through: 10, by: 3) {
+            for j in stride(from: 1, through: 10, by: 3) { _ = try check(one, [(3, k), (2, j)], final: 1) }
         }
     }
 
@@ -188,7 +217,20 @@ final class SQLitePartitionFilesTests: XCTestCase {
         try FileManager.default.removeItem(atPath: base + ".p1")
         try FileManager.default.copyItem(atPath: other, toPath: base + ".p1")
         XCTAssertThrowsError(try open(2)) { e in XCTAssertTrue("\(e)".contains("belongs to another store"), "\(e)") }
+        let before = try Data(contentsOf: URL(fileURLWithPath: base))
+        XCTAssertThrowsError(try open(3)) { e in XCTAssertTrue("\(e)".contains("belongs to another store"), "\(e)") }
         XCTAssertThrowsError(try open(1)) { e in XCTAssertTrue("\(e)".contains("belongs to another store"), "\(e)") }
+        XCTAssertEqual(try Data(contentsOf: URL(fileURLWithPath: base)), before, "refused before anything changed")
+        XCTAssertEqual(SQLitePartitionFiles.filesPresent(base), [1], "no file made")
+        XCTAssertEqual(try SQLitePartitionFiles.recordedCount(base: base), 2)
+    }
+
+    func testARestartWithoutACountKeepsTheLayout() throws {
+        XCTAssertNil(try SQLitePartitionFiles.recordedCount(base: base), "no store yet")
+        close(try open(3))
+        XCTAssertEqual(try SQLitePartitionFiles.recordedCount(base: base), 3)
+        XCTAssertThrowsError(try SQLitePartitionFiles.arrange(base: base, count: 2, log: { _ in }, stop: .init(1)))
+        XCTAssertEqual(try SQLitePartitionFiles.recordedCount(base: base), 2, "a move under way is finished to its count")
     }
 
     private func seedOther(at p: String) throws {
@@ -215,3 +257,4 @@ final class SQLitePartitionFilesTests: XCTestCase {
         close(one)
     }
 }
+
