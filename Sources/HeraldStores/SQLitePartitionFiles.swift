@@ -113,11 +113,15 @@ public enum SQLitePartitionFiles {
             for i in 1..<max(1, recorded) where !present.contains(i) {
                 throw StoreError("sqlite (\(base)): partition file \(path(base, partition: i)) of \(recorded) is missing; restore it (the files of a store are backed up and restored together). Nothing was changed.")
             }
-            if recorded == count && present.allSatisfy({ $0 < count }) { return }
+            if recorded == count && present.allSatisfy({ $0 < count }) {
+                return try settleHandles((0..<count).map { path(base, partition: $0) }, stop)
+            }
         }
         let epoch = try first.text("SELECT value FROM meta WHERE key = 'epoch'") ?? ""
         // Before anything changes: every file there is this store's.
         for i in present.sorted() { try checkBelongs(path(base, partition: i), epoch: epoch) }
+        // Then no handle is in two files, and none comes to be by a move.
+        try settleHandles([base] + present.sorted().map { path(base, partition: $0) }, stop)
         log("sqlite: moving users from \(recorded) to \(count) partition file(s)\(interrupted.map { " (finishing an interrupted move to \($0))" } ?? "")")
         try setMeta(first, ["repartition": String(count)], removing: [], stop)
         let span = max(count, (present.max() ?? 0) + 1)
@@ -168,15 +172,7 @@ public enum SQLitePartitionFiles {
             try db.execute("ATTACH DATABASE ? AS dest", [.text(path(base, partition: target))])
             defer { _ = try? db.execute("DETACH DATABASE dest") }
             try db.execute("PRAGMA dest.synchronous = FULL")
-            // A push handle is one registration's in an app, but partitions
-            // give a handle up to another's registration only after the
-            // commit that took it (`FeedOperations.saveDevice`): should a
-            // registration there still hold one that a moving one holds, the
-            // moving one keeps it.
-            var copy = ["""
-                UPDATE dest.devices SET push = NULL, push_key = NULL WHERE push_key IS NOT NULL AND (app, push_key) IN
-                    (SELECT app, push_key FROM main.devices WHERE push_key IS NOT NULL AND \(mine))
-                """]
+            var copy: [String] = []
             for table in userTables {
                 let cols = try columns(of: table, in: db).joined(separator: ", ")
                 let order = try hasRowid(table, in: db) ? " ORDER BY rowid" : ""
@@ -214,6 +210,45 @@ public enum SQLitePartitionFiles {
         let rows = (userTables + ["webhook_outbox", "shared_tokens"]).map { "SELECT 1 FROM \($0)" }.joined(separator: " UNION ALL ")
         guard try db.int("SELECT EXISTS (\(rows))") == 0 else {
             throw StoreError("sqlite (\(p)): the file belongs to another store (another epoch than its partition 0's); refusing to move users into or out of it. Nothing was changed.")
+        }
+    }
+
+    /// A push handle is one registration's in an app, but a partition gives
+    /// one up to another partition's registration in a batch after the one
+    /// that took it (`FeedOperations.saveDevice`), so a stop in between
+    /// leaves two files holding it: the registration seen last keeps it,
+    /// and the other loses it with its waiting pushes (as
+    /// `FeedTransaction.removeHandle` does for a handle that moved).
+    private static func settleHandles(_ paths: [String], _ stop: Countdown?) throws(StoreError) {
+        guard paths.count > 1 else { return }
+        // Each at the current schema first: a stop may have left one just made, with no tables yet.
+        for p in paths { try connect(p).close() }
+        for (i, p) in paths.enumerated().dropLast() {
+            let db = try connect(p)
+            defer { db.close() }
+            for other in paths[(i + 1)...] {
+                try db.execute("ATTACH DATABASE ? AS other", [.text(other)])
+                defer { _ = try? db.execute("DETACH DATABASE other") }
+                try db.execute("PRAGMA other.synchronous = FULL")
+                var losers: [(schema: String, app: String, user: String, device: String)] = []
+                try db.query("""
+                    SELECT a.app, a.user, a.device_id, a.last_seen_at, b.user, b.device_id, b.last_seen_at
+                    FROM main.devices a JOIN other.devices b ON b.app = a.app AND b.push_key = a.push_key
+                    WHERE a.push_key IS NOT NULL AND b.push_key IS NOT NULL
+                        AND NOT (b.user = a.user AND b.device_id = a.device_id)  -- one user in two files, mid-move
+                    """) { r throws(StoreError) in
+                    guard let app = r.text(0), let u = r.text(1), let d = r.text(2), let ou = r.text(4), let od = r.text(5) else { return true }
+                    losers.append(r.int64(3) < r.int64(6) ? ("main", app, u, d) : ("other", app, ou, od))
+                    return true
+                }
+                for l in losers {
+                    let key: [SQLiteValue] = [.text(l.app), .text(l.user), .text(l.device)]
+                    try inTransaction(db, stop) { () throws(StoreError) in
+                        try db.execute("UPDATE \(l.schema).devices SET push = NULL, push_key = NULL WHERE app = ? AND user = ? AND device_id = ?", key)
+                        try db.execute("DELETE FROM \(l.schema).push_outbox WHERE app = ? AND user = ? AND device_id = ?", key)
+                    }
+                }
+            }
         }
     }
 

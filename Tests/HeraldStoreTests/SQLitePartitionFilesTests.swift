@@ -176,7 +176,9 @@ final class SQLitePartitionFilesTests: XCTestCase {
             }
             let stores = try open(final, at: p)
             defer { close(stores) }
-            XCTAssertEqual(try snapshot(stores), expected, "\(moves), then \(final)")
+            let got = try snapshot(stores)
+            let differing = users.filter { got[$0] != expected[$0] }
+            XCTAssertEqual(differing, [], "\(moves), then \(final): \(differing.first.map { "\(got[$0] ?? "none")" }?.prefix(300) ?? "")")
             try assertEachUserOnlyInItsFile(stores)
             XCTAssertEqual(try webhookEvents(stores), Set(users.indices.map { "evt-\($0)" }), "\(moves), then \(final)")
             XCTAssertEqual(SQLitePartitionFiles.filesPresent(p), Set(1..<final), "\(moves), then \(final)")
@@ -225,6 +227,20 @@ final class SQLitePartitionFilesTests: XCTestCase {
         XCTAssertEqual(try SQLitePartitionFiles.recordedCount(base: base), 2)
     }
 
+    /// A stop just after a move made a file, before its tables: the next
+    /// open takes it in (and, past the count, removes it).
+    func testAFileLeftWithoutTablesIsTakenIn() throws {
+        try seedOneFile()
+        let one = try open(1)
+        let expected = try snapshot(one)
+        close(one)
+        for i in [1, 2] { XCTAssertTrue(FileManager.default.createFile(atPath: base + ".p\(i)", contents: Data())) }
+        let two = try open(2)
+        XCTAssertEqual(try snapshot(two), expected)
+        XCTAssertEqual(SQLitePartitionFiles.filesPresent(base), [1])
+        close(two)
+    }
+
     func testARestartWithoutACountKeepsTheLayout() throws {
         XCTAssertNil(try SQLitePartitionFiles.recordedCount(base: base), "no store yet")
         close(try open(3))
@@ -241,20 +257,32 @@ final class SQLitePartitionFilesTests: XCTestCase {
     }
 
     /// Two users of different partitions may hold one push handle for a
-    /// moment (the other partition gives it up after the commit): when
-    /// they come to share a file, the one moving in keeps it.
-    func testAHandleHeldInTwoFilesGoesToTheUserMovingIn() throws {
-        let two = try open(2)
+    /// moment (the other partition gives it up in a batch after the commit
+    /// that took it); a stop then leaves both holding it. At the next open
+    /// the registration seen last keeps it, whichever file it is in, and the
+    /// other loses it with its waiting pushes, with or without a move.
+    func testAHandleHeldInTwoFilesGoesToTheRegistrationSeenLast() throws {
         let a = users.first { $0.app == "app1" && Partition.index(of: $0, among: 2) == 0 }!
         let b = users.first { $0.app == "app1" && Partition.index(of: $0, among: 2) == 1 }!
-        try two[0].saveDevice(a, Device(deviceId: "old", lastSeenAt: t0, push: .fcm(token: "shared")))
-        try two[1].saveDevice(b, Device(deviceId: "new", lastSeenAt: t0, push: .fcm(token: "shared")))
-        close(two)
-        let one = try open(1)
-        XCTAssertEqual(try one[0].devices(a), [Device(deviceId: "old", lastSeenAt: t0)])
-        XCTAssertEqual(try one[0].devices(b), [Device(deviceId: "new", lastSeenAt: t0, push: .fcm(token: "shared"))])
-        XCTAssertEqual(try one[0].pushHolder(app: b.app, key: PushHandle.fcm(token: "shared").key)?.user, b.user)
-        close(one)
+        let tap = PushMessage(kind: .tap, op: .state, cursor: 1, epoch: "e", notificationId: nil, expiresAt: t0 + 86_400_000)
+        for (count, newer) in [(2, a), (2, b), (1, a), (1, b)] {
+            try? FileManager.default.removeItem(at: dir)
+            try FileManager.default.createDirectory(at: dir, withIntermediateDirectories: true)
+            let two = try open(2)
+            for (u, s) in [(a, two[0]), (b, two[1])] {
+                try s.saveDevice(u, Device(deviceId: "d-\(u.user)", lastSeenAt: u == newer ? t0 + 5 : t0, push: .fcm(token: "shared")))
+                try s.enqueuePush(u, deviceId: "d-\(u.user)", tap, at: t0, claimUntil: nil)
+            }
+            close(two)
+            let stores = try open(count)
+            func store(_ u: UserKey) -> SQLiteStore { stores[Partition.index(of: u, among: count)] }
+            let older = newer == a ? b : a
+            XCTAssertEqual(try store(newer).devices(newer).map(\.push), [.fcm(token: "shared")], "\(count) files")
+            XCTAssertEqual(try store(older).devices(older).map(\.push), [nil], "\(count) files")
+            XCTAssertEqual(try store(newer).pendingPushes(newer), ["d-\(newer.user)": 1])
+            XCTAssertEqual(try store(older).pendingPushes(older), [:], "the old holder's waiting push went with the handle")
+            XCTAssertEqual(try store(newer).pushHolder(app: "app1", key: PushHandle.fcm(token: "shared").key)?.user, newer.user)
+            close(stores)
+        }
     }
 }
-
