@@ -97,12 +97,13 @@ set_herald_args() { # plain|tls
         herald_loadgen_args "" "" "$HERALD_PORT" "$HERALD_PORT"
     fi
 }
-start_herald() { # name [store: memory (default) or sqlite, a fresh file] [plain (default) or tls]
-    local name=$1 d=$WORK/herald store=memory port=$HERALD_PORT tlsargs=()
-    [ "${2:-memory}" = sqlite ] && store="sqlite:$d/herald.db"
-    if [ "${3:-plain}" = tls ]; then port=$HERALD_TLS_PORT tlsargs=(--tls-cert "$TLS_CERT" --tls-key "$TLS_KEY"); fi
+start_herald() { # name [store: memory (default), sqlite or sqlite-normal (--durability normal), a fresh file] [plain (default) or tls]
+    local name=$1 d=$WORK/herald store=memory port=$HERALD_PORT more=()
+    [ "${2:-memory}" != memory ] && store="sqlite:$d/herald.db"
+    [ "${2:-memory}" = sqlite-normal ] && more=(--durability normal)
+    if [ "${3:-plain}" = tls ]; then port=$HERALD_TLS_PORT more+=(--tls-cert "$TLS_CERT" --tls-key "$TLS_KEY"); fi
     set_herald_args "${3:-plain}"
-    if ! herald_spawn "$name" "$d" "$port" --store "$store" "${tlsargs[@]}"; then
+    if ! herald_spawn "$name" "$d" "$port" --store "$store" ${more[@]+"${more[@]}"}; then
         HERALD_WHY="herald serve did not print 'listening on' (see bench/out/$name-server.log)"
         return 1
     fi
@@ -345,6 +346,10 @@ if prepare_herald; then
         scenario_saturation herald "$HERALD_PID" sqlite-saturation "$FANOUT_DEVICES" "$RAMP" 128 "${HERALD_ARGS[@]}"
         stop_herald
     fi
+    if [ "$HAVE_HERALD" = 1 ] && [ "$HERALD_EXTRA" = 1 ] && start_herald herald sqlite-normal; then
+        scenario_saturation herald "$HERALD_PID" sqlite-normal-saturation "$FANOUT_DEVICES" "$RAMP" 128 "${HERALD_ARGS[@]}"
+        stop_herald
+    fi
     if [ "$HAVE_HERALD" = 1 ] && [ "$HERALD_EXTRA" = 1 ] && start_herald herald sqlite; then
         scenario_saturation herald "$HERALD_PID" durable 1 "$DURABLE_RAMP" 512 "${HERALD_ARGS[@]}" ${DURABLE_ARGS[@]+"${DURABLE_ARGS[@]}"}
         stop_herald
@@ -437,6 +442,8 @@ main_table() {
     row "… at publishes/s" "$(val herald saturation mode=saturation at_rate)" "$(val nchan saturation mode=saturation at_rate)" "$(val nchan-same saturation mode=saturation at_rate)"
     row "$S, Herald on SQLite (Nchan in memory)" "$(val herald sqlite-saturation mode=saturation max_dps)" \
         "$(val nchan saturation mode=saturation max_dps)" "$(val nchan-same saturation mode=saturation max_dps)"
+    row "$S, Herald on SQLite at --durability normal (Nchan in memory)" "$(val herald sqlite-normal-saturation mode=saturation max_dps)" \
+        "$(val nchan saturation mode=saturation max_dps)" "$(val nchan-same saturation mode=saturation max_dps)"
     pairs_table
     if [ -f "$OUT/herald-dismiss.log" ] || [ -f "$OUT/herald-reconnect.log" ]; then
         echo
@@ -473,7 +480,7 @@ main_table() {
         steps "$OUT/nchan-same-saturation.log"
         echo '```'
     fi
-    for kind in saturation sqlite-saturation durable; do
+    for kind in saturation sqlite-saturation sqlite-normal-saturation durable; do
         [ -f "$OUT/herald-$kind.log" ] || continue
         echo
         echo "Steps — Herald $kind:"
