@@ -36,44 +36,35 @@ public enum SQLitePartitionFiles {
 
     /// Opens the `count` partitions of the store at `base` (`open` opens one
     /// file), after moving users between files if the layout on disk is
-    /// another (`arrange`). Refuses a set of files that do not belong
-    /// together: one missing, or one of another store (another epoch).
-    public static func open(base: String, count: Int, log: (String) -> Void = { _ in },
+    /// another (`arrange`); without `count`, as many as the files are laid
+    /// out for (the target of a move under way), one for a new store.
+    /// Refuses a set of files that do not belong together: one missing, or
+    /// one of another store (another epoch).
+    public static func open(base: String, count: Int?, log: (String) -> Void = { _ in },
                             _ open: (String) throws(StoreError) -> SQLiteStore) throws(StoreError) -> [SQLiteStore] {
-        try arrange(base: base, count: count, log: log)
+        let count = try arrange(base: base, count: count, log: log)
         var stores: [SQLiteStore] = []
         do throws(StoreError) {
             for i in 0..<count {
                 let store = try open(path(base, partition: i))
                 stores.append(store)
+                if i == 0 {
+                    // Again under partition 0's own lock: another process may
+                    // have moved the users since `arrange`.
+                    let layout = try self.layout(store.db)
+                    guard layout.recorded == count, layout.moving == nil else {
+                        throw StoreError("sqlite (\(base)): another process changed the partition files while they were opened; start again")
+                    }
+                }
                 guard store.epoch == stores[0].epoch else {
                     throw StoreError("sqlite (\(store.path)): partition \(i) of \(base) belongs to another store (epoch \(store.epoch), not \(stores[0].epoch)); refusing to open the set")
                 }
-            }
-            // Again under partition 0's own lock: another process may have
-            // moved the users between `arrange` and the opens.
-            let layout = try self.layout(stores[0].db)
-            guard layout.recorded == count, layout.moving == nil else {
-                throw StoreError("sqlite (\(base)): another process changed the partition files while they were opened; start again")
             }
         } catch {
             for s in stores { s.close() }
             throw error
         }
         return stores
-    }
-
-    /// The partition count the files at `base` are laid out for (the
-    /// target of a move under way), or nil for no store there yet: a
-    /// restart without `--partitions` keeps the layout.
-    public static func recordedCount(base: String) throws(StoreError) -> Int? {
-        guard exists(base) else { return nil }
-        let db = try SQLiteDatabase(path: base)
-        defer { db.close() }
-        try SQLiteStore.checkVersion(db, path: base)
-        guard try db.int("PRAGMA user_version") ?? 0 > 0 else { return nil }
-        let layout = try self.layout(db)
-        return layout.moving ?? layout.recorded
     }
 
     /// What partition 0's `meta` records: the layout in force, and the target of a move under way.
@@ -95,31 +86,40 @@ public enum SQLitePartitionFiles {
         })
     }
 
-    /// Puts every user into the file of its partition among `count`, and
-    /// records that layout; does nothing when it is already so.
+    /// Puts every user into the file of its partition among `count` (nil:
+    /// the count recorded, or being moved to), and records that layout;
+    /// moves nothing when it is already so. The count in force.
     /// `stop` (tests) ends it as a crash would, before its next durable step.
-    static func arrange(base: String, count: Int, log: (String) -> Void, stop: Countdown? = nil) throws(StoreError) {
-        precondition(count >= 1, "partitions")
+    @discardableResult
+    static func arrange(base: String, count asked: Int?, log: (String) -> Void, stop: Countdown? = nil) throws(StoreError) -> Int {
+        precondition(asked ?? 1 >= 1, "partitions")
         let lock = try SQLiteFileLock(databasePath: base)
         defer { lock.release() }
-        let first = try connect(path(base, partition: 0))
-        defer { first.close() }
-        let (recorded, interrupted) = try layout(first)
         // Every partition file there, whatever layout or moves left it: a
         // move stopped twice may have left one past both counts.
         let present = filesPresent(base)
+        guard exists(base) || present.isEmpty else {
+            throw StoreError("sqlite (\(base)): the file of partition 0 is missing, beside \(present.sorted().map { path(base, partition: $0) }.joined(separator: ", ")); restore it (the files of a store are backed up and restored together). Nothing was changed.")
+        }
+        let first = try connect(path(base, partition: 0))
+        defer { first.close() }
+        let (recorded, interrupted) = try layout(first)
+        let count = asked ?? interrupted ?? recorded
+        let epoch = try first.text("SELECT value FROM meta WHERE key = 'epoch'") ?? ""
         if interrupted == nil {
             // Without a move under way, every file of the layout must be there.
             for i in 1..<max(1, recorded) where !present.contains(i) {
                 throw StoreError("sqlite (\(base)): partition file \(path(base, partition: i)) of \(recorded) is missing; restore it (the files of a store are backed up and restored together). Nothing was changed.")
             }
             if recorded == count && present.allSatisfy({ $0 < count }) {
-                return try settleHandles((0..<count).map { path(base, partition: $0) }, stop)
+                // Before anything changes: every file of a layout in force is this store's.
+                for i in present.sorted() { try checkBelongs(path(base, partition: i), epoch: epoch, strict: true) }
+                try settleHandles((0..<count).map { path(base, partition: $0) }, stop)
+                return count
             }
         }
-        let epoch = try first.text("SELECT value FROM meta WHERE key = 'epoch'") ?? ""
         // Before anything changes: every file there is this store's.
-        for i in present.sorted() { try checkBelongs(path(base, partition: i), epoch: epoch) }
+        for i in present.sorted() { try checkBelongs(path(base, partition: i), epoch: epoch, strict: false) }
         // Then no handle is in two files, and none comes to be by a move.
         try settleHandles([base] + present.sorted().map { path(base, partition: $0) }, stop)
         log("sqlite: moving users from \(recorded) to \(count) partition file(s)\(interrupted.map { " (finishing an interrupted move to \($0))" } ?? "")")
@@ -158,6 +158,7 @@ public enum SQLitePartitionFiles {
         }
         try setMeta(first, ["partitions": String(count)], removing: ["repartition"], stop)
         log("sqlite: \(moved) user(s) moved; \(count) partition file(s) in force")
+        return count
     }
 
     /// Moves the users in `db` (partition `index`) that belong to another
@@ -199,16 +200,24 @@ public enum SQLitePartitionFiles {
         return leaving.values.reduce(0) { $0 + $1.count }
     }
 
-    /// Refuses a file of another store: another epoch, and rows in it. (An
-    /// empty file, one a stopped move made, may have any.) Changes nothing.
-    private static func checkBelongs(_ p: String, epoch: String) throws(StoreError) {
+    /// Refuses a file of another store: another epoch, and (unless
+    /// `strict`, for a file a stopped move may have made, with any) rows in
+    /// it. Changes nothing.
+    private static func checkBelongs(_ p: String, epoch: String, strict: Bool) throws(StoreError) {
         let db = try SQLiteDatabase(path: p)
         defer { db.close() }
         try SQLiteStore.checkVersion(db, path: p)
-        guard try db.int("PRAGMA user_version") ?? 0 > 0,
-              try db.text("SELECT value FROM meta WHERE key = 'epoch'") != epoch else { return }
-        let rows = (userTables + ["webhook_outbox", "shared_tokens"]).map { "SELECT 1 FROM \($0)" }.joined(separator: " UNION ALL ")
-        guard try db.int("SELECT EXISTS (\(rows))") == 0 else {
+        let made = try db.int("PRAGMA user_version") ?? 0 > 0
+        if made, try db.text("SELECT value FROM meta WHERE key = 'epoch'") == epoch { return }
+        var tables: [String] = []
+        try db.query("SELECT name FROM sqlite_master WHERE type = 'table'") { r throws(StoreError) in
+            if let n = r.text(0), (userTables + ["webhook_outbox", "shared_tokens"]).contains(n) { tables.append(n) }
+            return true
+        }
+        let rows = tables.map { "SELECT 1 FROM \($0)" }.joined(separator: " UNION ALL ")
+        var empty = true
+        if !rows.isEmpty { empty = try db.int("SELECT EXISTS (\(rows))") == 0 }
+        guard !strict, empty else {
             throw StoreError("sqlite (\(p)): the file belongs to another store (another epoch than its partition 0's); refusing to move users into or out of it. Nothing was changed.")
         }
     }
@@ -270,11 +279,15 @@ public enum SQLitePartitionFiles {
         defer { _ = try? db.execute("DETACH DATABASE dest") }
         try db.execute("PRAGMA dest.synchronous = FULL")
         let cols = try columns(of: "webhook_outbox", in: db).joined(separator: ", ")
-        // Once per event and endpoint, should a stop have come before the delete.
+        // Once per event and endpoint, should a stop have come before the
+        // delete (looked up in a table keyed so: the outbox has no such index).
+        try db.script("CREATE TEMP TABLE IF NOT EXISTS queued (app TEXT, url TEXT, event_id TEXT, PRIMARY KEY (app, url, event_id)) WITHOUT ROWID")
         try inTransaction(db, stop) { () throws(StoreError) in
+            try db.execute("DELETE FROM temp.queued")
+            try db.execute("INSERT OR IGNORE INTO temp.queued SELECT app, url, event_id FROM dest.webhook_outbox")
             try db.execute("""
                 INSERT INTO dest.webhook_outbox (\(cols)) SELECT \(cols) FROM main.webhook_outbox m WHERE NOT EXISTS
-                    (SELECT 1 FROM dest.webhook_outbox d WHERE d.app = m.app AND d.url = m.url AND d.event_id = m.event_id) ORDER BY id
+                    (SELECT 1 FROM temp.queued q WHERE q.app = m.app AND q.url = m.url AND q.event_id = m.event_id) ORDER BY id
                 """)
         }
         try inTransaction(db, stop) { () throws(StoreError) in try db.execute("DELETE FROM main.webhook_outbox") }

@@ -17,9 +17,7 @@ func openSQLite(path: String, durability: String?, partitions: Int?) throws(Usag
         mode = m
     }
     do throws(StoreError) {
-        var count = partitions ?? 1
-        if partitions == nil, let recorded = try SQLitePartitionFiles.recordedCount(base: path) { count = recorded }
-        return try SQLitePartitionFiles.open(base: path, count: count, log: { Log.info($0) }) { p throws(StoreError) in
+        return try SQLitePartitionFiles.open(base: path, count: partitions, log: { Log.info($0) }) { p throws(StoreError) in
             try SQLiteStore(path: p, durability: mode, deferredSync: true, nameThread: nameCurrentThread)
         }
     } catch {

@@ -22,7 +22,7 @@ final class SQLitePartitionFilesTests: XCTestCase {
         super.tearDown()
     }
 
-    func open(_ count: Int, at base: String? = nil) throws -> [SQLiteStore] {
+    func open(_ count: Int?, at base: String? = nil) throws -> [SQLiteStore] {
         try SQLitePartitionFiles.open(base: base ?? self.base, count: count) { p throws(StoreError) in try SQLiteStore(path: p) }
     }
 
@@ -213,18 +213,23 @@ final class SQLitePartitionFilesTests: XCTestCase {
 
     func testAFileOfAnotherStoreIsRefused() throws {
         try seedOneFile()
-        close(try open(2))
+        let two = try open(2)
+        let holder = users.first { $0.app == "app1" && Partition.index(of: $0, among: 2) == 0 }!
+        try two[0].saveDevice(holder, Device(deviceId: "h", lastSeenAt: t0, push: .fcm(token: "shared")))
+        close(two)
         let other = dir.appendingPathComponent("other.db").path
         try seedOther(at: other)
         try FileManager.default.removeItem(atPath: base + ".p1")
         try FileManager.default.copyItem(atPath: other, toPath: base + ".p1")
-        XCTAssertThrowsError(try open(2)) { e in XCTAssertTrue("\(e)".contains("belongs to another store"), "\(e)") }
         let before = try Data(contentsOf: URL(fileURLWithPath: base))
+        XCTAssertThrowsError(try open(2)) { e in XCTAssertTrue("\(e)".contains("belongs to another store"), "\(e)") }
         XCTAssertThrowsError(try open(3)) { e in XCTAssertTrue("\(e)".contains("belongs to another store"), "\(e)") }
         XCTAssertThrowsError(try open(1)) { e in XCTAssertTrue("\(e)".contains("belongs to another store"), "\(e)") }
         XCTAssertEqual(try Data(contentsOf: URL(fileURLWithPath: base)), before, "refused before anything changed")
         XCTAssertEqual(SQLitePartitionFiles.filesPresent(base), [1], "no file made")
-        XCTAssertEqual(try SQLitePartitionFiles.recordedCount(base: base), 2)
+        let first = try SQLiteStore(path: base)
+        XCTAssertEqual(try first.devices(holder).first { $0.deviceId == "h" }?.push, .fcm(token: "shared"), "the handle is untouched")
+        first.close()
     }
 
     /// A stop just after a move made a file, before its tables: the next
@@ -242,17 +247,31 @@ final class SQLitePartitionFilesTests: XCTestCase {
     }
 
     func testARestartWithoutACountKeepsTheLayout() throws {
-        XCTAssertNil(try SQLitePartitionFiles.recordedCount(base: base), "no store yet")
+        close(try open(nil))
+        XCTAssertEqual(SQLitePartitionFiles.filesPresent(base), [], "a new store: one file")
         close(try open(3))
-        XCTAssertEqual(try SQLitePartitionFiles.recordedCount(base: base), 3)
+        let kept = try open(nil)
+        XCTAssertEqual(kept.count, 3)
+        close(kept)
         XCTAssertThrowsError(try SQLitePartitionFiles.arrange(base: base, count: 2, log: { _ in }, stop: .init(1)))
-        XCTAssertEqual(try SQLitePartitionFiles.recordedCount(base: base), 2, "a move under way is finished to its count")
+        let finished = try open(nil)
+        XCTAssertEqual(finished.count, 2, "a move under way is finished to its count")
+        XCTAssertEqual(SQLitePartitionFiles.filesPresent(base), [1])
+        close(finished)
+    }
+
+    func testAMissingFirstFileIsRefusedAndNothingIsMade() throws {
+        close(try open(2))
+        for suffix in ["", "-wal", "-shm"] { try? FileManager.default.removeItem(atPath: base + suffix) }
+        XCTAssertThrowsError(try open(2)) { e in XCTAssertTrue("\(e)".contains("partition 0 is missing"), "\(e)") }
+        XCTAssertFalse(FileManager.default.fileExists(atPath: base))
     }
 
     private func seedOther(at p: String) throws {
         let s = try SQLiteStore(path: p)
         let u = UserKey(app: "app1", user: "stranger")
         _ = try s.upsert(u, note(u, 1), previous: nil, at: t0)
+        try s.saveDevice(u, Device(deviceId: "s", lastSeenAt: t0 + 9, push: .fcm(token: "shared")))
         s.close()
     }
 
