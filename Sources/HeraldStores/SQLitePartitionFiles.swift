@@ -106,11 +106,13 @@ public enum SQLitePartitionFiles {
         let (recorded, interrupted) = try layout(first)
         let count = asked ?? interrupted ?? recorded
         let epoch = try first.text("SELECT value FROM meta WHERE key = 'epoch'") ?? ""
+        // The files both the layout and a move under way keep are there:
+        // a move makes only files past the old count and removes only
+        // files past its own.
+        for i in 1..<max(1, min(recorded, interrupted ?? recorded)) where !present.contains(i) {
+            throw StoreError("sqlite (\(base)): partition file \(path(base, partition: i)) of \(recorded) is missing; restore it (the files of a store are backed up and restored together). Nothing was changed.")
+        }
         if interrupted == nil {
-            // Without a move under way, every file of the layout must be there.
-            for i in 1..<max(1, recorded) where !present.contains(i) {
-                throw StoreError("sqlite (\(base)): partition file \(path(base, partition: i)) of \(recorded) is missing; restore it (the files of a store are backed up and restored together). Nothing was changed.")
-            }
             if recorded == count && present.allSatisfy({ $0 < count }) {
                 // Before anything changes: every file of a layout in force is this store's.
                 for i in present.sorted() { try checkBelongs(path(base, partition: i), epoch: epoch, strict: true) }

@@ -211,6 +211,16 @@ final class SQLitePartitionFilesTests: XCTestCase {
         XCTAssertEqual(try Data(contentsOf: URL(fileURLWithPath: base)), before)
     }
 
+    /// During a move from 3 files to 2, `.p1` is in both layouts: missing, it is refused, not made anew.
+    func testAFileMissingDuringAMoveIsRefused() throws {
+        try seedOneFile()
+        close(try open(3))
+        XCTAssertThrowsError(try SQLitePartitionFiles.arrange(base: base, count: 2, log: { _ in }, stop: .init(3)))
+        try FileManager.default.removeItem(atPath: base + ".p1")
+        XCTAssertThrowsError(try open(2)) { e in XCTAssertTrue("\(e)".contains("herald.db.p1 of 3 is missing"), "\(e)") }
+        XCTAssertFalse(FileManager.default.fileExists(atPath: base + ".p1"))
+    }
+
     func testAFileOfAnotherStoreIsRefused() throws {
         try seedOneFile()
         let two = try open(2)
