@@ -205,6 +205,21 @@ final class SQLiteDatabase {
         return sync(file, SQLITE_SYNC_NORMAL) == SQLITE_OK
     }
 
+    /// Runs `body` in a transaction that takes the write lock at once
+    /// (`BEGIN IMMEDIATE`), committed if it returns and rolled back if it
+    /// throws (unless SQLite already rolled it back).
+    func immediateTransaction<T>(_ body: () throws(StoreError) -> T) throws(StoreError) -> T {
+        try execute("BEGIN IMMEDIATE")
+        do throws(StoreError) {
+            let r = try body()
+            try execute("COMMIT")
+            return r
+        } catch {
+            if !autocommit { _ = try? execute("ROLLBACK") }
+            throw error
+        }
+    }
+
     /// Runs several statements without parameters or caching (schema work).
     func script(_ sql: String) throws(StoreError) {
         guard let h = handle else { throw StoreError("sqlite (\(path)): the store is closed") }

@@ -69,8 +69,8 @@ public enum SQLitePartitionFiles {
 
     /// What partition 0's `meta` records: the layout in force, and the target of a move under way.
     private static func layout(_ db: SQLiteDatabase) throws(StoreError) -> (recorded: Int, moving: Int?) {
-        (try db.text("SELECT value FROM meta WHERE key = 'partitions'").flatMap { Int($0) } ?? 1,
-         try db.text("SELECT value FROM meta WHERE key = 'repartition'").flatMap { Int($0) })
+        (try SQLiteStore.meta("partitions", in: db).flatMap { Int($0) } ?? 1,
+         try SQLiteStore.meta("repartition", in: db).flatMap { Int($0) })
     }
 
     /// The partitions i ≥ 1 with a file `PATH.pI` beside `base`, whatever
@@ -105,20 +105,18 @@ public enum SQLitePartitionFiles {
         defer { first.close() }
         let (recorded, interrupted) = try layout(first)
         let count = asked ?? interrupted ?? recorded
-        let epoch = try first.text("SELECT value FROM meta WHERE key = 'epoch'") ?? ""
+        let epoch = try SQLiteStore.meta("epoch", in: first) ?? ""
         // The files both the layout and a move under way keep are there:
         // a move makes only files past the old count and removes only
         // files past its own.
         for i in 1..<max(1, min(recorded, interrupted ?? recorded)) where !present.contains(i) {
             throw StoreError("sqlite (\(base)): partition file \(path(base, partition: i)) of \(recorded) is missing; restore it (the files of a store are backed up and restored together). Nothing was changed.")
         }
-        if interrupted == nil {
-            if recorded == count && present.allSatisfy({ $0 < count }) {
-                // Before anything changes: every file of a layout in force is this store's.
-                for i in present.sorted() { try checkBelongs(path(base, partition: i), epoch: epoch, strict: true) }
-                try settleHandles((0..<count).map { path(base, partition: $0) }, stop)
-                return count
-            }
+        if interrupted == nil && recorded == count && present.allSatisfy({ $0 < count }) {
+            // Before anything changes: every file of a layout in force is this store's.
+            for i in present.sorted() { try checkBelongs(path(base, partition: i), epoch: epoch, strict: true) }
+            try settleHandles((0..<count).map { path(base, partition: $0) }, stop)
+            return count
         }
         // Before anything changes: every file there is this store's.
         for i in present.sorted() { try checkBelongs(path(base, partition: i), epoch: epoch, strict: false) }
@@ -137,7 +135,7 @@ public enum SQLitePartitionFiles {
             files.append(db)
             // An empty file takes the store's epoch: new, or made by a move
             // stopped before it got it (`checkBelongs` let only those by).
-            if try db.text("SELECT value FROM meta WHERE key = 'epoch'") != epoch {
+            if try SQLiteStore.meta("epoch", in: db) != epoch {
                 try setMeta(db, ["epoch": epoch], removing: [], stop)
             }
         }
@@ -210,7 +208,7 @@ public enum SQLitePartitionFiles {
         defer { db.close() }
         try SQLiteStore.checkVersion(db, path: p)
         let made = try db.int("PRAGMA user_version") ?? 0 > 0
-        if made, try db.text("SELECT value FROM meta WHERE key = 'epoch'") == epoch { return }
+        if made, try SQLiteStore.meta("epoch", in: db) == epoch { return }
         var tables: [String] = []
         try db.query("SELECT name FROM sqlite_master WHERE type = 'table'") { r throws(StoreError) in
             if let n = r.text(0), (userTables + ["webhook_outbox", "shared_tokens"]).contains(n) { tables.append(n) }
@@ -232,11 +230,12 @@ public enum SQLitePartitionFiles {
     /// `FeedTransaction.removeHandle` does for a handle that moved).
     private static func settleHandles(_ paths: [String], _ stop: Countdown?) throws(StoreError) {
         guard paths.count > 1 else { return }
-        // Each at the current schema first: a stop may have left one just made, with no tables yet.
-        for p in paths { try connect(p).close() }
-        for (i, p) in paths.enumerated().dropLast() {
-            let db = try connect(p)
-            defer { db.close() }
+        // Each opened at the current schema before any is attached: a stop
+        // may have left one just made, with no tables yet.
+        var files: [SQLiteDatabase] = []
+        defer { for f in files { f.close() } }
+        for p in paths { files.append(try connect(p)) }
+        for (i, db) in files.enumerated().dropLast() {
             for other in paths[(i + 1)...] {
                 try db.execute("ATTACH DATABASE ? AS other", [.text(other)])
                 defer { _ = try? db.execute("DETACH DATABASE other") }
@@ -335,24 +334,15 @@ public enum SQLitePartitionFiles {
     private static func setMeta(_ db: SQLiteDatabase, _ values: [String: String], removing: [String],
                                 _ stop: Countdown?) throws(StoreError) {
         try inTransaction(db, stop) { () throws(StoreError) in
-            for (k, v) in values {
-                try db.execute("INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                               [.text(k), .text(v)])
-            }
+            for (k, v) in values { try SQLiteStore.setMeta(k, v, in: db) }
             for k in removing { try db.execute("DELETE FROM meta WHERE key = ?", [.text(k)]) }
         }
     }
 
+    /// One durable step of a move, which `stop` (tests) may end before it begins.
     private static func inTransaction(_ db: SQLiteDatabase, _ stop: Countdown?, _ body: () throws(StoreError) -> Void) throws(StoreError) {
         try stop?.step()
-        try db.execute("BEGIN IMMEDIATE")
-        do throws(StoreError) {
-            try body()
-            try db.execute("COMMIT")
-        } catch {
-            if !db.autocommit { _ = try? db.execute("ROLLBACK") }
-            throw error
-        }
+        try db.immediateTransaction(body)
     }
 
     private static func exists(_ p: String) -> Bool { FileManager.default.fileExists(atPath: p) }

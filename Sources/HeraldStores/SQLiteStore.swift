@@ -121,7 +121,7 @@ public final class SQLiteStore: NotificationStore {
             // open were in flight when it stopped, and go again at once
             // rather than when their claim would have run out.
             for outbox in [Self.pushOutbox, Self.webhookOutbox] { try db.execute(outbox.releaseAll) }
-            guard let e = try db.text("SELECT value FROM meta WHERE key = 'epoch'"), !e.isEmpty else {
+            guard let e = try Self.meta("epoch", in: db), !e.isEmpty else {
                 throw StoreError("sqlite (\(path)): the database has no epoch (damaged?)")
             }
             epoch = e
@@ -438,29 +438,33 @@ public final class SQLiteStore: NotificationStore {
     /// Brings the database to version `target` (internal for tests, which
     /// build files of older versions with it).
     static func migrate(_ db: SQLiteDatabase, path: String, to target: Int64 = schemaVersion) throws(StoreError) {
-        try db.execute("BEGIN IMMEDIATE")
-        do throws(StoreError) {
+        try db.immediateTransaction { () throws(StoreError) in
             // Again under the write lock: another process may have migrated.
             try checkVersion(db, path: path)
             let from = try db.int("PRAGMA user_version") ?? 0
-            if from < target {
-                for v in (from + 1)...target {
-                    try db.script(migrations[Int(v - 1)])
-                    if v == 1 {
-                        try db.execute("INSERT INTO meta (key, value) VALUES ('epoch', ?)", [.text("s-" + Random.hex(12))])
-                        try db.execute("INSERT INTO meta (key, value) VALUES ('created_at', ?)", [.text(RFC3339.format(WallClock.now()))])
-                    }
-                    if v == 3 { try backfillCounts(db) }
-                    try db.execute("INSERT INTO meta (key, value) VALUES ('schema_version', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                                   [.text(String(v))])
-                    try db.execute("PRAGMA user_version = \(v)")
+            guard from < target else { return }
+            for v in (from + 1)...target {
+                try db.script(migrations[Int(v - 1)])
+                if v == 1 {
+                    try db.execute("INSERT INTO meta (key, value) VALUES ('epoch', ?)", [.text("s-" + Random.hex(12))])
+                    try db.execute("INSERT INTO meta (key, value) VALUES ('created_at', ?)", [.text(RFC3339.format(WallClock.now()))])
                 }
+                if v == 3 { try backfillCounts(db) }
+                try setMeta("schema_version", String(v), in: db)
+                try db.execute("PRAGMA user_version = \(v)")
             }
-            try db.execute("COMMIT")
-        } catch {
-            if !db.autocommit { _ = try? db.execute("ROLLBACK") }
-            throw error
         }
+    }
+
+    /// A value of `meta` (the epoch, the partition layout, ...), or nil.
+    static func meta(_ key: String, in db: SQLiteDatabase) throws(StoreError) -> String? {
+        try db.text("SELECT value FROM meta WHERE key = ?", [.text(key)])
+    }
+
+    /// Sets a value of `meta`, in the caller's transaction.
+    static func setMeta(_ key: String, _ value: String, in db: SQLiteDatabase) throws(StoreError) {
+        try db.execute("INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                       [.text(key), .text(value)])
     }
 
     // MARK: Transactions
@@ -522,15 +526,7 @@ public final class SQLiteStore: NotificationStore {
                 throw error
             }
         }
-        try db.execute("BEGIN IMMEDIATE")
-        do throws(StoreError) {
-            let r = try body()
-            try db.execute("COMMIT")
-            return r
-        } catch {
-            if !db.autocommit { _ = try? db.execute("ROLLBACK") }
-            throw error
-        }
+        return try db.immediateTransaction(body)
     }
 
     // MARK: Queries whose plans matter (tests check they use the indexes)
@@ -887,7 +883,7 @@ public final class SQLiteStore: NotificationStore {
     public func pruneChanges(before: Millis, limit: Int) throws(StoreError) -> Pruned {
         let limit = max(limit, 1)  // OFFSET 0 would end every window where it starts
         return try write { () throws(StoreError) -> Pruned in
-            let last = try db.text("SELECT value FROM meta WHERE key = 'pruned_before'").map(PruneKey.init(stored:)) ?? PruneKey(at: 0)
+            let last = try Self.meta("pruned_before", in: db).map(PruneKey.init(stored:)) ?? PruneKey(at: 0)
             let start = last.at <= before ? last : PruneKey(at: 0)
             // A limited call's window ends at the change past its first
             // `limit`, inside an instant if need be (a send to many users
@@ -914,8 +910,7 @@ public final class SQLiteStore: NotificationStore {
                 try db.execute(Self.pruneUserSQL, key + [.int(floor), .int(seq)])
                 try db.execute("UPDATE feeds SET floor = ? WHERE app = ? AND user = ?", [.int(seq)] + key)
             }
-            try db.execute("INSERT INTO meta (key, value) VALUES ('pruned_before', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                           [.text(end.stored)])
+            try Self.setMeta("pruned_before", end.stored, in: db)
             return Pruned(changes: pruned, more: end.at < before)
         }
     }
